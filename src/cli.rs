@@ -1,0 +1,211 @@
+//! Command-line definitions (clap derive). No I/O, no defaults that depend
+//! on the environment: every torchrun option is an `Option` here so that
+//! `config` can apply CLI > env > default in one place and say where each
+//! value came from.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// trainlet: the per-pod agent of a distributed training job.
+#[derive(Debug, Parser)]
+#[command(name = "trainlet", version, about, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Sub,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Sub {
+    /// Launch and supervise a distributed PyTorch job (torchrun-compatible).
+    Run(RunArgs),
+    /// Print the resolved plan (ranks, world, store, how each value was found); launch nothing.
+    Doctor(RunArgs),
+    /// Serve a standalone c10d-compatible TCPStore until SIGTERM.
+    Store(StoreArgs),
+}
+
+/// `trainlet store`.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// Port to listen on (0 = any free port, printed on start).
+    #[arg(long, default_value_t = 29500)]
+    pub port: u16,
+    /// Address to bind (default: all interfaces, dual stack).
+    #[arg(long)]
+    pub host: Option<std::net::IpAddr>,
+}
+
+/// When invoked as `torchrun`: the run options at the top level.
+#[derive(Debug, Parser)]
+#[command(name = "torchrun", version, about = "trainlet, answering to torchrun")]
+pub struct TorchrunCli {
+    /// The options of `trainlet run`.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// torchrun's options, with torchrun's names (dash and underscore spellings).
+#[derive(Debug, Args, Default, Clone)]
+#[command(next_help_heading = "torchrun options")]
+pub struct RunArgs {
+    /// Number of nodes, `N` or `MIN:MAX` (env PET_NNODES; default 1).
+    #[arg(long, alias = "nnodes", value_name = "N|MIN:MAX")]
+    pub nnodes: Option<String>,
+    /// Workers per node: an integer, `auto`, `cpu` or `gpu` (env PET_NPROC_PER_NODE; default 1).
+    #[arg(long = "nproc-per-node", alias = "nproc_per_node", value_name = "N|auto|cpu|gpu")]
+    pub nproc_per_node: Option<String>,
+    /// This node's rank (env PET_NODE_RANK, then JOB_COMPLETION_INDEX; default 0).
+    #[arg(long = "node-rank", alias = "node_rank")]
+    pub node_rank: Option<String>,
+    /// Address of node rank 0 (env PET_MASTER_ADDR; default 127.0.0.1).
+    #[arg(long = "master-addr", alias = "master_addr")]
+    pub master_addr: Option<String>,
+    /// Port of node rank 0's store (env PET_MASTER_PORT; default 29500).
+    #[arg(long = "master-port", alias = "master_port")]
+    pub master_port: Option<String>,
+    /// Store endpoint `host[:port]`, overrides master addr/port (env PET_RDZV_ENDPOINT).
+    #[arg(long = "rdzv-endpoint", alias = "rdzv_endpoint")]
+    pub rdzv_endpoint: Option<String>,
+    /// Run id shared by all nodes of the job (env PET_RDZV_ID; default `none`).
+    #[arg(long = "rdzv-id", alias = "rdzv_id")]
+    pub rdzv_id: Option<String>,
+    /// `static` or `c10d`: both use trainlet's own store (env PET_RDZV_BACKEND).
+    #[arg(long = "rdzv-backend", alias = "rdzv_backend")]
+    pub rdzv_backend: Option<String>,
+    /// Extra rendezvous settings `k=v,k=v`: join_timeout, timeout, read_timeout, is_host.
+    #[arg(long = "rdzv-conf", alias = "rdzv_conf")]
+    pub rdzv_conf: Option<String>,
+    /// Single-node job with a private store on a free local port.
+    #[arg(long)]
+    pub standalone: bool,
+    /// Job-wide restarts after a worker failure (env PET_MAX_RESTARTS; default 0).
+    #[arg(long = "max-restarts", alias = "max_restarts")]
+    pub max_restarts: Option<String>,
+    /// Accepted for compatibility; trainlet is event driven and never polls.
+    #[arg(long = "monitor-interval", alias = "monitor_interval")]
+    pub monitor_interval: Option<String>,
+    /// Run the script as a module: `python -u -m SCRIPT`.
+    #[arg(short = 'm', long)]
+    pub module: bool,
+    /// Execute SCRIPT directly instead of through python.
+    #[arg(long = "no-python", alias = "no_python")]
+    pub no_python: bool,
+    /// Run SCRIPT through `runpy.run_path`.
+    #[arg(long = "run-path", alias = "run_path")]
+    pub run_path: bool,
+    /// Directory for per-attempt, per-rank logs and error files.
+    #[arg(long = "log-dir", alias = "log_dir")]
+    pub log_dir: Option<PathBuf>,
+    /// Send worker output to files only: 0 none, 1 stdout, 2 stderr, 3 both, or `lr:v,...`.
+    #[arg(short = 'r', long)]
+    pub redirects: Option<String>,
+    /// Send worker output to files and the console: same values as --redirects.
+    #[arg(short = 't', long)]
+    pub tee: Option<String>,
+    /// Local ranks whose output reaches the console, e.g. `0,3`.
+    #[arg(long = "local-ranks-filter", alias = "local_ranks_filter")]
+    pub local_ranks_filter: Option<String>,
+    /// Prefix template for worker lines: ${role_name} ${local_rank} ${rank} ${hostname}.
+    #[arg(long = "log-line-prefix-template", alias = "log_line_prefix_template")]
+    pub log_line_prefix_template: Option<String>,
+    /// Worker role name (ROLE_NAME; default `default`).
+    #[arg(long)]
+    pub role: Option<String>,
+    /// This node's address as peers and reports should name it.
+    #[arg(long = "local-addr", alias = "local_addr")]
+    pub local_addr: Option<String>,
+    /// `spawn`, `fork` or `forkserver`; only meaningful to torchrun for function entrypoints.
+    #[arg(long = "start-method", alias = "start_method")]
+    pub start_method: Option<String>,
+    /// Seconds between forwarding a stop signal and SIGKILL (default 30).
+    #[arg(long = "shutdown-timeout", alias = "shutdown_timeout", visible_alias = "grace-period")]
+    pub shutdown_timeout: Option<String>,
+    /// Signals forwarded to workers as a stop request (default SIGTERM,SIGINT,SIGHUP,SIGQUIT).
+    #[arg(long = "signals-to-handle", alias = "signals_to_handle")]
+    pub signals_to_handle: Option<String>,
+    /// Seconds to wait for the store and every peer pod (default 600).
+    #[arg(long = "join-timeout", alias = "join_timeout")]
+    pub join_timeout: Option<String>,
+    /// Python interpreter for workers (env TRAINLET_PYTHON, then PYTHON_EXEC; default python, else python3).
+    #[arg(long)]
+    pub python: Option<String>,
+    /// Not supported yet.
+    #[arg(long = "event-log-handler", alias = "event_log_handler", hide = true)]
+    pub event_log_handler: Option<String>,
+    /// Not supported yet.
+    #[arg(long = "logs-specs", alias = "logs_specs", hide = true)]
+    pub logs_specs: Option<String>,
+    /// Not supported yet (NVML pinning comes with trainlet's gpu module).
+    #[arg(long = "numa-binding", alias = "numa_binding", hide = true)]
+    pub numa_binding: Option<String>,
+    /// Not supported yet.
+    #[arg(long = "duplicate-stdout-filters", alias = "duplicate_stdout_filters", hide = true)]
+    pub duplicate_stdout_filters: Option<String>,
+    /// Not supported yet.
+    #[arg(long = "duplicate-stderr-filters", alias = "duplicate_stderr_filters", hide = true)]
+    pub duplicate_stderr_filters: Option<String>,
+    /// Not supported yet.
+    #[arg(long = "virtual-local-rank", alias = "virtual_local_rank", hide = true)]
+    pub virtual_local_rank: bool,
+    /// The training script (or program with --no-python) and its arguments.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "SCRIPT [ARGS]...")]
+    pub command: Vec<String>,
+}
+
+impl RunArgs {
+    /// The first unsupported torchrun option given, by its flag name.
+    pub fn unsupported(&self) -> Option<&'static str> {
+        [
+            (self.event_log_handler.is_some(), "--event-log-handler"),
+            (self.logs_specs.is_some(), "--logs-specs"),
+            (self.numa_binding.is_some(), "--numa-binding"),
+            (self.duplicate_stdout_filters.is_some(), "--duplicate-stdout-filters"),
+            (self.duplicate_stderr_filters.is_some(), "--duplicate-stderr-filters"),
+            (self.virtual_local_rank, "--virtual-local-rank"),
+        ]
+        .into_iter()
+        .find_map(|(given, name)| given.then_some(name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use test_case::test_case;
+
+    fn run(args: &[&str]) -> RunArgs {
+        TorchrunCli::try_parse_from(std::iter::once("torchrun").chain(args.iter().copied())).expect("parse").run
+    }
+
+    #[test_case(&["--nproc-per-node", "4", "t.py"]; "dash")]
+    #[test_case(&["--nproc_per_node", "4", "t.py"]; "underscore")]
+    #[test_case(&["--nproc-per-node=4", "t.py"]; "equals")]
+    fn both_spellings(args: &[&str]) {
+        assert_eq!(run(args).nproc_per_node.as_deref(), Some("4"));
+    }
+
+    #[test]
+    fn script_args_are_not_parsed_as_options() {
+        let a = run(&["--nnodes", "2", "train.py", "--nnodes", "7", "-m", "x"]);
+        assert_eq!(a.nnodes.as_deref(), Some("2"));
+        assert!(!a.module);
+        assert_eq!(a.command, ["train.py", "--nnodes", "7", "-m", "x"]);
+    }
+
+    #[test]
+    fn short_flags() {
+        let a = run(&["-m", "-r", "3", "-t", "1", "pkg.mod"]);
+        assert!(a.module);
+        assert_eq!((a.redirects.as_deref(), a.tee.as_deref()), (Some("3"), Some("1")));
+    }
+
+    #[test]
+    fn unsupported_options_are_named() {
+        assert_eq!(run(&["--numa-binding", "node", "t.py"]).unsupported(), Some("--numa-binding"));
+        assert_eq!(run(&["--virtual_local_rank", "t.py"]).unsupported(), Some("--virtual-local-rank"));
+        assert_eq!(run(&["t.py"]).unsupported(), None);
+    }
+}

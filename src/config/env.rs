@@ -1,0 +1,157 @@
+//! Every environment variable trainlet reads, by name, in one place.
+//!
+//! The `PET_*` names are torchrun's own (`PET_<DEST>` defaults every option)
+//! and what Kubeflow Trainer injects into the `node` container
+//! (reference/kubeflow.md section 8).
+
+use std::collections::HashMap;
+
+/// `--nnodes`.
+pub const PET_NNODES: &str = "PET_NNODES";
+/// `--nproc-per-node`.
+pub const PET_NPROC_PER_NODE: &str = "PET_NPROC_PER_NODE";
+/// `--node-rank`.
+pub const PET_NODE_RANK: &str = "PET_NODE_RANK";
+/// `--master-addr`.
+pub const PET_MASTER_ADDR: &str = "PET_MASTER_ADDR";
+/// `--master-port`.
+pub const PET_MASTER_PORT: &str = "PET_MASTER_PORT";
+/// `--rdzv-endpoint`.
+pub const PET_RDZV_ENDPOINT: &str = "PET_RDZV_ENDPOINT";
+/// `--rdzv-backend`.
+pub const PET_RDZV_BACKEND: &str = "PET_RDZV_BACKEND";
+/// `--rdzv-id`.
+pub const PET_RDZV_ID: &str = "PET_RDZV_ID";
+/// `--rdzv-conf`.
+pub const PET_RDZV_CONF: &str = "PET_RDZV_CONF";
+/// `--standalone` as "0"/"1".
+pub const PET_STANDALONE: &str = "PET_STANDALONE";
+/// `--max-restarts`.
+pub const PET_MAX_RESTARTS: &str = "PET_MAX_RESTARTS";
+/// `--monitor-interval`.
+pub const PET_MONITOR_INTERVAL: &str = "PET_MONITOR_INTERVAL";
+/// `--role`.
+pub const PET_ROLE: &str = "PET_ROLE";
+/// `--log-dir`.
+pub const PET_LOG_DIR: &str = "PET_LOG_DIR";
+/// `--redirects`.
+pub const PET_REDIRECTS: &str = "PET_REDIRECTS";
+/// `--tee`.
+pub const PET_TEE: &str = "PET_TEE";
+/// `--local-ranks-filter`.
+pub const PET_LOCAL_RANKS_FILTER: &str = "PET_LOCAL_RANKS_FILTER";
+/// `--local-addr`.
+pub const PET_LOCAL_ADDR: &str = "PET_LOCAL_ADDR";
+/// `--start-method`.
+pub const PET_START_METHOD: &str = "PET_START_METHOD";
+/// `-m/--module` as "0"/"1".
+pub const PET_MODULE: &str = "PET_MODULE";
+/// `--no-python` as "0"/"1".
+pub const PET_NO_PYTHON: &str = "PET_NO_PYTHON";
+/// `--run-path` as "0"/"1".
+pub const PET_RUN_PATH: &str = "PET_RUN_PATH";
+/// `--log-line-prefix-template` (torchrun's env name).
+pub const TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: &str = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE";
+/// `--shutdown-timeout` (torchrun's env name).
+pub const TORCH_ELASTIC_SHUTDOWN_TIMEOUT: &str = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT";
+/// `--signals-to-handle` (torchrun's env name).
+pub const TORCHELASTIC_SIGNALS_TO_HANDLE: &str = "TORCHELASTIC_SIGNALS_TO_HANDLE";
+/// Node-rank fallback: the Job controller's completion index.
+pub const JOB_COMPLETION_INDEX: &str = "JOB_COMPLETION_INDEX";
+/// `--python`, trainlet's name.
+pub const TRAINLET_PYTHON: &str = "TRAINLET_PYTHON";
+/// `--python`, torchrun's name.
+pub const PYTHON_EXEC: &str = "PYTHON_EXEC";
+/// `--join-timeout`, trainlet's name.
+pub const TRAINLET_JOIN_TIMEOUT: &str = "TRAINLET_JOIN_TIMEOUT";
+/// GPUs visible to CUDA.
+pub const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
+/// GPUs the NVIDIA container runtime exposed.
+pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+/// Inherited by workers; set to 1 when unset and nproc > 1, like torchrun.
+pub const OMP_NUM_THREADS: &str = "OMP_NUM_THREADS";
+/// Inherited by workers; defaults to 1, like torchrun.
+pub const TORCH_NCCL_ASYNC_ERROR_HANDLING: &str = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+/// Where a failure report is copied when set on the agent (torchrun's `@record`).
+pub const TORCHELASTIC_ERROR_FILE: &str = "TORCHELASTIC_ERROR_FILE";
+
+/// A snapshot of the environment, so resolution is a pure function.
+#[derive(Debug, Clone, Default)]
+pub struct Env(HashMap<String, String>);
+
+impl Env {
+    /// The process environment (non-UTF-8 entries skipped).
+    pub fn from_process() -> Self {
+        Self(std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect())
+    }
+
+    /// A given set of variables (tests).
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        Self(pairs.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    }
+
+    /// A variable's value, empty counted as unset.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str).filter(|v| !v.is_empty())
+    }
+
+    /// PATH lookup of an executable name.
+    pub fn which(&self, name: &str) -> Option<std::path::PathBuf> {
+        use std::os::unix::fs::PermissionsExt;
+        self.get("PATH")?.split(':').filter(|d| !d.is_empty()).map(|d| std::path::Path::new(d).join(name)).find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    }
+}
+
+/// Number of GPUs visible to this pod, torchrun-style: CUDA_VISIBLE_DEVICES,
+/// else NVIDIA_VISIBLE_DEVICES, else the devices the driver lists.
+pub fn visible_gpus(env: &Env) -> usize {
+    let count_list = |v: &str| v.split(',').map(str::trim).take_while(|d| !d.is_empty() && !d.starts_with('-')).count();
+    if let Some(v) = env.0.get(CUDA_VISIBLE_DEVICES) {
+        return count_list(v);
+    }
+    let driver = || {
+        std::fs::read_dir("/proc/driver/nvidia/gpus").map(Iterator::count).unwrap_or_else(|_| {
+            std::fs::read_dir("/dev")
+                .map(|d| {
+                    d.filter_map(Result::ok)
+                        .filter(|e| {
+                            e.file_name().to_str().and_then(|n| n.strip_prefix("nvidia")).is_some_and(|rest| {
+                                !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit())
+                            })
+                        })
+                        .count()
+                })
+                .unwrap_or(0)
+        })
+    };
+    match env.get(NVIDIA_VISIBLE_DEVICES) {
+        Some("all") => driver(),
+        Some("none" | "void") => 0,
+        Some(list) => count_list(list),
+        None => driver(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use test_case::test_case;
+
+    #[test_case(&[("CUDA_VISIBLE_DEVICES", "0,1,2")], 3; "cuda list")]
+    #[test_case(&[("CUDA_VISIBLE_DEVICES", "")], 0; "cuda empty hides all")]
+    #[test_case(&[("CUDA_VISIBLE_DEVICES", "1,-1,2")], 1; "cuda stops at invalid")]
+    #[test_case(&[("NVIDIA_VISIBLE_DEVICES", "GPU-a,GPU-b")], 2; "nvidia uuids")]
+    #[test_case(&[("NVIDIA_VISIBLE_DEVICES", "void")], 0; "nvidia void")]
+    #[test_case(&[("CUDA_VISIBLE_DEVICES", "0"), ("NVIDIA_VISIBLE_DEVICES", "0,1")], 1; "cuda wins")]
+    fn gpu_visibility(pairs: &[(&str, &str)], want: usize) {
+        assert_eq!(visible_gpus(&Env::from_pairs(pairs.iter().copied())), want);
+    }
+
+    #[test]
+    fn empty_values_count_as_unset() {
+        let env = Env::from_pairs([("PET_NNODES", "")]);
+        assert_eq!(env.get(PET_NNODES), None);
+    }
+}

@@ -1,0 +1,158 @@
+//! Configuration: raw CLI + environment -> one immutable [`Plan`].
+//!
+//! Precedence is CLI > env > default, applied in [`Plan::resolve`] and
+//! nowhere else; every value remembers where it came from so that
+//! `trainlet doctor` can say. Resolution reads files only to find GPUs and
+//! executables on PATH; it never touches the network.
+
+pub mod env;
+mod resolve;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use env::Env;
+pub use resolve::Streams;
+
+use crate::store::Endpoint;
+
+/// A bad flag or variable: names it, its value, and what was expected.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A value that does not parse or is out of range.
+    #[error("invalid {origin} value {value:?}: expected {expected}")]
+    Invalid {
+        /// `--flag` or `ENV_VAR`.
+        origin: String,
+        /// What was given.
+        value: String,
+        /// What would have been accepted.
+        expected: String,
+    },
+    /// A torchrun option or setting trainlet does not implement yet.
+    #[error("{what} is not supported by trainlet yet: {hint}")]
+    Unsupported {
+        /// The option or setting.
+        what: String,
+        /// What to do instead.
+        hint: String,
+    },
+    /// Options that cannot be combined, or a missing one.
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// Where a resolved value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A command-line flag.
+    Flag(&'static str),
+    /// An environment variable.
+    Env(&'static str),
+    /// torchrun's default.
+    Default,
+    /// Computed from other values (e.g. `auto` -> GPU count).
+    Derived(String),
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Flag(n) => write!(f, "flag {n}"),
+            Source::Env(n) => write!(f, "env {n}"),
+            Source::Default => f.write_str("default"),
+            Source::Derived(how) => write!(f, "derived: {how}"),
+        }
+    }
+}
+
+/// What each worker executes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entrypoint {
+    /// Program to exec (an interpreter, or the script with --no-python).
+    pub program: String,
+    /// Its arguments; `${local_rank}` is substituted per worker.
+    pub args: Vec<String>,
+    /// The user's script or module, for reports.
+    pub script: String,
+}
+
+/// Everything a launch needs, resolved and validated.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Number of pods (agents).
+    pub nnodes: u32,
+    /// Workers per pod.
+    pub nproc: u32,
+    /// This pod's rank.
+    pub node_rank: u32,
+    /// Single-pod job with a private store on a free loopback port.
+    pub standalone: bool,
+    /// The agents' store (port 0 in standalone mode: picked at bind).
+    pub endpoint: Endpoint,
+    /// Whether this pod serves the store.
+    pub serve_store: bool,
+    /// Job id shared by all pods (TORCHELASTIC_RUN_ID).
+    pub run_id: String,
+    /// ROLE_NAME.
+    pub role: String,
+    /// Job-wide restart budget.
+    pub max_restarts: u32,
+    /// Deadline for reaching the store and every peer.
+    pub join_timeout: Duration,
+    /// Grace between a stop signal and SIGKILL.
+    pub grace: Duration,
+    /// Signals that stop the job gracefully (always includes SIGTERM and SIGINT).
+    pub stop_signals: Vec<i32>,
+    /// What workers run.
+    pub entry: Entrypoint,
+    /// Log directory given by the user (files are written for every rank).
+    pub log_dir: Option<PathBuf>,
+    /// Streams written to files only.
+    pub redirects: Streams,
+    /// Streams written to files and the console.
+    pub tee: Streams,
+    /// Local ranks shown on the console (None = all).
+    pub console_ranks: Option<Vec<u32>>,
+    /// Worker line prefix template.
+    pub prefix_template: String,
+    /// This pod's name for reports (`--local-addr`, else the hostname).
+    pub host: String,
+    /// `OMP_NUM_THREADS` to give workers when it is unset (1 if nproc > 1).
+    pub omp_default: Option<String>,
+    /// (setting, value, source) for `trainlet doctor`.
+    pub provenance: Vec<(&'static str, String, Source)>,
+}
+
+impl Plan {
+    /// Global world size.
+    pub fn world_size(&self) -> u32 {
+        self.nnodes * self.nproc
+    }
+
+    /// The human-readable plan printed by `trainlet doctor`.
+    pub fn describe(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(s, "trainlet plan");
+        for (name, value, source) in &self.provenance {
+            let _ = writeln!(s, "  {name:<16} {value:<28} ({source})");
+        }
+        let _ = writeln!(s, "  {:<16} {}", "world size", self.world_size());
+        let _ = writeln!(
+            s,
+            "  {:<16} {}",
+            "store",
+            if self.standalone {
+                "served by this pod on a free loopback port".to_string()
+            } else if self.serve_store {
+                format!("served by this pod on port {}, peers dial {}", self.endpoint.port, self.endpoint)
+            } else {
+                format!("dial {}", self.endpoint)
+            }
+        );
+        let _ = writeln!(s, "  {:<16} {} {}", "worker command", self.entry.program, self.entry.args.join(" "));
+        s
+    }
+}

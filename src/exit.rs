@@ -1,0 +1,64 @@
+//! trainlet's exit codes: a public API that Kubernetes `podFailurePolicy`
+//! rules match on. Never renumber; README.md carries the same table.
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | every worker on every pod succeeded |
+//! | 1-127, 210-255 | the first failing worker's own exit code, passed through |
+//! | 126 / 127 | a worker could not be executed / was not found |
+//! | 128+N | the first failing worker was killed by signal N, or trainlet itself was stopped by signal N (143 = SIGTERM) |
+//! | 200 | configuration error: a bad flag, env var or world mismatch between pods |
+//! | 201 | rendezvous timeout: the store or a peer pod was not reachable before the deadline |
+//! | 202 | internal error in trainlet (a bug, or an unexpected OS failure) |
+//! | 203 | a peer pod or the store host went away during the job |
+//! | 209 | a worker exited with a code in trainlet's reserved range 200-209 |
+
+/// Every worker succeeded.
+pub const SUCCESS: u8 = 0;
+/// A worker binary could not be executed (permission, format).
+pub const WORKER_NOT_EXECUTABLE: u8 = 126;
+/// A worker binary was not found.
+pub const WORKER_NOT_FOUND: u8 = 127;
+/// Bad configuration: flags, env, or pods that disagree on the world.
+pub const CONFIG: u8 = 200;
+/// The store or a peer did not answer before the join deadline.
+pub const RENDEZVOUS_TIMEOUT: u8 = 201;
+/// trainlet failed internally.
+pub const INTERNAL: u8 = 202;
+/// A peer pod or the store host left while the job ran.
+pub const PEER_LOST: u8 = 203;
+/// A worker's own code fell in 200-209 and was remapped to keep this table unambiguous.
+pub const WORKER_RESERVED: u8 = 209;
+
+/// The exit code for a worker that ended with `status`.
+pub fn for_worker(status: crate::sys::Exit) -> u8 {
+    match status {
+        crate::sys::Exit::Code(c) => {
+            let c = u8::try_from(c.clamp(0, 255)).unwrap_or(u8::MAX);
+            if (CONFIG..=WORKER_RESERVED).contains(&c) { WORKER_RESERVED } else { c }
+        }
+        crate::sys::Exit::Signal(s) => for_signal(s),
+    }
+}
+
+/// 128 + N, as shells and Kubernetes report a death by signal N.
+pub fn for_signal(signal: i32) -> u8 {
+    u8::try_from(128 + signal.clamp(1, 127)).unwrap_or(u8::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::Exit;
+    use test_case::test_case;
+
+    #[test_case(Exit::Code(3), 3; "worker code passes through")]
+    #[test_case(Exit::Code(1), 1; "python exception")]
+    #[test_case(Exit::Code(255), 255; "top of range")]
+    #[test_case(Exit::Code(201), WORKER_RESERVED; "reserved range remapped")]
+    #[test_case(Exit::Signal(9), 137; "sigkill")]
+    #[test_case(Exit::Signal(15), 143; "sigterm")]
+    fn worker_codes(status: Exit, want: u8) {
+        assert_eq!(for_worker(status), want);
+    }
+}

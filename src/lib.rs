@@ -1,0 +1,62 @@
+//! trainlet: the per-pod agent of a distributed training job on Kubernetes.
+//!
+//! One statically linked binary, PID 1 of every training pod: it discovers
+//! rank and world from the Trainer/JobSet env, serves PyTorch's c10d TCPStore
+//! protocol so real `torch.distributed` workers rendezvous on it, spawns and
+//! supervises the workers like `torchrun`, and exits with a documented code.
+//!
+//! # Layout
+//! - [`cli`]: clap definitions, torchrun-compatible; no I/O.
+//! - [`config`]: CLI + env -> [`config::Plan`]; every env var name in `config::env`.
+//! - [`store`]: the TCPStore wire protocol, server and client.
+//! - [`rendezvous`]: static rendezvous of the agents over the store.
+//! - [`supervise`]: signals/reaper thread, spawner, output, pure policy core, report.
+//! - [`launch`]: the flow of `trainlet run`.
+//! - [`exit`]: exit codes (public API) and [`Error`] -> code.
+//! - [`sys`]: every unsafe block and raw syscall.
+//!
+//! Dependency direction: `launch` -> {`config`, `store`, `rendezvous`,
+//! `supervise`}; `store` and `supervise` do not import each other.
+
+pub mod cli;
+pub mod config;
+pub mod exit;
+pub mod launch;
+pub mod rendezvous;
+pub mod store;
+pub mod supervise;
+pub mod sys;
+
+/// Every error that can end trainlet, aggregated once.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad flags or env.
+    #[error(transparent)]
+    Config(#[from] config::Error),
+    /// The store could not be served.
+    #[error(transparent)]
+    Store(#[from] store::ServerError),
+    /// The rendezvous failed.
+    #[error(transparent)]
+    Rendezvous(rendezvous::Error),
+    /// An OS call trainlet depends on failed.
+    #[error("operating system call failed")]
+    Os(#[source] std::io::Error),
+}
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl From<&Error> for u8 {
+    fn from(e: &Error) -> u8 {
+        match e {
+            Error::Config(_) | Error::Store(_) => exit::CONFIG,
+            Error::Rendezvous(r) => match r {
+                rendezvous::Error::Unreachable(_) | rendezvous::Error::Timeout { .. } => exit::RENDEZVOUS_TIMEOUT,
+                rendezvous::Error::Mismatch(_) | rendezvous::Error::Duplicate { .. } => exit::CONFIG,
+                rendezvous::Error::Lost { .. } => exit::PEER_LOST,
+            },
+            Error::Os(_) => exit::INTERNAL,
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! The agents' store client: one TCP connection, one request in flight.
+//!
+//! It speaks the same wire protocol as torch's client (VALIDATE then PING on
+//! connect) but does not add torch's `/` key prefix: agent keys live under
+//! `trainlet/` and never collide with worker keys, which torch prefixes.
+//! [`connect_with_retry`] retries name resolution and connection refusal
+//! (Kubernetes headless services publish DNS records late) until a deadline.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::wire::{Command, MAGIC, MAX_VALUE_LEN};
+
+/// A store address as the user wrote it: host name or IP, and port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Host name or IP literal (IPv6 without brackets).
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Errors of the store client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The connection failed or closed.
+    #[error("store connection failed")]
+    Io(#[from] std::io::Error),
+    /// The server sent something the protocol does not allow.
+    #[error("store protocol violation: {0}")]
+    Protocol(&'static str),
+    /// Gave up connecting at the deadline.
+    #[error("store at {endpoint} not reachable after {tries} attempts over {waited:?} (last error: {last})")]
+    Unreachable {
+        /// What was dialled.
+        endpoint: Endpoint,
+        /// Connection attempts made.
+        tries: u32,
+        /// How long we tried.
+        waited: Duration,
+        /// The last failure, e.g. a DNS or connect error.
+        last: String,
+    },
+    /// The caller cancelled.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+/// A connected, validated store client.
+#[derive(Debug)]
+pub struct Client {
+    stream: TcpStream,
+    buf: BytesMut,
+    out: Vec<u8>,
+}
+
+impl Client {
+    /// Connect to `addr`, then VALIDATE and PING as torch's client does.
+    pub async fn connect(addr: SocketAddr) -> Result<Self, ClientError> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let mut c = Self { stream, buf: BytesMut::with_capacity(1024), out: Vec::with_capacity(256) };
+        c.queue(&Command::Validate(MAGIC));
+        let nonce = std::process::id();
+        c.queue(&Command::Ping(nonce));
+        c.flush().await?;
+        if c.read_u32().await? != nonce {
+            return Err(ClientError::Protocol("PING echo does not match"));
+        }
+        Ok(c)
+    }
+
+    fn queue(&mut self, cmd: &Command) {
+        cmd.encode(&mut self.out);
+    }
+
+    async fn flush(&mut self) -> Result<(), ClientError> {
+        self.stream.write_all(&self.out).await?;
+        self.out.clear();
+        Ok(())
+    }
+
+    async fn send(&mut self, cmd: &Command) -> Result<(), ClientError> {
+        self.queue(cmd);
+        self.flush().await
+    }
+
+    async fn fill(&mut self, n: usize) -> Result<(), ClientError> {
+        while self.buf.len() < n {
+            if self.stream.read_buf(&mut self.buf).await? == 0 {
+                return Err(ClientError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+        }
+        Ok(())
+    }
+
+    async fn read_u8(&mut self) -> Result<u8, ClientError> {
+        self.fill(1).await?;
+        Ok(self.buf.get_u8())
+    }
+
+    async fn read_u32(&mut self) -> Result<u32, ClientError> {
+        self.fill(4).await?;
+        Ok(self.buf.get_u32_le())
+    }
+
+    async fn read_i64(&mut self) -> Result<i64, ClientError> {
+        self.fill(8).await?;
+        Ok(self.buf.get_i64_le())
+    }
+
+    async fn read_bytes(&mut self) -> Result<Vec<u8>, ClientError> {
+        self.fill(8).await?;
+        let len = self.buf.get_u64_le();
+        if len > MAX_VALUE_LEN {
+            return Err(ClientError::Protocol("reply longer than 8 MiB"));
+        }
+        let len = usize::try_from(len).map_err(|_| ClientError::Protocol("reply length"))?;
+        self.fill(len).await?;
+        Ok(self.buf.split_to(len).to_vec())
+    }
+
+    /// SET (no reply).
+    pub async fn set(&mut self, key: &str, value: &[u8]) -> Result<(), ClientError> {
+        self.send(&Command::Set { key: key.into(), value: value.to_vec() }).await
+    }
+
+    /// GET without waiting: a missing key reads as empty.
+    pub async fn get(&mut self, key: &str) -> Result<Vec<u8>, ClientError> {
+        self.send(&Command::Get(key.into())).await?;
+        self.read_bytes().await
+    }
+
+    /// ADD; returns the new value.
+    pub async fn add(&mut self, key: &str, delta: i64) -> Result<i64, ClientError> {
+        self.send(&Command::Add { key: key.into(), delta }).await?;
+        self.read_i64().await
+    }
+
+    /// COMPARE_SET; returns what the server returned (== `desired` on success).
+    pub async fn compare_set(&mut self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>, ClientError> {
+        self.send(&Command::CompareSet { key: key.into(), expected: expected.to_vec(), desired: desired.to_vec() })
+            .await?;
+        self.read_bytes().await
+    }
+
+    /// CHECK: are all keys present?
+    pub async fn check(&mut self, keys: &[String]) -> Result<bool, ClientError> {
+        self.send(&Command::Check(keys.iter().map(|k| k.as_bytes().to_vec()).collect())).await?;
+        Ok(self.read_u8().await? == 0)
+    }
+
+    /// WAIT until all keys exist. Blocks the connection; callers bound it
+    /// with a timeout and drop the client if it fires.
+    pub async fn wait(&mut self, keys: &[String]) -> Result<(), ClientError> {
+        self.send(&Command::Wait(keys.iter().map(|k| k.as_bytes().to_vec()).collect())).await?;
+        match self.read_u8().await? {
+            0 => Ok(()),
+            _ => Err(ClientError::Protocol("unexpected WAIT reply")),
+        }
+    }
+
+    /// MULTI_GET (without waiting).
+    pub async fn multi_get(&mut self, keys: &[String]) -> Result<Vec<Vec<u8>>, ClientError> {
+        self.send(&Command::MultiGet(keys.iter().map(|k| k.as_bytes().to_vec()).collect())).await?;
+        let mut values = Vec::with_capacity(keys.len());
+        for _ in keys {
+            values.push(self.read_bytes().await?);
+        }
+        Ok(values)
+    }
+
+    /// DELETE_KEY; returns whether a key was deleted.
+    pub async fn delete_key(&mut self, key: &str) -> Result<bool, ClientError> {
+        self.send(&Command::DeleteKey(key.into())).await?;
+        Ok(self.read_i64().await? == 1)
+    }
+
+    /// GETNUMKEYS.
+    pub async fn num_keys(&mut self) -> Result<i64, ClientError> {
+        self.send(&Command::GetNumKeys).await?;
+        self.read_i64().await
+    }
+
+    /// PING with a nonce; checks the echo.
+    pub async fn ping(&mut self, nonce: u32) -> Result<(), ClientError> {
+        self.send(&Command::Ping(nonce)).await?;
+        if self.read_u32().await? == nonce { Ok(()) } else { Err(ClientError::Protocol("PING echo does not match")) }
+    }
+
+    /// BARRIER on `key` for `world_size` arrivals.
+    pub async fn barrier(&mut self, key: &str, world_size: i64) -> Result<(), ClientError> {
+        self.send(&Command::Barrier { key: key.into(), world_size }).await?;
+        match self.read_u8().await? {
+            0 => Ok(()),
+            _ => Err(ClientError::Protocol("unexpected BARRIER reply")),
+        }
+    }
+}
+
+/// Resolve and connect to `endpoint`, retrying every failure (DNS not yet
+/// published, connection refused, handshake reset) with exponential backoff
+/// until `deadline`.
+pub async fn connect_with_retry(
+    endpoint: &Endpoint,
+    deadline: Instant,
+    cancel: &CancellationToken,
+) -> Result<Client, ClientError> {
+    let started = Instant::now();
+    let mut backoff = Duration::from_millis(20);
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        let attempt = async {
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((endpoint.host.as_str(), endpoint.port))
+                .await
+                .map_err(|e| format!("resolving {}: {e}", endpoint.host))?
+                .collect();
+            let mut last = format!("{} resolved to no address", endpoint.host);
+            for addr in addrs {
+                match Client::connect(addr).await {
+                    Ok(c) => return Ok(c),
+                    Err(e) => last = format!("{addr}: {}", error_chain(&e)),
+                }
+            }
+            Err(last)
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let last = tokio::select! {
+            () = cancel.cancelled() => return Err(ClientError::Cancelled),
+            r = tokio::time::timeout(remaining.max(Duration::from_millis(1)), attempt) => match r {
+                Ok(Ok(c)) => return Ok(c),
+                Ok(Err(last)) => last,
+                Err(_) => "connect attempt timed out".to_string(),
+            },
+        };
+        if Instant::now() + backoff >= deadline {
+            return Err(ClientError::Unreachable {
+                endpoint: endpoint.clone(),
+                tries,
+                waited: started.elapsed(),
+                last,
+            });
+        }
+        tracing::debug!(%endpoint, tries, error = %last, "store not reachable yet; retrying");
+        tokio::select! {
+            () = cancel.cancelled() => return Err(ClientError::Cancelled),
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 3 / 2).min(Duration::from_secs(2));
+    }
+}
+
+/// "outer: inner: innermost" for logs and error text.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        cur = inner.source();
+    }
+    s
+}
+
+impl Client {
+    /// The server's address.
+    pub fn peer_addr(&self) -> std::io::Result<SocketAddr> {
+        self.stream.peer_addr()
+    }
+}

@@ -1,0 +1,32 @@
+//! The c10d TCPStore, served by the agent and spoken by its client.
+//!
+//! PyTorch workers launched by trainlet connect here with their own
+//! `torch.distributed.TCPStore` client (`TORCHELASTIC_USE_AGENT_STORE=True`),
+//! so the server reproduces the libuv backend's wire protocol, semantics and
+//! limits (reference/torch.md section 1). The agents use [`Client`] on the
+//! same protocol for their rendezvous.
+//!
+//! # Design
+//! - `wire`: check-then-parse framing; the decoder returns
+//!   `Incomplete | Invalid`, never a boxed error, and bounds every length
+//!   before reading it.
+//! - `state`: keys, queues and parked waiters behind one `std::sync::Mutex`.
+//!   A parked WAIT/BARRIER is a per-connection counter; a wake-up travels to
+//!   the connection task through its channel, so no lock is held across I/O.
+//! - `server`: accept loop (no reverse DNS anywhere, `TCP_NODELAY`, backlog
+//!   = somaxconn, accept backoff) and one task per connection that
+//!   `select!`s on the socket, its wake channel and the cancel token.
+//! - `client`: the agents' client with connect retry until a deadline.
+//!
+//! Must not: spawn processes, know about rendezvous rounds, or panic on any
+//! input. A bad peer loses its own connection and nothing else.
+
+mod client;
+mod server;
+mod state;
+mod wire;
+
+pub use client::{Client, ClientError, Endpoint, connect_with_retry, error_chain};
+pub use server::{ServerError, StoreServer, bind_listener};
+pub use state::State;
+pub use wire::{Command, DecodeError, Invalid, MAGIC, MAX_KEY_COUNT, MAX_KEY_LEN, MAX_VALUE_LEN};

@@ -1,0 +1,93 @@
+//! Worker output: drained from pipes, prefixed per rank on the console
+//! (torchrun's `[default0]:` form by default) and written to per-rank files.
+//!
+//! Each stream is one task that reads lines until EOF. A line goes to the
+//! console unless it is redirected without tee or its rank is filtered out,
+//! and to `<attempt dir>/<local_rank>/std{out,err}.log` when files are on.
+//! A worker that leaves a grandchild holding its pipe open cannot stall the
+//! agent: the attempt waits for the drain only for a bounded time.
+
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// Where one stream of one worker goes.
+#[derive(Debug, Clone)]
+pub struct Sink {
+    /// Prefix for console lines.
+    pub prefix: String,
+    /// Show on the console.
+    pub console: bool,
+    /// Also write to this file.
+    pub file: Option<PathBuf>,
+    /// stderr (true) or stdout (false).
+    pub is_err: bool,
+}
+
+/// Expand the prefix template's macros.
+pub fn prefix(template: &str, role: &str, local_rank: u32, rank: u32, host: &str) -> String {
+    let mut p = template
+        .replace("${role_name}", role)
+        .replace("${local_rank}", &local_rank.to_string())
+        .replace("${rank}", &rank.to_string())
+        .replace("${hostname}", host);
+    if !p.is_empty() && !p.ends_with(' ') {
+        p.push(' ');
+    }
+    p
+}
+
+/// Drain `fd` into `sink` until EOF.
+pub async fn drain(fd: OwnedFd, sink: Sink) {
+    let pipe = match tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read worker output");
+            return;
+        }
+    };
+    let mut file = sink.file.as_ref().and_then(|path| match std::fs::File::create(path) {
+        Ok(f) => Some(std::io::BufWriter::new(f)),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot create worker log file");
+            None
+        }
+    });
+    let mut reader = BufReader::with_capacity(64 * 1024, pipe);
+    let mut line = Vec::with_capacity(256);
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        if !line.ends_with(b"\n") {
+            line.push(b'\n');
+        }
+        if let Some(f) = file.as_mut() {
+            let _ = f.write_all(&line);
+            let _ = f.flush();
+        }
+        if sink.console {
+            let mut buf = Vec::with_capacity(sink.prefix.len() + line.len());
+            buf.extend_from_slice(sink.prefix.as_bytes());
+            buf.extend_from_slice(&line);
+            // One write per line keeps lines from different ranks whole.
+            let _ = if sink.is_err { std::io::stderr().lock().write_all(&buf) } else { std::io::stdout().lock().write_all(&buf) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_prefix_matches_torchrun() {
+        assert_eq!(prefix("[${role_name}${local_rank}]:", "default", 3, 7, "h"), "[default3]: ");
+        assert_eq!(prefix("${hostname}/${rank}", "r", 0, 12, "pod-1"), "pod-1/12 ");
+        assert_eq!(prefix("", "r", 0, 0, "h"), "");
+    }
+}

@@ -1,0 +1,227 @@
+//! Failure records and the failure report.
+//!
+//! Each pod records the workers that failed on their own (not those it
+//! stopped) and publishes them in the store; every pod then picks the same
+//! root cause: the earliest failure by wall-clock time, across pods. A worker
+//! that used torch's `@record` wrote TORCHELASTIC_ERROR_FILE; its message and
+//! traceback are read into the record. The report is printed as a
+//! torchrun-style summary and written as JSON.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::sys::Exit;
+
+/// One worker failure, as shared between pods.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    /// Restart attempt it happened in.
+    pub attempt: u32,
+    /// Global rank.
+    pub rank: u32,
+    /// Local rank on its pod.
+    pub local_rank: u32,
+    /// Its pod's node rank.
+    pub node_rank: u32,
+    /// Its pod's name.
+    pub host: String,
+    /// Its pid.
+    pub pid: i32,
+    /// Exit code, if it exited.
+    pub exit_code: Option<i32>,
+    /// Signal number, if it was killed.
+    pub signal: Option<i32>,
+    /// When it was reaped, wall-clock microseconds.
+    pub at_us: u64,
+    /// The worker's TORCHELASTIC_ERROR_FILE, if it wrote one.
+    pub error_file: Option<String>,
+    /// The error message from that file.
+    pub message: Option<String>,
+    /// The Python traceback from that file.
+    pub traceback: Option<String>,
+}
+
+impl Failure {
+    /// How it ended.
+    pub fn exit(&self) -> Exit {
+        match (self.exit_code, self.signal) {
+            (_, Some(s)) => Exit::Signal(s),
+            (Some(c), None) => Exit::Code(c),
+            (None, None) => Exit::Code(1),
+        }
+    }
+
+    /// Fill message/traceback from the worker's error file, if it exists.
+    pub fn read_error_file(&mut self, path: &Path) {
+        let Ok(text) = std::fs::read_to_string(path) else { return };
+        let Ok(json) = serde_json::from_str::<serde_json::Value>(&text) else { return };
+        let msg = &json["message"];
+        self.error_file = Some(path.display().to_string());
+        self.message = msg["message"].as_str().map(str::to_string).or_else(|| msg.as_str().map(str::to_string));
+        self.traceback = msg["extraInfo"]["py_callstack"].as_str().map(str::to_string);
+    }
+}
+
+/// The earliest failure; ties broken by rank so every pod agrees.
+pub fn root_cause(failures: &[Failure]) -> Option<&Failure> {
+    failures.iter().min_by_key(|f| (f.at_us, f.rank))
+}
+
+/// `2026-11-22_17:52:16` (UTC), torchrun's report time format.
+pub fn format_time(at_us: u64) -> String {
+    let secs = at_us / 1_000_000;
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    // Civil-from-days (Howard Hinnant's algorithm), proleptic Gregorian.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}_{:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// The whole-job report written at a failed exit.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// TORCHELASTIC_RUN_ID.
+    pub run_id: String,
+    /// The user's script or program.
+    pub script: String,
+    /// This pod's node rank.
+    pub node_rank: u32,
+    /// trainlet's exit code.
+    pub exit_code: u8,
+    /// Why trainlet exits, in words.
+    pub reason: String,
+    /// The first failure across all pods and attempts.
+    pub root_cause: Option<Failure>,
+    /// Every failure of every attempt, all pods.
+    pub failures: Vec<Failure>,
+}
+
+impl Report {
+    /// Human summary in torchrun's layout.
+    pub fn summary(&self) -> String {
+        let line = "-".repeat(60);
+        let mut s = format!("{} FAILED\n{line}\n{}\n", self.script, self.reason);
+        let entry = |s: &mut String, i: usize, f: &Failure| {
+            let exit = match f.exit() {
+                Exit::Code(c) => format!("{c} (pid: {})", f.pid),
+                Exit::Signal(sig) => format!("-{sig} (pid: {})  ({})", f.pid, crate::sys::signal_name(sig)),
+            };
+            let _ = write!(
+                s,
+                "[{i}]:\n  time      : {}\n  host      : {} (node rank {})\n  rank      : {} (local_rank: {})\n  attempt   : {}\n  exitcode  : {exit}\n  error_file: {}\n",
+                format_time(f.at_us),
+                f.host,
+                f.node_rank,
+                f.rank,
+                f.local_rank,
+                f.attempt,
+                f.error_file.as_deref().unwrap_or("<N/A>"),
+            );
+            let tb = f.traceback.as_deref().or(f.message.as_deref());
+            let _ = writeln!(s, "  traceback : {}", tb.unwrap_or("<N/A>").trim_end().replace('\n', "\n    "));
+        };
+        if !self.failures.is_empty() {
+            s.push_str("Failures:\n");
+            for (i, f) in self.failures.iter().enumerate() {
+                entry(&mut s, i + 1, f);
+            }
+            s.push_str(&line);
+            s.push('\n');
+        }
+        if let Some(root) = &self.root_cause {
+            s.push_str("Root Cause (first observed failure):\n");
+            entry(&mut s, 0, root);
+            s.push_str(&line);
+            s.push('\n');
+        }
+        s
+    }
+
+    /// Write the JSON report to `path`.
+    pub fn write(&self, path: &PathBuf) -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(path, serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(rank: u32, at_us: u64) -> Failure {
+        Failure {
+            attempt: 0,
+            rank,
+            local_rank: rank % 2,
+            node_rank: rank / 2,
+            host: "h".into(),
+            pid: 10,
+            exit_code: Some(3),
+            signal: None,
+            at_us,
+            error_file: None,
+            message: None,
+            traceback: None,
+        }
+    }
+
+    #[test]
+    fn root_cause_is_the_earliest_across_pods() {
+        let all = [failure(4, 300), failure(1, 100), failure(0, 100), failure(2, 200)];
+        assert_eq!(root_cause(&all).map(|f| f.rank), Some(0));
+        assert_eq!(root_cause(&[]), None);
+    }
+
+    #[test]
+    fn formats_utc_time() {
+        assert_eq!(format_time(0), "1970-01-01_00:00:00");
+        assert_eq!(format_time(1_795_369_936_000_000), "2026-11-22_17:52:16");
+    }
+
+    #[test]
+    fn reads_torch_error_files() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("error.json");
+        std::fs::write(
+            &path,
+            r#"{"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": "Traceback ...", "timestamp": "1"}}}"#,
+        )
+        .expect("write");
+        let mut f = failure(1, 1);
+        f.read_error_file(&path);
+        assert_eq!(f.message.as_deref(), Some("ValueError: boom"));
+        assert_eq!(f.traceback.as_deref(), Some("Traceback ..."));
+        let mut g = failure(1, 1);
+        g.read_error_file(&dir.path().join("missing.json"));
+        assert_eq!(g.error_file, None);
+    }
+
+    #[test]
+    fn summary_names_rank_and_code() {
+        let r = Report {
+            run_id: "r".into(),
+            script: "fail.py".into(),
+            node_rank: 0,
+            exit_code: 3,
+            reason: "worker failed".into(),
+            root_cause: Some(failure(5, 1)),
+            failures: vec![failure(5, 1)],
+        };
+        let s = r.summary();
+        assert!(s.contains("fail.py FAILED"));
+        assert!(s.contains("rank      : 5 (local_rank: 1)"));
+        assert!(s.contains("exitcode  : 3 (pid: 10)"));
+    }
+}

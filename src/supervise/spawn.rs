@@ -1,0 +1,157 @@
+//! Starting workers: their environment (exactly torchrun's) and the one
+//! long-lived spawner thread that forks them.
+//!
+//! Spawning happens on a dedicated thread because PR_SET_PDEATHSIG fires when
+//! the *thread* that forked the child exits (reference/gpu-pid1.md 4.6), and
+//! tokio's blocking threads come and go. The child is never waited on here:
+//! the `Child` handle is dropped after its pipes are taken; the signals thread
+//! reaps it.
+
+use std::os::fd::OwnedFd;
+use std::process::{Command, Stdio};
+
+use tokio::sync::oneshot;
+
+use crate::config::env as names;
+use crate::sys;
+
+/// Why a worker could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// exec failed (not found, not executable, ...).
+    #[error("cannot start {program}")]
+    Exec {
+        /// What we tried to run.
+        program: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The spawner thread is gone.
+    #[error("spawner thread is not running")]
+    Gone,
+}
+
+/// A process to start.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    /// Program to exec.
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Variables set on top of the agent's environment.
+    pub env: Vec<(String, String)>,
+}
+
+/// A started worker.
+#[derive(Debug)]
+pub struct Spawned {
+    /// Its pid, also its process group id.
+    pub pid: i32,
+    /// Read end of its stdout.
+    pub stdout: OwnedFd,
+    /// Read end of its stderr.
+    pub stderr: OwnedFd,
+}
+
+type Request = (WorkerSpec, oneshot::Sender<Result<Spawned, SpawnError>>);
+
+/// Handle to the spawner thread.
+#[derive(Debug, Clone)]
+pub struct Spawner {
+    tx: std::sync::mpsc::Sender<Request>,
+}
+
+impl Spawner {
+    /// Start the spawner thread. It lives as long as the process.
+    pub fn start() -> std::io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<Request>();
+        std::thread::Builder::new().name("trainlet-spawner".into()).spawn(move || {
+            for (spec, reply) in rx {
+                let _ = reply.send(spawn_now(&spec));
+            }
+        })?;
+        Ok(Self { tx })
+    }
+
+    /// Start one worker.
+    pub async fn spawn(&self, spec: WorkerSpec) -> Result<Spawned, SpawnError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send((spec, reply)).map_err(|_| SpawnError::Gone)?;
+        rx.await.map_err(|_| SpawnError::Gone)?
+    }
+}
+
+fn spawn_now(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
+    let mut cmd = Command::new(&spec.program);
+    cmd.args(&spec.args).envs(spec.env.iter().map(|(k, v)| (k, v)));
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    sys::prepare_worker(&mut cmd);
+    let mut child = cmd.spawn().map_err(|source| SpawnError::Exec { program: spec.program.clone(), source })?;
+    let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(SpawnError::Exec { program: spec.program.clone(), source: std::io::ErrorKind::BrokenPipe.into() });
+    };
+    // Dropping `child` neither waits nor kills: the reaper owns its exit.
+    drop(child);
+    Ok(Spawned { pid, stdout: out.into(), stderr: err.into() })
+}
+
+/// What one attempt's workers on this pod have in common.
+#[derive(Debug, Clone)]
+pub struct WorldView<'a> {
+    /// The resolved plan.
+    pub plan: &'a crate::config::Plan,
+    /// Address workers dial for their store.
+    pub master_addr: &'a str,
+    /// Port of this attempt's worker store.
+    pub master_port: u16,
+    /// Restart attempt number.
+    pub attempt: u32,
+}
+
+/// The environment torchrun gives a worker (reference/torch.md 3.2), on top
+/// of the inherited one. `error_file` is its TORCHELASTIC_ERROR_FILE.
+pub fn worker_env(w: &WorldView<'_>, local_rank: u32, error_file: &str, inherited: &names::Env) -> Vec<(String, String)> {
+    let p = w.plan;
+    let rank = p.node_rank * p.nproc + local_rank;
+    let world = p.world_size();
+    let mut env: Vec<(String, String)> = [
+        ("RANK", rank.to_string()),
+        ("LOCAL_RANK", local_rank.to_string()),
+        ("GROUP_RANK", p.node_rank.to_string()),
+        ("ROLE_RANK", rank.to_string()),
+        ("ROLE_NAME", p.role.clone()),
+        ("LOCAL_WORLD_SIZE", p.nproc.to_string()),
+        ("WORLD_SIZE", world.to_string()),
+        ("GROUP_WORLD_SIZE", p.nnodes.to_string()),
+        ("ROLE_WORLD_SIZE", world.to_string()),
+        ("MASTER_ADDR", w.master_addr.to_string()),
+        ("MASTER_PORT", w.master_port.to_string()),
+        ("TORCHELASTIC_RESTART_COUNT", w.attempt.to_string()),
+        ("TORCHELASTIC_MAX_RESTARTS", p.max_restarts.to_string()),
+        ("TORCHELASTIC_RUN_ID", p.run_id.clone()),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True".to_string()),
+        (names::TORCHELASTIC_ERROR_FILE, error_file.to_string()),
+        (
+            names::TORCH_NCCL_ASYNC_ERROR_HANDLING,
+            inherited.get(names::TORCH_NCCL_ASYNC_ERROR_HANDLING).unwrap_or("1").to_string(),
+        ),
+        (
+            names::TORCHELASTIC_SIGNALS_TO_HANDLE,
+            p.stop_signals.iter().map(|s| sys::signal_name(*s)).collect::<Vec<_>>().join(","),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    if let Some(omp) = &p.omp_default {
+        env.push((names::OMP_NUM_THREADS.to_string(), omp.clone()));
+    }
+    env
+}
+
+/// Substitute torchrun's `${local_rank}` macro in worker arguments.
+pub fn substitute(args: &[String], local_rank: u32) -> Vec<String> {
+    args.iter().map(|a| a.replace("${local_rank}", &local_rank.to_string())).collect()
+}

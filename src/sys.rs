@@ -1,0 +1,173 @@
+//! Every `unsafe` block, raw `libc` call and signal/process syscall of
+//! trainlet lives here, each unsafe block with a `// SAFETY:` note.
+//!
+//! Signals are collected tini-style: `main` blocks every asynchronous signal
+//! before any thread exists (so all threads inherit the mask) and one thread
+//! takes them with `sigtimedwait`. That also works as PID 1 of a container,
+//! where the kernel drops signals that have neither a handler nor a block
+//! (reference/gpu-pid1.md findings 4 and 5). Workers get an empty mask back
+//! in `pre_exec`, since std passes the parent's mask to children.
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Exit {
+    /// It called exit(code).
+    Code(i32),
+    /// It was killed by this signal.
+    Signal(i32),
+}
+
+impl Exit {
+    /// Did it exit 0?
+    pub fn success(self) -> bool {
+        self == Exit::Code(0)
+    }
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exit::Code(c) => write!(f, "exit code {c}"),
+            Exit::Signal(s) => write!(f, "signal {s} ({})", signal_name(*s)),
+        }
+    }
+}
+
+/// "SIGTERM" for 15, "signal 99" when unknown.
+pub fn signal_name(sig: i32) -> String {
+    Signal::try_from(sig).map_or_else(|_| format!("signal {sig}"), |s| s.as_str().to_string())
+}
+
+/// Signals that stay unblocked: faults must reach the default handler.
+const SYNCHRONOUS: [Signal; 7] =
+    [Signal::SIGSEGV, Signal::SIGBUS, Signal::SIGILL, Signal::SIGFPE, Signal::SIGABRT, Signal::SIGTRAP, Signal::SIGSYS];
+
+fn collected_set() -> SigSet {
+    let mut set = SigSet::all();
+    for s in SYNCHRONOUS {
+        set.remove(s);
+    }
+    set
+}
+
+/// Block every asynchronous signal in the calling thread. Call first in
+/// `main`, before any thread exists, so that every thread inherits it.
+pub fn block_signals() -> Result<(), Errno> {
+    pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&collected_set()), None)
+}
+
+/// Wait up to `timeout` for one blocked signal; returns its number.
+pub fn wait_signal(timeout: Duration) -> Option<i32> {
+    let set = collected_set();
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos().min(999_999_999).cast_signed()),
+    };
+    // SAFETY: `set.as_ref()` points to a valid sigset_t owned by `set`, which
+    // outlives the call; a null siginfo pointer is allowed; `ts` is a valid
+    // timespec on the stack. sigtimedwait only reads these.
+    let sig = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
+    (sig > 0).then_some(sig)
+}
+
+/// Reap every child that has exited (`waitpid(-1, WNOHANG)` until none).
+pub fn reap_all() -> Vec<(i32, Exit)> {
+    let mut out = Vec::new();
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) => out.push((pid.as_raw(), Exit::Code(code))),
+            Ok(WaitStatus::Signaled(pid, sig, _)) => out.push((pid.as_raw(), Exit::Signal(sig as i32))),
+            Ok(WaitStatus::StillAlive) | Err(_) => return out,
+            Ok(_) => {} // stopped/continued: not an exit
+        }
+    }
+}
+
+/// Make orphaned descendants re-parent to us when we are not PID 1.
+pub fn become_subreaper() -> Result<(), Errno> {
+    if std::process::id() == 1 {
+        return Ok(());
+    }
+    nix::sys::prctl::set_child_subreaper(true)
+}
+
+/// Send `sig` to process group `pgid`. A group that no longer exists is fine.
+pub fn signal_group(pgid: i32, sig: i32) {
+    if pgid <= 1 {
+        return; // never signal our own group or every process
+    }
+    if let Ok(s) = Signal::try_from(sig) {
+        let _ = nix::sys::signal::killpg(Pid::from_raw(pgid), s);
+    }
+}
+
+/// Send `sig` to one process.
+pub fn signal_process(pid: i32, sig: i32) {
+    if pid <= 1 {
+        return;
+    }
+    if let Ok(s) = Signal::try_from(sig) {
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), s);
+    }
+}
+
+/// Pids whose parent is `parent`, read from /proc (re-parented orphans).
+pub fn children_of(parent: u32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|stat| {
+                // Field 4 (ppid) follows the last ')' of the command name.
+                let rest = &stat[stat.rfind(')')? + 1..];
+                rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+            }) == Some(parent)
+        })
+        .collect()
+}
+
+/// Set up a worker command: own process group, empty signal mask, killed
+/// with SIGKILL if the spawning thread (and so the agent) dies.
+///
+/// Call from the one long-lived spawner thread: PDEATHSIG fires when the
+/// thread that forked exits, not the process (reference/gpu-pid1.md 4.6).
+pub fn prepare_worker(cmd: &mut Command) {
+    let parent = std::process::id();
+    cmd.process_group(0);
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // async-signal-safe functions (pthread_sigmask, prctl, getppid, _exit) on
+    // stack data; it allocates nothing and takes no locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The agent may have died between fork and prctl.
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Number of CPUs this process may run on (the container's cpuset).
+pub fn cpu_count() -> usize {
+    nix::sched::sched_getaffinity(Pid::from_raw(0))
+        .map(|set| (0..nix::sched::CpuSet::count()).filter(|&i| set.is_set(i).unwrap_or(false)).count())
+        .ok()
+        .filter(|&n| n > 0)
+        .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
+        .unwrap_or(1)
+}
