@@ -30,6 +30,8 @@ use crate::{Error, Result};
 
 /// How long output drains may lag behind the last worker exit.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
+/// How long the store host waits for the other pods to read the outcome.
+const LEAVE_WAIT: Duration = Duration::from_secs(10);
 /// Extra time, beyond the grace period, for other pods to report stopped.
 const STOP_SYNC_MARGIN: Duration = Duration::from_secs(30);
 
@@ -126,6 +128,9 @@ pub async fn run(plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: Ca
                 let (code, reason) = exit_code(outcome, all_stopped, &attempt_failures);
                 if code != exit::SUCCESS {
                     report(&plan, &log_root, code, reason, &attempt_failures, &history);
+                }
+                if all_stopped {
+                    let _ = session.leave(attempt, plan.serve_store, LEAVE_WAIT).await;
                 }
                 if let Some(s) = control {
                     s.shutdown().await;

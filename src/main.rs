@@ -37,6 +37,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
     std::panic::set_hook(Box::new(|info| tracing::error!(%info, "trainlet panicked")));
@@ -84,6 +85,12 @@ fn run(args: &RunArgs) -> u8 {
     let result = rt.block_on(trainlet::launch::run(plan, events, cancel.clone()));
     cancel.cancel();
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    // Anything still parented to us (orphans that left their worker's process
+    // group) must not outlive the agent.
+    for pid in sys::children_of(std::process::id()) {
+        tracing::warn!(pid, "killing a leftover descendant of the workers");
+        sys::signal_process(pid, libc::SIGKILL);
+    }
     match result {
         Ok(code) => code,
         Err(e) => {

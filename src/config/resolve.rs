@@ -432,6 +432,11 @@ impl Plan {
         if run_path && (module || no_python) {
             return Err(Error::Usage("--run-path cannot be combined with -m/--module or --no-python".into()));
         }
+        if let Some(first) = args.command.first().filter(|f| f.starts_with('-') && f.len() > 1) {
+            return Err(Error::Usage(format!(
+                "unknown option {first} (options go before the script; see trainlet run --help)"
+            )));
+        }
         let entry = match args.command.split_first() {
             None if need_command => {
                 return Err(Error::Usage(

@@ -12,6 +12,7 @@
 //! | `a<N>/done` | ADD per pod whose workers all exited 0 | the pod reaching nnodes writes `end=success` |
 //! | `a<N>/failures/<node>` | each agent after stopping | JSON list of its failures |
 //! | `a<N>/stopped`, `a<N>/all_stopped` | ADD per pod, then the last one | every pod's workers are gone |
+//! | `a<N>/left`, `a<N>/all_left` | ADD per pod on exit, then the last one | the store host may close the store |
 //!
 //! Every wait is bounded. Attempts never share keys or worker stores, so no
 //! worker of attempt N+1 can read attempt N's data.
@@ -281,6 +282,24 @@ impl Session {
         let keys: Vec<String> = (0..self.me.nnodes).map(|n| self.key(attempt, &format!("failures/{n}"))).collect();
         let values = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
         Ok(values.iter().flat_map(|v| serde_json::from_slice::<Vec<Failure>>(v).unwrap_or_default()).collect())
+    }
+
+    /// Say we are done reading this attempt's results. The store host then
+    /// waits (up to `limit`) for every pod to say so before its store goes
+    /// away, so nobody loses the store in the middle of reading the outcome.
+    pub async fn leave(&mut self, attempt: u32, host: bool, limit: Duration) -> Result<(), Error> {
+        let n = self.client.add(&self.key(attempt, "left"), 1).await.map_err(|e| self.lost(e))?;
+        let all = self.key(attempt, "all_left");
+        if n >= i64::from(self.me.nnodes) {
+            self.client.set(&all, b"1").await.map_err(|e| self.lost(e))?;
+        }
+        if host {
+            let mut waiter = Client::connect(self.addr).await.map_err(|e| self.lost(e))?;
+            if tokio::time::timeout(limit, waiter.wait(&[all])).await.is_err() {
+                tracing::warn!(attempt, "not every pod confirmed the end of the job; closing the store anyway");
+            }
+        }
+        Ok(())
     }
 
     /// The store's address as resolved.

@@ -1,0 +1,123 @@
+//! The binary's command line: errors, `doctor`, the `torchrun` name, worker env.
+
+use std::time::Duration;
+
+use crate::util::{Pod, bin, fixture, parse_kv};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn fails_with(args: &[&str], env: &[(&str, &str)], code: i32, needle: &str) {
+    let mut pod = Pod::start(args, env);
+    let got = pod.code(LIMIT);
+    let err = pod.stderr();
+    assert_eq!(got, code, "stderr:\n{err}");
+    assert!(err.contains(needle), "stderr should contain {needle:?}:\n{err}");
+}
+
+#[test]
+fn config_errors_name_the_flag_or_variable_and_exit_200() {
+    fails_with(&["run", "--nnodes", "two", "t.py"], &[], 200, "invalid --nnodes value \"two\"");
+    fails_with(&["run", "t.py"], &[("PET_NNODES", "2"), ("PET_NODE_RANK", "2")], 200, "invalid PET_NODE_RANK value \"2\": expected a node rank below nnodes (2)");
+    fails_with(&["run", "t.py"], &[("PET_MASTER_PORT", "99999")], 200, "invalid PET_MASTER_PORT value \"99999\": expected a TCP port 1-65535");
+    fails_with(&["run", "t.py"], &[("PET_NPROC_PER_NODE", "lots")], 200, "invalid PET_NPROC_PER_NODE value \"lots\"");
+    fails_with(&["run", "--nnodes", "1:4", "t.py"], &[], 200, "elastic --nnodes 1:4 is not supported by trainlet yet");
+    fails_with(&["run", "--numa-binding", "node", "t.py"], &[], 200, "--numa-binding is not supported by trainlet yet");
+    fails_with(&["run", "--no-such-flag", "t.py"], &[], 200, "unknown option --no-such-flag");
+    fails_with(&["run"], &[], 200, "missing the training script");
+}
+
+#[test]
+fn an_unresolvable_master_is_a_rendezvous_timeout_naming_the_address() {
+    fails_with(
+        &["run", "--no-python", "--nnodes", "2", "--node-rank", "1", "--join-timeout", "2", "/bin/true"],
+        &[("PET_MASTER_ADDR", "no-such-host.invalid"), ("PET_MASTER_PORT", "29511")],
+        201,
+        "no-such-host.invalid:29511 not reachable",
+    );
+}
+
+#[test]
+fn a_worker_that_cannot_be_executed_exits_127() {
+    fails_with(&["run", "--no-python", "/nonexistent/worker"], &[], 127, "cannot start worker");
+}
+
+#[test]
+fn doctor_prints_the_plan_and_where_values_came_from() {
+    let mut pod = Pod::start(
+        &["doctor", "--nproc-per-node", "2"],
+        &[("PET_NNODES", "4"), ("PET_NODE_RANK", "3"), ("PET_MASTER_ADDR", "job-node-0-0.job")],
+    );
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    let out = pod.stdout();
+    assert!(out.contains("nnodes           4"), "{out}");
+    assert!(out.contains("(env PET_NNODES)"), "{out}");
+    assert!(out.contains("(flag --nproc-per-node)"), "{out}");
+    assert!(out.contains("world size       8"), "{out}");
+    assert!(out.contains("dial job-node-0-0.job:29500"), "{out}");
+}
+
+#[test]
+fn answers_to_torchrun_and_gives_workers_torchruns_env() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let link = dir.path().join("torchrun");
+    std::os::unix::fs::symlink(bin(), &link).expect("symlink");
+    let script = fixture("print_env.sh");
+    let mut pod = Pod::start_as(
+        &link,
+        &["--no-python", "--nproc_per_node=2", "--max-restarts", "2", "--rdzv-id", "job7", "--standalone", &script, "lr=${local_rank}"],
+        &[],
+    );
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    let out = pod.stdout();
+    for lr in 0..2 {
+        let env: std::collections::HashMap<String, String> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix(&format!("[default{lr}]: ENV ")))
+            .flat_map(|l| parse_kv(l).into_iter())
+            .collect();
+        let want = [
+            ("RANK", lr.to_string()),
+            ("LOCAL_RANK", lr.to_string()),
+            ("GROUP_RANK", "0".into()),
+            ("ROLE_RANK", lr.to_string()),
+            ("ROLE_NAME", "default".into()),
+            ("LOCAL_WORLD_SIZE", "2".into()),
+            ("WORLD_SIZE", "2".into()),
+            ("GROUP_WORLD_SIZE", "1".into()),
+            ("ROLE_WORLD_SIZE", "2".into()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("TORCHELASTIC_RESTART_COUNT", "0".into()),
+            ("TORCHELASTIC_MAX_RESTARTS", "2".into()),
+            ("TORCHELASTIC_RUN_ID", "job7".into()),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
+            ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1".into()),
+            ("OMP_NUM_THREADS", "1".into()),
+        ];
+        for (k, v) in want {
+            assert_eq!(env.get(k).map(String::as_str), Some(v.as_str()), "{k} of local rank {lr}:\n{out}");
+        }
+        assert!(env["MASTER_PORT"].parse::<u16>().is_ok_and(|p| p > 0));
+        assert!(env["TORCHELASTIC_ERROR_FILE"].ends_with(&format!("attempt_0/{lr}/error.json")), "{out}");
+        assert!(out.contains(&format!("[default{lr}]: ARGS lr={lr}")), "${{local_rank}} substituted:\n{out}");
+    }
+}
+
+#[test]
+fn log_dir_gets_per_attempt_per_rank_files_and_redirect_hides_console() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let logs = dir.path().display().to_string();
+    let mut pod = Pod::start(
+        &["run", "--no-python", "--nproc-per-node", "2", "--log-dir", &logs, "--redirects", "1", "--rdzv-id", "r1", "/bin/sh", "-c", "echo out-$RANK; echo err-$RANK >&2"],
+        &[],
+    );
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    assert!(!pod.stdout().contains("out-"), "stdout is redirected to files only");
+    assert!(pod.stderr().contains("[default1]: err-1"), "stderr still reaches the console");
+    let run_dir = std::fs::read_dir(dir.path()).expect("read").next().expect("run dir").expect("entry").path();
+    assert!(run_dir.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("r1_")));
+    for lr in 0..2 {
+        let base = run_dir.join(format!("attempt_0/{lr}"));
+        assert_eq!(std::fs::read_to_string(base.join("stdout.log")).expect("stdout.log"), format!("out-{lr}\n"));
+        assert_eq!(std::fs::read_to_string(base.join("stderr.log")).expect("stderr.log"), format!("err-{lr}\n"));
+    }
+}

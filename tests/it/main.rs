@@ -1,0 +1,12 @@
+//! The single integration-test binary: starts the real `trainlet` binary with
+//! a scrubbed environment, real PyTorch workers (CPU, gloo) and misbehaving
+//! fixture workers. Every wait has a generous timeout so a hang fails.
+//!
+//! PyTorch is found at `$TRAINLET_TEST_PYTHON`, else `.venv/bin/python` in the
+//! repository (what `.ci/run` installs).
+
+mod cli;
+mod signals;
+mod store;
+mod torch;
+mod util;

@@ -1,0 +1,182 @@
+//! Helpers: the binary, python, free ports, pods as child processes.
+
+use std::collections::HashMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_trainlet"))
+}
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn fixture(name: &str) -> String {
+    repo().join("tests/fixtures").join(name).display().to_string()
+}
+
+/// The python with torch installed; panics with instructions when missing.
+pub fn python() -> String {
+    let p = std::env::var("TRAINLET_TEST_PYTHON").unwrap_or_else(|_| repo().join(".venv/bin/python").display().to_string());
+    assert!(
+        Path::new(&p).exists(),
+        "no python with torch at {p}: run .ci/run (or set TRAINLET_TEST_PYTHON) before the tests"
+    );
+    p
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// A trainlet process with captured output, killed (whole group) on drop.
+pub struct Pod {
+    pub child: Child,
+    pub out: PathBuf,
+    pub err: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Pod {
+    pub fn start(args: &[&str], env: &[(&str, &str)]) -> Pod {
+        Self::start_as(&bin(), args, env)
+    }
+
+    pub fn start_as(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Pod {
+        let dir = tempfile::tempdir().expect("tmp");
+        let out = dir.path().join("stdout");
+        let err = dir.path().join("stderr");
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", std::env::var("HOME").unwrap_or_else(|_| "/tmp".into()))
+            .env("TRAINLET_PYTHON", python())
+            .env("TRAINLET_LOG", "info")
+            .envs(env.iter().copied())
+            .current_dir(repo())
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).expect("out"))
+            .stderr(std::fs::File::create(&err).expect("err"))
+            .process_group(0);
+        let child = cmd.spawn().expect("spawn trainlet");
+        Pod { child, out, err, _dir: dir }
+    }
+
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).expect("pid")
+    }
+
+    /// Wait for exit; panics after `limit` with the output so far.
+    pub fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                return st;
+            }
+            if start.elapsed() > limit {
+                let _ = self.child.kill();
+                panic!("trainlet did not exit within {limit:?}\nstdout:\n{}\nstderr:\n{}", self.stdout(), self.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn code(&mut self, limit: Duration) -> i32 {
+        let st = self.wait(limit);
+        st.code().unwrap_or_else(|| panic!("trainlet died of a signal: {st:?}\n{}", self.stderr()))
+    }
+
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    /// Wait until stdout contains `needle` (panics after `limit`).
+    pub fn wait_for_output(&mut self, needle: &str, limit: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            let out = self.stdout();
+            if out.contains(needle) {
+                return out;
+            }
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                panic!("trainlet exited ({st:?}) before printing {needle:?}\nstdout:\n{out}\nstderr:\n{}", self.stderr());
+            }
+            assert!(start.elapsed() < limit, "no {needle:?} within {limit:?}\nstdout:\n{out}\nstderr:\n{}", self.stderr());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(self.pid()), nix::sys::signal::Signal::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// PET_* env of simulated pod `node` in a job of `nnodes`.
+pub fn pet_env(nnodes: u32, nproc: u32, node: u32, port: u16) -> Vec<(String, String)> {
+    vec![
+        ("PET_NNODES".into(), nnodes.to_string()),
+        ("PET_NPROC_PER_NODE".into(), nproc.to_string()),
+        ("PET_NODE_RANK".into(), node.to_string()),
+        ("PET_MASTER_ADDR".into(), "127.0.0.1".into()),
+        ("PET_MASTER_PORT".into(), port.to_string()),
+    ]
+}
+
+/// Start `nnodes` simulated pods, each a trainlet with its own 127.0.0.N address.
+pub fn start_pods(nnodes: u32, nproc: u32, args: &[&str], extra: &[(&str, &str)]) -> Vec<Pod> {
+    let port = free_port();
+    (0..nnodes)
+        .map(|node| {
+            let mut env = pet_env(nnodes, nproc, node, port);
+            env.push(("PET_LOCAL_ADDR".into(), format!("127.0.0.{}", node + 1)));
+            let mut pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            pairs.extend_from_slice(extra);
+            Pod::start(args, &pairs)
+        })
+        .collect()
+}
+
+/// Pids of live (non-zombie) processes whose environment holds `marker`.
+pub fn processes_with_marker(marker: &str) -> Vec<i32> {
+    let needle = format!("TRAINLET_TEST_MARKER={marker}");
+    std::fs::read_dir("/proc")
+        .expect("proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
+                .unwrap_or(true);
+            !zombie && environ.split(|b| *b == 0).any(|kv| kv == needle.as_bytes())
+        })
+        .collect()
+}
+
+/// `KEY=value` lines with a given prefix, parsed.
+pub fn parse_kv(line: &str) -> HashMap<String, String> {
+    line.split_whitespace().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+pub fn unique_marker() -> String {
+    format!("{}-{}", std::process::id(), Instant::now().elapsed().as_nanos() ^ u128::from(rand_u32()))
+}
+
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u8(0);
+    u32::try_from(h.finish() & 0xffff_ffff).unwrap_or(0)
+}
