@@ -1,2 +1,392 @@
-//! placeholder
-fn main() {}
+//! Side-by-side benchmarks: trainlet against the tool a user would pick
+//! instead (torchrun, torch's own libuv TCPStore server), in one run on the
+//! same machine, printing ratios. Absolute times on a shared machine are
+//! noise; the ratios are the result.
+//!
+//! Run: `cargo bench --bench compare [-- NAME...]` with torch in `.venv`
+//! (or `$TRAINLET_TEST_PYTHON`). NAME filters: overhead, start, rss, store,
+//! init. Results are also written to `target/bench-compare.md`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn trainlet() -> &'static str {
+    env!("CARGO_BIN_EXE_trainlet")
+}
+
+fn python() -> String {
+    std::env::var("TRAINLET_TEST_PYTHON")
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python").display().to_string())
+}
+
+fn bench_file(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches").join(name).display().to_string()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+fn quiet(cmd: &mut Command) -> &mut Command {
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).env("TRAINLET_LOG", "warn")
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Run the commands concurrently (simulated pods); time until all exit 0.
+fn time_pods(cmds: Vec<Command>) -> Duration {
+    let start = Instant::now();
+    let mut children: Vec<Child> = cmds.into_iter().map(|mut c| quiet(&mut c).spawn().expect("spawn")).collect();
+    for c in &mut children {
+        let st = c.wait().expect("wait");
+        assert!(st.success(), "benchmark command failed: {st:?}");
+    }
+    start.elapsed()
+}
+
+#[derive(Debug)]
+struct Row {
+    name: String,
+    ours: String,
+    theirs: String,
+    ratio: f64,
+    goal: &'static str,
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+fn launcher_overhead(rows: &mut Vec<Row>) {
+    let run = |torch: bool| {
+        let mut c = if torch {
+            let mut c = Command::new(python());
+            c.args(["-m", "torch.distributed.run"]);
+            c
+        } else {
+            let mut c = Command::new(trainlet());
+            c.arg("run");
+            c
+        };
+        c.args(["--no-python", "--standalone", "--nproc-per-node", "8", "/bin/true"]);
+        time_pods(vec![c])
+    };
+    let ours = median((0..15).map(|_| run(false)).collect());
+    let theirs = median((0..3).map(|_| run(true)).collect());
+    rows.push(Row {
+        name: "launcher overhead, 8 x /bin/true".into(),
+        ours: ms(ours),
+        theirs: ms(theirs),
+        ratio: theirs.as_secs_f64() / ours.as_secs_f64(),
+        goal: ">= 100x",
+    });
+}
+
+fn job_start(rows: &mut Vec<Row>, pods: u32, script: &str) {
+    let run = |torch: bool| {
+        let port = free_port().to_string();
+        let cmds = (0..pods)
+            .map(|node| {
+                let mut c;
+                if torch {
+                    c = Command::new(python());
+                    c.args(["-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--rdzv-id", "bench"]);
+                    c.args(["--rdzv-endpoint", &format!("127.0.0.1:{port}")]);
+                } else {
+                    c = Command::new(trainlet());
+                    c.arg("run").env("PET_MASTER_ADDR", "127.0.0.1").env("PET_MASTER_PORT", &port);
+                    c.env("PET_NODE_RANK", node.to_string()).env("TRAINLET_PYTHON", python());
+                }
+                c.args(["--nnodes", &pods.to_string(), "--nproc-per-node", "1", script]);
+                c
+            })
+            .collect();
+        time_pods(cmds)
+    };
+    let ours = median((0..3).map(|_| run(false)).collect());
+    let theirs = median((0..3).map(|_| run(true)).collect());
+    rows.push(Row {
+        name: format!("job start + gloo init, {pods} pods x 1 torch worker"),
+        ours: ms(ours),
+        theirs: ms(theirs),
+        ratio: theirs.as_secs_f64() / ours.as_secs_f64(),
+        goal: ">= 2x",
+    });
+}
+
+fn max_rss_kib(mut cmd: Command) -> u64 {
+    let mut child = quiet(&mut cmd).spawn().expect("spawn");
+    let status = format!("/proc/{}/status", child.id());
+    let mut max = 0;
+    while child.try_wait().expect("try_wait").is_none() {
+        if let Ok(s) = std::fs::read_to_string(&status) {
+            if let Some(kb) =
+                s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok())
+            {
+                max = u64::max(max, kb);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    max
+}
+
+fn agent_rss(rows: &mut Vec<Row>) {
+    let args = ["--no-python", "--standalone", "--nproc-per-node", "4", "/bin/sleep", "3"];
+    let mut ours = Command::new(trainlet());
+    ours.arg("run").args(args);
+    let mut theirs = Command::new(python());
+    theirs.args(["-m", "torch.distributed.run"]).args(args);
+    let (o, t) = (max_rss_kib(ours), max_rss_kib(theirs));
+    rows.push(Row {
+        name: "agent resident memory during a run".into(),
+        ours: format!("{:.1} MB", o as f64 / 1024.0),
+        theirs: format!("{:.1} MB", t as f64 / 1024.0),
+        ratio: t as f64 / o as f64,
+        goal: "<= 10 MB",
+    });
+}
+
+fn start_trainlet_store() -> (Child, u16) {
+    let mut child = Command::new(trainlet())
+        .args(["store", "--port", "0", "--host", "127.0.0.1"])
+        .env("TRAINLET_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("trainlet store");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("port line");
+    let port = line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    (child, port)
+}
+
+fn start_torch_store() -> (Child, u16) {
+    let mut child = Command::new(python())
+        .arg(bench_file("torch_store_server.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("torch store");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("port line");
+    (child, line.trim().parse().expect("port"))
+}
+
+fn stop(mut child: Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn store_throughput(rows: &mut Vec<Row>) {
+    let (server, port) = start_trainlet_store();
+    let out =
+        Command::new(python()).arg(bench_file("store_clients.py")).arg(port.to_string()).output().expect("python");
+    stop(server);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    for op in ["set", "get", "add", "check", "multi_get_8"] {
+        let (o, t) = (v["trainlet"][op].as_f64().unwrap_or(0.0), v["torch"][op].as_f64().unwrap_or(1.0));
+        rows.push(Row {
+            name: format!("torch client {op}, one connection"),
+            ours: format!("{o:.0} ops/s"),
+            theirs: format!("{t:.0} ops/s"),
+            ratio: o / t,
+            goal: "never slower",
+        });
+    }
+}
+
+/// Longest a store-init run may take before it counts as stalled.
+const INIT_CAP: Duration = Duration::from_secs(60);
+
+/// `ranks` simulated workers, each its own connection: connect, VALIDATE +
+/// PING, ADD init/, BARRIER; time until the last is released (None: stalled
+/// past [`INIT_CAP`]).
+async fn store_init(port: u16, ranks: usize, barrier: &str) -> Option<Duration> {
+    tokio::time::timeout(INIT_CAP, store_init_uncapped(port, ranks, barrier)).await.ok()
+}
+
+async fn store_init_uncapped(port: u16, ranks: usize, barrier: &str) -> Duration {
+    let connecting = Arc::new(tokio::sync::Semaphore::new(256));
+    let start = Instant::now();
+    // A JoinSet aborts every rank task when dropped (e.g. on the cap).
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..ranks {
+        let connecting = Arc::clone(&connecting);
+        let barrier = barrier.to_string();
+        tasks.spawn(async move {
+            let permit = connecting.acquire_owned().await.expect("semaphore");
+            let mut s = loop {
+                match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                    Ok(s) => break s,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                }
+            };
+            s.set_nodelay(true).expect("nodelay");
+            let mut req = vec![0u8, 0xce, 0xf7, 0x85, 0x3c, 0x0d, 1, 2, 3, 4];
+            s.write_all(&req).await.expect("validate");
+            let mut echo = [0u8; 4];
+            s.read_exact(&mut echo).await.expect("ping");
+            drop(permit);
+            req.clear();
+            req.push(4);
+            req.extend_from_slice(&5u64.to_le_bytes());
+            req.extend_from_slice(b"init/");
+            req.extend_from_slice(&1i64.to_le_bytes());
+            s.write_all(&req).await.expect("add");
+            let mut n = [0u8; 8];
+            s.read_exact(&mut n).await.expect("add reply");
+            req.clear();
+            req.push(18);
+            req.extend_from_slice(&(barrier.len() as u64).to_le_bytes());
+            req.extend_from_slice(barrier.as_bytes());
+            req.extend_from_slice(&(ranks as i64).to_le_bytes());
+            s.write_all(&req).await.expect("barrier");
+            let mut done = [0u8; 1];
+            s.read_exact(&mut done).await.expect("barrier reply");
+            s
+        });
+    }
+    let mut conns = Vec::with_capacity(ranks);
+    while let Some(t) = tasks.join_next().await {
+        conns.push(t.expect("rank"));
+    }
+    let took = start.elapsed();
+    drop(conns);
+    took
+}
+
+/// CPU time (user + system) a process has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks: u64 = [11, 12].iter().filter_map(|&i| fields.get(i)?.parse::<u64>().ok()).sum();
+    // Linux reports these in USER_HZ, which is 100 on every supported kernel.
+    Duration::from_millis(ticks * 10)
+}
+
+fn store_init_rows(rows: &mut Vec<Row>) {
+    // One thread for the load generator leaves the other core to the server under test.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    for ranks in [1000, 9000] {
+        let (mut ours, mut theirs, mut ours_cpu, mut theirs_cpu) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for run in 0..3 {
+            for (wall, cpu, start) in [
+                (&mut ours, &mut ours_cpu, start_trainlet_store as fn() -> (Child, u16)),
+                (&mut theirs, &mut theirs_cpu, start_torch_store as fn() -> (Child, u16)),
+            ] {
+                let (s, p) = start();
+                let before = cpu_time(s.id());
+                wall.push(rt.block_on(store_init(p, ranks, &format!("bar{run}"))));
+                cpu.push(cpu_time(s.id()).saturating_sub(before));
+                stop(s);
+            }
+        }
+        // A stalled run counts as the cap, so the ratio is a lower bound then.
+        let show = |v: &[Option<Duration>]| {
+            let d = median(v.iter().map(|d| d.unwrap_or(INIT_CAP)).collect());
+            let stalled = v.iter().filter(|d| d.is_none()).count();
+            let text = if stalled > 0 {
+                format!("{} ({stalled} of {} runs stalled > {INIT_CAP:?})", ms(d), v.len())
+            } else {
+                ms(d)
+            };
+            (d, text)
+        };
+        let ((o, ours), (t, theirs)) = (show(&ours), show(&theirs));
+        rows.push(Row {
+            name: format!("store init, {ranks} ranks (connect, VALIDATE, PING, ADD, BARRIER), wall"),
+            ours,
+            theirs,
+            ratio: t.as_secs_f64() / o.as_secs_f64(),
+            goal: if ranks == 9000 { ">= 1.5x" } else { "never slower" },
+        });
+        let (oc, tc) = (median(ours_cpu), median(theirs_cpu));
+        rows.push(Row {
+            name: format!("store init, {ranks} ranks, server CPU time"),
+            ours: ms(oc),
+            theirs: ms(tc),
+            ratio: tc.as_secs_f64() / oc.as_secs_f64().max(0.01),
+            goal: "",
+        });
+    }
+}
+
+fn main() {
+    let hard = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_or(4096, |(_, h)| h);
+    let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+    assert!(std::path::Path::new(&python()).exists(), "no python with torch at {}; run .ci/run first", python());
+    let wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    // `loadgen PORT RANKS`: drive one running store (for profiling a server).
+    if let [mode, port, ranks] = wanted.as_slice() {
+        if mode == "loadgen" {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            let took = rt.block_on(store_init(port.parse().expect("port"), ranks.parse().expect("ranks"), "bar"));
+            println!("{took:?}");
+            return;
+        }
+    }
+    let on = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
+    let dir = tempfile::tempdir().expect("tmp");
+    let script = dir.path().join("start.py");
+    std::fs::write(
+        &script,
+        "import torch.distributed as d\nd.init_process_group('gloo')\nd.barrier()\nd.destroy_process_group()\n",
+    )
+    .expect("script");
+    let script = script.display().to_string();
+
+    let mut rows = Vec::new();
+    let mut shown = 0;
+    let mut progress = |rows: &Vec<Row>| {
+        for r in &rows[shown..] {
+            eprintln!("measured: {} | trainlet {} | reference {} | {:.1}x", r.name, r.ours, r.theirs, r.ratio);
+        }
+        shown = rows.len();
+    };
+    if on("overhead") {
+        launcher_overhead(&mut rows);
+        progress(&rows);
+    }
+    if on("start") {
+        job_start(&mut rows, 2, &script);
+        job_start(&mut rows, 4, &script);
+        progress(&rows);
+    }
+    if on("rss") {
+        agent_rss(&mut rows);
+        progress(&rows);
+    }
+    if on("store") {
+        store_throughput(&mut rows);
+        progress(&rows);
+    }
+    if on("init") {
+        store_init_rows(&mut rows);
+        progress(&rows);
+    }
+    let mut table = String::from(
+        "| benchmark | trainlet | reference | ratio (reference/trainlet; throughput: trainlet/reference) | goal |\n|---|---|---|---|---|\n",
+    );
+    for r in &rows {
+        table.push_str(&format!("| {} | {} | {} | {:.1}x | {} |\n", r.name, r.ours, r.theirs, r.ratio, r.goal));
+    }
+    print!("{table}");
+    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-compare.md");
+    if let Ok(mut f) = std::fs::File::create(&out) {
+        let _ = f.write_all(table.as_bytes());
+    }
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stdin().read(&mut []);
+}

@@ -90,8 +90,7 @@ pub async fn run(plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: Ca
         tracing::info!(attempt, master_addr = %master_addr, master_port, world_size = plan.world_size(), "starting workers");
         let world = WorldView { plan: &plan, master_addr: &master_addr, master_port, attempt };
         let attempt_dir = log_root.join(format!("attempt_{attempt}"));
-        let (outcome, failures) =
-            run_attempt(&world, &attempt_dir, &spawner, &env, &mut events, &mut session).await;
+        let (outcome, failures) = run_attempt(&world, &attempt_dir, &spawner, &env, &mut events, &mut session).await;
         tracing::info!(attempt, ?outcome, local_failures = failures.len(), "attempt over on this pod");
 
         // Everyone reports; the store host keeps both stores up until all
@@ -106,13 +105,18 @@ pub async fn run(plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: Ca
             Ok(()) if !limit.is_zero() => session.wait_all_stopped(attempt, limit).await.unwrap_or(false),
             _ => false,
         };
-        let attempt_failures = if all_stopped { session.failures(attempt).await.unwrap_or(failures.clone()) } else { failures };
+        let attempt_failures =
+            if all_stopped { session.failures(attempt).await.unwrap_or(failures.clone()) } else { failures };
         history.extend(attempt_failures.iter().cloned());
         if let Some(ws) = worker_store {
             ws.shutdown().await;
         }
 
-        let next = if outcome == Outcome::Failed && !all_stopped { Next::Exit } else { next_step(outcome, attempt, plan.max_restarts) };
+        let next = if outcome == Outcome::Failed && !all_stopped {
+            Next::Exit
+        } else {
+            next_step(outcome, attempt, plan.max_restarts)
+        };
         match next {
             Next::Restart(n) => {
                 let root = root_cause(&attempt_failures);
@@ -243,9 +247,10 @@ async fn run_attempt(
                 let (red_out, red_err) = plan.redirects.for_rank(local_rank);
                 let (tee_out, tee_err) = plan.tee.for_rank(local_rank);
                 let files = plan.log_dir.is_some();
-                for (fd, is_err, redirected, teed, name) in
-                    [(sp.stdout, false, red_out, tee_out, "stdout.log"), (sp.stderr, true, red_err, tee_err, "stderr.log")]
-                {
+                for (fd, is_err, redirected, teed, name) in [
+                    (sp.stdout, false, red_out, tee_out, "stdout.log"),
+                    (sp.stderr, true, red_err, tee_err, "stderr.log"),
+                ] {
                     let sink = Sink {
                         prefix: prefix.clone(),
                         console: shown && (teed || !redirected),

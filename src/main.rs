@@ -139,7 +139,11 @@ fn store(args: &StoreArgs) -> u8 {
         println!("trainlet store listening on {}", server.local_addr());
         let sig = loop {
             match events.recv().await {
-                Some(SysEvent::Signal(s)) if [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT].contains(&s) => break s,
+                Some(SysEvent::Signal(s))
+                    if [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT].contains(&s) =>
+                {
+                    break s;
+                }
                 Some(_) => {}
                 None => break libc::SIGTERM,
             }

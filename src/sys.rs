@@ -171,3 +171,24 @@ pub fn cpu_count() -> usize {
         .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
         .unwrap_or(1)
 }
+
+/// Listener options that accepted sockets inherit on Linux: TCP_NODELAY
+/// (the store answers small requests; never wait for Nagle) and
+/// TCP_DEFER_ACCEPT (accept a connection only once its first bytes, the
+/// VALIDATE frame, have arrived: one wake-up and one packet less per client).
+pub fn tune_listener(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    for (opt, value) in [(libc::TCP_NODELAY, 1 as libc::c_int), (libc::TCP_DEFER_ACCEPT, 5)] {
+        let len = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap_or(4);
+        // SAFETY: `fd` is a valid open socket for the duration of the borrow;
+        // the option value points to a live c_int on the stack and `len` is
+        // its size. setsockopt does not retain the pointer.
+        let rc = unsafe {
+            libc::setsockopt(fd.as_raw_fd(), libc::IPPROTO_TCP, opt, (&raw const value).cast(), len)
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}

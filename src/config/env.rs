@@ -98,9 +98,11 @@ impl Env {
     /// PATH lookup of an executable name.
     pub fn which(&self, name: &str) -> Option<std::path::PathBuf> {
         use std::os::unix::fs::PermissionsExt;
-        self.get("PATH")?.split(':').filter(|d| !d.is_empty()).map(|d| std::path::Path::new(d).join(name)).find(|p| {
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+        self.get("PATH")?
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| std::path::Path::new(d).join(name))
+            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
     }
 }
 
@@ -117,9 +119,10 @@ pub fn visible_gpus(env: &Env) -> usize {
                 .map(|d| {
                     d.filter_map(Result::ok)
                         .filter(|e| {
-                            e.file_name().to_str().and_then(|n| n.strip_prefix("nvidia")).is_some_and(|rest| {
-                                !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit())
-                            })
+                            e.file_name()
+                                .to_str()
+                                .and_then(|n| n.strip_prefix("nvidia"))
+                                .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()))
                         })
                         .count()
                 })

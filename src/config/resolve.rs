@@ -181,8 +181,14 @@ fn parse_rdzv_conf(origin: &str, v: &str) -> Result<RdzvConf, Error> {
                 });
             }
             "store_type" if val == "tcp" => {}
-            "last_call_timeout" | "close_timeout" | "heartbeat_timeout" | "keep_alive_interval"
-            | "keep_alive_max_attempt" | "cas_backoff_max_seconds" | "store_type" | "use_libuv" => {
+            "last_call_timeout"
+            | "close_timeout"
+            | "heartbeat_timeout"
+            | "keep_alive_interval"
+            | "keep_alive_max_attempt"
+            | "cas_backoff_max_seconds"
+            | "store_type"
+            | "use_libuv" => {
                 return Err(Error::Unsupported {
                     what: format!("--rdzv-conf {k}"),
                     hint: "only join_timeout, timeout, read_timeout and is_host apply to trainlet's static rendezvous"
@@ -208,7 +214,8 @@ fn resolve_python(args: &RunArgs, env: &Env) -> Result<(String, Source), Error> 
         }
     }
     Err(Error::Usage(
-        "no python interpreter: neither python nor python3 is on PATH; pass --python PATH or set TRAINLET_PYTHON".into(),
+        "no python interpreter: neither python nor python3 is on PATH; pass --python PATH or set TRAINLET_PYTHON"
+            .into(),
     ))
 }
 
@@ -319,8 +326,7 @@ impl Plan {
         }
         let conf_l = lookup(args.rdzv_conf.as_deref(), "--rdzv-conf", env, &[env::PET_RDZV_CONF]);
         let conf = conf_l.value.map_or(Ok(RdzvConf::default()), |v| parse_rdzv_conf(&conf_l.origin(), v))?;
-        let (standalone_flag, standalone_src) =
-            flag_or_env(args.standalone, "--standalone", env, env::PET_STANDALONE)?;
+        let (standalone_flag, standalone_src) = flag_or_env(args.standalone, "--standalone", env, env::PET_STANDALONE)?;
         let port_l = lookup(args.master_port.as_deref(), "--master-port", env, &[env::PET_MASTER_PORT]);
         let master_port = port_l.value.map_or(Ok(DEFAULT_PORT), |v| parse_port(&port_l.origin(), v))?;
         let addr_l = lookup(args.master_addr.as_deref(), "--master-addr", env, &[env::PET_MASTER_ADDR]);
@@ -344,7 +350,11 @@ impl Plan {
             let src = if addr_l.value.is_some() { addr_l.source.clone() } else { port_l.source.clone() };
             (Endpoint { host, port: master_port }, src)
         };
-        prov.push(("store endpoint", if standalone { "127.0.0.1:<free port>".into() } else { endpoint.to_string() }, ep_src));
+        prov.push((
+            "store endpoint",
+            if standalone { "127.0.0.1:<free port>".into() } else { endpoint.to_string() },
+            ep_src,
+        ));
         let serve_store = standalone || conf.is_host.unwrap_or(node_rank == 0);
 
         let l = lookup(args.rdzv_id.as_deref(), "--rdzv-id", env, &[env::PET_RDZV_ID]);
@@ -369,11 +379,17 @@ impl Plan {
         };
         prov.push(("join timeout", format!("{join_timeout:?}"), l.source));
 
-        let l = lookup(args.shutdown_timeout.as_deref(), "--shutdown-timeout", env, &[env::TORCH_ELASTIC_SHUTDOWN_TIMEOUT]);
+        let l =
+            lookup(args.shutdown_timeout.as_deref(), "--shutdown-timeout", env, &[env::TORCH_ELASTIC_SHUTDOWN_TIMEOUT]);
         let grace = parse_secs(&l, DEFAULT_GRACE)?;
         prov.push(("grace period", format!("{grace:?}"), l.source));
 
-        let l = lookup(args.signals_to_handle.as_deref(), "--signals-to-handle", env, &[env::TORCHELASTIC_SIGNALS_TO_HANDLE]);
+        let l = lookup(
+            args.signals_to_handle.as_deref(),
+            "--signals-to-handle",
+            env,
+            &[env::TORCHELASTIC_SIGNALS_TO_HANDLE],
+        );
         let mut stop_signals = Vec::new();
         for name in l.value.unwrap_or("SIGTERM,SIGINT,SIGHUP,SIGQUIT").split(',').filter(|s| !s.trim().is_empty()) {
             stop_signals.push(parse_signal(&l.origin(), l.value.unwrap_or(""), name)?);
@@ -541,8 +557,11 @@ mod tests {
         let env = [("PET_NNODES", "4"), ("JOB_COMPLETION_INDEX", "3"), ("PET_MASTER_ADDR", "m")];
         let p = plan(&["--python", "py", "--nnodes", "5", "t.py"], &env).expect("plan");
         assert_eq!((p.nnodes, p.node_rank), (5, 3));
-        let p = plan(&["--python", "py", "t.py"], &[("PET_NNODES", "4"), ("PET_NODE_RANK", "1"), ("JOB_COMPLETION_INDEX", "3")])
-            .expect("plan");
+        let p = plan(
+            &["--python", "py", "t.py"],
+            &[("PET_NNODES", "4"), ("PET_NODE_RANK", "1"), ("JOB_COMPLETION_INDEX", "3")],
+        )
+        .expect("plan");
         assert_eq!(p.node_rank, 1, "PET_NODE_RANK before JOB_COMPLETION_INDEX");
     }
 
@@ -609,7 +628,15 @@ mod tests {
 
     #[test]
     fn omp_threads_default_like_torchrun() {
-        assert_eq!(plan(&["--python", "py", "--nproc-per-node", "2", "t.py"], &[]).expect("plan").omp_default.as_deref(), Some("1"));
-        assert_eq!(plan(&["--python", "py", "--nproc-per-node", "2", "t.py"], &[("OMP_NUM_THREADS", "4")]).expect("plan").omp_default, None);
+        assert_eq!(
+            plan(&["--python", "py", "--nproc-per-node", "2", "t.py"], &[]).expect("plan").omp_default.as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            plan(&["--python", "py", "--nproc-per-node", "2", "t.py"], &[("OMP_NUM_THREADS", "4")])
+                .expect("plan")
+                .omp_default,
+            None
+        );
     }
 }

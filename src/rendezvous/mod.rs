@@ -175,7 +175,8 @@ impl Session {
             .iter()
             .enumerate()
             .map(|(i, v)| {
-                serde_json::from_slice(v).map_err(|_| Error::Mismatch(format!("node rank {i} announced unreadable data")))
+                serde_json::from_slice(v)
+                    .map_err(|_| Error::Mismatch(format!("node rank {i} announced unreadable data")))
             })
             .collect::<Result<_, _>>()?;
         check_world(&self.me, &all)?;

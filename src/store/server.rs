@@ -34,10 +34,7 @@ pub enum ServerError {
 }
 
 fn somaxconn() -> u32 {
-    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(4096)
+    std::fs::read_to_string("/proc/sys/net/core/somaxconn").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(4096)
 }
 
 /// Bind a listener as torch does: `[::]` (dual stack) falling back to
@@ -48,7 +45,9 @@ pub fn bind_listener(host: Option<std::net::IpAddr>, port: u16) -> Result<TcpLis
         let sock = if addr.is_ipv6() { TcpSocket::new_v6()? } else { TcpSocket::new_v4()? };
         sock.set_reuseaddr(true)?;
         sock.bind(addr)?;
-        sock.listen(somaxconn())
+        let listener = sock.listen(somaxconn())?;
+        crate::sys::tune_listener(std::os::fd::AsFd::as_fd(&listener))?;
+        Ok(listener)
     };
     match host {
         Some(ip) => try_bind(SocketAddr::new(ip, port)).map_err(err),
@@ -104,7 +103,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, cancel: Cancellat
         match accepted {
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(5);
-                let _ = stream.set_nodelay(true);
+                // TCP_NODELAY comes from the listener (see `sys::tune_listener`).
                 conns.spawn(serve_conn(stream, peer, Arc::clone(&state), cancel.clone()));
             }
             Err(e) => {
@@ -139,8 +138,10 @@ async fn serve_conn(stream: TcpStream, peer: SocketAddr, state: Arc<State>, canc
     let id = state.connect(wake_tx);
     let _registration = Registration { state: &state, id };
     let (mut rd, mut wr) = stream.into_split();
-    let mut buf = BytesMut::with_capacity(4096);
-    let mut out = Vec::with_capacity(256);
+    // Small to start: almost every frame is tens of bytes, and 9k idle
+    // connections should not pin 36 MiB of buffers. `read_buf` grows it.
+    let mut buf = BytesMut::with_capacity(256);
+    let mut out = Vec::with_capacity(64);
     let mut validated = false;
     loop {
         out.clear();

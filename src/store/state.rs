@@ -14,9 +14,9 @@ use std::sync::Mutex;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::wire::{Command, put_bytes, put_i64};
 #[cfg(test)]
 use super::wire::put_u64;
+use super::wire::{Command, put_bytes, put_i64};
 
 /// Identifies one connection inside a [`State`].
 pub type ConnId = u64;
@@ -86,11 +86,7 @@ impl Inner {
         let Some(list) = self.waiters.get_mut(key) else { return };
         while !list.is_empty() {
             let (conn, seq) = list.remove(0);
-            let live = self
-                .conns
-                .get(&conn)
-                .and_then(|c| c.parked.as_ref())
-                .is_some_and(|p| p.seq == seq);
+            let live = self.conns.get(&conn).and_then(|c| c.parked.as_ref()).is_some_and(|p| p.seq == seq);
             if live {
                 if list.is_empty() {
                     self.waiters.remove(key);
@@ -132,10 +128,9 @@ impl Inner {
     fn add(&mut self, key: &[u8], delta: i64) -> Result<i64, ExecError> {
         let current = match self.kv.get(key) {
             None => 0,
-            Some(v) => std::str::from_utf8(v)
-                .ok()
-                .and_then(|s| s.trim().parse::<i64>().ok())
-                .ok_or(ExecError::NotANumber)?,
+            Some(v) => {
+                std::str::from_utf8(v).ok().and_then(|s| s.trim().parse::<i64>().ok()).ok_or(ExecError::NotANumber)?
+            }
         };
         let next = current.checked_add(delta).ok_or(ExecError::Overflow)?;
         self.kv.insert(key.to_vec(), next.to_string().into_bytes());

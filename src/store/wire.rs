@@ -196,28 +196,15 @@ impl Command {
         let mut c = Cursor { buf, pos: 0 };
         let cmd = match c.u8()? {
             0 => Command::Validate(c.u32()?),
-            1 => Command::Set {
-        key: c.key()?,
-        value: c.value()?,
-    },
-            2 => Command::CompareSet {
-        key: c.key()?,
-        expected: c.value()?,
-        desired: c.value()?,
-    },
+            1 => Command::Set { key: c.key()?, value: c.value()? },
+            2 => Command::CompareSet { key: c.key()?, expected: c.value()?, desired: c.value()? },
             3 => Command::Get(c.key()?),
-            4 => Command::Add {
-        key: c.key()?,
-        delta: c.i64()?,
-    },
+            4 => Command::Add { key: c.key()?, delta: c.i64()? },
             5 => Command::Check(c.keys()?),
             6 => Command::Wait(c.keys()?),
             7 => Command::GetNumKeys,
             8 => Command::DeleteKey(c.key()?),
-            9 => Command::Append {
-        key: c.key()?,
-        value: c.value()?,
-    },
+            9 => Command::Append { key: c.key()?, value: c.value()? },
             10 => Command::MultiGet(c.keys()?),
             11 => {
                 let n = c.count()?;
@@ -229,17 +216,11 @@ impl Command {
             }
             12 => Command::CancelWait,
             13 => Command::Ping(c.u32()?),
-            14 => Command::QueuePush {
-        key: c.key()?,
-        value: c.value()?,
-    },
+            14 => Command::QueuePush { key: c.key()?, value: c.value()? },
             15 => Command::QueuePop(c.key()?),
             16 => Command::QueueLen(c.key()?),
             17 => Command::ListKeys,
-            18 => Command::Barrier {
-        key: c.key()?,
-        world_size: c.i64()?,
-    },
+            18 => Command::Barrier { key: c.key()?, world_size: c.i64()? },
             other => return Err(DecodeError::Invalid(Invalid::UnknownQuery(other))),
         };
         Ok((cmd, c.pos))
@@ -336,10 +317,7 @@ mod tests {
 
     fn hex(s: &str) -> Vec<u8> {
         let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-            .collect()
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex")).collect()
     }
 
     // Byte captures from reference/torch.md section 1.5 (torch 2.15 client).
@@ -368,8 +346,7 @@ mod tests {
     #[test]
     fn every_strict_prefix_is_incomplete() {
         let mut raw = Vec::new();
-        Command::CompareSet { key: b"/k".to_vec(), expected: b"v".to_vec(), desired: b"w".to_vec() }
-            .encode(&mut raw);
+        Command::CompareSet { key: b"/k".to_vec(), expected: b"v".to_vec(), desired: b"w".to_vec() }.encode(&mut raw);
         for cut in 0..raw.len() {
             assert_eq!(Command::decode(&raw[..cut]), Err(DecodeError::Incomplete), "cut at {cut}");
         }

@@ -75,7 +75,11 @@ pub async fn drain(fd: OwnedFd, sink: Sink) {
             buf.extend_from_slice(sink.prefix.as_bytes());
             buf.extend_from_slice(&line);
             // One write per line keeps lines from different ranks whole.
-            let _ = if sink.is_err { std::io::stderr().lock().write_all(&buf) } else { std::io::stdout().lock().write_all(&buf) };
+            let _ = if sink.is_err {
+                std::io::stderr().lock().write_all(&buf)
+            } else {
+                std::io::stdout().lock().write_all(&buf)
+            };
         }
     }
 }

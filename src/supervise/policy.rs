@@ -143,10 +143,11 @@ impl Attempt {
 
     fn finish_if_empty(&mut self, out: &mut Vec<Action>) {
         if let Phase::Stopping(why) = self.phase
-            && self.alive.is_empty() {
-                self.phase = Phase::Finished;
-                out.push(Action::Finish(why));
-            }
+            && self.alive.is_empty()
+        {
+            self.phase = Phase::Finished;
+            out.push(Action::Finish(why));
+        }
     }
 
     fn job_outcome(end: JobEnd) -> Outcome {

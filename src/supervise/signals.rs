@@ -52,8 +52,9 @@ fn run(tx: &UnboundedSender<SysEvent>) {
                 }
             }
         } else if let Some(s) = sig
-            && tx.send(SysEvent::Signal(s)).is_err() {
-                return;
-            }
+            && tx.send(SysEvent::Signal(s)).is_err()
+        {
+            return;
+        }
     }
 }

@@ -112,7 +112,12 @@ pub struct WorldView<'a> {
 
 /// The environment torchrun gives a worker (reference/torch.md 3.2), on top
 /// of the inherited one. `error_file` is its TORCHELASTIC_ERROR_FILE.
-pub fn worker_env(w: &WorldView<'_>, local_rank: u32, error_file: &str, inherited: &names::Env) -> Vec<(String, String)> {
+pub fn worker_env(
+    w: &WorldView<'_>,
+    local_rank: u32,
+    error_file: &str,
+    inherited: &names::Env,
+) -> Vec<(String, String)> {
     let p = w.plan;
     let rank = p.node_rank * p.nproc + local_rank;
     let world = p.world_size();

@@ -17,8 +17,18 @@ fn fails_with(args: &[&str], env: &[(&str, &str)], code: i32, needle: &str) {
 #[test]
 fn config_errors_name_the_flag_or_variable_and_exit_200() {
     fails_with(&["run", "--nnodes", "two", "t.py"], &[], 200, "invalid --nnodes value \"two\"");
-    fails_with(&["run", "t.py"], &[("PET_NNODES", "2"), ("PET_NODE_RANK", "2")], 200, "invalid PET_NODE_RANK value \"2\": expected a node rank below nnodes (2)");
-    fails_with(&["run", "t.py"], &[("PET_MASTER_PORT", "99999")], 200, "invalid PET_MASTER_PORT value \"99999\": expected a TCP port 1-65535");
+    fails_with(
+        &["run", "t.py"],
+        &[("PET_NNODES", "2"), ("PET_NODE_RANK", "2")],
+        200,
+        "invalid PET_NODE_RANK value \"2\": expected a node rank below nnodes (2)",
+    );
+    fails_with(
+        &["run", "t.py"],
+        &[("PET_MASTER_PORT", "99999")],
+        200,
+        "invalid PET_MASTER_PORT value \"99999\": expected a TCP port 1-65535",
+    );
     fails_with(&["run", "t.py"], &[("PET_NPROC_PER_NODE", "lots")], 200, "invalid PET_NPROC_PER_NODE value \"lots\"");
     fails_with(&["run", "--nnodes", "1:4", "t.py"], &[], 200, "elastic --nnodes 1:4 is not supported by trainlet yet");
     fails_with(&["run", "--numa-binding", "node", "t.py"], &[], 200, "--numa-binding is not supported by trainlet yet");
@@ -64,7 +74,17 @@ fn answers_to_torchrun_and_gives_workers_torchruns_env() {
     let script = fixture("print_env.sh");
     let mut pod = Pod::start_as(
         &link,
-        &["--no-python", "--nproc_per_node=2", "--max-restarts", "2", "--rdzv-id", "job7", "--standalone", &script, "lr=${local_rank}"],
+        &[
+            "--no-python",
+            "--nproc_per_node=2",
+            "--max-restarts",
+            "2",
+            "--rdzv-id",
+            "job7",
+            "--standalone",
+            &script,
+            "lr=${local_rank}",
+        ],
         &[],
     );
     assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
@@ -107,7 +127,21 @@ fn log_dir_gets_per_attempt_per_rank_files_and_redirect_hides_console() {
     let dir = tempfile::tempdir().expect("tmp");
     let logs = dir.path().display().to_string();
     let mut pod = Pod::start(
-        &["run", "--no-python", "--nproc-per-node", "2", "--log-dir", &logs, "--redirects", "1", "--rdzv-id", "r1", "/bin/sh", "-c", "echo out-$RANK; echo err-$RANK >&2"],
+        &[
+            "run",
+            "--no-python",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            &logs,
+            "--redirects",
+            "1",
+            "--rdzv-id",
+            "r1",
+            "/bin/sh",
+            "-c",
+            "echo out-$RANK; echo err-$RANK >&2",
+        ],
         &[],
     );
     assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());

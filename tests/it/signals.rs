@@ -49,7 +49,18 @@ fn sigterm_during_rendezvous_exits_promptly() {
 
 #[test]
 fn a_worker_killed_by_a_signal_gives_128_plus_n() {
-    let mut pod = Pod::start(&["run", "--no-python", "--nproc-per-node", "2", "/bin/sh", "-c", "[ $LOCAL_RANK = 1 ] && kill -9 $$; sleep 30"], &[]);
+    let mut pod = Pod::start(
+        &[
+            "run",
+            "--no-python",
+            "--nproc-per-node",
+            "2",
+            "/bin/sh",
+            "-c",
+            "[ $LOCAL_RANK = 1 ] && kill -9 $$; sleep 30",
+        ],
+        &[],
+    );
     let started = Instant::now();
     assert_eq!(pod.code(Duration::from_secs(60)), 137, "stderr:\n{}", pod.stderr());
     assert!(started.elapsed() < Duration::from_secs(25), "the sleeping worker must be stopped");

@@ -93,13 +93,29 @@ fn garbage_at_both_store_ports_does_not_disturb_a_running_job() {
     let script = fixture("all_reduce.py");
     // Workers sleep a moment first so the garbage lands while they run.
     let mut pod = Pod::start(
-        &["run", "--nnodes", "1", "--nproc-per-node", "2", "--master-port", &port.to_string(), "--log-dir", "/tmp/trainlet-it", &script],
+        &[
+            "run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            &port.to_string(),
+            "--log-dir",
+            "/tmp/trainlet-it",
+            &script,
+        ],
         &[],
     );
     // The agents' store is on `port`; the workers' store port is in the log.
     let start = std::time::Instant::now();
     let worker_port = loop {
-        if let Some(p) = pod.stderr().lines().find(|l| l.contains("starting workers")).and_then(|l| parse_kv(l).get("master_port").cloned()) {
+        if let Some(p) = pod
+            .stderr()
+            .lines()
+            .find(|l| l.contains("starting workers"))
+            .and_then(|l| parse_kv(l).get("master_port").cloned())
+        {
             break p.parse::<u16>().expect("port");
         }
         assert!(start.elapsed() < Duration::from_secs(60), "{}", pod.stderr());

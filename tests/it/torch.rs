@@ -71,8 +71,10 @@ fn a_failure_without_restarts_stops_every_pod_and_reports_the_rank() {
         let root = err.split("Root Cause").nth(1).expect("root cause section");
         assert!(root.contains("rank      : 4 (local_rank: 0)"), "{root}");
         assert!(root.contains("exitcode  : 3"), "{root}");
-        let path = err.lines().find_map(|l| l.strip_prefix("trainlet: failure report written to ")).expect("report path");
-        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).expect("report")).expect("json");
+        let path =
+            err.lines().find_map(|l| l.strip_prefix("trainlet: failure report written to ")).expect("report path");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).expect("report")).expect("json");
         assert_eq!(json["exit_code"], 3);
         assert_eq!(json["root_cause"]["rank"], 4);
         assert_eq!(json["root_cause"]["node_rank"], 2);

@@ -20,7 +20,8 @@ pub fn fixture(name: &str) -> String {
 
 /// The python with torch installed; panics with instructions when missing.
 pub fn python() -> String {
-    let p = std::env::var("TRAINLET_TEST_PYTHON").unwrap_or_else(|_| repo().join(".venv/bin/python").display().to_string());
+    let p =
+        std::env::var("TRAINLET_TEST_PYTHON").unwrap_or_else(|_| repo().join(".venv/bin/python").display().to_string());
     assert!(
         Path::new(&p).exists(),
         "no python with torch at {p}: run .ci/run (or set TRAINLET_TEST_PYTHON) before the tests"
@@ -79,7 +80,11 @@ impl Pod {
             }
             if start.elapsed() > limit {
                 let _ = self.child.kill();
-                panic!("trainlet did not exit within {limit:?}\nstdout:\n{}\nstderr:\n{}", self.stdout(), self.stderr());
+                panic!(
+                    "trainlet did not exit within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                    self.stdout(),
+                    self.stderr()
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -107,9 +112,16 @@ impl Pod {
                 return out;
             }
             if let Some(st) = self.child.try_wait().expect("try_wait") {
-                panic!("trainlet exited ({st:?}) before printing {needle:?}\nstdout:\n{out}\nstderr:\n{}", self.stderr());
+                panic!(
+                    "trainlet exited ({st:?}) before printing {needle:?}\nstdout:\n{out}\nstderr:\n{}",
+                    self.stderr()
+                );
             }
-            assert!(start.elapsed() < limit, "no {needle:?} within {limit:?}\nstdout:\n{out}\nstderr:\n{}", self.stderr());
+            assert!(
+                start.elapsed() < limit,
+                "no {needle:?} within {limit:?}\nstdout:\n{out}\nstderr:\n{}",
+                self.stderr()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test suite: lints with warnings denied, unit + integration tests with
+# real PyTorch workers, and a check that the release binary is static.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tests/venv.sh
+export TRAINLET_TEST_PYTHON="$PWD/.venv/bin/python"
+# With [build] target set in .cargo/config.toml, RUSTFLAGS applies to the
+# target only, so proc-macros still build; keep +crt-static in it because
+# RUSTFLAGS replaces the config's rustflags.
+export RUSTFLAGS="-D warnings -C target-feature=+crt-static"
+cargo fmt --check
+cargo clippy --locked --all-targets
+cargo test --locked
+cargo build --locked --release
+file target/x86_64-unknown-linux-gnu/release/trainlet | tee /dev/stderr | grep -Eq "static-pie linked|statically linked"
+echo "release binary is statically linked"
