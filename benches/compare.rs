@@ -127,12 +127,11 @@ fn max_rss_kib(mut cmd: Command) -> u64 {
     let status = format!("/proc/{}/status", child.id());
     let mut max = 0;
     while child.try_wait().expect("try_wait").is_none() {
-        if let Ok(s) = std::fs::read_to_string(&status) {
-            if let Some(kb) =
+        if let Ok(s) = std::fs::read_to_string(&status)
+            && let Some(kb) =
                 s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok())
-            {
-                max = u64::max(max, kb);
-            }
+        {
+            max = u64::max(max, kb);
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -329,13 +328,13 @@ fn main() {
     assert!(std::path::Path::new(&python()).exists(), "no python with torch at {}; run .ci/run first", python());
     let wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     // `loadgen PORT RANKS`: drive one running store (for profiling a server).
-    if let [mode, port, ranks] = wanted.as_slice() {
-        if mode == "loadgen" {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            let took = rt.block_on(store_init(port.parse().expect("port"), ranks.parse().expect("ranks"), "bar"));
-            println!("{took:?}");
-            return;
-        }
+    if let [mode, port, ranks] = wanted.as_slice()
+        && mode == "loadgen"
+    {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let took = rt.block_on(store_init(port.parse().expect("port"), ranks.parse().expect("ranks"), "bar"));
+        println!("{took:?}");
+        return;
     }
     let on = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
     let dir = tempfile::tempdir().expect("tmp");

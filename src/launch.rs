@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Env, Plan};
 use crate::exit;
 use crate::rendezvous::{self, NodeInfo, Session};
-use crate::store::{Endpoint, StoreServer, bind_listener};
+use crate::store::{Endpoint, StoreLoop};
 use crate::supervise::output::{self, Sink};
 use crate::supervise::policy::{Action, Attempt, Event, JobEnd, Next, Outcome, next_step};
 use crate::supervise::report::{Failure, Report, root_cause};
@@ -43,9 +43,9 @@ pub async fn run(plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: Ca
 
     // The agents' store, when this pod hosts it.
     let bind_ip: Option<IpAddr> = plan.standalone.then_some(IpAddr::from([127, 0, 0, 1]));
-    let control = if plan.serve_store {
-        let listener = bind_listener(bind_ip, plan.endpoint.port)?;
-        let server = StoreServer::start(listener, cancel.child_token()).map_err(Error::Os)?;
+    let store_loop = if plan.serve_store { Some(StoreLoop::start().map_err(Error::Os)?) } else { None };
+    let control = if let Some(lp) = &store_loop {
+        let server = lp.serve(bind_ip, plan.endpoint.port, cancel.child_token())?;
         tracing::info!(addr = %server.local_addr(), "serving the rendezvous store");
         Some(server)
     } else {
@@ -76,10 +76,9 @@ pub async fn run(plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: Ca
     let mut history: Vec<Failure> = Vec::new();
     let mut attempt = 0u32;
     loop {
-        let worker_store = if plan.serve_store {
-            Some(StoreServer::start(bind_listener(bind_ip, 0)?, cancel.child_token()).map_err(Error::Os)?)
-        } else {
-            None
+        let worker_store = match &store_loop {
+            Some(lp) => Some(lp.serve(bind_ip, 0, cancel.child_token())?),
+            None => None,
         };
         let deadline = Instant::now() + plan.join_timeout;
         let port = worker_store.as_ref().map(|s| s.local_addr().port());

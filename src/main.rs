@@ -111,7 +111,14 @@ fn doctor(args: &RunArgs) -> u8 {
 }
 
 fn store(args: &StoreArgs) -> u8 {
-    let Some(rt) = runtime() else { return exit::INTERNAL };
+    // One event loop, as torch's libuv server and the agent's StoreLoop.
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("trainlet: error: cannot start the async runtime: {e}");
+            return exit::INTERNAL;
+        }
+    };
     let mut events = match signals::start() {
         Ok(rx) => rx,
         Err(e) => {

@@ -183,9 +183,7 @@ pub fn tune_listener(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
         // SAFETY: `fd` is a valid open socket for the duration of the borrow;
         // the option value points to a live c_int on the stack and `len` is
         // its size. setsockopt does not retain the pointer.
-        let rc = unsafe {
-            libc::setsockopt(fd.as_raw_fd(), libc::IPPROTO_TCP, opt, (&raw const value).cast(), len)
-        };
+        let rc = unsafe { libc::setsockopt(fd.as_raw_fd(), libc::IPPROTO_TCP, opt, (&raw const value).cast(), len) };
         if rc != 0 {
             return Err(std::io::Error::last_os_error());
         }

@@ -57,6 +57,59 @@ pub fn bind_listener(host: Option<std::net::IpAddr>, port: u16) -> Result<TcpLis
     }
 }
 
+/// A dedicated single-threaded event loop for store servers, like torch's
+/// libuv loop: round trips never pay a cross-thread wake-up, and a stalled
+/// console write in the supervisor cannot delay a worker's store request.
+#[derive(Debug)]
+pub struct StoreLoop {
+    handle: tokio::runtime::Handle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StoreLoop {
+    /// Start the loop on its own thread.
+    pub fn start() -> std::io::Result<Self> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let handle = rt.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new().name("trainlet-store".into()).spawn(move || {
+            rt.block_on(async {
+                let _ = stopped.await;
+            });
+        })?;
+        Ok(Self { handle, stop: Some(stop), thread: Some(thread) })
+    }
+
+    /// Bind a listener (see [`bind_listener`]) and serve a fresh store on it
+    /// from this loop.
+    pub fn serve(
+        &self,
+        host: Option<std::net::IpAddr>,
+        port: u16,
+        cancel: CancellationToken,
+    ) -> Result<StoreServer, ServerError> {
+        // The listener registers with the reactor of the runtime it is made in.
+        let _guard = self.handle.enter();
+        let listener = bind_listener(host, port)?;
+        let local = listener.local_addr().map_err(|source| ServerError::Bind { port, source })?;
+        let state = Arc::new(State::new());
+        let task = self.handle.spawn(accept_loop(listener, Arc::clone(&state), cancel.clone()));
+        Ok(StoreServer { state, local, task, cancel })
+    }
+}
+
+impl Drop for StoreLoop {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// A running store server.
 #[derive(Debug)]
 pub struct StoreServer {
