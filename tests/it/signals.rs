@@ -66,3 +66,30 @@ fn a_worker_killed_by_a_signal_gives_128_plus_n() {
     assert!(started.elapsed() < Duration::from_secs(25), "the sleeping worker must be stopped");
     assert!(pod.stderr().contains("rank      : 1 (local_rank: 1)"), "{}", pod.stderr());
 }
+
+#[test]
+fn workers_die_with_the_agent_even_on_sigkill() {
+    let marker = unique_marker();
+    let mut pod = Pod::start(
+        &[
+            "run",
+            "--no-python",
+            "--nproc-per-node",
+            "2",
+            "/bin/sh",
+            "-c",
+            "trap '' TERM; echo READY $RANK; exec sleep 1000",
+        ],
+        &[("TRAINLET_TEST_MARKER", &marker)],
+    );
+    pod.wait_for_output("READY 0", Duration::from_secs(60));
+    pod.wait_for_output("READY 1", Duration::from_secs(60));
+    assert_eq!(processes_with_marker(&marker).len(), 3, "agent and two workers");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pod.pid()), nix::sys::signal::Signal::SIGKILL).expect("kill");
+    pod.wait(Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !processes_with_marker(&marker).is_empty() {
+        assert!(Instant::now() < deadline, "workers outlived a SIGKILLed agent: {:?}", processes_with_marker(&marker));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
