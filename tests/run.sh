@@ -13,5 +13,10 @@ cargo fmt --check
 cargo clippy --locked --all-targets
 cargo test --locked
 cargo build --locked --release
-file target/x86_64-unknown-linux-gnu/release/trainlet | tee /dev/stderr | grep -Eq "static-pie linked|statically linked"
+kind=$(file target/x86_64-unknown-linux-gnu/release/trainlet)
+echo "$kind"
+if ! grep -Eq "static-pie linked|statically linked" <<<"$kind"; then
+  echo "error: the release binary is not statically linked" >&2
+  exit 1
+fi
 echo "release binary is statically linked"

@@ -80,3 +80,15 @@ fn a_failure_without_restarts_stops_every_pod_and_reports_the_rank() {
         assert_eq!(json["root_cause"]["node_rank"], 2);
     }
 }
+
+#[test]
+fn the_report_carries_the_workers_error_file() {
+    let mut pod = Pod::start(&["run", "--nproc-per-node", "2", &fixture("raise_recorded.py")], &[]);
+    assert_eq!(pod.code(LIMIT), 1, "a Python exception exits 1; stderr:\n{}", pod.stderr());
+    let err = pod.stderr();
+    let root = err.split("Root Cause").nth(1).unwrap_or_else(|| panic!("no root cause:\n{err}"));
+    assert!(root.contains("rank      : 1 (local_rank: 1)"), "{root}");
+    assert!(root.contains("attempt_0/1/error.json"), "{root}");
+    assert!(root.contains("ValueError: boom from rank 1"), "{root}");
+    assert!(root.contains("Traceback"), "{root}");
+}
