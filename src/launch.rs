@@ -51,11 +51,14 @@ pub async fn run(plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: Ca
     } else {
         None
     };
+    // The store host dials its own store on loopback: its own DNS record may
+    // not be published yet (headless services publish late). Workers get the
+    // address every pod can reach.
     let endpoint = match &control {
-        Some(s) if plan.standalone => Endpoint { host: "127.0.0.1".into(), port: s.local_addr().port() },
-        _ => plan.endpoint.clone(),
+        Some(s) => Endpoint { host: "127.0.0.1".into(), port: s.local_addr().port() },
+        None => plan.endpoint.clone(),
     };
-    let master_addr = endpoint.host.clone();
+    let master_addr = if plan.standalone { endpoint.host.clone() } else { plan.endpoint.host.clone() };
 
     let me = NodeInfo {
         node_rank: plan.node_rank,
@@ -83,7 +86,14 @@ pub async fn run(plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: Ca
         let deadline = Instant::now() + plan.join_timeout;
         let port = worker_store.as_ref().map(|s| s.local_addr().port());
         let master_port = match until_stop(&mut events, &plan, session.attempt(attempt, port, deadline)).await {
-            Ok(p) => p?,
+            Ok(Ok(p)) => p,
+            Ok(Err(e @ rendezvous::Error::Mismatch(_))) => {
+                // Every pod sees the same announcements and fails the same
+                // way; the store host keeps the store up until all have read them.
+                let _ = session.leave(attempt, plan.serve_store, LEAVE_WAIT).await;
+                return Err(e.into());
+            }
+            Ok(Err(e)) => return Err(e.into()),
             Err(sig) => return Ok(exit::for_signal(sig)),
         };
         tracing::info!(attempt, master_addr = %master_addr, master_port, world_size = plan.world_size(), "starting workers");
