@@ -51,3 +51,47 @@ fn a_pod_stopped_by_sigterm_stops_its_peers_with_the_peer_lost_code() {
     assert_eq!(a.code(LIMIT), 203, "{}", a.stderr());
     assert!(a.stderr().contains("a peer pod left"), "{}", a.stderr());
 }
+
+/// In a private network + mount namespace, the master's DNS name appears in
+/// the hosts file only 2 s after the pods start (headless services publish
+/// late): the pod that needs it retries and the job completes.
+#[test]
+fn a_master_name_published_late_is_retried_until_it_resolves() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path().display().to_string();
+    let bin = crate::util::bin().display().to_string();
+    let script = format!(
+        r#"set -u
+ip link set lo up
+cp /etc/hosts {d}/hosts
+mount --bind {d}/hosts /etc/hosts
+(sleep 2; echo "127.0.0.1 job-node-0-0.job" >> {d}/hosts) &
+export PET_NNODES=2 PET_NPROC_PER_NODE=1 PET_MASTER_ADDR=job-node-0-0.job PET_MASTER_PORT=29555 TRAINLET_JOIN_TIMEOUT=60
+PET_NODE_RANK=1 {bin} run --no-python /bin/sh -c 'echo WORKER $RANK $MASTER_ADDR' > {d}/pod1.out 2> {d}/pod1.err &
+P1=$!
+sleep 0.5
+PET_NODE_RANK=0 {bin} run --no-python /bin/sh -c 'echo WORKER $RANK $MASTER_ADDR' > {d}/pod0.out 2> {d}/pod0.err &
+P0=$!
+wait $P1; R1=$?
+wait $P0; R0=$?
+echo "RC $R0 $R1"
+"#
+    );
+    let out = std::process::Command::new("unshare")
+        .args(["--net", "--mount", "sh", "-c", &script])
+        .output()
+        .expect("unshare (util-linux) is needed for namespace tests");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap_or_default();
+    assert!(
+        stdout.contains("RC 0 0"),
+        "{stdout}\n{}\npod0:\n{}{}\npod1:\n{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        read("pod0.out"),
+        read("pod0.err"),
+        read("pod1.out"),
+        read("pod1.err")
+    );
+    assert!(read("pod1.out").contains("WORKER 1 job-node-0-0.job"), "{}", read("pod1.out"));
+    assert!(read("pod0.out").contains("WORKER 0 job-node-0-0.job"), "{}", read("pod0.out"));
+}
