@@ -95,3 +95,17 @@ echo "RC $R0 $R1"
     assert!(read("pod1.out").contains("WORKER 1 job-node-0-0.job"), "{}", read("pod1.out"));
     assert!(read("pod0.out").contains("WORKER 0 job-node-0-0.job"), "{}", read("pod0.out"));
 }
+
+#[test]
+fn losing_the_store_host_stops_the_other_pods_promptly() {
+    let port = free_port();
+    let mut host = pod(2, 1, 0, port, "echo READY; exec sleep 100");
+    let mut other = pod(2, 1, 1, port, "echo READY; exec sleep 100");
+    host.wait_for_output("READY", LIMIT);
+    other.wait_for_output("READY", LIMIT);
+    let killed = std::time::Instant::now();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(host.pid()), nix::sys::signal::Signal::SIGKILL).expect("kill");
+    assert_eq!(other.code(LIMIT), 203, "{}", other.stderr());
+    assert!(killed.elapsed() < Duration::from_secs(20), "took {:?}", killed.elapsed());
+    assert!(other.stderr().contains("lost the rendezvous store"), "{}", other.stderr());
+}
