@@ -246,6 +246,11 @@ async fn store_init_uncapped(port: u16, ranks: usize, barrier: &str) -> Duration
             s.write_all(&req).await.expect("add");
             let mut n = [0u8; 8];
             s.read_exact(&mut n).await.expect("add reply");
+            // torch < 2.12 has no BARRIER query (its server closes the
+            // connection): TRAINLET_BENCH_NO_BARRIER=1 stops after ADD.
+            if std::env::var_os("TRAINLET_BENCH_NO_BARRIER").is_some() {
+                return s;
+            }
             req.clear();
             req.push(18);
             req.extend_from_slice(&(barrier.len() as u64).to_le_bytes());
@@ -331,7 +336,10 @@ fn main() {
     if let [mode, port, ranks] = wanted.as_slice()
         && mode == "loadgen"
     {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        // TRAINLET_BENCH_GEN_THREADS: generator threads (default 1; more on big machines).
+        let threads = std::env::var("TRAINLET_BENCH_GEN_THREADS").ok().and_then(|t| t.parse().ok()).unwrap_or(1);
+        let rt =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build().expect("runtime");
         let took = rt.block_on(store_init(port.parse().expect("port"), ranks.parse().expect("ranks"), "bar"));
         println!("{took:?}");
         return;
