@@ -414,10 +414,3 @@ async fn sleep_until_opt(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
-
-/// Errors that end `run` before any attempt outcome.
-impl From<rendezvous::Error> for Error {
-    fn from(e: rendezvous::Error) -> Self {
-        Error::Rendezvous(e)
-    }
-}

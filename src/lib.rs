@@ -38,7 +38,7 @@ pub enum Error {
     Store(#[from] store::ServerError),
     /// The rendezvous failed.
     #[error(transparent)]
-    Rendezvous(rendezvous::Error),
+    Rendezvous(#[from] rendezvous::Error),
     /// An OS call trainlet depends on failed.
     #[error("operating system call failed")]
     Os(#[source] std::io::Error),
