@@ -187,24 +187,31 @@ impl Session {
             .ok_or_else(|| Error::Mismatch("the store host published an unreadable worker port".into()))
     }
 
+    /// WAIT for `keys` on a second connection, so that running out of
+    /// `limit` leaves this one usable; Ok(false) on timeout.
+    async fn wait_for(&self, keys: &[String], limit: Duration) -> Result<bool, Error> {
+        let mut waiter = Client::connect(self.addr).await.map_err(|e| self.lost(e))?;
+        match tokio::time::timeout(limit, waiter.wait(keys)).await {
+            Ok(r) => r.map(|()| true).map_err(|e| self.lost(e)),
+            Err(_) => Ok(false),
+        }
+    }
+
     /// WAIT on a second connection so that a timeout leaves this one usable;
     /// on timeout, name the node ranks whose info is missing.
     async fn wait_bounded(&mut self, keys: &[String], deadline: Instant, attempt: u32) -> Result<(), Error> {
         let started = Instant::now();
-        let mut waiter = Client::connect(self.addr).await.map_err(|e| self.lost(e))?;
-        match tokio::time::timeout_at(deadline, waiter.wait(keys)).await {
-            Ok(r) => r.map_err(|e| self.lost(e)),
-            Err(_) => {
-                let mut missing = Vec::new();
-                for n in 0..self.me.nnodes {
-                    let k = self.key(attempt, &format!("info/{n}"));
-                    if !self.client.check(&[k]).await.map_err(|e| self.lost(e))? {
-                        missing.push(n);
-                    }
-                }
-                Err(Error::Timeout { waited: started.elapsed(), missing, attempt, endpoint: self.endpoint.clone() })
+        if self.wait_for(keys, deadline.saturating_duration_since(started)).await? {
+            return Ok(());
+        }
+        let mut missing = Vec::new();
+        for n in 0..self.me.nnodes {
+            let k = self.key(attempt, &format!("info/{n}"));
+            if !self.client.check(&[k]).await.map_err(|e| self.lost(e))? {
+                missing.push(n);
             }
         }
+        Err(Error::Timeout { waited: started.elapsed(), missing, attempt, endpoint: self.endpoint.clone() })
     }
 
     async fn end(&mut self, attempt: u32, value: &str) -> Result<(), Error> {
@@ -270,12 +277,7 @@ impl Session {
 
     /// Wait up to `limit` until every pod reported stopped; false on timeout.
     pub async fn wait_all_stopped(&mut self, attempt: u32, limit: Duration) -> Result<bool, Error> {
-        let key = self.key(attempt, "all_stopped");
-        let mut waiter = Client::connect(self.addr).await.map_err(|e| self.lost(e))?;
-        match tokio::time::timeout(limit, waiter.wait(&[key])).await {
-            Ok(r) => r.map(|()| true).map_err(|e| self.lost(e)),
-            Err(_) => Ok(false),
-        }
+        self.wait_for(&[self.key(attempt, "all_stopped")], limit).await
     }
 
     /// Every pod's failures for `attempt` (pods that did not report count as none).
@@ -294,11 +296,8 @@ impl Session {
         if n >= i64::from(self.me.nnodes) {
             self.client.set(&all, b"1").await.map_err(|e| self.lost(e))?;
         }
-        if host {
-            let mut waiter = Client::connect(self.addr).await.map_err(|e| self.lost(e))?;
-            if tokio::time::timeout(limit, waiter.wait(&[all])).await.is_err() {
-                tracing::warn!(attempt, "not every pod confirmed the end of the job; closing the store anyway");
-            }
+        if host && !self.wait_for(&[all], limit).await? {
+            tracing::warn!(attempt, "not every pod confirmed the end of the job; closing the store anyway");
         }
         Ok(())
     }

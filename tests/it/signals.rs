@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::util::{Pod, fixture, processes_with_marker, unique_marker};
+use crate::util::{Pod, fixture, processes_with_marker, unique_marker, wait_until_gone};
 
 #[test]
 fn sigterm_escalates_to_sigkill_after_the_grace_and_leaves_no_process() {
@@ -23,15 +23,7 @@ fn sigterm_escalates_to_sigkill_after_the_grace_and_leaves_no_process() {
     assert_eq!(code, 143, "stderr:\n{}", pod.stderr());
     assert!(took >= Duration::from_millis(1900), "workers ignore SIGTERM, so the grace must run out ({took:?})");
     assert!(took < Duration::from_secs(20), "SIGKILL must follow the 2 s grace ({took:?})");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let left = processes_with_marker(&marker);
-        if left.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "processes left behind: {left:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until_gone(&marker, Duration::from_secs(10));
 }
 
 #[test]
@@ -87,9 +79,5 @@ fn workers_die_with_the_agent_even_on_sigkill() {
     assert_eq!(processes_with_marker(&marker).len(), 3, "agent and two workers");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pod.pid()), nix::sys::signal::Signal::SIGKILL).expect("kill");
     pod.wait(Duration::from_secs(10));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !processes_with_marker(&marker).is_empty() {
-        assert!(Instant::now() < deadline, "workers outlived a SIGKILLed agent: {:?}", processes_with_marker(&marker));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until_gone(&marker, Duration::from_secs(10));
 }

@@ -177,6 +177,19 @@ pub fn processes_with_marker(marker: &str) -> Vec<i32> {
         .collect()
 }
 
+/// Wait until no live process carries `marker`; panics after `limit`.
+pub fn wait_until_gone(marker: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = processes_with_marker(marker);
+        if left.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "processes left behind: {left:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// `KEY=value` lines with a given prefix, parsed.
 pub fn parse_kv(line: &str) -> HashMap<String, String> {
     line.split_whitespace().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
