@@ -30,6 +30,8 @@ use crate::{Error, Result};
 
 /// How long output drains may lag behind the last worker exit.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
+/// Bound on a last store write made while exiting.
+const PUBLISH_WAIT: Duration = Duration::from_secs(2);
 /// How long the store host waits for the other pods to read the outcome.
 const LEAVE_WAIT: Duration = Duration::from_secs(10);
 /// Extra time, beyond the grace period, for other pods to report stopped.
@@ -94,7 +96,11 @@ pub async fn run(plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: Ca
                 return Err(e.into());
             }
             Ok(Err(e)) => return Err(e.into()),
-            Err(sig) => return Ok(exit::for_signal(sig)),
+            Err(sig) => {
+                // Tell the pods we were meeting with, so they do not wait for us.
+                let _ = tokio::time::timeout(PUBLISH_WAIT, session.publish_abort(attempt, sig)).await;
+                return Ok(exit::for_signal(sig));
+            }
         };
         tracing::info!(attempt, master_addr = %master_addr, master_port, world_size = plan.world_size(), "starting workers");
         let world = WorldView { plan: &plan, master_addr: &master_addr, master_port, attempt };

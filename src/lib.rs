@@ -54,7 +54,7 @@ impl From<&Error> for u8 {
             Error::Rendezvous(r) => match r {
                 rendezvous::Error::Unreachable(_) | rendezvous::Error::Timeout { .. } => exit::RENDEZVOUS_TIMEOUT,
                 rendezvous::Error::Mismatch(_) | rendezvous::Error::Duplicate { .. } => exit::CONFIG,
-                rendezvous::Error::Lost { .. } => exit::PEER_LOST,
+                rendezvous::Error::Lost { .. } | rendezvous::Error::PeerLeft { .. } => exit::PEER_LOST,
             },
             Error::Os(_) => exit::INTERNAL,
         }

@@ -58,6 +58,16 @@ pub enum Error {
     /// Pods disagree on the world.
     #[error("pods disagree on the job: {0}")]
     Mismatch(String),
+    /// Another pod left (stopped by a signal) while the pods were meeting.
+    #[error("node rank {node_rank} left the rendezvous of attempt {attempt} (stopped by {signal})")]
+    PeerLeft {
+        /// Who left.
+        node_rank: String,
+        /// The signal that stopped it.
+        signal: String,
+        /// Restart attempt.
+        attempt: u32,
+    },
     /// Two pods claim the same node rank.
     #[error("node rank {node_rank} is already held by {holder}; each pod needs its own node rank")]
     Duplicate {
@@ -201,7 +211,25 @@ impl Session {
     /// on timeout, name the node ranks whose info is missing.
     async fn wait_bounded(&mut self, keys: &[String], deadline: Instant, attempt: u32) -> Result<(), Error> {
         let started = Instant::now();
-        if self.wait_for(keys, deadline.saturating_duration_since(started)).await? {
+        // A pod stopped while we meet publishes `end`; watch it too, so that
+        // nobody waits out the join deadline for a pod that is gone.
+        let end = self.key(attempt, "end");
+        let limit = deadline.saturating_duration_since(started);
+        let joined = tokio::select! {
+            joined = self.wait_for(keys, limit) => joined?,
+            left = self.wait_for(std::slice::from_ref(&end), limit) => {
+                if left? {
+                    let v = self.client.get(&end).await.map_err(|e| self.lost(e))?;
+                    let v = String::from_utf8_lossy(&v);
+                    let mut parts = v.strip_prefix("abort:").unwrap_or(&v).splitn(2, ':');
+                    let node_rank = parts.next().unwrap_or("?").to_string();
+                    let signal = parts.next().and_then(|s| s.parse().ok()).map_or_else(|| "a signal".into(), crate::sys::signal_name);
+                    return Err(Error::PeerLeft { node_rank, signal, attempt });
+                }
+                false
+            }
+        };
+        if joined {
             return Ok(());
         }
         let mut missing = Vec::new();

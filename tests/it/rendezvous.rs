@@ -109,3 +109,23 @@ fn losing_the_store_host_stops_the_other_pods_promptly() {
     assert!(killed.elapsed() < Duration::from_secs(20), "took {:?}", killed.elapsed());
     assert!(other.stderr().contains("lost the rendezvous store"), "{}", other.stderr());
 }
+
+#[test]
+fn a_pod_stopped_while_the_pods_meet_releases_the_others_at_once() {
+    // Pod 2 of 3 never comes; pod 1 is stopped while the others wait for it.
+    let port = free_port();
+    let mut host = pod(3, 1, 0, port, "true");
+    let mut leaver = pod(3, 1, 1, port, "true");
+    leaver.wait_for_stderr("joined the rendezvous", LIMIT);
+    std::thread::sleep(Duration::from_millis(300));
+    let stopped = std::time::Instant::now();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(leaver.pid()), nix::sys::signal::Signal::SIGTERM).expect("kill");
+    assert_eq!(leaver.code(LIMIT), 143, "{}", leaver.stderr());
+    assert_eq!(host.code(LIMIT), 203, "{}", host.stderr());
+    assert!(stopped.elapsed() < Duration::from_secs(10), "the join deadline is 20 s; took {:?}", stopped.elapsed());
+    assert!(
+        host.stderr().contains("node rank 1 left the rendezvous of attempt 0 (stopped by SIGTERM)"),
+        "{}",
+        host.stderr()
+    );
+}

@@ -103,6 +103,15 @@ impl Pod {
         std::fs::read_to_string(&self.err).unwrap_or_default()
     }
 
+    /// Wait until stderr contains `needle` (panics after `limit`).
+    pub fn wait_for_stderr(&mut self, needle: &str, limit: Duration) {
+        let start = Instant::now();
+        while !self.stderr().contains(needle) {
+            assert!(start.elapsed() < limit, "no {needle:?} on stderr within {limit:?}:\n{}", self.stderr());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Wait until stdout contains `needle` (panics after `limit`).
     pub fn wait_for_output(&mut self, needle: &str, limit: Duration) -> String {
         let start = Instant::now();
