@@ -89,13 +89,11 @@ impl StoreLoop {
         port: u16,
         cancel: CancellationToken,
     ) -> Result<StoreServer, ServerError> {
-        // The listener registers with the reactor of the runtime it is made in.
+        // Inside the loop's context the listener registers with its reactor
+        // and `StoreServer::start` spawns the accept loop onto it.
         let _guard = self.handle.enter();
         let listener = bind_listener(host, port)?;
-        let local = listener.local_addr().map_err(|source| ServerError::Bind { port, source })?;
-        let state = Arc::new(State::new());
-        let task = self.handle.spawn(accept_loop(listener, Arc::clone(&state), cancel.clone()));
-        Ok(StoreServer { state, local, task, cancel })
+        StoreServer::start(listener, cancel).map_err(|source| ServerError::Bind { port, source })
     }
 }
 

@@ -46,7 +46,7 @@ fn a_pod_stopped_by_sigterm_stops_its_peers_with_the_peer_lost_code() {
     let mut b = pod(2, 1, 1, port, "echo READY; exec sleep 100");
     a.wait_for_output("READY", LIMIT);
     b.wait_for_output("READY", LIMIT);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(b.pid()), nix::sys::signal::Signal::SIGTERM).expect("kill");
+    b.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(b.code(LIMIT), 143, "{}", b.stderr());
     assert_eq!(a.code(LIMIT), 203, "{}", a.stderr());
     assert!(a.stderr().contains("a peer pod left"), "{}", a.stderr());
@@ -104,7 +104,7 @@ fn losing_the_store_host_stops_the_other_pods_promptly() {
     host.wait_for_output("READY", LIMIT);
     other.wait_for_output("READY", LIMIT);
     let killed = std::time::Instant::now();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(host.pid()), nix::sys::signal::Signal::SIGKILL).expect("kill");
+    host.signal(nix::sys::signal::Signal::SIGKILL);
     assert_eq!(other.code(LIMIT), 203, "{}", other.stderr());
     assert!(killed.elapsed() < Duration::from_secs(20), "took {:?}", killed.elapsed());
     assert!(other.stderr().contains("lost the rendezvous store"), "{}", other.stderr());
@@ -119,7 +119,7 @@ fn a_pod_stopped_while_the_pods_meet_releases_the_others_at_once() {
     leaver.wait_for_stderr("joined the rendezvous", LIMIT);
     std::thread::sleep(Duration::from_millis(300));
     let stopped = std::time::Instant::now();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(leaver.pid()), nix::sys::signal::Signal::SIGTERM).expect("kill");
+    leaver.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(leaver.code(LIMIT), 143, "{}", leaver.stderr());
     assert_eq!(host.code(LIMIT), 203, "{}", host.stderr());
     assert!(stopped.elapsed() < Duration::from_secs(10), "the join deadline is 20 s; took {:?}", stopped.elapsed());

@@ -17,7 +17,7 @@ fn sigterm_escalates_to_sigkill_after_the_grace_and_leaves_no_process() {
     // Workers, their in-group grandchildren and the escaped ones are all alive.
     assert!(processes_with_marker(&marker).len() >= 7, "expected agent + 2 workers + 4 grandchildren");
     let sent = Instant::now();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pod.pid()), nix::sys::signal::Signal::SIGTERM).expect("kill");
+    pod.signal(nix::sys::signal::Signal::SIGTERM);
     let code = pod.code(Duration::from_secs(60));
     let took = sent.elapsed();
     assert_eq!(code, 143, "stderr:\n{}", pod.stderr());
@@ -35,7 +35,7 @@ fn sigterm_during_rendezvous_exits_promptly() {
         &[],
     );
     std::thread::sleep(Duration::from_millis(500));
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pod.pid()), nix::sys::signal::Signal::SIGTERM).expect("kill");
+    pod.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(pod.code(Duration::from_secs(20)), 143, "stderr:\n{}", pod.stderr());
 }
 
@@ -77,7 +77,7 @@ fn workers_die_with_the_agent_even_on_sigkill() {
     pod.wait_for_output("READY 0", Duration::from_secs(60));
     pod.wait_for_output("READY 1", Duration::from_secs(60));
     assert_eq!(processes_with_marker(&marker).len(), 3, "agent and two workers");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pod.pid()), nix::sys::signal::Signal::SIGKILL).expect("kill");
+    pod.signal(nix::sys::signal::Signal::SIGKILL);
     pod.wait(Duration::from_secs(10));
     wait_until_gone(&marker, Duration::from_secs(10));
 }

@@ -24,7 +24,7 @@ fn every_torch_client_api_behaves_as_against_torchs_own_server() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("IDENTICAL 35 operations"), "{stdout}");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pod.pid()), nix::sys::signal::Signal::SIGTERM).expect("kill");
+    pod.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(pod.code(Duration::from_secs(10)), 0, "the store exits 0 on SIGTERM");
 }
 

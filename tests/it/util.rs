@@ -71,6 +71,11 @@ impl Pod {
         i32::try_from(self.child.id()).expect("pid")
     }
 
+    /// Send `sig` to the trainlet process.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).expect("kill");
+    }
+
     /// Wait for exit; panics after `limit` with the output so far.
     pub fn wait(&mut self, limit: Duration) -> ExitStatus {
         let start = Instant::now();
