@@ -129,6 +129,33 @@ pub struct RunArgs {
     /// Seconds to wait for the store and every peer pod (default 600).
     #[arg(long = "join-timeout", alias = "join_timeout")]
     pub join_timeout: Option<String>,
+    /// Failure policy file (TOML `[[rule]]` entries; env TRAINLET_POLICY).
+    #[arg(long, value_name = "FILE", help_heading = "failure policy and preemption")]
+    pub policy: Option<PathBuf>,
+    /// A failure rule `CODES=ACTION` (restart, fail, ignore), e.g. `3=fail`, `137,SIGSEGV=restart`; repeatable, checked before the file.
+    #[arg(long = "on-exit", value_name = "CODES=ACTION", help_heading = "failure policy and preemption")]
+    pub on_exit: Vec<String>,
+    /// Signal sent to workers first on a planned stop (preemption, regroup), e.g. SIGUSR1 (env TRAINLET_CHECKPOINT_SIGNAL).
+    #[arg(long = "checkpoint-signal", value_name = "SIGNAL", help_heading = "failure policy and preemption")]
+    pub checkpoint_signal: Option<String>,
+    /// Seconds workers get to checkpoint before SIGTERM; within the grace period (default 15, env TRAINLET_CHECKPOINT_TIMEOUT).
+    #[arg(long = "checkpoint-timeout", value_name = "SECS", help_heading = "failure policy and preemption")]
+    pub checkpoint_timeout: Option<String>,
+    /// Seconds to wait after SIGKILL before abandoning a worker as unkillable (default 3, env TRAINLET_KILL_TIMEOUT).
+    #[arg(long = "kill-timeout", value_name = "SECS", help_heading = "failure policy and preemption")]
+    pub kill_timeout: Option<String>,
+    /// Fail the job when a worker stays in uninterruptible sleep this long (env TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT; default off).
+    #[arg(long = "hung-timeout", value_name = "SECS", help_heading = "failure policy and preemption")]
+    pub hung_timeout: Option<String>,
+    /// Base of the exponential backoff between restarts, in seconds (default 0, env TRAINLET_RESTART_BACKOFF).
+    #[arg(long = "restart-backoff", value_name = "SECS", help_heading = "failure policy and preemption")]
+    pub restart_backoff: Option<String>,
+    /// A pod whose heartbeat is silent this long is dead (default 10, env TRAINLET_HEARTBEAT_TIMEOUT).
+    #[arg(long = "heartbeat-timeout", value_name = "SECS", help_heading = "elastic rendezvous")]
+    pub heartbeat_timeout: Option<String>,
+    /// Seconds to wait for more pods once MIN are in (default 30, env TRAINLET_LAST_CALL_TIMEOUT).
+    #[arg(long = "last-call-timeout", value_name = "SECS", help_heading = "elastic rendezvous")]
+    pub last_call_timeout: Option<String>,
     /// Python interpreter for workers (env TRAINLET_PYTHON, then PYTHON_EXEC; default python, else python3).
     #[arg(long)]
     pub python: Option<String>,

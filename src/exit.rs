@@ -10,8 +10,15 @@
 //! | 200 | configuration error: a bad flag, env var or world mismatch between pods |
 //! | 201 | rendezvous timeout: the store or a peer pod was not reachable before the deadline |
 //! | 202 | internal error in trainlet (a bug, or an unexpected OS failure) |
-//! | 203 | a peer pod or the store host went away during the job |
+//! | 203 | a peer pod or the store host went away and did not come back in time |
+//! | 204 | this pod belongs to an older JobSet restart attempt than the job (rejected) |
+//! | 205 | a worker exit matched a `fail` rule of the failure policy |
+//! | 206 | a worker hung in uninterruptible sleep (--hung-timeout) or survived SIGKILL |
 //! | 209 | a worker exited with a code in trainlet's reserved range 200-209 |
+//!
+//! Kubernetes classes (see `runtimes/`): 205 and 200 are worker/config bugs
+//! (FailJob); 143, 130, 129 and 204 are preemption or stale pods (Ignore);
+//! everything else, including 201, 203 and 206, is a retriable fault (Count).
 
 /// Every worker succeeded.
 pub const SUCCESS: u8 = 0;
@@ -27,6 +34,12 @@ pub const RENDEZVOUS_TIMEOUT: u8 = 201;
 pub const INTERNAL: u8 = 202;
 /// A peer pod or the store host left while the job ran.
 pub const PEER_LOST: u8 = 203;
+/// This pod is from an older JobSet restart attempt than the job.
+pub const STALE_ATTEMPT: u8 = 204;
+/// A worker exit matched a `fail` rule.
+pub const FAILED_BY_POLICY: u8 = 205;
+/// A worker hung in uninterruptible sleep or survived SIGKILL.
+pub const WORKER_UNKILLABLE: u8 = 206;
 /// A worker's own code fell in 200-209 and was remapped to keep this table unambiguous.
 pub const WORKER_RESERVED: u8 = 209;
 

@@ -1,9 +1,11 @@
 //! `trainlet run`: store, rendezvous, attempts, exit code.
 //!
-//! Owns the flow of one pod's agent: serve the store if this pod hosts it,
-//! join the rendezvous, then per attempt: a fresh worker store (store host),
-//! agree on the world, spawn and supervise workers, learn how the attempt
-//! ended everywhere, and restart or exit. Must not parse flags or env (that
+//! Owns the flow of one pod's agent: serve the store (and the per-round
+//! worker stores and liveness monitor) if this pod hosts it, join the
+//! rendezvous, then per round: spawn and supervise workers, stop them when
+//! the round ends anywhere, agree with the other pods on a verdict, and
+//! regroup, restart or exit. A lost store is waited for (its host restarts)
+//! up to the join deadline. Must not parse flags or env (that
 //! is `config`) nor decide policy (that is `supervise::policy`).
 
 use std::collections::HashMap;
@@ -16,13 +18,19 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use std::sync::Arc;
+
 use crate::config::{Env, Plan};
 use crate::exit;
-use crate::rendezvous::{self, NodeInfo, Session};
-use crate::store::{Endpoint, StoreLoop};
+use crate::rendezvous::host::{self, ServeFn};
+use crate::rendezvous::{self, Joined, Known, Member, Round, Session, Timing};
+use crate::store::{ClientError, Endpoint, StoreLoop};
 use crate::supervise::output::{self, Sink};
-use crate::supervise::policy::{Action, Attempt, Event, JobEnd, Next, Outcome, next_step};
-use crate::supervise::report::{Failure, Report, root_cause};
+use crate::supervise::policy::{
+    Action, Attempt, Event, FailKind, JobEnd, Outcome, RoundFacts, Timer, Verdict, backoff, verdict,
+};
+use crate::supervise::report::{Failure, Report, RoundRecord, root_cause};
+use crate::supervise::rules::RuleAction;
 use crate::supervise::signals::{SysEvent, now_us};
 use crate::supervise::spawn::{Spawner, WorkerSpec, WorldView, substitute, worker_env};
 use crate::sys::{self, Exit};
@@ -34,19 +42,26 @@ const DRAIN_WAIT: Duration = Duration::from_secs(2);
 const PUBLISH_WAIT: Duration = Duration::from_secs(2);
 /// How long the store host waits for the other pods to read the outcome.
 const LEAVE_WAIT: Duration = Duration::from_secs(10);
-/// Extra time, beyond the grace period, for other pods to report stopped.
-const STOP_SYNC_MARGIN: Duration = Duration::from_secs(30);
+/// Extra time, beyond grace and kill timeout, for other pods to report stopped.
+const STOP_SYNC_MARGIN: Duration = Duration::from_secs(10);
+/// Most time between two restarts, whatever --restart-backoff says.
+const BACKOFF_CAP: Duration = Duration::from_secs(300);
+/// How often workers are checked for uninterruptible sleep (with --hung-timeout).
+const HUNG_CHECK: Duration = Duration::from_secs(1);
 
 /// Run the job described by `plan`; returns trainlet's exit code.
 pub async fn run(plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8> {
     let spawner = Spawner::start().map_err(Error::Os)?;
     let env = Env::from_process();
     let log_root = log_root(&plan);
+    let timing =
+        Timing { last_call: plan.last_call, heartbeat: plan.heartbeat, heartbeat_timeout: plan.heartbeat_timeout };
 
     // The agents' store, when this pod hosts it.
     let bind_ip: Option<IpAddr> = plan.standalone.then_some(IpAddr::from([127, 0, 0, 1]));
-    let store_loop = if plan.serve_store { Some(StoreLoop::start().map_err(Error::Os)?) } else { None };
+    let store_loop = if plan.serve_store { Some(Arc::new(StoreLoop::start().map_err(Error::Os)?)) } else { None };
     let control = if let Some(lp) = &store_loop {
+        sys::raise_nofile();
         let server = lp.serve(bind_ip, plan.endpoint.port, cancel.child_token())?;
         tracing::info!(addr = %server.local_addr(), "serving the rendezvous store");
         Some(server)
@@ -61,127 +76,316 @@ pub async fn run(plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: Ca
         None => plan.endpoint.clone(),
     };
     let master_addr = if plan.standalone { endpoint.host.clone() } else { plan.endpoint.host.clone() };
+    if let (Some(lp), Some(server)) = (&store_loop, &control) {
+        let lp = Arc::clone(lp);
+        let token = cancel.child_token();
+        let serve: ServeFn = Box::new(move || lp.serve(bind_ip, 0, token.child_token()));
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], server.local_addr().port()));
+        let base = format!("trainlet/{}/j{}", plan.run_id, plan.jobset_attempt);
+        tokio::spawn(host::serve_rounds(addr, base, timing, serve, cancel.child_token()));
+    }
 
-    let me = NodeInfo {
-        node_rank: plan.node_rank,
-        nnodes: plan.nnodes,
-        nproc: plan.nproc,
-        max_restarts: plan.max_restarts,
+    let me = Member {
+        uid: String::new(),
         host: plan.host.clone(),
         pid: std::process::id(),
+        node_rank: plan.node_rank,
+        nproc: plan.nproc,
+        min_nodes: plan.min_nodes,
+        max_nodes: plan.nnodes,
+        max_restarts: plan.max_restarts,
     };
     let deadline = Instant::now() + plan.join_timeout;
-    let joined = until_stop(&mut events, &plan, Session::join(&endpoint, &plan.run_id, me, deadline, &cancel)).await;
-    let mut session = match joined {
-        Ok(s) => s?,
+    let connect = Session::connect(&endpoint, &plan.run_id, plan.jobset_attempt, me, timing, deadline, &cancel);
+    let mut session = match until_stop(&mut events, &plan, connect).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e @ rendezvous::Error::Stale { .. })) => {
+            tracing::error!(error = %e, "rejected: pod of an older JobSet restart attempt");
+            return Err(e.into());
+        }
+        Ok(Err(e)) => return Err(e.into()),
         Err(sig) => return Ok(exit::for_signal(sig)),
     };
-    tracing::info!(%endpoint, node_rank = plan.node_rank, nnodes = plan.nnodes, "joined the rendezvous");
+    tracing::info!(
+        %endpoint,
+        node_rank = plan.node_rank,
+        nnodes = %plan.nnodes_spec(),
+        uid = %session.me().uid,
+        "joined the rendezvous"
+    );
 
+    let mut known = Known::default();
     let mut history: Vec<Failure> = Vec::new();
-    let mut attempt = 0u32;
-    loop {
-        let worker_store = match &store_loop {
-            Some(lp) => Some(lp.serve(bind_ip, 0, cancel.child_token())?),
-            None => None,
-        };
+    let mut rounds: Vec<RoundRecord> = Vec::new();
+    let code = loop {
         let deadline = Instant::now() + plan.join_timeout;
-        let port = worker_store.as_ref().map(|s| s.local_addr().port());
-        let master_port = match until_stop(&mut events, &plan, session.attempt(attempt, port, deadline)).await {
-            Ok(Ok(p)) => p,
+        let round = match until_stop(&mut events, &plan, session.next_round(&mut known, deadline)).await {
+            Ok(Ok(Joined::Round(r))) => r,
+            Ok(Ok(Joined::JobEnded(v))) => {
+                tracing::info!(verdict = %v, "the job ended while this pod waited as a spare");
+                break if v == Verdict::Success { exit::SUCCESS } else { exit::PEER_LOST };
+            }
+            Ok(Err(rendezvous::Error::Lost { source, .. })) => {
+                match reconnect(&mut session, &plan, &mut events, &cancel, &source).await {
+                    Ok(()) => continue,
+                    Err(code) => break code,
+                }
+            }
             Ok(Err(e @ rendezvous::Error::Mismatch(_))) => {
-                // Every pod sees the same announcements and fails the same
-                // way; the store host keeps the store up until all have read them.
-                let _ = session.leave(attempt, plan.serve_store, LEAVE_WAIT).await;
+                // Every member reads the same assignment; the store host
+                // lingers a moment so that all of them can.
+                if plan.serve_store {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
                 return Err(e.into());
             }
-            Ok(Err(e)) => return Err(e.into()),
+            Ok(Err(e)) => {
+                session.bye().await;
+                return Err(e.into());
+            }
             Err(sig) => {
-                // Tell the pods we were meeting with, so they do not wait for us.
-                let _ = tokio::time::timeout(PUBLISH_WAIT, session.publish_abort(attempt, sig)).await;
-                return Ok(exit::for_signal(sig));
+                session.bye().await;
+                break exit::for_signal(sig);
             }
         };
-        tracing::info!(attempt, master_addr = %master_addr, master_port, world_size = plan.world_size(), "starting workers");
-        let world = WorldView { plan: &plan, master_addr: &master_addr, master_port, attempt };
-        let attempt_dir = log_root.join(format!("attempt_{attempt}"));
-        let (outcome, failures) = run_attempt(&world, &attempt_dir, &spawner, &env, &mut events, &mut session).await;
-        tracing::info!(attempt, ?outcome, local_failures = failures.len(), "attempt over on this pod");
+        tracing::info!(
+            round = round.number,
+            group_rank = round.group_rank,
+            nnodes = round.nnodes,
+            world_size = round.nnodes * plan.nproc,
+            restarts_used = round.restarts,
+            restarts_left = plan.max_restarts.saturating_sub(round.restarts),
+            master_addr = %master_addr,
+            master_port = round.worker_port,
+            "starting workers"
+        );
+        let world = WorldView {
+            plan: &plan,
+            master_addr: &master_addr,
+            master_port: round.worker_port,
+            restarts: round.restarts,
+            group_rank: round.group_rank,
+            nnodes: round.nnodes,
+        };
+        let attempt_dir = log_root.join(format!("attempt_{}", round.number));
+        let (outcome, failures) =
+            run_attempt(&world, &round, &attempt_dir, &spawner, &env, &mut events, &mut session).await;
+        tracing::info!(round = round.number, ?outcome, local_failures = failures.len(), "round over on this pod");
 
-        // Everyone reports; the store host keeps both stores up until all
-        // pods' workers are gone.
-        let reported = session.report_stopped(attempt, &failures).await;
-        let limit = match outcome {
-            Outcome::Stopped(_) if plan.serve_store => Duration::from_secs(3),
-            Outcome::Stopped(_) => Duration::ZERO,
-            _ => plan.grace + STOP_SYNC_MARGIN,
-        };
-        let all_stopped = match reported {
-            Ok(()) if !limit.is_zero() => session.wait_all_stopped(attempt, limit).await.unwrap_or(false),
-            _ => false,
-        };
-        let attempt_failures =
-            if all_stopped { session.failures(attempt).await.unwrap_or(failures.clone()) } else { failures };
-        history.extend(attempt_failures.iter().cloned());
-        if let Some(ws) = worker_store {
-            ws.shutdown().await;
+        if let Outcome::Stopped(sig) = outcome {
+            // Tell the others our workers are gone, so they regroup at once;
+            // the store host keeps the store up a moment for them.
+            let _ = tokio::time::timeout(PUBLISH_WAIT, session.report_stopped(&round, &failures)).await;
+            if plan.serve_store {
+                let _ = session.wait_stopped(round.number, Duration::from_secs(3)).await;
+            }
+            history.extend(failures.iter().cloned());
+            rounds.push(record(&round, "stopped by signal", "exit"));
+            session.bye().await;
+            let code = exit::for_signal(sig);
+            if !history.is_empty() {
+                report(
+                    &plan,
+                    &log_root,
+                    code,
+                    format!("trainlet received {}", sys::signal_name(sig)),
+                    &history,
+                    &rounds,
+                );
+            }
+            break code;
         }
-
-        let next = if outcome == Outcome::Failed && !all_stopped {
-            Next::Exit
+        let unkillable = failures.iter().any(|f| f.hung);
+        let synced = if outcome == Outcome::Lost {
+            Err(None)
         } else {
-            next_step(outcome, attempt, plan.max_restarts)
+            stop_sync(&mut session, &round, &plan, &failures).await.map_err(Some)
         };
-        match next {
-            Next::Restart(n) => {
-                let root = root_cause(&attempt_failures);
+        let (facts, all_failures, end) = match synced {
+            Ok(x) => x,
+            Err(e) => {
+                if let Some(e) = e {
+                    tracing::warn!(error = %crate::store::error_chain(&e), "lost the store while stopping the round");
+                }
+                rounds.push(record(&round, "store lost", "regroup"));
+                history.extend(failures.iter().cloned());
+                match reconnect(&mut session, &plan, &mut events, &cancel, &ClientError::Cancelled).await {
+                    Ok(()) => continue,
+                    Err(code) => break code,
+                }
+            }
+        };
+        let facts = RoundFacts { unkillable: facts.unkillable || unkillable, ..facts };
+        history.extend(all_failures.iter().cloned());
+        let proposal = verdict(&facts);
+        let agreed = match session.decide(round.number, proposal).await {
+            Ok(v) => v,
+            Err(_) => match reconnect(&mut session, &plan, &mut events, &cancel, &ClientError::Cancelled).await {
+                Ok(()) => continue,
+                Err(code) => break code,
+            },
+        };
+        rounds.push(record(&round, &end, &agreed.to_string()));
+        let root = root_cause(&all_failures);
+        tracing::info!(
+            round = round.number,
+            end = %end,
+            verdict = %agreed,
+            dead = facts.dead,
+            all_stopped = facts.all_stopped,
+            failed_rank = root.map(|f| f.rank),
+            restarts_used = facts.restarts,
+            restarts_left = plan.max_restarts.saturating_sub(facts.restarts),
+            "round decided"
+        );
+        match agreed {
+            Verdict::Success => {
+                let _ = session.leave(&round, plan.serve_store, LEAVE_WAIT).await;
+                session.bye().await;
+                break exit::SUCCESS;
+            }
+            Verdict::Regroup => {
+                if session.finish_round(round.number).await.is_err() {
+                    tracing::warn!("lost the store while moving to the next round");
+                }
+            }
+            Verdict::Restart(n) => {
+                known.restarts = n;
+                let wait = backoff(plan.restart_backoff, n, BACKOFF_CAP);
                 tracing::warn!(
-                    attempt = n,
-                    restarts_left = plan.max_restarts - n,
+                    restart = n,
+                    restarts_left = plan.max_restarts.saturating_sub(n),
+                    backoff_s = wait.as_secs_f64(),
                     failed_rank = root.map(|f| f.rank),
                     "restarting every pod's workers"
                 );
-                attempt = n;
+                let _ = session.finish_round(round.number).await;
+                if !wait.is_zero()
+                    && let Err(sig) = until_stop(&mut events, &plan, tokio::time::sleep(wait)).await
+                {
+                    session.bye().await;
+                    break exit::for_signal(sig);
+                }
             }
-            Next::Exit => {
-                let (code, reason) = exit_code(outcome, all_stopped, &attempt_failures);
-                if code != exit::SUCCESS {
-                    report(&plan, &log_root, code, reason, &attempt_failures, &history);
-                }
-                if all_stopped {
-                    let _ = session.leave(attempt, plan.serve_store, LEAVE_WAIT).await;
-                }
-                if let Some(s) = control {
-                    s.shutdown().await;
-                }
-                return Ok(code);
+            Verdict::Fail(kind) => {
+                let (code, reason) = fail_code(kind, &all_failures, &history);
+                report(&plan, &log_root, code, reason, &history, &rounds);
+                let _ = session.leave(&round, plan.serve_store, LEAVE_WAIT).await;
+                session.bye().await;
+                break code;
             }
         }
+    };
+    if let Some(s) = control {
+        s.shutdown().await;
+    }
+    Ok(code)
+}
+
+fn record(round: &Round, end: &str, verdict: &str) -> RoundRecord {
+    RoundRecord {
+        round: round.number,
+        nnodes: round.nnodes,
+        group_rank: round.group_rank,
+        restarts: round.restarts,
+        end: end.to_string(),
+        verdict: verdict.to_string(),
     }
 }
 
-fn exit_code(outcome: Outcome, all_stopped: bool, failures: &[Failure]) -> (u8, String) {
-    match outcome {
-        Outcome::Succeeded => (exit::SUCCESS, "success".into()),
-        Outcome::Stopped(sig) => (exit::for_signal(sig), format!("trainlet received {}", sys::signal_name(sig))),
-        Outcome::Failed => match root_cause(failures) {
-            Some(f) => (exit::for_worker(f.exit()), format!("worker rank {} failed with {}", f.rank, f.exit())),
-            None if !all_stopped => (exit::PEER_LOST, "a worker failed and not every pod reported back".into()),
+/// Report our workers gone, wait for the others (or a death verdict), and
+/// gather what every pod needs to decide the same way.
+async fn stop_sync(
+    session: &mut Session,
+    round: &Round,
+    plan: &Plan,
+    failures: &[Failure],
+) -> std::result::Result<(RoundFacts, Vec<Failure>, String), rendezvous::Error> {
+    session.report_stopped(round, failures).await?;
+    let limit = plan.grace + plan.kill_timeout + STOP_SYNC_MARGIN;
+    let stopped = session.wait_stopped(round.number, limit).await?;
+    let all = if stopped.all_stopped || stopped.dead { session.failures(round).await? } else { failures.to_vec() };
+    let end = session.end_of(round.number).await?;
+    let end_text = session.end_text(round.number).await?;
+    let facts = RoundFacts {
+        end,
+        dead: stopped.dead,
+        all_stopped: stopped.all_stopped,
+        fatal: all.iter().any(|f| f.action == RuleAction::Fail),
+        unkillable: all.iter().any(|f| f.hung),
+        restarts: round.restarts,
+        max_restarts: plan.max_restarts,
+    };
+    Ok((facts, all, end_text))
+}
+
+/// The store went away: reconnect until the join deadline (the store host
+/// restarting). Err(exit code) when it does not come back or we are stopped.
+async fn reconnect(
+    session: &mut Session,
+    plan: &Plan,
+    events: &mut UnboundedReceiver<SysEvent>,
+    cancel: &CancellationToken,
+    cause: &ClientError,
+) -> std::result::Result<(), u8> {
+    tracing::error!(
+        error = %crate::store::error_chain(cause),
+        timeout_s = plan.join_timeout.as_secs_f64(),
+        "lost the rendezvous store; waiting for the store host to come back"
+    );
+    let deadline = Instant::now() + plan.join_timeout;
+    match until_stop(events, plan, session.reconnect(deadline, cancel)).await {
+        Ok(Ok(())) => {
+            tracing::info!("reconnected to the rendezvous store; rejoining");
+            Ok(())
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %crate::store::error_chain(&e), "the store host did not come back before the join deadline");
+            Err(u8::from(&Error::from(e)).max(exit::PEER_LOST))
+        }
+        Err(sig) => Err(exit::for_signal(sig)),
+    }
+}
+
+fn fail_code(kind: FailKind, last: &[Failure], history: &[Failure]) -> (u8, String) {
+    let root = root_cause(last).or_else(|| root_cause(history));
+    match kind {
+        FailKind::Policy => {
+            let f = last.iter().filter(|f| f.action == RuleAction::Fail).min_by_key(|f| (f.at_us, f.rank));
+            let what = f.map_or_else(|| "a worker".to_string(), |f| format!("worker rank {} ({})", f.rank, f.exit()));
+            (exit::FAILED_BY_POLICY, format!("{what} matched a fail rule of the failure policy"))
+        }
+        FailKind::Unkillable => {
+            let f = last.iter().find(|f| f.hung);
+            let what = f.map_or_else(|| "a worker".to_string(), |f| format!("worker rank {} on {}", f.rank, f.host));
+            (exit::WORKER_UNKILLABLE, format!("{what} hung in uninterruptible sleep or survived SIGKILL"))
+        }
+        FailKind::Budget => match root {
+            Some(f) => (
+                exit::for_worker(f.exit()),
+                format!("worker rank {} failed with {}; no restarts left", f.rank, f.exit()),
+            ),
             None => (exit::PEER_LOST, "the job failed on a pod that reported no failure".into()),
         },
-        Outcome::PeerLost => (exit::PEER_LOST, "a peer pod left or the store became unreachable".into()),
+        FailKind::Stuck => (exit::PEER_LOST, "a pod neither stopped its workers nor died within the bound".into()),
     }
 }
 
-fn report(plan: &Plan, log_root: &Path, code: u8, reason: String, last: &[Failure], history: &[Failure]) {
+fn report(plan: &Plan, log_root: &Path, code: u8, reason: String, history: &[Failure], rounds: &[RoundRecord]) {
     let report = Report {
         run_id: plan.run_id.clone(),
         script: plan.entry.script.clone(),
         node_rank: plan.node_rank,
         exit_code: code,
         reason,
-        root_cause: root_cause(last).or_else(|| root_cause(history)).cloned(),
+        root_cause: history
+            .iter()
+            .filter(|f| f.action == RuleAction::Fail)
+            .min_by_key(|f| (f.at_us, f.rank))
+            .or_else(|| root_cause(history))
+            .cloned(),
         failures: history.to_vec(),
+        rounds: rounds.to_vec(),
     };
     let path = log_root.join("failure_report.json");
     match report.write(&path) {
@@ -226,9 +430,10 @@ struct Worker {
     error_file: PathBuf,
 }
 
-/// Spawn this pod's workers for one attempt and supervise them to the end.
+/// Spawn this pod's workers for one round and supervise them to the end.
 async fn run_attempt(
     world: &WorldView<'_>,
+    round: &Round,
     dir: &Path,
     spawner: &Spawner,
     env: &Env,
@@ -236,20 +441,21 @@ async fn run_attempt(
     session: &mut Session,
 ) -> (Outcome, Vec<Failure>) {
     let plan = world.plan;
-    let attempt = world.attempt;
-    let mut core = Attempt::new(plan.nproc);
+    let mut core = Attempt::new(plan.nproc, plan.rules.clone(), plan.checkpoint_signal);
     let mut workers: HashMap<u32, Worker> = HashMap::new();
     let mut by_pid: HashMap<i32, u32> = HashMap::new();
     let drains = TaskTracker::new();
     let mut early: Vec<Event> = Vec::new();
 
     for local_rank in 0..plan.nproc {
-        let rank = plan.node_rank * plan.nproc + local_rank;
+        let rank = world.group_rank * plan.nproc + local_rank;
         let rank_dir = dir.join(local_rank.to_string());
         if let Err(e) = std::fs::create_dir_all(&rank_dir) {
             tracing::warn!(dir = %rank_dir.display(), error = %e, "cannot create the worker log directory");
         }
         let error_file = rank_dir.join("error.json");
+        // A stale error file from an earlier run must not be read as this one's.
+        let _ = std::fs::remove_file(&error_file);
         let spec = WorkerSpec {
             program: plan.entry.program.clone(),
             args: substitute(&plan.entry.args, local_rank),
@@ -294,14 +500,18 @@ async fn run_attempt(
     }
     drains.close();
 
-    let watch = session.watch_end(attempt);
+    let watch = session.watch_end(round.number);
     tokio::pin!(watch);
     let mut watching = true;
-    let mut grace: Option<Instant> = None;
-    let mut outcome = Outcome::PeerLost;
+    let mut timers: HashMap<Timer, Instant> = HashMap::new();
+    let mut outcome = Outcome::Lost;
     let mut pending: std::collections::VecDeque<Event> = early.into();
+    let mut hung_check = tokio::time::interval(HUNG_CHECK);
+    hung_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut d_since: HashMap<u32, Instant> = HashMap::new();
 
     while !core.finished() {
+        let next_timer = timers.iter().min_by_key(|(_, at)| **at).map(|(t, at)| (*t, *at));
         let event = if let Some(e) = pending.pop_front() {
             e
         } else {
@@ -315,29 +525,45 @@ async fn run_attempt(
                         }
                     },
                     Some(SysEvent::Signal(s)) if plan.stop_signals.contains(&s) => {
-                        tracing::warn!(signal = %sys::signal_name(s), "stop signal; stopping workers");
+                        tracing::warn!(signal = %sys::signal_name(s), checkpoint = plan.checkpoint_signal.map(sys::signal_name), "stop signal; stopping workers");
                         Event::StopSignal(s)
                     }
                     Some(SysEvent::Signal(s)) if s == libc::SIGUSR1 || s == libc::SIGUSR2 => Event::ForwardSignal(s),
                     Some(SysEvent::Signal(_)) => continue,
                     None => Event::StopSignal(libc::SIGTERM),
                 },
-                end = &mut watch, if watching => {
+                (end, text) = &mut watch, if watching => {
                     watching = false;
-                    if end == JobEnd::Lost {
-                        tracing::error!("lost the rendezvous store; stopping workers");
+                    match end {
+                        JobEnd::Lost => tracing::error!("lost the rendezvous store; stopping workers"),
+                        JobEnd::Success => {}
+                        _ => tracing::warn!(round = round.number, end = %text, "the round ended; stopping workers"),
                     }
                     Event::Job(end)
                 }
-                () = sleep_until_opt(grace), if grace.is_some() => {
-                    grace = None;
-                    tracing::warn!("grace period over; killing workers");
-                    Event::GraceExpired
+                () = sleep_until_opt(next_timer.map(|(_, at)| at)) => {
+                    let Some((t, _)) = next_timer else { continue };
+                    timers.remove(&t);
+                    match t {
+                        Timer::Checkpoint => tracing::warn!("checkpoint time over; sending SIGTERM"),
+                        Timer::Grace => tracing::warn!(grace_s = plan.grace.as_secs_f64(), "grace period over; killing workers"),
+                        Timer::Kill => tracing::error!(kill_timeout_s = plan.kill_timeout.as_secs_f64(), "workers survived SIGKILL; abandoning them"),
+                    }
+                    Event::Timer(t)
+                }
+                _ = hung_check.tick(), if plan.hung_timeout.is_some() => {
+                    match hung_worker(&core, &workers, &mut d_since, plan.hung_timeout) {
+                        Some(local_rank) => {
+                            tracing::error!(local_rank, "worker stuck in uninterruptible sleep (D state) past --hung-timeout");
+                            Event::Hung { local_rank, at_us: now_us() }
+                        }
+                        None => continue,
+                    }
                 }
             }
         };
         if let Event::WorkerExited { local_rank, exit, .. } = &event {
-            tracing::info!(local_rank, %exit, "worker exited");
+            tracing::info!(local_rank, %exit, action = %plan.rules.action(*exit), "worker exited");
         }
         for action in core.handle(event) {
             let published = match action {
@@ -349,13 +575,18 @@ async fn run_attempt(
                     signal_alive(&core, &workers, libc::SIGKILL);
                     Ok(())
                 }
-                Action::ArmGrace => {
-                    grace = Some(Instant::now() + plan.grace);
+                Action::Arm(t) => {
+                    let after = match t {
+                        Timer::Checkpoint => plan.checkpoint_timeout,
+                        Timer::Grace => plan.grace,
+                        Timer::Kill => plan.kill_timeout,
+                    };
+                    timers.insert(t, Instant::now() + after);
                     Ok(())
                 }
-                Action::PublishFailure => session.publish_failure(attempt).await,
-                Action::PublishAbort(sig) => session.publish_abort(attempt, sig).await,
-                Action::PublishLocalDone => session.publish_local_done(attempt).await,
+                Action::PublishFailure { fatal } => session.publish_failure(round.number, fatal).await,
+                Action::PublishAbort(sig) => session.publish_abort(round.number, sig).await,
+                Action::PublishLocalDone => session.publish_local_done(round).await,
                 Action::Finish(o) => {
                     outcome = o;
                     Ok(())
@@ -376,34 +607,69 @@ async fn run_attempt(
         tracing::warn!("worker output still open after the workers exited; no longer reading it");
     }
 
-    let failures = core
-        .failures()
-        .iter()
-        .map(|f| {
-            let w = &workers[&f.local_rank];
-            let (exit_code, signal) = match f.exit {
-                Exit::Code(c) => (Some(c), None),
-                Exit::Signal(s) => (None, Some(s)),
-            };
-            let mut rec = Failure {
-                attempt,
-                rank: w.rank,
-                local_rank: f.local_rank,
-                node_rank: plan.node_rank,
-                host: plan.host.clone(),
-                pid: w.pid,
-                exit_code,
-                signal,
-                at_us: f.at_us,
-                error_file: None,
-                message: None,
-                traceback: None,
-            };
-            rec.read_error_file(&w.error_file);
-            rec
-        })
-        .collect();
+    let record = |local_rank: u32, exit: Option<Exit>, at_us: u64, action: RuleAction, hung: bool| {
+        let w = &workers[&local_rank];
+        let (exit_code, signal) = match exit {
+            Some(Exit::Code(c)) => (Some(c), None),
+            Some(Exit::Signal(s)) => (None, Some(s)),
+            None => (None, None),
+        };
+        let mut rec = Failure {
+            attempt: u32::try_from(round.number).unwrap_or(u32::MAX),
+            rank: w.rank,
+            local_rank,
+            node_rank: world.group_rank,
+            host: plan.host.clone(),
+            pid: w.pid,
+            exit_code,
+            signal,
+            at_us,
+            error_file: None,
+            message: None,
+            traceback: None,
+            action,
+            hung,
+        };
+        rec.read_error_file(&w.error_file);
+        if hung && rec.message.is_none() {
+            rec.message = Some(if exit.is_none() {
+                "stuck in uninterruptible sleep (D state) past --hung-timeout".into()
+            } else {
+                "survived SIGKILL past --kill-timeout (uninterruptible sleep)".into()
+            });
+        }
+        rec
+    };
+    let mut failures: Vec<Failure> =
+        core.failures().iter().map(|f| record(f.local_rank, f.exit, f.at_us, f.action, f.exit.is_none())).collect();
+    for &lr in core.abandoned() {
+        failures.push(record(lr, None, now_us(), RuleAction::Fail, true));
+    }
     (outcome, failures)
+}
+
+/// The first live worker in D state for longer than `limit`.
+fn hung_worker(
+    core: &Attempt,
+    workers: &HashMap<u32, Worker>,
+    since: &mut HashMap<u32, Instant>,
+    limit: Option<Duration>,
+) -> Option<u32> {
+    let limit = limit?;
+    let now = Instant::now();
+    let mut found = None;
+    for lr in core.alive() {
+        let Some(w) = workers.get(&lr) else { continue };
+        if sys::proc_state(w.pid) == Some('D') {
+            let t = *since.entry(lr).or_insert(now);
+            if found.is_none() && now.duration_since(t) >= limit {
+                found = Some(lr);
+            }
+        } else {
+            since.remove(&lr);
+        }
+    }
+    found
 }
 
 fn signal_alive(core: &Attempt, workers: &HashMap<u32, Worker>, sig: i32) {

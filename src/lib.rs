@@ -9,7 +9,7 @@
 //! - [`cli`]: clap definitions, torchrun-compatible; no I/O.
 //! - [`config`]: CLI + env -> [`config::Plan`]; every env var name in `config::env`.
 //! - [`store`]: the TCPStore wire protocol, server and client.
-//! - [`rendezvous`]: static rendezvous of the agents over the store.
+//! - [`rendezvous`]: static and elastic rendezvous of the agents over the store, liveness.
 //! - [`supervise`]: signals/reaper thread, spawner, output, pure policy core, report.
 //! - [`launch`]: the flow of `trainlet run`.
 //! - [`exit`]: exit codes (public API) and [`Error`] -> code.
@@ -54,7 +54,8 @@ impl From<&Error> for u8 {
             Error::Rendezvous(r) => match r {
                 rendezvous::Error::Unreachable(_) | rendezvous::Error::Timeout { .. } => exit::RENDEZVOUS_TIMEOUT,
                 rendezvous::Error::Mismatch(_) | rendezvous::Error::Duplicate { .. } => exit::CONFIG,
-                rendezvous::Error::Lost { .. } | rendezvous::Error::PeerLeft { .. } => exit::PEER_LOST,
+                rendezvous::Error::Lost { .. } => exit::PEER_LOST,
+                rendezvous::Error::Stale { .. } => exit::STALE_ATTEMPT,
             },
             Error::Os(_) => exit::INTERNAL,
         }

@@ -134,6 +134,31 @@ pub fn children_of(parent: u32) -> Vec<i32> {
         .collect()
 }
 
+/// Scheduler state letter of `pid` from /proc (`R`, `S`, `D`, `Z`, ...);
+/// None when it is gone.
+pub fn proc_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 3 (state) follows the last ')' of the command name.
+    stat[stat.rfind(')')? + 1..].split_whitespace().next()?.chars().next()
+}
+
+/// Raise the soft open-file limit to the hard limit (a store host keeps a
+/// few connections per pod); returns the new soft limit.
+pub fn raise_nofile() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+                hard
+            } else {
+                soft
+            }
+        }
+        Ok((soft, _)) => soft,
+        Err(_) => 0,
+    }
+}
+
 /// Set up a worker command: own process group, empty signal mask, killed
 /// with SIGKILL if the spawning thread (and so the agent) dies.
 ///

@@ -64,6 +64,25 @@ pub const TRAINLET_PYTHON: &str = "TRAINLET_PYTHON";
 pub const PYTHON_EXEC: &str = "PYTHON_EXEC";
 /// `--join-timeout`, trainlet's name.
 pub const TRAINLET_JOIN_TIMEOUT: &str = "TRAINLET_JOIN_TIMEOUT";
+/// `--policy`.
+pub const TRAINLET_POLICY: &str = "TRAINLET_POLICY";
+/// `--checkpoint-signal`.
+pub const TRAINLET_CHECKPOINT_SIGNAL: &str = "TRAINLET_CHECKPOINT_SIGNAL";
+/// `--checkpoint-timeout`.
+pub const TRAINLET_CHECKPOINT_TIMEOUT: &str = "TRAINLET_CHECKPOINT_TIMEOUT";
+/// `--kill-timeout`.
+pub const TRAINLET_KILL_TIMEOUT: &str = "TRAINLET_KILL_TIMEOUT";
+/// `--hung-timeout`, torchrun's name.
+pub const TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: &str = "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT";
+/// `--restart-backoff`.
+pub const TRAINLET_RESTART_BACKOFF: &str = "TRAINLET_RESTART_BACKOFF";
+/// `--heartbeat-timeout`.
+pub const TRAINLET_HEARTBEAT_TIMEOUT: &str = "TRAINLET_HEARTBEAT_TIMEOUT";
+/// `--last-call-timeout`.
+pub const TRAINLET_LAST_CALL_TIMEOUT: &str = "TRAINLET_LAST_CALL_TIMEOUT";
+/// The JobSet restart attempt, from the downward API on the pod label
+/// `jobset.sigs.k8s.io/restart-attempt`; part of the store namespace.
+pub const JOBSET_RESTART_ATTEMPT: &str = "JOBSET_RESTART_ATTEMPT";
 /// GPUs visible to CUDA.
 pub const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
 /// GPUs the NVIDIA container runtime exposed.

@@ -30,6 +30,9 @@ pub enum Error {
         /// What would have been accepted.
         expected: String,
     },
+    /// The failure policy file or a rule flag is bad.
+    #[error(transparent)]
+    Policy(#[from] crate::supervise::rules::RuleError),
     /// A torchrun option or setting trainlet does not implement yet.
     #[error("{what} is not supported by trainlet yet: {hint}")]
     Unsupported {
@@ -81,8 +84,10 @@ pub struct Entrypoint {
 /// Everything a launch needs, resolved and validated.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// Number of pods (agents).
+    /// Number of pods (agents): MAX of `--nnodes MIN:MAX`.
     pub nnodes: u32,
+    /// MIN of `--nnodes MIN:MAX` (equal to `nnodes` in a static job).
+    pub min_nodes: u32,
     /// Workers per pod.
     pub nproc: u32,
     /// This pod's rank.
@@ -107,6 +112,26 @@ pub struct Plan {
     pub stop_signals: Vec<i32>,
     /// What workers run.
     pub entry: Entrypoint,
+    /// JobSet restart attempt (0 when not exposed).
+    pub jobset_attempt: u64,
+    /// Elastic last-call window.
+    pub last_call: Duration,
+    /// Heartbeat period.
+    pub heartbeat: Duration,
+    /// Silence after which a pod is dead.
+    pub heartbeat_timeout: Duration,
+    /// Base of the exponential backoff between restarts.
+    pub restart_backoff: Duration,
+    /// Sent to workers first on a planned stop.
+    pub checkpoint_signal: Option<i32>,
+    /// Time between the checkpoint signal and SIGTERM.
+    pub checkpoint_timeout: Duration,
+    /// Time between SIGKILL and abandoning a worker.
+    pub kill_timeout: Duration,
+    /// D-state time after which a worker is hung.
+    pub hung_timeout: Option<Duration>,
+    /// The failure policy.
+    pub rules: crate::supervise::rules::Rules,
     /// Log directory given by the user (files are written for every rank).
     pub log_dir: Option<PathBuf>,
     /// Streams written to files only.
@@ -126,9 +151,18 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Global world size.
+    /// Global world size of a full round.
     pub fn world_size(&self) -> u32 {
         self.nnodes * self.nproc
+    }
+
+    /// `N` or `MIN:MAX`.
+    pub fn nnodes_spec(&self) -> String {
+        if self.min_nodes == self.nnodes {
+            self.nnodes.to_string()
+        } else {
+            format!("{}:{}", self.min_nodes, self.nnodes)
+        }
     }
 
     /// The human-readable plan printed by `trainlet doctor`.

@@ -12,8 +12,19 @@ use crate::store::Endpoint;
 pub const DEFAULT_PORT: u16 = 29500;
 /// Default join deadline (torchrun's c10d `join_timeout`).
 pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(600);
-/// Default grace before SIGKILL (torchrun's shutdown timeout, k8s default grace).
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+/// Default grace before SIGKILL: with the kill timeout it fits inside
+/// Kubernetes' default terminationGracePeriodSeconds of 30 s.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(25);
+/// Default bound on waiting for workers after SIGKILL.
+pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(3);
+/// Default time workers get to checkpoint (capped below the grace period).
+pub const DEFAULT_CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Default elastic last-call window (torch's `last_call_timeout`).
+pub const DEFAULT_LAST_CALL: Duration = Duration::from_secs(30);
+/// Default heartbeat period.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
+/// Default silence after which a pod is dead.
+pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Which output streams a setting applies to, per local rank.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -151,6 +162,9 @@ fn parse_signal(origin: &str, v: &str, name: &str) -> Result<i32, Error> {
 struct RdzvConf {
     join_timeout: Option<Duration>,
     is_host: Option<bool>,
+    last_call: Option<Duration>,
+    keep_alive_interval: Option<Duration>,
+    keep_alive_max_attempt: Option<u32>,
 }
 
 fn parse_rdzv_conf(origin: &str, v: &str) -> Result<RdzvConf, Error> {
@@ -180,23 +194,34 @@ fn parse_rdzv_conf(origin: &str, v: &str) -> Result<RdzvConf, Error> {
                     _ => return Err(invalid(origin, v, "is_host=true|false")),
                 });
             }
+            "last_call_timeout" => conf.last_call = Some(secs()?),
+            "keep_alive_interval" => conf.keep_alive_interval = Some(secs()?),
+            "keep_alive_max_attempt" => {
+                conf.keep_alive_max_attempt = Some(
+                    val.parse::<u32>()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| invalid(origin, v, "keep_alive_max_attempt >= 1"))?,
+                );
+            }
+            // torch's own tuning of its CAS-based state; nothing to tune here.
+            "close_timeout" | "heartbeat_timeout" | "cas_backoff_max_seconds" => {
+                secs()?;
+            }
             "store_type" if val == "tcp" => {}
-            "last_call_timeout"
-            | "close_timeout"
-            | "heartbeat_timeout"
-            | "keep_alive_interval"
-            | "keep_alive_max_attempt"
-            | "cas_backoff_max_seconds"
-            | "store_type"
-            | "use_libuv" => {
+            "use_libuv" => {}
+            "store_type" => {
                 return Err(Error::Unsupported {
-                    what: format!("--rdzv-conf {k}"),
-                    hint: "only join_timeout, timeout, read_timeout and is_host apply to trainlet's static rendezvous"
-                        .into(),
+                    what: format!("--rdzv-conf {k}={val}"),
+                    hint: "trainlet serves its own TCP store; remove the setting".into(),
                 });
             }
             _ => {
-                return Err(invalid(origin, v, "keys among join_timeout, timeout, read_timeout, is_host"));
+                return Err(invalid(
+                    origin,
+                    v,
+                    "keys among join_timeout, timeout, read_timeout, is_host, last_call_timeout, keep_alive_interval, keep_alive_max_attempt",
+                ));
             }
         }
     }
@@ -238,15 +263,18 @@ impl Plan {
         }
         let mut prov = Vec::new();
 
-        // nnodes: N or MIN:MAX with MIN == MAX.
+        // nnodes: N or MIN:MAX.
         let l = lookup(args.nnodes.as_deref(), "--nnodes", env, &[env::PET_NNODES]);
-        let nnodes = match l.value {
-            None => 1,
+        let (min_nodes, nnodes) = match l.value {
+            None => (1, 1),
             Some(v) => {
                 let expected = "a node count N >= 1 or MIN:MAX";
                 let num = |s: &str| s.trim().parse::<u32>().ok().filter(|n| *n > 0);
                 match v.split_once(':') {
-                    None => num(v).ok_or_else(|| invalid(&l.origin(), v, expected))?,
+                    None => {
+                        let n = num(v).ok_or_else(|| invalid(&l.origin(), v, expected))?;
+                        (n, n)
+                    }
                     Some((a, b)) => {
                         let (min, max) = (
                             num(a).ok_or_else(|| invalid(&l.origin(), v, expected))?,
@@ -255,18 +283,13 @@ impl Plan {
                         if min > max {
                             return Err(invalid(&l.origin(), v, "MIN <= MAX"));
                         }
-                        if min != max {
-                            return Err(Error::Unsupported {
-                                what: format!("elastic {} {v}", l.origin()),
-                                hint: format!("give a fixed node count such as {max} (or {max}:{max})"),
-                            });
-                        }
-                        min
+                        (min, max)
                     }
                 }
             }
         };
-        prov.push(("nnodes", nnodes.to_string(), l.source.clone()));
+        let spec = if min_nodes == nnodes { nnodes.to_string() } else { format!("{min_nodes}:{nnodes}") };
+        prov.push(("nnodes", spec, l.source.clone()));
 
         // node rank, with JOB_COMPLETION_INDEX as the last fallback.
         let l = lookup(args.node_rank.as_deref(), "--node-rank", env, &[env::PET_NODE_RANK, env::JOB_COMPLETION_INDEX]);
@@ -480,7 +503,114 @@ impl Plan {
 
         let omp_default = (nproc > 1 && env.get(env::OMP_NUM_THREADS).is_none()).then(|| "1".to_string());
 
+        // Elastic rendezvous, failure policy, preemption.
+        let l = lookup(None, "--job-set-attempt", env, &[env::JOBSET_RESTART_ATTEMPT]);
+        let jobset_attempt = match l.value {
+            None => 0,
+            Some(v) => v
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| invalid(&l.origin(), v, "the JobSet restart attempt, an integer >= 0"))?,
+        };
+        prov.push(("jobset attempt", jobset_attempt.to_string(), l.source));
+        let l =
+            lookup(args.last_call_timeout.as_deref(), "--last-call-timeout", env, &[env::TRAINLET_LAST_CALL_TIMEOUT]);
+        let last_call = match (l.value, conf.last_call) {
+            (None, Some(t)) => t,
+            _ => parse_secs(&l, DEFAULT_LAST_CALL)?,
+        };
+        if min_nodes != nnodes {
+            prov.push(("last call", format!("{last_call:?}"), l.source));
+        }
+        let heartbeat = conf.keep_alive_interval.unwrap_or(DEFAULT_HEARTBEAT);
+        let l =
+            lookup(args.heartbeat_timeout.as_deref(), "--heartbeat-timeout", env, &[env::TRAINLET_HEARTBEAT_TIMEOUT]);
+        let heartbeat_timeout = match (l.value, conf.keep_alive_interval, conf.keep_alive_max_attempt) {
+            (None, Some(i), Some(n)) => i * n,
+            (None, None, Some(n)) => DEFAULT_HEARTBEAT * n,
+            _ => parse_secs(&l, DEFAULT_HEARTBEAT_TIMEOUT)?,
+        };
+        if heartbeat_timeout < heartbeat * 2 {
+            return Err(invalid(
+                &l.origin(),
+                l.value.unwrap_or("(from --rdzv-conf)"),
+                &format!("a heartbeat timeout of at least two heartbeat periods ({:?})", heartbeat * 2),
+            ));
+        }
+        // A period well below the timeout, so one late heartbeat is not a death.
+        let heartbeat = heartbeat.min(heartbeat_timeout / 4).max(Duration::from_millis(100));
+        prov.push(("heartbeat timeout", format!("{heartbeat_timeout:?} (every {heartbeat:?})"), l.source));
+        let l = lookup(args.restart_backoff.as_deref(), "--restart-backoff", env, &[env::TRAINLET_RESTART_BACKOFF]);
+        let restart_backoff = parse_secs(&l, Duration::ZERO)?;
+        let l = lookup(args.kill_timeout.as_deref(), "--kill-timeout", env, &[env::TRAINLET_KILL_TIMEOUT]);
+        let kill_timeout = parse_secs(&l, DEFAULT_KILL_TIMEOUT)?;
+        let l = lookup(
+            args.hung_timeout.as_deref(),
+            "--hung-timeout",
+            env,
+            &[env::TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT],
+        );
+        let hung_timeout = match l.value {
+            None => None,
+            Some(_) => Some(parse_secs(&l, Duration::ZERO)?).filter(|d| !d.is_zero()),
+        };
+        let l =
+            lookup(args.checkpoint_signal.as_deref(), "--checkpoint-signal", env, &[env::TRAINLET_CHECKPOINT_SIGNAL]);
+        let checkpoint_signal = match l.value {
+            None => None,
+            Some(v) => Some(
+                crate::supervise::rules::parse_signal_name(v)
+                    .ok_or_else(|| invalid(&l.origin(), v, "a signal name such as SIGUSR1"))?,
+            ),
+        };
+        let lt = lookup(
+            args.checkpoint_timeout.as_deref(),
+            "--checkpoint-timeout",
+            env,
+            &[env::TRAINLET_CHECKPOINT_TIMEOUT],
+        );
+        let checkpoint_timeout = match lt.value {
+            None => DEFAULT_CHECKPOINT_TIMEOUT.min(grace / 2),
+            Some(_) => parse_secs(&lt, DEFAULT_CHECKPOINT_TIMEOUT)?,
+        };
+        if checkpoint_signal.is_some() && checkpoint_timeout >= grace {
+            return Err(Error::Usage(format!(
+                "the checkpoint timeout ({checkpoint_timeout:?}) must be shorter than the grace period \
+                 (--shutdown-timeout, {grace:?}): SIGTERM and SIGKILL both come within the grace period"
+            )));
+        }
+        if let Some(sig) = checkpoint_signal {
+            prov.push((
+                "checkpoint",
+                format!("{} then {checkpoint_timeout:?}", crate::sys::signal_name(sig)),
+                l.source,
+            ));
+        }
+        let l = lookup(args.policy.as_ref().and_then(|p| p.to_str()), "--policy", env, &[env::TRAINLET_POLICY]);
+        let file_rules = match l.value {
+            None => Vec::new(),
+            Some(path) => crate::supervise::rules::Rules::load(std::path::Path::new(path))?,
+        };
+        let flag_rules = args
+            .on_exit
+            .iter()
+            .map(|r| crate::supervise::rules::Rules::parse_flag(r))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rules = crate::supervise::rules::Rules::new(flag_rules, file_rules);
+        prov.push(("failure policy", rules.describe(), l.source));
+
         Ok(Plan {
+            min_nodes,
+            jobset_attempt,
+            last_call,
+            heartbeat,
+            heartbeat_timeout,
+            restart_backoff,
+            checkpoint_signal,
+            checkpoint_timeout,
+            kill_timeout,
+            hung_timeout,
+            rules,
             nnodes,
             nproc,
             node_rank,
@@ -567,7 +697,7 @@ mod tests {
 
     #[test_case(&["--nnodes", "x", "t.py"], &[], "--nnodes value \"x\""; "nnodes not a number")]
     #[test_case(&["t.py"], &[("PET_NNODES", "zero")], "PET_NNODES value \"zero\""; "nnodes env")]
-    #[test_case(&["--nnodes", "1:2", "t.py"], &[], "elastic --nnodes 1:2 is not supported"; "elastic")]
+    #[test_case(&["--nnodes", "1:x", "t.py"], &[], "--nnodes value \"1:x\""; "elastic max not a number")]
     #[test_case(&["--nnodes", "3:2", "t.py"], &[], "MIN <= MAX"; "min above max")]
     #[test_case(&["t.py"], &[("PET_NNODES", "2"), ("PET_NODE_RANK", "2")], "PET_NODE_RANK value \"2\": expected a node rank below nnodes (2)"; "rank too big")]
     #[test_case(&["--node-rank", "-1", "t.py"], &[], "--node-rank value \"-1\""; "negative rank")]
@@ -579,7 +709,15 @@ mod tests {
     #[test_case(&["--nproc-per-node", "gpu", "t.py"], &[("CUDA_VISIBLE_DEVICES", "")], "no GPU is visible"; "gpu without gpus")]
     #[test_case(&["--rdzv-backend", "etcd", "t.py"], &[], "--rdzv-backend etcd is not supported"; "etcd")]
     #[test_case(&["--rdzv-conf", "join_timeout=", "t.py"], &[], "a value for join_timeout"; "empty conf value")]
-    #[test_case(&["--rdzv-conf", "last_call_timeout=3", "t.py"], &[], "--rdzv-conf last_call_timeout is not supported"; "elastic conf")]
+    #[test_case(&["--rdzv-conf", "store_type=file", "t.py"], &[], "--rdzv-conf store_type=file is not supported"; "store type")]
+    #[test_case(&["--rdzv-conf", "keep_alive_max_attempt=0", "t.py"], &[], "keep_alive_max_attempt >= 1"; "keep alive attempts")]
+    #[test_case(&["--heartbeat-timeout", "0.5", "t.py"], &[], "at least two heartbeat periods"; "heartbeat too short")]
+    #[test_case(&["--checkpoint-signal", "SIGBOGUS", "t.py"], &[], "--checkpoint-signal value \"SIGBOGUS\""; "checkpoint signal")]
+    #[test_case(&["--checkpoint-signal", "USR1", "--checkpoint-timeout", "40", "t.py"], &[], "must be shorter than the grace period"; "checkpoint beyond grace")]
+    #[test_case(&["--on-exit", "3=explode", "t.py"], &[], "invalid failure rule \"3=explode\""; "bad rule flag")]
+    #[test_case(&["--policy", "/nonexistent/p.toml", "t.py"], &[], "cannot read the failure policy file /nonexistent/p.toml"; "missing policy")]
+    #[test_case(&["t.py"], &[("JOBSET_RESTART_ATTEMPT", "x")], "JOBSET_RESTART_ATTEMPT value \"x\""; "jobset attempt")]
+    #[test_case(&["--kill-timeout", "-1", "t.py"], &[], "--kill-timeout value \"-1\""; "kill timeout")]
     #[test_case(&["--max-restarts", "-2", "t.py"], &[], "--max-restarts value \"-2\""; "restarts")]
     #[test_case(&["--numa-binding", "node", "t.py"], &[], "--numa-binding is not supported"; "numa")]
     #[test_case(&["--no-python", "-m", "t.py"], &[], "cannot be combined"; "no python with module")]
@@ -592,6 +730,52 @@ mod tests {
         full.extend_from_slice(a);
         let msg = err(&full, env);
         assert!(msg.contains(want), "{msg:?} should contain {want:?}");
+    }
+
+    #[test]
+    fn elastic_and_failure_settings_are_read() {
+        let p = plan(
+            &[
+                "--nnodes",
+                "2:4",
+                "--rdzv-conf",
+                "last_call_timeout=2,keep_alive_interval=0.5,keep_alive_max_attempt=4",
+                "--on-exit",
+                "3=fail",
+                "--checkpoint-signal",
+                "SIGUSR1",
+                "--shutdown-timeout",
+                "10",
+                "t.py",
+            ],
+            &[
+                ("JOBSET_RESTART_ATTEMPT", "3"),
+                ("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT", "60"),
+                ("TRAINLET_RESTART_BACKOFF", "2"),
+            ],
+        )
+        .expect("plan");
+        assert_eq!((p.min_nodes, p.nnodes, p.nnodes_spec()), (2, 4, "2:4".to_string()));
+        assert_eq!(
+            (p.last_call, p.heartbeat, p.heartbeat_timeout),
+            (Duration::from_secs(2), Duration::from_millis(500), Duration::from_secs(2))
+        );
+        assert_eq!(p.jobset_attempt, 3);
+        assert_eq!(p.hung_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(p.restart_backoff, Duration::from_secs(2));
+        assert_eq!(p.checkpoint_signal, Some(libc::SIGUSR1));
+        assert_eq!(p.checkpoint_timeout, Duration::from_secs(5), "capped at half the grace period");
+        assert_eq!(p.rules.action(crate::sys::Exit::Code(3)), crate::supervise::rules::RuleAction::Fail);
+        let d = p.describe();
+        assert!(d.contains("2:4") && d.contains("3=fail") && d.contains("SIGUSR1"), "{d}");
+    }
+
+    #[test]
+    fn defaults_fit_the_kubernetes_grace_period() {
+        let p = plan(&["t.py"], &[]).expect("plan");
+        assert!(p.grace + p.kill_timeout < Duration::from_secs(30));
+        assert_eq!(p.checkpoint_signal, None);
+        assert_eq!(p.hung_timeout, None);
     }
 
     #[test]

@@ -1,21 +1,45 @@
-//! Static rendezvous between trainlet agents, over the agents' store.
+//! Rendezvous of trainlet agents over the agents' store: rounds, ranks,
+//! heartbeats, and how every round ends.
 //!
-//! All keys live under `trainlet/<run_id>/` (torch's clients prefix their
-//! keys with `/`, so they never collide). Per job:
+//! Static (`--nnodes N`) and elastic (`--nnodes MIN:MAX`) jobs run the same
+//! protocol; static is MIN = MAX with node ranks taken from each pod's env.
+//! A round closes at once when MAX pods joined, or at the end of a last-call
+//! window that opens when MIN pods are in. Pods beyond MAX wait as spares;
+//! a pod that arrives while a smaller round runs asks it to regroup
+//! (torchrun's `num_nodes_waiting`). Liveness is one heartbeat key per agent
+//! (O(pods) traffic), judged by the store host's clock ([`host`]).
+//!
+//! Keys, under `trainlet/<run_id>/j<jobset restart attempt>/` (torch's
+//! clients prefix their keys with `/`, so they never collide):
 //!
 //! | key | written by | meaning |
 //! |---|---|---|
-//! | `claim/<node>` | each agent, COMPARE_SET once | who holds a node rank (duplicates are refused) |
-//! | `a<N>/info/<node>` | each agent | nnodes, nproc, restart budget, host, pid |
-//! | `a<N>/port` | the store host | port of attempt N's fresh worker store |
-//! | `a<N>/end` | first writer wins (COMPARE_SET) | `success`, `failure` or `abort:<node>:<signal>` |
-//! | `a<N>/done` | ADD per pod whose workers all exited 0 | the pod reaching nnodes writes `end=success` |
-//! | `a<N>/failures/<node>` | each agent after stopping | JSON list of its failures |
-//! | `a<N>/stopped`, `a<N>/all_stopped` | ADD per pod, then the last one | every pod's workers are gone |
-//! | `a<N>/left`, `a<N>/all_left` | ADD per pod on exit, then the last one | the store host may close the store |
+//! | `../attempt` | every agent, raised to the max | the newest JobSet restart attempt seen |
+//! | `round` | raised to the max | the open (or running) round R |
+//! | `restarts` | raised to the max | restarts used, job-wide |
+//! | `hb/<uid>` | each agent, every interval | heartbeat counter, `bye` on exit |
+//! | `rR/join` | ADD per pod | arrival slots |
+//! | `rR/m/<slot>` | each pod | its [`Member`] record |
+//! | `rR/quorum` | the pod that made MIN | the last call has started |
+//! | `rR/closed` | first COMPARE_SET wins | `N:<slot>`: the first N slots are members, slot assigns ranks |
+//! | `rR/rank/<slot>`, `rR/members` | the assigning pod | each slot's [`Assignment`]; members by group rank |
+//! | `rR/port` | the store host | the round's fresh worker store |
+//! | `rR/end` | first COMPARE_SET wins | `success`, `failure`, `fatal`, `waiting:<uid>`, `abort:<uid>:<sig>`, `dead:<uid>` |
+//! | `rR/done`, `rR/stopped`, `rR/all_stopped` | ADD per pod, then the last | workers done / gone everywhere |
+//! | `rR/failures/<group rank>` | each pod | JSON list of its failures |
+//! | `rR/dead` | the store host | uids that stopped heartbeating |
+//! | `rR/verdict` | first COMPARE_SET wins | what every pod does next (`policy::Verdict`) |
+//! | `rR/next` | whoever moves the job on | the next round number |
+//! | `rR/left`, `rR/all_left` | ADD per pod, then the last | the store host may close the store |
 //!
-//! Every wait is bounded. Attempts never share keys or worker stores, so no
-//! worker of attempt N+1 can read attempt N's data.
+//! Every wait is bounded by the join deadline or the heartbeat timeout,
+//! except a spare's wait for room (it waits while the job runs). Rounds
+//! never share keys or worker stores. Everything job-wide (`round`,
+//! `restarts`, `attempt`) is raised to the maximum any agent knows when it
+//! joins, so a store host that restarts with an empty store is rebuilt by
+//! the agents that reconnect.
+
+pub mod host;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -25,7 +49,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{Client, ClientError, Endpoint, connect_with_retry};
-use crate::supervise::policy::JobEnd;
+use crate::supervise::policy::{JobEnd, Verdict};
 use crate::supervise::report::Failure;
 
 /// Errors of the rendezvous.
@@ -34,7 +58,7 @@ pub enum Error {
     /// Could not reach the store before the deadline.
     #[error("rendezvous store not reachable")]
     Unreachable(#[source] ClientError),
-    /// The store connection broke during the job.
+    /// The store connection broke.
     #[error("lost the connection to the rendezvous store at {endpoint}")]
     Lost {
         /// The store.
@@ -43,31 +67,21 @@ pub enum Error {
         #[source]
         source: ClientError,
     },
-    /// Some pods never joined.
-    #[error("timed out after {waited:?} waiting for node ranks {missing:?} to join attempt {attempt} at {endpoint}")]
+    /// Not enough pods joined before the deadline.
+    #[error("timed out after {waited:?} in round {round} at {endpoint}: {detail}")]
     Timeout {
         /// How long we waited.
         waited: Duration,
-        /// Node ranks that did not show up.
-        missing: Vec<u32>,
-        /// Restart attempt.
-        attempt: u32,
+        /// The round.
+        round: u64,
+        /// Who or what is missing.
+        detail: String,
         /// The store.
         endpoint: Endpoint,
     },
-    /// Pods disagree on the world.
+    /// Pods disagree on the job.
     #[error("pods disagree on the job: {0}")]
     Mismatch(String),
-    /// Another pod left (stopped by a signal) while the pods were meeting.
-    #[error("node rank {node_rank} left the rendezvous of attempt {attempt} (stopped by {signal})")]
-    PeerLeft {
-        /// Who left.
-        node_rank: String,
-        /// The signal that stopped it.
-        signal: String,
-        /// Restart attempt.
-        attempt: u32,
-    },
     /// Two pods claim the same node rank.
     #[error("node rank {node_rank} is already held by {holder}; each pod needs its own node rank")]
     Duplicate {
@@ -76,53 +90,169 @@ pub enum Error {
         /// Who holds it.
         holder: String,
     },
+    /// This pod belongs to an older JobSet restart attempt than the job.
+    #[error(
+        "this pod belongs to JobSet restart attempt {ours}, but the job is at attempt {current}; \
+         a pod of a previous attempt must not join (it is being replaced)"
+    )]
+    Stale {
+        /// This pod's attempt.
+        ours: u64,
+        /// The job's newest attempt.
+        current: u64,
+    },
 }
 
-/// What an agent announces about itself.
+/// What an agent announces about itself when it joins a round.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeInfo {
-    /// Its node rank.
-    pub node_rank: u32,
-    /// Node count it was configured with.
-    pub nnodes: u32,
-    /// Workers per node it was configured with.
-    pub nproc: u32,
-    /// Restart budget it was configured with.
-    pub max_restarts: u32,
+pub struct Member {
+    /// Unique per agent incarnation: `host#pid#nonce`.
+    pub uid: String,
     /// Host name or --local-addr.
     pub host: String,
     /// Agent pid.
     pub pid: u32,
+    /// Node rank from the env: the rank in static jobs, an ordering hint in elastic ones.
+    pub node_rank: u32,
+    /// Workers per node.
+    pub nproc: u32,
+    /// MIN of --nnodes.
+    pub min_nodes: u32,
+    /// MAX of --nnodes.
+    pub max_nodes: u32,
+    /// Restart budget.
+    pub max_restarts: u32,
 }
 
-impl NodeInfo {
+impl Member {
     fn who(&self) -> String {
         format!("node rank {} ({} pid {})", self.node_rank, self.host, self.pid)
     }
+
+    fn elastic(&self) -> bool {
+        self.min_nodes != self.max_nodes
+    }
 }
 
-/// Compare every pod's announcement with ours; name each that differs.
-pub fn check_world(me: &NodeInfo, all: &[NodeInfo]) -> Result<(), Error> {
+/// One slot's place in a formed round.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// Group (node) rank in this round.
+    pub group_rank: u32,
+    /// Pods in this round.
+    pub nnodes: u32,
+    /// Why the round cannot run (pods disagree); every member exits.
+    pub error: Option<String>,
+}
+
+/// Assign group ranks to the members of a round, given in slot order:
+/// static jobs use each pod's node rank; elastic jobs order pods by
+/// (node rank hint, host, pid, slot), so ranks are deterministic.
+pub fn assign(members: &[Member]) -> Result<Vec<u32>, String> {
+    let Some(first) = members.first() else { return Err("no members".into()) };
     let mut diffs = Vec::new();
-    for (i, other) in all.iter().enumerate() {
+    for m in members {
         let mut d = Vec::new();
-        if u32::try_from(i).ok() != Some(other.node_rank) {
-            d.push(format!("announced node rank {} in slot {i}", other.node_rank));
-        }
         for (what, theirs, ours) in [
-            ("nnodes", other.nnodes, me.nnodes),
-            ("nproc-per-node", other.nproc, me.nproc),
-            ("max-restarts", other.max_restarts, me.max_restarts),
+            ("nnodes", format!("{}:{}", m.min_nodes, m.max_nodes), format!("{}:{}", first.min_nodes, first.max_nodes)),
+            ("nproc-per-node", m.nproc.to_string(), first.nproc.to_string()),
+            ("max-restarts", m.max_restarts.to_string(), first.max_restarts.to_string()),
         ] {
             if theirs != ours {
-                d.push(format!("{what} {theirs} vs {ours} on {}", me.who()));
+                d.push(format!("{what} {theirs} vs {ours} on {}", first.who()));
             }
         }
         if !d.is_empty() {
-            diffs.push(format!("{}: {}", other.who(), d.join(", ")));
+            diffs.push(format!("{}: {}", m.who(), d.join(", ")));
         }
     }
-    if diffs.is_empty() { Ok(()) } else { Err(Error::Mismatch(diffs.join("; "))) }
+    if !diffs.is_empty() {
+        return Err(diffs.join("; "));
+    }
+    if first.elastic() {
+        let mut order: Vec<usize> = (0..members.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (x, y) = (&members[a], &members[b]);
+            (x.node_rank, &x.host, x.pid, a).cmp(&(y.node_rank, &y.host, y.pid, b))
+        });
+        let mut ranks = vec![0; members.len()];
+        for (rank, slot) in order.into_iter().enumerate() {
+            ranks[slot] = u32::try_from(rank).unwrap_or(u32::MAX);
+        }
+        return Ok(ranks);
+    }
+    let mut seen: std::collections::HashMap<u32, &Member> = std::collections::HashMap::new();
+    for m in members {
+        if m.node_rank >= m.max_nodes {
+            return Err(format!("{} is outside 0..{}", m.who(), m.max_nodes));
+        }
+        if let Some(other) = seen.insert(m.node_rank, m) {
+            return Err(format!("{} and {} claim the same node rank", other.who(), m.who()));
+        }
+    }
+    Ok(members.iter().map(|m| m.node_rank).collect())
+}
+
+/// Rendezvous timing.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Last-call window once MIN pods are in (elastic).
+    pub last_call: Duration,
+    /// Heartbeat period.
+    pub heartbeat: Duration,
+    /// A member silent this long is dead.
+    pub heartbeat_timeout: Duration,
+}
+
+/// What an agent carries from round to round, so that a restarted store
+/// host (empty store) is rebuilt with the job's state.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Known {
+    /// The last round this agent was in.
+    pub round: Option<u64>,
+    /// Job-wide restarts used.
+    pub restarts: u32,
+}
+
+/// A formed round, from this pod's point of view.
+#[derive(Debug, Clone)]
+pub struct Round {
+    /// Round number.
+    pub number: u64,
+    /// Our slot in it.
+    pub slot: u32,
+    /// Our group rank.
+    pub group_rank: u32,
+    /// Pods in the round.
+    pub nnodes: u32,
+    /// Port of the round's worker store (on the store host).
+    pub worker_port: u16,
+    /// Job-wide restarts used before this round.
+    pub restarts: u32,
+}
+
+/// The result of [`Session::next_round`].
+#[derive(Debug)]
+pub enum Joined {
+    /// We are a member of this round.
+    Round(Round),
+    /// We waited as a spare and the job ended without us (success or failure).
+    JobEnded(Verdict),
+}
+
+enum Try {
+    Formed(Round),
+    Moved(u64),
+    Ended(Verdict),
+}
+
+/// What the pods found out while stopping a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped {
+    /// Every member reported stopped.
+    pub all_stopped: bool,
+    /// The store host declared a member dead.
+    pub dead: bool,
 }
 
 /// One agent's connection to the rendezvous.
@@ -132,148 +262,409 @@ pub struct Session {
     addr: SocketAddr,
     client: Client,
     base: String,
-    me: NodeInfo,
+    me: Member,
+    timing: Timing,
+    jobset_attempt: u64,
+    run_id: String,
+    heartbeat: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.heartbeat.abort();
+    }
+}
+
+fn parse_u64(v: &[u8]) -> Option<u64> {
+    std::str::from_utf8(v).ok()?.trim().parse().ok()
+}
+
+/// A process-unique suffix for agent uids.
+fn nonce() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    format!("{:08x}", h.finish() & 0xffff_ffff)
 }
 
 impl Session {
-    /// Connect (retrying until `deadline`) and claim our node rank.
-    pub async fn join(
+    /// Connect (retrying until `deadline`), check the JobSet attempt and
+    /// start heartbeating. `me.uid` is filled in here.
+    pub async fn connect(
         endpoint: &Endpoint,
         run_id: &str,
-        me: NodeInfo,
+        jobset_attempt: u64,
+        mut me: Member,
+        timing: Timing,
         deadline: Instant,
         cancel: &CancellationToken,
     ) -> Result<Self, Error> {
+        me.uid = format!("{}#{}#{}", me.host, me.pid, nonce());
         let client = connect_with_retry(endpoint, deadline, cancel).await.map_err(Error::Unreachable)?;
-        let addr = client_addr(&client)?;
-        let mut s = Self { endpoint: endpoint.clone(), addr, client, base: format!("trainlet/{run_id}"), me };
-        let token = serde_json::to_vec(&s.me).unwrap_or_default();
-        let key = format!("{}/claim/{}", s.base, s.me.node_rank);
-        let held = s.client.compare_set(&key, b"", &token).await.map_err(|e| s.lost(e))?;
-        if held != token {
-            let holder = serde_json::from_slice::<NodeInfo>(&held).map_or_else(|_| "another pod".into(), |o| o.who());
-            return Err(Error::Duplicate { node_rank: s.me.node_rank, holder });
-        }
+        let addr = client.peer_addr().map_err(|e| Error::Unreachable(ClientError::Io(e)))?;
+        let base = format!("trainlet/{run_id}/j{jobset_attempt}");
+        let heartbeat = tokio::spawn(heartbeat(
+            endpoint.clone(),
+            format!("{base}/hb/{}", me.uid),
+            timing.heartbeat,
+            cancel.clone(),
+        ));
+        let mut s = Self {
+            endpoint: endpoint.clone(),
+            addr,
+            client,
+            base,
+            me,
+            timing,
+            jobset_attempt,
+            run_id: run_id.to_string(),
+            heartbeat,
+        };
+        s.check_attempt().await?;
         Ok(s)
+    }
+
+    /// Reconnect after losing the store (its host restarted), until `deadline`.
+    pub async fn reconnect(&mut self, deadline: Instant, cancel: &CancellationToken) -> Result<(), Error> {
+        self.client = connect_with_retry(&self.endpoint, deadline, cancel).await.map_err(Error::Unreachable)?;
+        self.addr = self.client.peer_addr().map_err(|e| Error::Unreachable(ClientError::Io(e)))?;
+        self.check_attempt().await
+    }
+
+    async fn check_attempt(&mut self) -> Result<(), Error> {
+        let key = format!("trainlet/{}/attempt", self.run_id);
+        let current = self.raise(&key, self.jobset_attempt).await?;
+        if current > self.jobset_attempt {
+            return Err(Error::Stale { ours: self.jobset_attempt, current });
+        }
+        Ok(())
+    }
+
+    /// Our record.
+    pub fn me(&self) -> &Member {
+        &self.me
+    }
+
+    /// The store's address as resolved.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     fn lost(&self, source: ClientError) -> Error {
         Error::Lost { endpoint: self.endpoint.clone(), source }
     }
 
-    fn key(&self, attempt: u32, rest: &str) -> String {
-        format!("{}/a{attempt}/{rest}", self.base)
+    fn key(&self, rest: &str) -> String {
+        format!("{}/{rest}", self.base)
     }
 
-    /// Announce ourselves for `attempt` and wait until every pod has, then
-    /// check that all agree. The store host passes its worker store port;
-    /// everyone gets it back.
-    pub async fn attempt(&mut self, attempt: u32, worker_port: Option<u16>, deadline: Instant) -> Result<u16, Error> {
-        let info = serde_json::to_vec(&self.me).unwrap_or_default();
-        let me_key = self.key(attempt, &format!("info/{}", self.me.node_rank));
-        self.client.set(&me_key, &info).await.map_err(|e| self.lost(e))?;
-        let port_key = self.key(attempt, "port");
-        if let Some(p) = worker_port {
-            self.client.set(&port_key, p.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
-        }
-        let info_keys: Vec<String> = (0..self.me.nnodes).map(|n| self.key(attempt, &format!("info/{n}"))).collect();
-        let mut wait_keys = info_keys.clone();
-        wait_keys.push(port_key.clone());
-        self.wait_bounded(&wait_keys, deadline, attempt).await?;
-        let values = self.client.multi_get(&info_keys).await.map_err(|e| self.lost(e))?;
-        let all: Vec<NodeInfo> = values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                serde_json::from_slice(v)
-                    .map_err(|_| Error::Mismatch(format!("node rank {i} announced unreadable data")))
-            })
-            .collect::<Result<_, _>>()?;
-        check_world(&self.me, &all)?;
-        let port = self.client.get(&port_key).await.map_err(|e| self.lost(e))?;
-        std::str::from_utf8(&port)
-            .ok()
-            .and_then(|p| p.parse().ok())
-            .ok_or_else(|| Error::Mismatch("the store host published an unreadable worker port".into()))
+    fn rkey(&self, round: u64, rest: &str) -> String {
+        format!("{}/r{round}/{rest}", self.base)
+    }
+
+    /// Raise a decimal key to at least `to`; returns the value it holds.
+    async fn raise(&mut self, key: &str, to: u64) -> Result<u64, Error> {
+        raise(&mut self.client, key, to).await.map_err(|e| self.lost(e))
+    }
+
+    /// Move the job from round `from` to round `to` (first mover wins).
+    async fn advance(&mut self, from: u64, to: u64) -> Result<(), Error> {
+        let now = self.raise(&self.key("round"), to).await?;
+        let next = self.rkey(from, "next");
+        self.client.compare_set(&next, b"", now.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
+        Ok(())
     }
 
     /// WAIT for `keys` on a second connection, so that running out of
     /// `limit` leaves this one usable; Ok(false) on timeout.
     async fn wait_for(&self, keys: &[String], limit: Duration) -> Result<bool, Error> {
-        let mut waiter = Client::connect(self.addr).await.map_err(|e| self.lost(e))?;
-        match tokio::time::timeout(limit, waiter.wait(keys)).await {
-            Ok(r) => r.map(|()| true).map_err(|e| self.lost(e)),
-            Err(_) => Ok(false),
+        wait_on(self.addr, keys, limit).await.map_err(|e| self.lost(e))
+    }
+
+    async fn get(&mut self, key: &str) -> Result<Vec<u8>, Error> {
+        self.client.get(key).await.map_err(|e| self.lost(e))
+    }
+
+    /// Join the next round (after `known.round`) and wait until it forms.
+    pub async fn next_round(&mut self, known: &mut Known, deadline: Instant) -> Result<Joined, Error> {
+        known.restarts =
+            u32::try_from(self.raise(&self.key("restarts"), u64::from(known.restarts)).await?).unwrap_or(u32::MAX);
+        let mut want = known.round.map_or(0, |r| r + 1);
+        let started = Instant::now();
+        loop {
+            let current = self.raise(&self.key("round"), 0).await?;
+            if current < want {
+                self.advance(current, want).await?;
+                continue;
+            }
+            match self.try_round(current, deadline, started).await? {
+                Try::Formed(mut round) => {
+                    known.round = Some(round.number);
+                    round.restarts = known.restarts;
+                    return Ok(Joined::Round(round));
+                }
+                Try::Moved(to) => want = to.max(current + 1),
+                Try::Ended(v) => return Ok(Joined::JobEnded(v)),
+            }
         }
     }
 
-    /// WAIT on a second connection so that a timeout leaves this one usable;
-    /// on timeout, name the node ranks whose info is missing.
-    async fn wait_bounded(&mut self, keys: &[String], deadline: Instant, attempt: u32) -> Result<(), Error> {
-        let started = Instant::now();
-        // A pod stopped while we meet publishes `end`; watch it too, so that
-        // nobody waits out the join deadline for a pod that is gone.
-        let end = self.key(attempt, "end");
-        let limit = deadline.saturating_duration_since(started);
-        let joined = tokio::select! {
-            joined = self.wait_for(keys, limit) => joined?,
-            left = self.wait_for(std::slice::from_ref(&end), limit) => {
-                if left? {
-                    let v = self.client.get(&end).await.map_err(|e| self.lost(e))?;
-                    let v = String::from_utf8_lossy(&v);
-                    let mut parts = v.strip_prefix("abort:").unwrap_or(&v).splitn(2, ':');
-                    let node_rank = parts.next().unwrap_or("?").to_string();
-                    let signal = parts.next().and_then(|s| s.parse().ok()).map_or_else(|| "a signal".into(), crate::sys::signal_name);
-                    return Err(Error::PeerLeft { node_rank, signal, attempt });
+    async fn try_round(&mut self, r: u64, deadline: Instant, started: Instant) -> Result<Try, Error> {
+        let (min, max) = (u64::from(self.me.min_nodes), u64::from(self.me.max_nodes));
+        let n = self.client.add(&self.rkey(r, "join"), 1).await.map_err(|e| self.lost(e))?;
+        let slot = u64::try_from(n - 1).unwrap_or(0);
+        let record = serde_json::to_vec(&self.me).unwrap_or_default();
+        self.client.set(&self.rkey(r, &format!("m/{slot}")), &record).await.map_err(|e| self.lost(e))?;
+        let closed = self.rkey(r, "closed");
+        let n = u64::try_from(n).unwrap_or(0);
+        if n == max {
+            self.client
+                .compare_set(&closed, b"", format!("{max}:{slot}").as_bytes())
+                .await
+                .map_err(|e| self.lost(e))?;
+        } else if n == min && min < max {
+            self.client.set(&self.rkey(r, "quorum"), b"1").await.map_err(|e| self.lost(e))?;
+        }
+        tracing::debug!(round = r, slot, "joined round");
+
+        // Wait for the round to close, our last call to end, or the job to move on.
+        let next = self.rkey(r, "next");
+        let quorum = self.rkey(r, "quorum");
+        let mut last_call: Option<Instant> = None;
+        loop {
+            let limit = deadline.saturating_duration_since(Instant::now());
+            let elastic = min < max;
+            tokio::select! {
+                ok = self.wait_for(std::slice::from_ref(&closed), limit) => {
+                    if ok? { break }
+                    return Err(self.timeout(r, started).await);
                 }
-                false
+                ok = self.wait_for(std::slice::from_ref(&next), limit) => {
+                    if ok? {
+                        let to = parse_u64(&self.get(&next).await?).unwrap_or(r + 1);
+                        tracing::info!(round = r, next = to, "the job moved on before this round formed; following");
+                        return Ok(Try::Moved(to));
+                    }
+                    return Err(self.timeout(r, started).await);
+                }
+                ok = self.wait_for(std::slice::from_ref(&quorum), limit), if elastic && last_call.is_none() => {
+                    if !ok? {
+                        return Err(self.timeout(r, started).await);
+                    }
+                    tracing::info!(round = r, min, last_call_s = self.timing.last_call.as_secs_f64(), "enough pods for a round; last call");
+                    last_call = Some(Instant::now() + self.timing.last_call);
+                }
+                () = sleep_until_opt(last_call) => {
+                    let count = u64::try_from(self.client.add(&self.rkey(r, "join"), 0).await.map_err(|e| self.lost(e))?).unwrap_or(0);
+                    let v = format!("{}:{slot}", count.min(max));
+                    self.client.compare_set(&closed, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
+                    break;
+                }
             }
-        };
-        if joined {
+        }
+        let v = self.get(&closed).await?;
+        let v = String::from_utf8_lossy(&v).to_string();
+        let (size, closer) = v
+            .split_once(':')
+            .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+            .unwrap_or((0, u64::MAX));
+        if slot >= size {
+            return self.spare(r, size).await;
+        }
+        if closer == slot {
+            self.assign_round(r, size).await?;
+        }
+        let rank_key = self.rkey(r, &format!("rank/{slot}"));
+        let bound = self.timing.heartbeat_timeout + Duration::from_secs(2);
+        if !self.wait_for(std::slice::from_ref(&rank_key), bound).await? {
+            tracing::warn!(round = r, "the pod that closed the round never assigned ranks; starting a new round");
+            self.advance(r, r + 1).await?;
+            return Ok(Try::Moved(r + 1));
+        }
+        let a: Assignment = serde_json::from_slice(&self.get(&rank_key).await?)
+            .map_err(|_| Error::Mismatch(format!("unreadable rank assignment in round {r}")))?;
+        if let Some(e) = a.error {
+            return Err(Error::Mismatch(e));
+        }
+        let port_key = self.rkey(r, "port");
+        let limit = deadline.saturating_duration_since(Instant::now()).max(bound);
+        if !self.wait_for(std::slice::from_ref(&port_key), limit).await? {
+            return Err(Error::Timeout {
+                waited: started.elapsed(),
+                round: r,
+                detail: "the store host published no worker store".into(),
+                endpoint: self.endpoint.clone(),
+            });
+        }
+        let port = std::str::from_utf8(&self.get(&port_key).await?)
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| Error::Mismatch("the store host published an unreadable worker port".into()))?;
+        Ok(Try::Formed(Round {
+            number: r,
+            slot: u32::try_from(slot).unwrap_or(u32::MAX),
+            group_rank: a.group_rank,
+            nnodes: a.nnodes,
+            worker_port: port,
+            restarts: 0,
+        }))
+    }
+
+    /// We closed the round: read every member, assign ranks, publish.
+    async fn assign_round(&mut self, r: u64, size: u64) -> Result<(), Error> {
+        let keys: Vec<String> = (0..size).map(|s| self.rkey(r, &format!("m/{s}"))).collect();
+        let bound = self.timing.heartbeat_timeout;
+        if !self.wait_for(&keys, bound).await? {
+            tracing::warn!(round = r, "a pod took a slot but never announced itself; starting a new round");
+            self.advance(r, r + 1).await?;
             return Ok(());
         }
-        let mut missing = Vec::new();
-        for n in 0..self.me.nnodes {
-            let k = self.key(attempt, &format!("info/{n}"));
-            if !self.client.check(&[k]).await.map_err(|e| self.lost(e))? {
-                missing.push(n);
-            }
+        let values = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
+        let members: Vec<Member> = values.iter().filter_map(|v| serde_json::from_slice(v).ok()).collect();
+        let nnodes = u32::try_from(members.len()).unwrap_or(u32::MAX);
+        let (ranks, error) = match (members.len() == values.len()).then(|| assign(&members)) {
+            Some(Ok(ranks)) => (ranks, None),
+            Some(Err(e)) => (vec![0; members.len()], Some(e)),
+            None => (vec![0; values.len()], Some("a pod announced unreadable data".to_string())),
+        };
+        let mut pairs: Vec<(String, Vec<u8>)> = ranks
+            .iter()
+            .enumerate()
+            .map(|(slot, &group_rank)| {
+                let a = Assignment { group_rank, nnodes, error: error.clone() };
+                (self.rkey(r, &format!("rank/{slot}")), serde_json::to_vec(&a).unwrap_or_default())
+            })
+            .collect();
+        let mut by_rank: Vec<(u32, &Member)> = ranks.iter().copied().zip(members.iter()).collect();
+        by_rank.sort_by_key(|(rank, _)| *rank);
+        let ordered: Vec<&Member> = by_rank.into_iter().map(|(_, m)| m).collect();
+        pairs.push((self.rkey(r, "members"), serde_json::to_vec(&ordered).unwrap_or_default()));
+        self.client.multi_set(&pairs).await.map_err(|e| self.lost(e))?;
+        if error.is_none() {
+            let hosts: Vec<&str> = ordered.iter().map(|m| m.host.as_str()).collect();
+            tracing::info!(round = r, nnodes, members = ?hosts, "round formed");
         }
-        Err(Error::Timeout { waited: started.elapsed(), missing, attempt, endpoint: self.endpoint.clone() })
+        Ok(())
     }
 
-    async fn end(&mut self, attempt: u32, value: &str) -> Result<(), Error> {
-        let key = self.key(attempt, "end");
+    /// The round is full or running without us.
+    async fn spare(&mut self, r: u64, size: u64) -> Result<Try, Error> {
+        let members_key = self.rkey(r, "members");
+        let bound = self.timing.heartbeat_timeout + Duration::from_secs(2);
+        let members: Vec<Member> = if self.wait_for(std::slice::from_ref(&members_key), bound).await? {
+            serde_json::from_slice(&self.get(&members_key).await?).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let end = self.rkey(r, "end");
+        if let Some(old) = members.iter().find(|m| m.host == self.me.host && m.node_rank == self.me.node_rank) {
+            // The same pod (host and node rank) restarted in place: the
+            // member we replace is our previous incarnation, and it is dead.
+            tracing::warn!(round = r, previous = %old.uid, "this pod restarted while its previous incarnation was a member; declaring it gone");
+            let dead = serde_json::to_vec(&[&old.uid]).unwrap_or_default();
+            self.client.compare_set(&self.rkey(r, "dead"), b"", &dead).await.map_err(|e| self.lost(e))?;
+            self.client
+                .compare_set(&end, b"", format!("dead:{}", old.uid).as_bytes())
+                .await
+                .map_err(|e| self.lost(e))?;
+        } else if let Some(holder) = members.iter().find(|m| !self.me.elastic() && m.node_rank == self.me.node_rank) {
+            return Err(Error::Duplicate { node_rank: self.me.node_rank, holder: holder.who() });
+        } else if size < u64::from(self.me.max_nodes) {
+            tracing::info!(
+                round = r,
+                running = size,
+                "a smaller round is running; asking it to regroup and admit this pod"
+            );
+            let v = format!("waiting:{}", self.me.uid);
+            self.client.compare_set(&end, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
+        } else {
+            tracing::info!(round = r, running = size, "the round is full; waiting as a spare");
+        }
+        // Wait until the job moves on, or ends without us.
+        let next = self.rkey(r, "next");
+        let verdict = self.rkey(r, "verdict");
+        let day = Duration::from_secs(86_400);
+        loop {
+            tokio::select! {
+                ok = self.wait_for(std::slice::from_ref(&next), day) => {
+                    if ok? {
+                        return Ok(Try::Moved(parse_u64(&self.get(&next).await?).unwrap_or(r + 1)));
+                    }
+                }
+                ok = self.wait_for(std::slice::from_ref(&verdict), day) => {
+                    if !ok? {
+                        continue;
+                    }
+                    let v = String::from_utf8_lossy(&self.get(&verdict).await?).parse::<Verdict>();
+                    match v {
+                        Ok(v @ (Verdict::Success | Verdict::Fail(_))) => return Ok(Try::Ended(v)),
+                        // Members move the job on right after a regroup or restart verdict.
+                        _ => {
+                            let bound = self.timing.heartbeat_timeout * 2;
+                            if self.wait_for(std::slice::from_ref(&next), bound).await? {
+                                return Ok(Try::Moved(parse_u64(&self.get(&next).await?).unwrap_or(r + 1)));
+                            }
+                            self.advance(r, r + 1).await?;
+                            return Ok(Try::Moved(r + 1));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn timeout(&mut self, r: u64, started: Instant) -> Error {
+        let count = self.client.add(&self.rkey(r, "join"), 0).await.unwrap_or(0);
+        let keys: Vec<String> = (0..count).map(|s| self.rkey(r, &format!("m/{s}"))).collect();
+        let present: Vec<Member> = self
+            .client
+            .multi_get(&keys)
+            .await
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|v| serde_json::from_slice(v).ok())
+            .collect();
+        let detail = if self.me.elastic() {
+            format!("{} of at least {} pods joined", present.len(), self.me.min_nodes)
+        } else {
+            let missing: Vec<u32> =
+                (0..self.me.max_nodes).filter(|n| !present.iter().any(|m| m.node_rank == *n)).collect();
+            format!("node ranks {missing:?} did not join")
+        };
+        Error::Timeout { waited: started.elapsed(), round: r, detail, endpoint: self.endpoint.clone() }
+    }
+
+    async fn end(&mut self, r: u64, value: &str) -> Result<(), Error> {
+        let key = self.rkey(r, "end");
         self.client.compare_set(&key, b"", value.as_bytes()).await.map_err(|e| self.lost(e))?;
         Ok(())
     }
 
-    /// A worker failed here: end the attempt as failed (first writer wins).
-    pub async fn publish_failure(&mut self, attempt: u32) -> Result<(), Error> {
-        self.end(attempt, "failure").await
+    /// A worker failed here: end the round as failed (first writer wins).
+    pub async fn publish_failure(&mut self, r: u64, fatal: bool) -> Result<(), Error> {
+        self.end(r, if fatal { "fatal" } else { "failure" }).await
     }
 
     /// This agent is leaving because of `signal`.
-    pub async fn publish_abort(&mut self, attempt: u32, signal: i32) -> Result<(), Error> {
-        let v = format!("abort:{}:{signal}", self.me.node_rank);
-        self.end(attempt, &v).await
+    pub async fn publish_abort(&mut self, r: u64, signal: i32) -> Result<(), Error> {
+        let v = format!("abort:{}:{signal}", self.me.uid);
+        self.end(r, &v).await
     }
 
-    /// Every worker here exited 0; the last pod to say so ends the attempt.
-    pub async fn publish_local_done(&mut self, attempt: u32) -> Result<(), Error> {
-        let key = self.key(attempt, "done");
-        let n = self.client.add(&key, 1).await.map_err(|e| self.lost(e))?;
-        if n >= i64::from(self.me.nnodes) {
-            self.end(attempt, "success").await?;
+    /// Every worker here is done; the last pod to say so ends the round.
+    pub async fn publish_local_done(&mut self, round: &Round) -> Result<(), Error> {
+        let n = self.client.add(&self.rkey(round.number, "done"), 1).await.map_err(|e| self.lost(e))?;
+        if n >= i64::from(round.nnodes) {
+            self.end(round.number, "success").await?;
         }
         Ok(())
     }
 
-    /// A future that resolves when the attempt's end is published, on its
+    /// A future that resolves when the round's end is published, on its
     /// own connection. A broken connection reads as [`JobEnd::Lost`].
-    pub fn watch_end(&self, attempt: u32) -> impl std::future::Future<Output = JobEnd> + Send + 'static {
+    pub fn watch_end(&self, r: u64) -> impl std::future::Future<Output = (JobEnd, String)> + Send + 'static {
         let addr = self.addr;
-        let key = self.key(attempt, "end");
+        let key = self.rkey(r, "end");
         async move {
             let run = async {
                 let mut c = Client::connect(addr).await?;
@@ -281,81 +672,215 @@ impl Session {
                 c.get(&key).await
             };
             match run.await {
-                Ok(v) if v == b"success" => JobEnd::Success,
-                Ok(v) if v == b"failure" => JobEnd::Failure,
-                Ok(_) => JobEnd::Abort,
-                Err(_) => JobEnd::Lost,
+                Ok(v) => {
+                    let v = String::from_utf8_lossy(&v).to_string();
+                    (parse_end(&v), v)
+                }
+                Err(_) => (JobEnd::Lost, String::new()),
             }
         }
     }
 
     /// Record our failures and that our workers are gone; the last pod
-    /// marks the attempt fully stopped.
-    pub async fn report_stopped(&mut self, attempt: u32, failures: &[Failure]) -> Result<(), Error> {
-        let key = self.key(attempt, &format!("failures/{}", self.me.node_rank));
+    /// marks the round fully stopped.
+    pub async fn report_stopped(&mut self, round: &Round, failures: &[Failure]) -> Result<(), Error> {
+        let key = self.rkey(round.number, &format!("failures/{}", round.group_rank));
         let v = serde_json::to_vec(failures).unwrap_or_default();
         self.client.set(&key, &v).await.map_err(|e| self.lost(e))?;
-        let n = self.client.add(&self.key(attempt, "stopped"), 1).await.map_err(|e| self.lost(e))?;
-        if n >= i64::from(self.me.nnodes) {
-            let k = self.key(attempt, "all_stopped");
+        let n = self.client.add(&self.rkey(round.number, "stopped"), 1).await.map_err(|e| self.lost(e))?;
+        if n >= i64::from(round.nnodes) {
+            let k = self.rkey(round.number, "all_stopped");
             self.client.set(&k, b"1").await.map_err(|e| self.lost(e))?;
         }
         Ok(())
     }
 
-    /// Wait up to `limit` until every pod reported stopped; false on timeout.
-    pub async fn wait_all_stopped(&mut self, attempt: u32, limit: Duration) -> Result<bool, Error> {
-        self.wait_for(&[self.key(attempt, "all_stopped")], limit).await
+    /// Wait up to `limit` until every member reported stopped or the store
+    /// host declared one dead.
+    pub async fn wait_stopped(&mut self, r: u64, limit: Duration) -> Result<Stopped, Error> {
+        let all = self.rkey(r, "all_stopped");
+        let dead = self.rkey(r, "dead");
+        tokio::select! {
+            ok = self.wait_for(std::slice::from_ref(&all), limit) => { ok?; }
+            ok = self.wait_for(std::slice::from_ref(&dead), limit) => { ok?; }
+        }
+        let present = self.client.multi_get(&[all, dead]).await.map_err(|e| self.lost(e))?;
+        Ok(Stopped { all_stopped: !present[0].is_empty(), dead: !present[1].is_empty() })
     }
 
-    /// Every pod's failures for `attempt` (pods that did not report count as none).
-    pub async fn failures(&mut self, attempt: u32) -> Result<Vec<Failure>, Error> {
-        let keys: Vec<String> = (0..self.me.nnodes).map(|n| self.key(attempt, &format!("failures/{n}"))).collect();
+    /// The round's published end, if any.
+    pub async fn end_of(&mut self, r: u64) -> Result<Option<JobEnd>, Error> {
+        let v = self.get(&self.rkey(r, "end")).await?;
+        Ok((!v.is_empty()).then(|| parse_end(&String::from_utf8_lossy(&v))))
+    }
+
+    /// The round's published end, as written.
+    pub async fn end_text(&mut self, r: u64) -> Result<String, Error> {
+        Ok(String::from_utf8_lossy(&self.get(&self.rkey(r, "end")).await?).to_string())
+    }
+
+    /// Every member's failures in round `round` (members that did not report count as none).
+    pub async fn failures(&mut self, round: &Round) -> Result<Vec<Failure>, Error> {
+        let keys: Vec<String> = (0..round.nnodes).map(|n| self.rkey(round.number, &format!("failures/{n}"))).collect();
         let values = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
         Ok(values.iter().flat_map(|v| serde_json::from_slice::<Vec<Failure>>(v).unwrap_or_default()).collect())
     }
 
-    /// Say we are done reading this attempt's results. The store host then
+    /// Propose `v` as the round's verdict; returns the one every pod follows.
+    /// A restart raises the job-wide counter.
+    pub async fn decide(&mut self, r: u64, v: Verdict) -> Result<Verdict, Error> {
+        let key = self.rkey(r, "verdict");
+        let got = self.client.compare_set(&key, b"", v.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
+        let agreed = String::from_utf8_lossy(&got).parse::<Verdict>().unwrap_or(v);
+        if let Verdict::Restart(n) = agreed {
+            self.raise(&self.key("restarts"), u64::from(n)).await?;
+        }
+        Ok(agreed)
+    }
+
+    /// Move the job past round `r` (after a regroup or restart verdict).
+    pub async fn finish_round(&mut self, r: u64) -> Result<(), Error> {
+        self.advance(r, r + 1).await
+    }
+
+    /// Say we are done reading this round's results. The store host then
     /// waits (up to `limit`) for every pod to say so before its store goes
     /// away, so nobody loses the store in the middle of reading the outcome.
-    pub async fn leave(&mut self, attempt: u32, host: bool, limit: Duration) -> Result<(), Error> {
-        let n = self.client.add(&self.key(attempt, "left"), 1).await.map_err(|e| self.lost(e))?;
-        let all = self.key(attempt, "all_left");
-        if n >= i64::from(self.me.nnodes) {
+    pub async fn leave(&mut self, round: &Round, host: bool, limit: Duration) -> Result<(), Error> {
+        let n = self.client.add(&self.rkey(round.number, "left"), 1).await.map_err(|e| self.lost(e))?;
+        let all = self.rkey(round.number, "all_left");
+        if n >= i64::from(round.nnodes) {
             self.client.set(&all, b"1").await.map_err(|e| self.lost(e))?;
         }
         if host && !self.wait_for(&[all], limit).await? {
-            tracing::warn!(attempt, "not every pod confirmed the end of the job; closing the store anyway");
+            tracing::warn!(
+                round = round.number,
+                "not every pod confirmed the end of the job; closing the store anyway"
+            );
         }
         Ok(())
     }
 
-    /// The store's address as resolved.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
+    /// Stop heartbeating and tell the store host this agent left cleanly.
+    pub async fn bye(&mut self) {
+        self.heartbeat.abort();
+        let key = self.key(&format!("hb/{}", self.me.uid));
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.client.set(&key, b"bye")).await;
     }
 }
 
-fn client_addr(c: &Client) -> Result<SocketAddr, Error> {
-    c.peer_addr().map_err(|e| Error::Unreachable(ClientError::Io(e)))
+/// How a published end reads to the supervisor.
+pub fn parse_end(v: &str) -> JobEnd {
+    match v {
+        "success" => JobEnd::Success,
+        "failure" | "fatal" => JobEnd::Failure,
+        v if v.starts_with("dead:") => JobEnd::Regroup { planned: false },
+        _ => JobEnd::Regroup { planned: true },
+    }
+}
+
+/// WAIT for `keys` on a fresh connection to `addr`; Ok(false) after `limit`.
+pub(crate) async fn wait_on(addr: SocketAddr, keys: &[String], limit: Duration) -> Result<bool, ClientError> {
+    let mut waiter = Client::connect(addr).await?;
+    match tokio::time::timeout(limit, waiter.wait(keys)).await {
+        Ok(r) => r.map(|()| true),
+        Err(_) => Ok(false),
+    }
+}
+
+/// Raise a decimal key to at least `to` (COMPARE_SET loop); returns its value.
+pub(crate) async fn raise(c: &mut Client, key: &str, to: u64) -> Result<u64, ClientError> {
+    let mut cur = c.get(key).await?;
+    loop {
+        let have = parse_u64(&cur);
+        if have.is_some_and(|h| h >= to) {
+            return Ok(have.unwrap_or(to));
+        }
+        let want = to.to_string();
+        let got = c.compare_set(key, &cur, want.as_bytes()).await?;
+        if got == want.as_bytes() {
+            return Ok(to);
+        }
+        cur = got;
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Set `key` to a rising counter every `every`, reconnecting as needed.
+async fn heartbeat(endpoint: Endpoint, key: String, every: Duration, cancel: CancellationToken) {
+    let mut seq = 0u64;
+    loop {
+        let far = Instant::now() + Duration::from_secs(86_400);
+        let Ok(mut c) = connect_with_retry(&endpoint, far, &cancel).await else { return };
+        loop {
+            seq += 1;
+            if c.set(&key, seq.to_string().as_bytes()).await.is_err() {
+                break;
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use test_case::test_case;
 
-    fn info(node_rank: u32, nproc: u32) -> NodeInfo {
-        NodeInfo { node_rank, nnodes: 2, nproc, max_restarts: 0, host: format!("pod-{node_rank}"), pid: 7 }
+    fn m(node_rank: u32, host: &str, nproc: u32, nnodes: (u32, u32)) -> Member {
+        Member {
+            uid: format!("{host}#1#0"),
+            host: host.into(),
+            pid: 7,
+            node_rank,
+            nproc,
+            min_nodes: nnodes.0,
+            max_nodes: nnodes.1,
+            max_restarts: 0,
+        }
     }
 
     #[test]
-    fn agreeing_pods_pass() {
-        assert!(check_world(&info(0, 2), &[info(0, 2), info(1, 2)]).is_ok());
+    fn static_ranks_are_the_node_ranks() {
+        let ms = [m(1, "b", 2, (2, 2)), m(0, "a", 2, (2, 2))];
+        assert_eq!(assign(&ms), Ok(vec![1, 0]));
     }
 
     #[test]
-    fn a_mismatch_names_the_pod_and_setting() {
-        let err = check_world(&info(0, 2), &[info(0, 2), info(1, 4)]).expect_err("mismatch").to_string();
-        assert!(err.contains("node rank 1 (pod-1 pid 7): nproc-per-node 4 vs 2 on node rank 0 (pod-0 pid 7)"), "{err}");
+    fn elastic_ranks_follow_the_hint_then_the_host() {
+        let ms = [m(5, "c", 1, (1, 4)), m(0, "z", 1, (1, 4)), m(5, "a", 1, (1, 4))];
+        assert_eq!(assign(&ms), Ok(vec![2, 0, 1]));
+    }
+
+    #[test_case(&[m(0, "a", 2, (2, 2)), m(1, "b", 4, (2, 2))], "nproc-per-node 4 vs 2"; "nproc")]
+    #[test_case(&[m(0, "a", 1, (2, 2)), m(1, "b", 1, (1, 2))], "nnodes 1:2 vs 2:2"; "nnodes")]
+    #[test_case(&[m(1, "a", 1, (2, 2)), m(1, "b", 1, (2, 2))], "claim the same node rank"; "duplicate")]
+    #[test_case(&[m(0, "a", 1, (2, 2)), m(2, "b", 1, (2, 2))], "outside 0..2"; "out of range")]
+    fn disagreements_are_named(ms: &[Member], needle: &str) {
+        let e = assign(ms).expect_err("mismatch");
+        assert!(e.contains(needle), "{e}");
+    }
+
+    #[test_case("success", JobEnd::Success; "success")]
+    #[test_case("failure", JobEnd::Failure; "failure")]
+    #[test_case("fatal", JobEnd::Failure; "fatal")]
+    #[test_case("dead:h#1#2", JobEnd::Regroup { planned: false }; "dead")]
+    #[test_case("waiting:h#1#2", JobEnd::Regroup { planned: true }; "waiting")]
+    #[test_case("abort:h#1#2:15", JobEnd::Regroup { planned: true }; "abort")]
+    fn ends(v: &str, want: JobEnd) {
+        assert_eq!(parse_end(v), want);
     }
 }

@@ -187,6 +187,11 @@ impl Client {
         Ok(values)
     }
 
+    /// MULTI_SET (no reply).
+    pub async fn multi_set(&mut self, pairs: &[(String, Vec<u8>)]) -> Result<(), ClientError> {
+        self.send(&Command::MultiSet(pairs.iter().map(|(k, v)| (k.as_bytes().to_vec(), v.clone())).collect())).await
+    }
+
     /// DELETE_KEY; returns whether a key was deleted.
     pub async fn delete_key(&mut self, key: &str) -> Result<bool, ClientError> {
         self.send(&Command::DeleteKey(key.into())).await?;

@@ -3,9 +3,9 @@
 //! # Design
 //! The attempt loop in `crate::launch` `select!`s over [`signals::SysEvent`]s
 //! (signals and reaped pids from the one signals thread), the store's
-//! end-of-attempt watch and the grace timer, turns each into a
-//! [`policy::Event`], and executes the [`policy::Action`]s that the pure
-//! [`policy::Attempt`] returns. Nothing here waits on a child except the
+//! end-of-round watch, the stop timers and the hung-worker check, turns each
+//! into a [`policy::Event`], and executes the [`policy::Action`]s that the
+//! pure [`policy::Attempt`] returns; [`rules`] (the failure policy) is pure too. Nothing here waits on a child except the
 //! signals thread; nothing in `policy` does I/O.
 //!
 //! Synchronisation points: a worker's pid is recorded before the loop reads
@@ -16,5 +16,6 @@
 pub mod output;
 pub mod policy;
 pub mod report;
+pub mod rules;
 pub mod signals;
 pub mod spawn;

@@ -1,35 +1,58 @@
 //! The pure core of the supervisor: events in, actions out, no I/O.
 //!
-//! One [`Attempt`] tracks one pod's workers through one restart attempt:
+//! One [`Attempt`] tracks one pod's workers through one rendezvous round:
 //!
 //! ```text
-//!  Running ──all exit 0──▶ LocalDone ──job success──▶ Finished(Succeeded)
-//!     │                       │ job failure/abort/lost, stop signal
-//!     │ worker fails, stop     ▼
-//!     │ signal, job end ─▶ Stopping(reason) ──last worker gone──▶ Finished(reason)
-//!     │                    grace expired: SIGKILL; second stop signal: SIGKILL now
+//!  Running ──all exit 0 (or ignored)──▶ LocalDone ──job success──▶ Finished(Succeeded)
+//!     │                                    │ job failure/regroup/lost, stop signal
+//!     │ worker fails or hangs, stop        ▼
+//!     │ signal, job end ──────────▶ Stopping(reason) ──last worker gone──▶ Finished(reason)
+//!
+//!  Stopping: [checkpoint signal ─checkpoint timer─▶] SIGTERM ─grace timer─▶ SIGKILL
+//!            ─kill timer─▶ Finished, the survivors abandoned as unkillable
 //! ```
 //!
-//! Only exits seen while Running count as failures: workers that die after
-//! we asked them to stop are casualties, not causes. What to do after an
-//! attempt ([`next_step`]) is also decided here, from the attempt number and
-//! the job-wide restart budget, so every pod takes the same decision.
+//! A planned stop (this agent was asked to stop, a peer left cleanly, pods
+//! are waiting to join) sends the checkpoint signal first when one is
+//! configured; a failure stops with SIGTERM at once. The grace timer runs
+//! from the start of the stop, so checkpoint + SIGTERM fit inside it. Only
+//! exits seen while Running count as failures: workers that die after we
+//! asked them to stop are casualties, not causes.
+//!
+//! What to do once a round is over on every pod ([`verdict`]) is decided
+//! here too, from facts every pod reads from the store, so all pods agree.
 
 use std::collections::BTreeSet;
 
+use super::rules::{RuleAction, Rules};
 use crate::sys::Exit;
 
-/// How the job's current attempt ended, as published in the store.
+/// How the job's current round ended, as published in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobEnd {
-    /// Every worker on every pod exited 0.
+    /// Every worker on every pod is done.
     Success,
     /// A worker failed somewhere.
     Failure,
-    /// A pod was stopped by a signal and left.
-    Abort,
+    /// The membership changes: a peer left cleanly or pods wait to join
+    /// (`planned`), or a peer died (not planned).
+    Regroup {
+        /// Whether workers get the checkpoint signal first.
+        planned: bool,
+    },
     /// The store became unreachable.
     Lost,
+}
+
+/// Timers the event loop arms on the core's request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Timer {
+    /// Time the workers get to checkpoint before SIGTERM.
+    Checkpoint,
+    /// From the start of a stop to SIGKILL.
+    Grace,
+    /// From SIGKILL to giving up on workers that do not die.
+    Kill,
 }
 
 /// Inputs of the core.
@@ -44,28 +67,37 @@ pub enum Event {
         /// When, in wall-clock microseconds.
         at_us: u64,
     },
+    /// A worker has been in uninterruptible sleep longer than allowed.
+    Hung {
+        /// Its local rank.
+        local_rank: u32,
+        /// When this was noticed.
+        at_us: u64,
+    },
     /// A signal that asks the agent to stop.
     StopSignal(i32),
     /// A signal passed through to the workers (SIGUSR1/2).
     ForwardSignal(i32),
-    /// The store says how the attempt ended.
+    /// The store says how the round ended.
     Job(JobEnd),
-    /// The grace period after the stop request ran out.
-    GraceExpired,
+    /// A timer armed by [`Action::Arm`] fired.
+    Timer(Timer),
 }
 
-/// A worker that failed on its own while the attempt ran.
+/// A worker that failed on its own while the round ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalFailure {
     /// Local rank of the worker.
     pub local_rank: u32,
-    /// How it ended.
-    pub exit: Exit,
+    /// How it ended; None for a worker stuck in uninterruptible sleep.
+    pub exit: Option<Exit>,
     /// When, in wall-clock microseconds.
     pub at_us: u64,
+    /// What the failure policy says about it.
+    pub action: RuleAction,
 }
 
-/// Why an attempt ended on this pod.
+/// Why a round ended on this pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// All workers everywhere succeeded.
@@ -74,8 +106,10 @@ pub enum Outcome {
     Failed,
     /// This agent was asked to stop by this signal.
     Stopped(i32),
-    /// Another pod left (signal) or the store went away.
-    PeerLost,
+    /// The membership changes (a peer left or died, pods wait to join).
+    Regroup,
+    /// The store went away.
+    Lost,
 }
 
 /// Outputs of the core.
@@ -85,15 +119,19 @@ pub enum Action {
     Signal(i32),
     /// SIGKILL every live worker's process group.
     KillAll,
-    /// Start the grace timer.
-    ArmGrace,
-    /// Tell the other pods this attempt failed.
-    PublishFailure,
+    /// Start a timer.
+    Arm(Timer),
+    /// Tell the other pods this round failed (`fatal`: by a `fail` rule).
+    PublishFailure {
+        /// A `fail` rule matched, or a worker hung.
+        fatal: bool,
+    },
     /// Tell the other pods this pod is leaving (stopped by a signal).
     PublishAbort(i32),
-    /// Tell the other pods every worker here exited 0.
+    /// Tell the other pods every worker here is done.
     PublishLocalDone,
-    /// The attempt is over on this pod; no worker is left.
+    /// The round is over on this pod; no worker is left (or the rest are
+    /// abandoned, see [`Attempt::abandoned`]).
     Finish(Outcome),
 }
 
@@ -105,19 +143,33 @@ enum Phase {
     Finished,
 }
 
-/// One pod's view of one attempt.
+/// One pod's view of one round.
 #[derive(Debug)]
 pub struct Attempt {
     alive: BTreeSet<u32>,
     phase: Phase,
     failures: Vec<LocalFailure>,
+    rules: Rules,
+    checkpoint: Option<i32>,
+    /// Signal to send when the checkpoint timer fires.
+    term: Option<i32>,
     killed: bool,
+    abandoned: Vec<u32>,
 }
 
 impl Attempt {
-    /// An attempt whose workers `0..nproc` are all running.
-    pub fn new(nproc: u32) -> Self {
-        Self { alive: (0..nproc).collect(), phase: Phase::Running, failures: Vec::new(), killed: false }
+    /// A round whose workers `0..nproc` are all running.
+    pub fn new(nproc: u32, rules: Rules, checkpoint: Option<i32>) -> Self {
+        Self {
+            alive: (0..nproc).collect(),
+            phase: Phase::Running,
+            failures: Vec::new(),
+            rules,
+            checkpoint,
+            term: None,
+            killed: false,
+            abandoned: Vec::new(),
+        }
     }
 
     /// Local ranks still running.
@@ -130,15 +182,36 @@ impl Attempt {
         &self.failures
     }
 
-    /// Is the attempt over?
+    /// Local ranks that outlived SIGKILL by the kill timer.
+    pub fn abandoned(&self) -> &[u32] {
+        &self.abandoned
+    }
+
+    /// Is the round over?
     pub fn finished(&self) -> bool {
         self.phase == Phase::Finished
     }
 
-    fn stop(&mut self, why: Outcome, sig: i32, out: &mut Vec<Action>) {
+    fn stop(&mut self, why: Outcome, planned: bool, sig: i32, out: &mut Vec<Action>) {
         self.phase = Phase::Stopping(why);
-        out.push(Action::Signal(sig));
-        out.push(Action::ArmGrace);
+        match self.checkpoint.filter(|_| planned) {
+            Some(ckpt) => {
+                self.term = Some(sig);
+                out.push(Action::Signal(ckpt));
+                out.push(Action::Arm(Timer::Checkpoint));
+            }
+            None => out.push(Action::Signal(sig)),
+        }
+        out.push(Action::Arm(Timer::Grace));
+    }
+
+    fn kill(&mut self, out: &mut Vec<Action>) {
+        if !self.killed {
+            self.killed = true;
+            self.term = None;
+            out.push(Action::KillAll);
+            out.push(Action::Arm(Timer::Kill));
+        }
     }
 
     fn finish_if_empty(&mut self, out: &mut Vec<Action>) {
@@ -154,8 +227,16 @@ impl Attempt {
         match end {
             JobEnd::Success => Outcome::Succeeded,
             JobEnd::Failure => Outcome::Failed,
-            JobEnd::Abort | JobEnd::Lost => Outcome::PeerLost,
+            JobEnd::Regroup { .. } => Outcome::Regroup,
+            JobEnd::Lost => Outcome::Lost,
         }
+    }
+
+    fn fail(&mut self, f: LocalFailure, out: &mut Vec<Action>) {
+        let fatal = f.action == RuleAction::Fail || f.exit.is_none();
+        self.failures.push(f);
+        out.push(Action::PublishFailure { fatal });
+        self.stop(Outcome::Failed, false, libc::SIGTERM, out);
     }
 
     /// Feed one event; returns what to do, in order.
@@ -168,22 +249,27 @@ impl Attempt {
                     return out;
                 }
                 if self.phase == Phase::Running {
-                    if exit.success() {
-                        if self.alive.is_empty() {
-                            self.phase = Phase::LocalDone;
-                            out.push(Action::PublishLocalDone);
+                    match self.rules.action(exit) {
+                        RuleAction::Ignore => {
+                            if self.alive.is_empty() {
+                                self.phase = Phase::LocalDone;
+                                out.push(Action::PublishLocalDone);
+                            }
                         }
-                    } else {
-                        self.failures.push(LocalFailure { local_rank, exit, at_us });
-                        out.push(Action::PublishFailure);
-                        self.stop(Outcome::Failed, libc::SIGTERM, &mut out);
+                        action => self.fail(LocalFailure { local_rank, exit: Some(exit), at_us, action }, &mut out),
                     }
                 }
                 self.finish_if_empty(&mut out);
             }
+            (Phase::Running, Event::Hung { local_rank, at_us }) => {
+                if self.alive.contains(&local_rank) {
+                    self.fail(LocalFailure { local_rank, exit: None, at_us, action: RuleAction::Fail }, &mut out);
+                }
+            }
+            (_, Event::Hung { .. }) => {}
             (Phase::Running, Event::StopSignal(sig)) => {
                 out.push(Action::PublishAbort(sig));
-                self.stop(Outcome::Stopped(sig), sig, &mut out);
+                self.stop(Outcome::Stopped(sig), true, sig, &mut out);
                 self.finish_if_empty(&mut out);
             }
             (Phase::LocalDone, Event::StopSignal(sig)) => {
@@ -197,53 +283,148 @@ impl Attempt {
                     out.push(Action::PublishAbort(sig));
                     self.phase = Phase::Stopping(Outcome::Stopped(sig));
                 }
-                if !self.killed {
-                    self.killed = true;
-                    out.push(Action::KillAll);
-                }
+                self.kill(&mut out);
             }
             (Phase::Running | Phase::Stopping(_), Event::ForwardSignal(sig)) => out.push(Action::Signal(sig)),
             (Phase::LocalDone, Event::ForwardSignal(_)) => {}
             (Phase::Running, Event::Job(JobEnd::Success)) => {} // impossible while we run; ignore
             (Phase::Running, Event::Job(end)) => {
-                self.stop(Self::job_outcome(end), libc::SIGTERM, &mut out);
+                let planned = matches!(end, JobEnd::Regroup { planned: true });
+                self.stop(Self::job_outcome(end), planned, libc::SIGTERM, &mut out);
                 self.finish_if_empty(&mut out);
             }
             (Phase::LocalDone, Event::Job(end)) => {
                 self.phase = Phase::Finished;
                 out.push(Action::Finish(Self::job_outcome(end)));
             }
-            (Phase::Stopping(Outcome::Failed), Event::Job(JobEnd::Abort | JobEnd::Lost)) => {
-                self.phase = Phase::Stopping(Outcome::PeerLost);
+            (Phase::Stopping(Outcome::Failed | Outcome::Regroup), Event::Job(JobEnd::Lost)) => {
+                self.phase = Phase::Stopping(Outcome::Lost);
             }
             (Phase::Stopping(_), Event::Job(_)) => {}
-            (Phase::Stopping(_), Event::GraceExpired) => {
-                if !self.killed {
-                    self.killed = true;
-                    out.push(Action::KillAll);
+            (Phase::Stopping(_), Event::Timer(Timer::Checkpoint)) => {
+                if let Some(sig) = self.term.take() {
+                    out.push(Action::Signal(sig));
                 }
             }
-            (Phase::Running | Phase::LocalDone, Event::GraceExpired) => {}
+            (Phase::Stopping(_), Event::Timer(Timer::Grace)) => self.kill(&mut out),
+            (Phase::Stopping(why), Event::Timer(Timer::Kill)) => {
+                self.abandoned = self.alive.iter().copied().collect();
+                self.alive.clear();
+                self.phase = Phase::Finished;
+                out.push(Action::Finish(why));
+            }
+            (Phase::Running | Phase::LocalDone, Event::Timer(_)) => {}
         }
         out
     }
 }
 
-/// What the agent does once an attempt is over on every pod.
+/// How a round ended, as every pod reads it back from the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Next {
-    /// Start attempt `n`.
-    Restart(u32),
-    /// Exit; the code comes from the outcome and the root-cause failure.
-    Exit,
+pub struct RoundFacts {
+    /// The round's published end.
+    pub end: Option<JobEnd>,
+    /// The liveness monitor declared a member dead.
+    pub dead: bool,
+    /// Every member reported its workers gone.
+    pub all_stopped: bool,
+    /// A reported failure matched a `fail` rule.
+    pub fatal: bool,
+    /// A worker hung or survived SIGKILL.
+    pub unkillable: bool,
+    /// Job-wide restarts used so far.
+    pub restarts: u32,
+    /// The job-wide budget.
+    pub max_restarts: u32,
 }
 
-/// Restart after a failure while the job-wide budget allows; otherwise exit.
-pub fn next_step(outcome: Outcome, attempt: u32, max_restarts: u32) -> Next {
-    match outcome {
-        Outcome::Failed if attempt < max_restarts => Next::Restart(attempt + 1),
-        _ => Next::Exit,
+/// Why the job gives up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailKind {
+    /// A worker exit matched a `fail` rule.
+    Policy,
+    /// A worker hung in uninterruptible sleep or survived SIGKILL.
+    Unkillable,
+    /// Worker failures used up the job-wide restart budget.
+    Budget,
+    /// A member neither stopped nor died within the bound.
+    Stuck,
+}
+
+/// What every pod does once a round is over everywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The job is done.
+    Success,
+    /// Form a new round; membership changes cost no restart.
+    Regroup,
+    /// Restart after a worker failure; this many restarts used in total.
+    Restart(u32),
+    /// Give up.
+    Fail(FailKind),
+}
+
+/// The decision after a round, from facts all pods share.
+pub fn verdict(f: &RoundFacts) -> Verdict {
+    if f.unkillable {
+        return Verdict::Fail(FailKind::Unkillable);
     }
+    if f.fatal {
+        return Verdict::Fail(FailKind::Policy);
+    }
+    if f.dead {
+        return Verdict::Regroup;
+    }
+    match f.end {
+        Some(JobEnd::Success) if f.all_stopped => Verdict::Success,
+        Some(JobEnd::Regroup { .. }) if f.all_stopped => Verdict::Regroup,
+        Some(JobEnd::Failure) if f.all_stopped => {
+            if f.restarts < f.max_restarts {
+                Verdict::Restart(f.restarts + 1)
+            } else {
+                Verdict::Fail(FailKind::Budget)
+            }
+        }
+        _ => Verdict::Fail(FailKind::Stuck),
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Verdict::Success => f.write_str("success"),
+            Verdict::Regroup => f.write_str("regroup"),
+            Verdict::Restart(n) => write!(f, "restart:{n}"),
+            Verdict::Fail(FailKind::Policy) => f.write_str("fail:policy"),
+            Verdict::Fail(FailKind::Unkillable) => f.write_str("fail:unkillable"),
+            Verdict::Fail(FailKind::Budget) => f.write_str("fail:budget"),
+            Verdict::Fail(FailKind::Stuck) => f.write_str("fail:stuck"),
+        }
+    }
+}
+
+impl std::str::FromStr for Verdict {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        Ok(match s {
+            "success" => Verdict::Success,
+            "regroup" => Verdict::Regroup,
+            "fail:policy" => Verdict::Fail(FailKind::Policy),
+            "fail:unkillable" => Verdict::Fail(FailKind::Unkillable),
+            "fail:budget" => Verdict::Fail(FailKind::Budget),
+            "fail:stuck" => Verdict::Fail(FailKind::Stuck),
+            _ => Verdict::Restart(s.strip_prefix("restart:").and_then(|n| n.parse().ok()).ok_or(())?),
+        })
+    }
+}
+
+/// Exponential backoff before restart number `n` (1-based): `base * 2^(n-1)`,
+/// at most `cap`; zero when `base` is zero.
+pub fn backoff(base: std::time::Duration, n: u32, cap: std::time::Duration) -> std::time::Duration {
+    if base.is_zero() || n == 0 {
+        return std::time::Duration::ZERO;
+    }
+    base.saturating_mul(1u32 << (n - 1).min(20)).min(cap)
 }
 
 #[cfg(test)]
@@ -253,13 +434,20 @@ mod tests {
 
     const TERM: i32 = libc::SIGTERM;
     const USR1: i32 = libc::SIGUSR1;
+    const PLANNED: JobEnd = JobEnd::Regroup { planned: true };
+    const DIED: JobEnd = JobEnd::Regroup { planned: false };
 
     fn exited(local_rank: u32, code: i32) -> Event {
         Event::WorkerExited { local_rank, exit: Exit::Code(code), at_us: u64::from(local_rank) }
     }
 
-    fn feed(nproc: u32, events: &[Event]) -> (Attempt, Vec<Action>) {
-        let mut a = Attempt::new(nproc);
+    fn fired(t: Timer) -> Event {
+        Event::Timer(t)
+    }
+
+    fn feed_with(nproc: u32, rules: &[&str], ckpt: Option<i32>, events: &[Event]) -> (Attempt, Vec<Action>) {
+        let rules = Rules::new(rules.iter().map(|r| Rules::parse_flag(r).expect("rule")).collect(), Vec::new());
+        let mut a = Attempt::new(nproc, rules, ckpt);
         let mut all = Vec::new();
         for e in events {
             all.extend(a.handle(e.clone()));
@@ -267,42 +455,100 @@ mod tests {
         (a, all)
     }
 
-    #[test_case(&[exited(0, 0), exited(1, 0)], &[Action::PublishLocalDone]; "all succeed locally")]
+    fn feed(nproc: u32, events: &[Event]) -> (Attempt, Vec<Action>) {
+        feed_with(nproc, &[], None, events)
+    }
+
+    use Action::{Arm, Finish, KillAll, PublishAbort, PublishLocalDone, Signal};
+    const FAIL: Action = Action::PublishFailure { fatal: false };
+    const FATAL: Action = Action::PublishFailure { fatal: true };
+
+    #[test_case(&[exited(0, 0), exited(1, 0)], &[PublishLocalDone]; "all succeed locally")]
     #[test_case(&[exited(0, 0), exited(1, 0), Event::Job(JobEnd::Success)],
-        &[Action::PublishLocalDone, Action::Finish(Outcome::Succeeded)]; "job success")]
-    #[test_case(&[exited(1, 3)],
-        &[Action::PublishFailure, Action::Signal(TERM), Action::ArmGrace]; "local failure stops the rest")]
+        &[PublishLocalDone, Finish(Outcome::Succeeded)]; "job success")]
+    #[test_case(&[exited(1, 3)], &[FAIL, Signal(TERM), Arm(Timer::Grace)]; "local failure stops the rest")]
     #[test_case(&[exited(1, 3), exited(0, -1)],
-        &[Action::PublishFailure, Action::Signal(TERM), Action::ArmGrace, Action::Finish(Outcome::Failed)]; "casualty is not a failure")]
-    #[test_case(&[exited(1, 3), Event::GraceExpired, Event::GraceExpired],
-        &[Action::PublishFailure, Action::Signal(TERM), Action::ArmGrace, Action::KillAll]; "grace kills once")]
-    #[test_case(&[Event::StopSignal(TERM)],
-        &[Action::PublishAbort(TERM), Action::Signal(TERM), Action::ArmGrace]; "stop signal forwarded")]
+        &[FAIL, Signal(TERM), Arm(Timer::Grace), Finish(Outcome::Failed)]; "casualty is not a failure")]
+    #[test_case(&[exited(1, 3), fired(Timer::Grace), fired(Timer::Grace)],
+        &[FAIL, Signal(TERM), Arm(Timer::Grace), KillAll, Arm(Timer::Kill)]; "grace kills once")]
+    #[test_case(&[exited(1, 3), fired(Timer::Grace), fired(Timer::Kill)],
+        &[FAIL, Signal(TERM), Arm(Timer::Grace), KillAll, Arm(Timer::Kill), Finish(Outcome::Failed)];
+        "kill timer abandons the unkillable")]
+    #[test_case(&[Event::StopSignal(TERM)], &[PublishAbort(TERM), Signal(TERM), Arm(Timer::Grace)]; "stop signal forwarded")]
     #[test_case(&[Event::StopSignal(TERM), Event::StopSignal(TERM)],
-        &[Action::PublishAbort(TERM), Action::Signal(TERM), Action::ArmGrace, Action::KillAll]; "second signal skips grace")]
-    #[test_case(&[Event::ForwardSignal(USR1)], &[Action::Signal(USR1)]; "usr1 passes through")]
-    #[test_case(&[Event::Job(JobEnd::Failure)], &[Action::Signal(TERM), Action::ArmGrace]; "remote failure stops us")]
+        &[PublishAbort(TERM), Signal(TERM), Arm(Timer::Grace), KillAll, Arm(Timer::Kill)]; "second signal skips grace")]
+    #[test_case(&[Event::ForwardSignal(USR1)], &[Signal(USR1)]; "usr1 passes through")]
+    #[test_case(&[Event::Job(JobEnd::Failure)], &[Signal(TERM), Arm(Timer::Grace)]; "remote failure stops us")]
     #[test_case(&[exited(0, 0), exited(1, 0), Event::Job(JobEnd::Failure)],
-        &[Action::PublishLocalDone, Action::Finish(Outcome::Failed)]; "remote failure after local success")]
+        &[PublishLocalDone, Finish(Outcome::Failed)]; "remote failure after local success")]
     #[test_case(&[exited(0, 0), exited(1, 0), Event::StopSignal(TERM)],
-        &[Action::PublishLocalDone, Action::PublishAbort(TERM), Action::Finish(Outcome::Stopped(TERM))]; "signal after local success")]
-    #[test_case(&[Event::Job(JobEnd::Abort), exited(0, -1), exited(1, -1)],
-        &[Action::Signal(TERM), Action::ArmGrace, Action::Finish(Outcome::PeerLost)]; "peer left")]
+        &[PublishLocalDone, PublishAbort(TERM), Finish(Outcome::Stopped(TERM))]; "signal after local success")]
+    #[test_case(&[Event::Job(PLANNED), exited(0, -1), exited(1, -1)],
+        &[Signal(TERM), Arm(Timer::Grace), Finish(Outcome::Regroup)]; "peer left")]
+    #[test_case(&[Event::Job(DIED), exited(0, 1), exited(1, 1)],
+        &[Signal(TERM), Arm(Timer::Grace), Finish(Outcome::Regroup)]; "peer died; gloo errors are casualties")]
     #[test_case(&[exited(1, 3), Event::StopSignal(TERM), exited(0, 0)],
-        &[Action::PublishFailure, Action::Signal(TERM), Action::ArmGrace, Action::PublishAbort(TERM), Action::KillAll,
-          Action::Finish(Outcome::Stopped(TERM))]; "signal during failure stop wins")]
+        &[FAIL, Signal(TERM), Arm(Timer::Grace), PublishAbort(TERM), KillAll, Arm(Timer::Kill),
+          Finish(Outcome::Stopped(TERM))]; "signal during failure stop wins")]
+    #[test_case(&[exited(1, 3), Event::Job(JobEnd::Lost), exited(0, 1)],
+        &[FAIL, Signal(TERM), Arm(Timer::Grace), Finish(Outcome::Lost)]; "store lost while stopping")]
     #[test_case(&[exited(0, 0), exited(0, 1)], &[]; "duplicate exit ignored")]
+    #[test_case(&[Event::Hung { local_rank: 1, at_us: 9 }], &[FATAL, Signal(TERM), Arm(Timer::Grace)]; "hung worker is fatal")]
+    #[test_case(&[exited(1, 3), Event::Hung { local_rank: 0, at_us: 9 }],
+        &[FAIL, Signal(TERM), Arm(Timer::Grace)]; "hang while stopping is bounded by the timers")]
+    #[test_case(&[fired(Timer::Grace), fired(Timer::Kill), fired(Timer::Checkpoint)], &[]; "stray timers while running")]
     fn transitions(events: &[Event], want: &[Action]) {
         let (_, got) = feed(2, events);
+        assert_eq!(got, want);
+    }
+
+    #[test_case(&[Event::StopSignal(TERM), fired(Timer::Checkpoint), fired(Timer::Grace)],
+        &[PublishAbort(TERM), Signal(USR1), Arm(Timer::Checkpoint), Arm(Timer::Grace), Signal(TERM), KillAll,
+          Arm(Timer::Kill)]; "stop signal checkpoints first")]
+    #[test_case(&[Event::StopSignal(TERM), exited(0, 0), exited(1, 0), fired(Timer::Checkpoint)],
+        &[PublishAbort(TERM), Signal(USR1), Arm(Timer::Checkpoint), Arm(Timer::Grace),
+          Finish(Outcome::Stopped(TERM))]; "workers that checkpoint and exit need no sigterm")]
+    #[test_case(&[Event::Job(PLANNED), fired(Timer::Checkpoint)],
+        &[Signal(USR1), Arm(Timer::Checkpoint), Arm(Timer::Grace), Signal(TERM)]; "planned regroup checkpoints")]
+    #[test_case(&[Event::Job(DIED)], &[Signal(TERM), Arm(Timer::Grace)]; "a dead peer does not wait for a checkpoint")]
+    #[test_case(&[exited(0, 1)], &[FAIL, Signal(TERM), Arm(Timer::Grace)]; "failures never wait for a checkpoint")]
+    #[test_case(&[Event::StopSignal(TERM), fired(Timer::Grace), fired(Timer::Checkpoint)],
+        &[PublishAbort(TERM), Signal(USR1), Arm(Timer::Checkpoint), Arm(Timer::Grace), KillAll, Arm(Timer::Kill)];
+        "no sigterm after sigkill")]
+    fn checkpoint_stops(events: &[Event], want: &[Action]) {
+        let (_, got) = feed_with(2, &[], Some(USR1), events);
+        assert_eq!(got, want);
+    }
+
+    #[test_case(&["3=fail"], &[exited(0, 3)], &[FATAL, Signal(TERM), Arm(Timer::Grace)]; "fail rule is fatal")]
+    #[test_case(&["3=ignore"], &[exited(0, 3), exited(1, 0)], &[PublishLocalDone]; "ignored exit counts as done")]
+    #[test_case(&["0=restart"], &[exited(0, 0)], &[FAIL, Signal(TERM), Arm(Timer::Grace)]; "exit 0 made a failure")]
+    #[test_case(&["SIGSEGV=restart"], &[Event::WorkerExited { local_rank: 0, exit: Exit::Signal(11), at_us: 0 }],
+        &[FAIL, Signal(TERM), Arm(Timer::Grace)]; "signal rule")]
+    #[test_case(&["137=fail"], &[Event::WorkerExited { local_rank: 0, exit: Exit::Signal(9), at_us: 0 }],
+        &[FATAL, Signal(TERM), Arm(Timer::Grace)]; "oom kill by code")]
+    fn rules_decide(rules: &[&str], events: &[Event], want: &[Action]) {
+        let (_, got) = feed_with(2, rules, None, events);
         assert_eq!(got, want);
     }
 
     #[test]
     fn failures_keep_order_and_ignore_casualties() {
         let (a, _) = feed(3, &[exited(2, 7), exited(0, 1), exited(1, 0)]);
-        assert_eq!(a.failures(), [LocalFailure { local_rank: 2, exit: Exit::Code(7), at_us: 2 }]);
+        assert_eq!(
+            a.failures(),
+            [LocalFailure { local_rank: 2, exit: Some(Exit::Code(7)), at_us: 2, action: RuleAction::Restart }]
+        );
         assert!(a.finished());
         assert_eq!(a.alive().count(), 0);
+        assert!(a.abandoned().is_empty());
+    }
+
+    #[test]
+    fn unkillable_workers_are_abandoned_and_named() {
+        let (a, _) = feed(3, &[exited(2, 7), exited(0, -1), fired(Timer::Grace), fired(Timer::Kill)]);
+        assert!(a.finished());
+        assert_eq!(a.abandoned(), [1]);
     }
 
     #[test]
@@ -310,16 +556,55 @@ mod tests {
         let (mut a, _) = feed(1, &[exited(0, 5)]);
         assert!(a.finished());
         assert!(a.handle(Event::StopSignal(TERM)).is_empty());
-        assert!(a.handle(Event::GraceExpired).is_empty());
+        assert!(a.handle(fired(Timer::Grace)).is_empty());
     }
 
-    #[test_case(Outcome::Failed, 0, 1, Next::Restart(1); "budget left")]
-    #[test_case(Outcome::Failed, 1, 1, Next::Exit; "budget spent")]
-    #[test_case(Outcome::Failed, 0, 0, Next::Exit; "no restarts")]
-    #[test_case(Outcome::Succeeded, 0, 3, Next::Exit; "success exits")]
-    #[test_case(Outcome::Stopped(TERM), 0, 3, Next::Exit; "signal never restarts")]
-    #[test_case(Outcome::PeerLost, 0, 3, Next::Exit; "peer lost exits in static mode")]
-    fn restart_budget(outcome: Outcome, attempt: u32, max: u32, want: Next) {
-        assert_eq!(next_step(outcome, attempt, max), want);
+    fn facts(end: Option<JobEnd>) -> RoundFacts {
+        RoundFacts {
+            end,
+            dead: false,
+            all_stopped: true,
+            fatal: false,
+            unkillable: false,
+            restarts: 0,
+            max_restarts: 1,
+        }
+    }
+
+    #[test_case(facts(Some(JobEnd::Success)), Verdict::Success; "success")]
+    #[test_case(facts(Some(JobEnd::Failure)), Verdict::Restart(1); "budget left")]
+    #[test_case(RoundFacts { restarts: 1, ..facts(Some(JobEnd::Failure)) }, Verdict::Fail(FailKind::Budget); "budget spent")]
+    #[test_case(RoundFacts { max_restarts: 0, ..facts(Some(JobEnd::Failure)) }, Verdict::Fail(FailKind::Budget); "no restarts")]
+    #[test_case(RoundFacts { fatal: true, ..facts(Some(JobEnd::Failure)) }, Verdict::Fail(FailKind::Policy); "fail rule beats budget")]
+    #[test_case(RoundFacts { unkillable: true, dead: true, ..facts(Some(JobEnd::Failure)) },
+        Verdict::Fail(FailKind::Unkillable); "unkillable beats everything")]
+    #[test_case(RoundFacts { dead: true, all_stopped: false, ..facts(Some(JobEnd::Failure)) }, Verdict::Regroup;
+        "a dead peer makes failures free")]
+    #[test_case(facts(Some(PLANNED)), Verdict::Regroup; "waiting pods or a clean departure")]
+    #[test_case(RoundFacts { all_stopped: false, ..facts(Some(JobEnd::Failure)) }, Verdict::Fail(FailKind::Stuck);
+        "a live pod that never stops")]
+    #[test_case(facts(None), Verdict::Fail(FailKind::Stuck); "no end at all")]
+    fn verdicts(f: RoundFacts, want: Verdict) {
+        assert_eq!(verdict(&f), want);
+    }
+
+    #[test_case(Verdict::Success; "success")]
+    #[test_case(Verdict::Regroup; "regroup")]
+    #[test_case(Verdict::Restart(7); "restart")]
+    #[test_case(Verdict::Fail(FailKind::Policy); "policy")]
+    #[test_case(Verdict::Fail(FailKind::Unkillable); "unkillable")]
+    #[test_case(Verdict::Fail(FailKind::Budget); "budget")]
+    #[test_case(Verdict::Fail(FailKind::Stuck); "stuck")]
+    fn verdicts_round_trip_through_the_store(v: Verdict) {
+        assert_eq!(v.to_string().parse::<Verdict>(), Ok(v));
+    }
+
+    #[test_case(0, 1, 0; "off")]
+    #[test_case(1, 1, 1; "first")]
+    #[test_case(1, 3, 4; "doubles")]
+    #[test_case(1, 30, 60; "capped")]
+    fn backoff_doubles_up_to_the_cap(base: u64, n: u32, want: u64) {
+        let s = std::time::Duration::from_secs;
+        assert_eq!(backoff(s(base), n, s(60)), s(want));
     }
 }

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::rules::RuleAction;
 use crate::sys::Exit;
 
 /// One worker failure, as shared between pods.
@@ -41,6 +42,33 @@ pub struct Failure {
     pub message: Option<String>,
     /// The Python traceback from that file.
     pub traceback: Option<String>,
+    /// What the failure policy said: `restart`, `fail` or `ignore`.
+    #[serde(default = "default_action")]
+    pub action: RuleAction,
+    /// The worker was stuck in uninterruptible sleep, or survived SIGKILL.
+    #[serde(default)]
+    pub hung: bool,
+}
+
+fn default_action() -> RuleAction {
+    RuleAction::Restart
+}
+
+/// One rendezvous round of the job, as this pod saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RoundRecord {
+    /// Round number.
+    pub round: u64,
+    /// Pods in it.
+    pub nnodes: u32,
+    /// This pod's group rank.
+    pub group_rank: u32,
+    /// Job-wide restarts used before it.
+    pub restarts: u32,
+    /// How it ended (`rR/end`).
+    pub end: String,
+    /// What the pods decided.
+    pub verdict: String,
 }
 
 impl Failure {
@@ -104,6 +132,8 @@ pub struct Report {
     pub root_cause: Option<Failure>,
     /// Every failure of every attempt, all pods.
     pub failures: Vec<Failure>,
+    /// Every round this pod took part in, in order.
+    pub rounds: Vec<RoundRecord>,
 }
 
 impl Report {
@@ -128,8 +158,21 @@ impl Report {
                 f.error_file.as_deref().unwrap_or("<N/A>"),
             );
             let tb = f.traceback.as_deref().or(f.message.as_deref());
+            let _ = writeln!(s, "  policy    : {}{}", f.action, if f.hung { " (hung)" } else { "" });
             let _ = writeln!(s, "  traceback : {}", tb.unwrap_or("<N/A>").trim_end().replace('\n', "\n    "));
         };
+        if !self.rounds.is_empty() {
+            s.push_str("Rounds:\n");
+            for r in &self.rounds {
+                let _ = writeln!(
+                    s,
+                    "  round {}: {} pods, group rank {}, {} restarts used, end {}, verdict {}",
+                    r.round, r.nnodes, r.group_rank, r.restarts, r.end, r.verdict
+                );
+            }
+            s.push_str(&line);
+            s.push('\n');
+        }
         if !self.failures.is_empty() {
             s.push_str("Failures:\n");
             for (i, f) in self.failures.iter().enumerate() {
@@ -174,6 +217,8 @@ mod tests {
             error_file: None,
             message: None,
             traceback: None,
+            action: RuleAction::Restart,
+            hung: false,
         }
     }
 
@@ -218,10 +263,19 @@ mod tests {
             reason: "worker failed".into(),
             root_cause: Some(failure(5, 1)),
             failures: vec![failure(5, 1)],
+            rounds: vec![RoundRecord {
+                round: 0,
+                nnodes: 2,
+                group_rank: 0,
+                restarts: 0,
+                end: "failure".into(),
+                verdict: "fail:budget".into(),
+            }],
         };
         let s = r.summary();
         assert!(s.contains("fail.py FAILED"));
         assert!(s.contains("rank      : 5 (local_rank: 1)"));
         assert!(s.contains("exitcode  : 3 (pid: 10)"));
+        assert!(s.contains("round 0: 2 pods, group rank 0, 0 restarts used, end failure, verdict fail:budget"), "{s}");
     }
 }

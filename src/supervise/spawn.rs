@@ -106,8 +106,12 @@ pub struct WorldView<'a> {
     pub master_addr: &'a str,
     /// Port of this attempt's worker store.
     pub master_port: u16,
-    /// Restart attempt number.
-    pub attempt: u32,
+    /// Job-wide restarts so far (TORCHELASTIC_RESTART_COUNT).
+    pub restarts: u32,
+    /// This pod's group rank in the round.
+    pub group_rank: u32,
+    /// Pods in the round.
+    pub nnodes: u32,
 }
 
 /// The environment torchrun gives a worker (reference/torch.md 3.2), on top
@@ -119,21 +123,21 @@ pub fn worker_env(
     inherited: &names::Env,
 ) -> Vec<(String, String)> {
     let p = w.plan;
-    let rank = p.node_rank * p.nproc + local_rank;
-    let world = p.world_size();
+    let rank = w.group_rank * p.nproc + local_rank;
+    let world = w.nnodes * p.nproc;
     let mut env: Vec<(String, String)> = [
         ("RANK", rank.to_string()),
         ("LOCAL_RANK", local_rank.to_string()),
-        ("GROUP_RANK", p.node_rank.to_string()),
+        ("GROUP_RANK", w.group_rank.to_string()),
         ("ROLE_RANK", rank.to_string()),
         ("ROLE_NAME", p.role.clone()),
         ("LOCAL_WORLD_SIZE", p.nproc.to_string()),
         ("WORLD_SIZE", world.to_string()),
-        ("GROUP_WORLD_SIZE", p.nnodes.to_string()),
+        ("GROUP_WORLD_SIZE", w.nnodes.to_string()),
         ("ROLE_WORLD_SIZE", world.to_string()),
         ("MASTER_ADDR", w.master_addr.to_string()),
         ("MASTER_PORT", w.master_port.to_string()),
-        ("TORCHELASTIC_RESTART_COUNT", w.attempt.to_string()),
+        ("TORCHELASTIC_RESTART_COUNT", w.restarts.to_string()),
         ("TORCHELASTIC_MAX_RESTARTS", p.max_restarts.to_string()),
         ("TORCHELASTIC_RUN_ID", p.run_id.clone()),
         ("TORCHELASTIC_USE_AGENT_STORE", "True".to_string()),

@@ -1,0 +1,128 @@
+//! The store host's side of the rendezvous: a fresh worker store for every
+//! round, and the liveness monitor.
+//!
+//! The store host runs this next to its store (whether or not its own agent
+//! is a member of the round). Per round it serves a new worker store and
+//! publishes its port, then, once the round has members, reads every
+//! member's heartbeat key once per heartbeat period with one MULTI_GET and
+//! timestamps each change with its own clock (the store's clock: no clock
+//! skew between pods matters). A member silent for the heartbeat timeout is
+//! declared dead: `rR/dead` lists it and `rR/end` becomes `dead:<uid>`. If
+//! every member is dead or gone, nobody is left to move the job on, so the
+//! monitor does. Worker stores of rounds older than the previous one are
+//! closed.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{Member, Timing, raise, wait_on};
+use crate::store::{Client, ClientError, ServerError, StoreServer};
+
+/// Serves a fresh worker store; called once per round.
+pub type ServeFn = Box<dyn Fn() -> Result<StoreServer, ServerError> + Send + Sync>;
+
+/// Run until `cancel`: worker stores and liveness for every round of the
+/// job under `base` (`trainlet/<run_id>/j<attempt>`) on the store at `addr`.
+pub async fn serve_rounds(addr: SocketAddr, base: String, timing: Timing, serve: ServeFn, cancel: CancellationToken) {
+    let run = async {
+        let mut c = Client::connect(addr).await?;
+        let mut round = raise(&mut c, &format!("{base}/round"), 0).await?;
+        let mut stores: VecDeque<StoreServer> = VecDeque::new();
+        loop {
+            match serve() {
+                Ok(s) => {
+                    let port = s.local_addr().port();
+                    c.set(&format!("{base}/r{round}/port"), port.to_string().as_bytes()).await?;
+                    tracing::debug!(round, port, "serving the round's worker store");
+                    stores.push_back(s);
+                }
+                Err(e) => tracing::error!(round, error = %crate::store::error_chain(&e), "cannot serve a worker store"),
+            }
+            while stores.len() > 2 {
+                if let Some(old) = stores.pop_front() {
+                    old.shutdown().await;
+                }
+            }
+            round = monitor(&mut c, addr, &base, round, timing).await?;
+        }
+        #[allow(unreachable_code)]
+        Ok::<(), ClientError>(())
+    };
+    tokio::select! {
+        () = cancel.cancelled() => {}
+        r = run => if let Err(e) = r {
+            tracing::debug!(error = %crate::store::error_chain(&e), "round service stopped");
+        },
+    }
+}
+
+/// Watch round `r` until the job moves on; returns the next round.
+async fn monitor(c: &mut Client, addr: SocketAddr, base: &str, r: u64, timing: Timing) -> Result<u64, ClientError> {
+    let key = |rest: &str| format!("{base}/r{r}/{rest}");
+    let next_key = key("next");
+    let next = wait_on(addr, std::slice::from_ref(&next_key), Duration::from_secs(86_400 * 365));
+    tokio::pin!(next);
+    let mut tick = tokio::time::interval(timing.heartbeat);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut members: Vec<String> = Vec::new();
+    let mut seen: HashMap<String, (Vec<u8>, Instant)> = HashMap::new();
+    let mut dead: Vec<String> = Vec::new();
+    loop {
+        tokio::select! {
+            ok = &mut next => {
+                if ok? {
+                    let v = c.get(&next_key).await?;
+                    return Ok(std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()).unwrap_or(r + 1));
+                }
+            }
+            _ = tick.tick() => {}
+        }
+        if members.is_empty() {
+            let v = c.get(&key("members")).await?;
+            if v.is_empty() {
+                continue;
+            }
+            members =
+                serde_json::from_slice::<Vec<Member>>(&v).unwrap_or_default().into_iter().map(|m| m.uid).collect();
+            let now = Instant::now();
+            for uid in &members {
+                seen.insert(uid.clone(), (Vec::new(), now));
+            }
+        }
+        if c.get(&key("end")).await? == b"success" {
+            continue;
+        }
+        let hb: Vec<String> = members.iter().map(|u| format!("{base}/hb/{u}")).collect();
+        let values = c.multi_get(&hb).await?;
+        let now = Instant::now();
+        let mut newly = Vec::new();
+        let mut gone = 0;
+        for (uid, v) in members.iter().zip(values) {
+            let Some((last, since)) = seen.get_mut(uid) else { continue };
+            if v == b"bye" || dead.contains(uid) {
+                gone += 1;
+            } else if v != *last {
+                *last = v;
+                *since = now;
+            } else if now.duration_since(*since) >= timing.heartbeat_timeout {
+                newly.push(uid.clone());
+                gone += 1;
+            }
+        }
+        if !newly.is_empty() {
+            tracing::warn!(round = r, dead = ?newly, timeout_s = timing.heartbeat_timeout.as_secs_f64(), "members stopped heartbeating; declaring them dead");
+            dead.extend(newly.iter().cloned());
+            c.set(&key("dead"), &serde_json::to_vec(&dead).unwrap_or_default()).await?;
+            c.compare_set(&key("end"), b"", format!("dead:{}", newly[0]).as_bytes()).await?;
+        }
+        if gone == members.len() && !dead.is_empty() {
+            tracing::warn!(round = r, "every member of the round is gone; opening the next round");
+            let to = raise(c, &format!("{base}/round"), r + 1).await?;
+            c.compare_set(&next_key, b"", to.to_string().as_bytes()).await?;
+        }
+    }
+}
