@@ -144,6 +144,7 @@ pub async fn run(plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: Ca
                 return Err(e.into());
             }
             Err(sig) => {
+                session.withdraw().await;
                 session.bye().await;
                 break exit::for_signal(sig);
             }

@@ -267,6 +267,8 @@ pub struct Session {
     jobset_attempt: u64,
     run_id: String,
     heartbeat: tokio::task::JoinHandle<()>,
+    /// A round we joined that has not formed yet.
+    open: Option<u64>,
 }
 
 impl Drop for Session {
@@ -319,6 +321,7 @@ impl Session {
             jobset_attempt,
             run_id: run_id.to_string(),
             heartbeat,
+            open: None,
         };
         s.check_attempt().await?;
         Ok(s)
@@ -338,6 +341,21 @@ impl Session {
             return Err(Error::Stale { ours: self.jobset_attempt, current });
         }
         Ok(())
+    }
+
+    /// Leave a round that has not formed yet (we are stopping), so the
+    /// pods still waiting in it meet again without our slot.
+    pub async fn withdraw(&mut self) {
+        if let Some(r) = self.open.take() {
+            let closed = self.rkey(r, "closed");
+            let withdraw = async {
+                if self.client.check(&[closed]).await.ok() == Some(false) {
+                    tracing::info!(round = r, "leaving a round that has not formed; the others meet again");
+                    let _ = self.advance(r, r + 1).await;
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(2), withdraw).await;
+        }
     }
 
     /// Our record.
@@ -412,6 +430,7 @@ impl Session {
     async fn try_round(&mut self, r: u64, deadline: Instant, started: Instant) -> Result<Try, Error> {
         let (min, max) = (u64::from(self.me.min_nodes), u64::from(self.me.max_nodes));
         let n = self.client.add(&self.rkey(r, "join"), 1).await.map_err(|e| self.lost(e))?;
+        self.open = Some(r);
         let slot = u64::try_from(n - 1).unwrap_or(0);
         let record = serde_json::to_vec(&self.me).unwrap_or_default();
         self.client.set(&self.rkey(r, &format!("m/{slot}")), &record).await.map_err(|e| self.lost(e))?;
@@ -462,6 +481,7 @@ impl Session {
                 }
             }
         }
+        self.open = None;
         let v = self.get(&closed).await?;
         let v = String::from_utf8_lossy(&v).to_string();
         let (size, closer) = v
@@ -476,7 +496,16 @@ impl Session {
         }
         let rank_key = self.rkey(r, &format!("rank/{slot}"));
         let bound = self.timing.heartbeat_timeout + Duration::from_secs(2);
-        if !self.wait_for(std::slice::from_ref(&rank_key), bound).await? {
+        let assigned = tokio::select! {
+            ok = self.wait_for(std::slice::from_ref(&rank_key), bound) => ok?,
+            ok = self.wait_for(std::slice::from_ref(&next), bound) => {
+                if ok? {
+                    return Ok(Try::Moved(parse_u64(&self.get(&next).await?).unwrap_or(r + 1)));
+                }
+                false
+            }
+        };
+        if !assigned {
             tracing::warn!(round = r, "the pod that closed the round never assigned ranks; starting a new round");
             self.advance(r, r + 1).await?;
             return Ok(Try::Moved(r + 1));
@@ -521,6 +550,15 @@ impl Session {
         }
         let values = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
         let members: Vec<Member> = values.iter().filter_map(|v| serde_json::from_slice(v).ok()).collect();
+        if let Some(m) = members.iter().enumerate().find_map(|(i, a)| {
+            members[..i].iter().find(|b| b.host == a.host && b.node_rank == a.node_rank).map(|_| a)
+        }) {
+            // A pod left (or died) while the round was open and came back:
+            // its old slot is stale. The live pods meet again in a new round.
+            tracing::warn!(round = r, host = %m.host, node_rank = m.node_rank, "a pod joined this round twice (it restarted while the round was open); starting a new round");
+            self.advance(r, r + 1).await?;
+            return Ok(());
+        }
         let nnodes = u32::try_from(members.len()).unwrap_or(u32::MAX);
         let (ranks, error) = match (members.len() == values.len()).then(|| assign(&members)) {
             Some(Ok(ranks)) => (ranks, None),
