@@ -550,9 +550,11 @@ impl Session {
         }
         let values = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
         let members: Vec<Member> = values.iter().filter_map(|v| serde_json::from_slice(v).ok()).collect();
-        if let Some(m) = members.iter().enumerate().find_map(|(i, a)| {
-            members[..i].iter().find(|b| b.host == a.host && b.node_rank == a.node_rank).map(|_| a)
-        }) {
+        if let Some(m) = members
+            .iter()
+            .enumerate()
+            .find_map(|(i, a)| members[..i].iter().find(|b| b.host == a.host && b.node_rank == a.node_rank).map(|_| a))
+        {
             // A pod left (or died) while the round was open and came back:
             // its old slot is stale. The live pods meet again in a new round.
             tracing::warn!(round = r, host = %m.host, node_rank = m.node_rank, "a pod joined this round twice (it restarted while the round was open); starting a new round");

@@ -6,6 +6,7 @@
 //! repository (what `.ci/run` installs).
 
 mod cli;
+mod fault;
 mod rendezvous;
 mod signals;
 mod store;

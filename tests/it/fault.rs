@@ -1,0 +1,276 @@
+//! Fault tolerance with real PyTorch (gloo): a data-parallel job that
+//! checkpoints and resumes (tests/fixtures/ckpt_train.py) survives worker
+//! crashes, lost pods and a lost store host, and ends with exactly the
+//! parameters of an uninterrupted run, or fails with the documented code.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::util::{Pod, fixture, free_port, processes_with_marker, python, unique_marker, wait_until_gone};
+
+const LIMIT: Duration = Duration::from_secs(180);
+
+/// The final-parameter digest of an uninterrupted run (60 steps).
+fn reference() -> String {
+    reference_of("60")
+}
+
+/// The final-parameter digest of an uninterrupted run of `steps` steps.
+fn reference_of(steps: &str) -> String {
+    let out = std::process::Command::new(python())
+        .args([&fixture("ckpt_train.py"), "--reference"])
+        .env("STEPS", steps)
+        .output()
+        .expect("python");
+    let s = String::from_utf8_lossy(&out.stdout);
+    s.split_whitespace().nth(1).expect("FINAL <digest>").to_string()
+}
+
+/// The digest a job printed (`FINAL <digest> world=<n>`) and its world size.
+fn final_of(out: &str) -> (String, String) {
+    let line = out.lines().rfind(|l| l.contains("FINAL ")).unwrap_or_else(|| panic!("no FINAL line in:\n{out}"));
+    let mut words = line.split("FINAL ").nth(1).unwrap_or_default().split_whitespace();
+    (words.next().unwrap_or_default().to_string(), words.next().unwrap_or_default().to_string())
+}
+
+fn ckpt_step(dir: &Path) -> Option<(u64, String)> {
+    let text = std::fs::read_to_string(dir.join("ckpt.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    Some((v["step"].as_u64()?, v["reason"].as_str()?.to_string()))
+}
+
+fn wait_for_step(dir: &Path, step: u64, pods: &mut [&mut Pod]) {
+    let start = Instant::now();
+    while ckpt_step(dir).is_none_or(|(s, _)| s < step) {
+        for p in pods.iter_mut() {
+            if let Some(st) = p.child.try_wait().expect("try_wait") {
+                panic!("a pod exited ({st:?}) before step {step}:\n{}\n{}", p.stdout(), p.stderr());
+            }
+        }
+        assert!(start.elapsed() < LIMIT, "no checkpoint of step {step}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One simulated pod of a job: node `node` at 127.0.0.<node+1>.
+struct Job {
+    port: u16,
+    nnodes: String,
+    nproc: u32,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    marker: String,
+    dir: tempfile::TempDir,
+}
+
+impl Job {
+    fn new(nnodes: &str, nproc: u32, args: &[&str], env: &[(&str, &str)]) -> Job {
+        let dir = tempfile::tempdir().expect("tmp");
+        let marker = unique_marker();
+        let mut all: Vec<(String, String)> = vec![
+            ("CKPT_DIR".into(), dir.path().display().to_string()),
+            ("TRAINLET_TEST_MARKER".into(), marker.clone()),
+            ("TRAINLET_HEARTBEAT_TIMEOUT".into(), "3".into()),
+            ("TRAINLET_LAST_CALL_TIMEOUT".into(), "1".into()),
+            ("TRAINLET_JOIN_TIMEOUT".into(), "60".into()),
+        ];
+        all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        Job {
+            port: free_port(),
+            nnodes: nnodes.into(),
+            nproc,
+            args: args.iter().map(|s| s.to_string()).collect(),
+            env: all,
+            marker,
+            dir,
+        }
+    }
+
+    fn pod(&self, node: u32) -> Pod {
+        let mut args: Vec<&str> = vec!["run", "--nnodes", &self.nnodes];
+        args.extend(self.args.iter().map(String::as_str));
+        let script = fixture("ckpt_train.py");
+        args.push(&script);
+        let addr = format!("127.0.0.{}", node + 1);
+        let (port, nproc, rank) = (self.port.to_string(), self.nproc.to_string(), node.to_string());
+        let mut env: Vec<(&str, &str)> = vec![
+            ("PET_NPROC_PER_NODE", &nproc),
+            ("PET_NODE_RANK", &rank),
+            ("PET_MASTER_ADDR", "127.0.0.1"),
+            ("PET_MASTER_PORT", &port),
+            ("PET_LOCAL_ADDR", &addr),
+        ];
+        env.extend(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        Pod::start(&args, &env)
+    }
+
+    fn pods(&self, n: u32) -> Vec<Pod> {
+        (0..n).map(|i| self.pod(i)).collect()
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+fn all_succeed(pods: &mut [Pod]) {
+    for p in pods.iter_mut() {
+        assert_eq!(p.code(LIMIT), 0, "stdout:\n{}\nstderr:\n{}", p.stdout(), p.stderr());
+    }
+}
+
+#[test]
+fn a_worker_killed_mid_training_restarts_every_pod_and_the_job_resumes_exactly() {
+    let want = reference();
+    let job = Job::new("2", 2, &["--max-restarts", "1"], &[]);
+    let mut pods = job.pods(2);
+    {
+        let (a, b) = pods.split_at_mut(1);
+        wait_for_step(job.dir(), 10, &mut [&mut a[0], &mut b[0]]);
+    }
+    let agents: Vec<i32> = pods.iter().map(Pod::pid).collect();
+    let worker = processes_with_marker(&job.marker).into_iter().find(|p| !agents.contains(p)).expect("a worker");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(worker), Signal::SIGKILL).expect("kill");
+    all_succeed(&mut pods);
+    for p in &pods {
+        assert!(p.stderr().contains("restarting every pod's workers"), "{}", p.stderr());
+        assert!(p.stderr().contains("verdict=restart:1"), "{}", p.stderr());
+    }
+    let (digest, world) = final_of(&pods[0].stdout());
+    assert_eq!(digest, want, "the resumed job must end with the uninterrupted run's parameters");
+    assert_eq!(world, "world=4");
+    assert!(pods[0].stdout().contains("restart=1"), "{}", pods[0].stdout());
+}
+
+#[test]
+fn an_elastic_job_shrinks_when_a_pod_dies_and_grows_when_it_returns() {
+    let want = reference_of("90");
+    let job = Job::new("2:3", 1, &["--max-restarts", "0"], &[("STEPS", "90")]);
+    let mut pods = job.pods(3);
+    {
+        let (a, rest) = pods.split_at_mut(1);
+        let (b, c) = rest.split_at_mut(1);
+        wait_for_step(job.dir(), 10, &mut [&mut a[0], &mut b[0], &mut c[0]]);
+    }
+    // The whole non-store pod dies (agent SIGKILLed; its worker follows).
+    pods[2].signal(Signal::SIGKILL);
+    pods[2].wait(LIMIT);
+    pods[0].wait_for_stderr("nnodes=2 world_size=2", LIMIT);
+    assert!(pods[0].stderr().contains("members stopped heartbeating") || pods[1].stderr().contains("verdict=regroup"));
+    // Kubernetes restarts it in place: same address, same env.
+    pods[2] = job.pod(2);
+    all_succeed(&mut pods);
+    let (digest, world) = final_of(&pods[0].stdout());
+    assert_eq!(digest, want, "shrinking and growing must not change the result");
+    assert_eq!(world, "world=3", "the job finished with the returned pod");
+    for p in &pods[..2] {
+        let err = p.stderr();
+        assert!(err.contains("verdict=regroup"), "{err}");
+        assert!(!err.contains("verdict=restart"), "membership changes cost no restart:\n{err}");
+    }
+}
+
+#[test]
+fn the_store_host_killed_and_restarted_resumes_the_job() {
+    let want = reference();
+    let job = Job::new("2", 1, &[], &[]);
+    let mut pods = job.pods(2);
+    {
+        let (a, b) = pods.split_at_mut(1);
+        wait_for_step(job.dir(), 10, &mut [&mut a[0], &mut b[0]]);
+    }
+    pods[0].signal(Signal::SIGKILL);
+    pods[0].wait(LIMIT);
+    pods[1].wait_for_stderr("waiting for the store host to come back", LIMIT);
+    pods[0] = job.pod(0);
+    all_succeed(&mut pods);
+    assert!(pods[1].stderr().contains("reconnected to the rendezvous store"), "{}", pods[1].stderr());
+    let (digest, _) = final_of(&pods[0].stdout());
+    assert_eq!(digest, want);
+}
+
+#[test]
+fn exit_3_under_a_fail_rule_fails_the_job_at_once_with_the_failjob_code() {
+    let job = Job::new(
+        "2",
+        1,
+        &["--on-exit", "3=fail", "--max-restarts", "3"],
+        &[("FAIL_AT", "1@0"), ("FAIL_CODE", "3"), ("FAIL_STEP", "5")],
+    );
+    let mut pods = job.pods(2);
+    for p in pods.iter_mut() {
+        assert_eq!(p.code(LIMIT), 205, "{}", p.stderr());
+        let err = p.stderr();
+        assert!(err.contains("worker rank 1 (exit code 3) matched a fail rule"), "{err}");
+        assert!(!err.contains("restarting every pod"), "{err}");
+    }
+    wait_until_gone(&job.marker, Duration::from_secs(10));
+}
+
+#[test]
+fn the_restart_budget_is_shared_by_all_pods() {
+    // Pod 0's worker fails in the first run, pod 1's in the second: with a
+    // job-wide budget of 1 the second failure ends the job (torchrun's
+    // per-agent budget would restart again).
+    let job =
+        Job::new("2", 1, &["--max-restarts", "1"], &[("FAIL_AT", "0@0,1@1"), ("FAIL_CODE", "7"), ("FAIL_STEP", "3")]);
+    let mut pods = job.pods(2);
+    for p in pods.iter_mut() {
+        assert_eq!(p.code(LIMIT), 7, "{}", p.stderr());
+        let err = p.stderr();
+        assert_eq!(err.matches("restarting every pod's workers").count(), 1, "{err}");
+        assert!(err.contains("worker rank 1 failed with exit code 7; no restarts left"), "{err}");
+        assert!(
+            err.contains("rank      : 0 (local_rank: 0)") && err.contains("rank      : 1 (local_rank: 0)"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn sigterm_with_a_checkpoint_signal_lets_workers_checkpoint_then_exits_143() {
+    let want = reference();
+    let dir = tempfile::tempdir().expect("tmp");
+    let marker = unique_marker();
+    let d = dir.path().display().to_string();
+    let env = [
+        ("CKPT_DIR", d.as_str()),
+        ("CKPT_SIGNAL", "SIGUSR1"),
+        ("CKPT_EVERY", "1000"),
+        ("STEP_SLEEP", "0.05"),
+        ("TRAINLET_TEST_MARKER", marker.as_str()),
+    ];
+    let script = fixture("ckpt_train.py");
+    let args = [
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--checkpoint-signal",
+        "SIGUSR1",
+        "--checkpoint-timeout",
+        "10",
+        "--shutdown-timeout",
+        "20",
+        &script,
+    ];
+    let mut pod = Pod::start(&args, &env);
+    pod.wait_for_output("START rank=0", LIMIT);
+    std::thread::sleep(Duration::from_secs(1));
+    let stopped = Instant::now();
+    pod.signal(Signal::SIGTERM);
+    assert_eq!(pod.code(LIMIT), 143, "{}", pod.stderr());
+    assert!(stopped.elapsed() < Duration::from_secs(10), "the workers exit on their own: {:?}", stopped.elapsed());
+    wait_until_gone(&marker, Duration::from_secs(10));
+    let (step, reason) = ckpt_step(dir.path()).expect("a checkpoint");
+    assert_eq!(reason, "signal", "written by the workers' handler");
+    assert!(step > 0, "{step}");
+    assert!(pod.stdout().contains(&format!("CHECKPOINT step={step} reason=signal")), "{}", pod.stdout());
+
+    // Resuming from that checkpoint ends where an uninterrupted run does.
+    let mut again = Pod::start(&args, &env);
+    assert_eq!(again.code(LIMIT), 0, "{}", again.stderr());
+    assert!(again.stdout().contains(&format!("START rank=0 world=2 step={step}")), "{}", again.stdout());
+    assert_eq!(final_of(&again.stdout()).0, want);
+}
