@@ -3,12 +3,12 @@
 # already there. Used by the main job, the tests and the benchmarks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if .venv/bin/python -c "import torch.distributed as d; assert d.is_gloo_available()" 2>/dev/null; then
+if .venv/bin/python -c "import yaml, torch.distributed as d; assert d.is_gloo_available()" 2>/dev/null; then
   exit 0
 fi
 python=${PYTHON:-python3}
 echo "installing torch into .venv (about a minute) ..." >&2
 rm -rf .venv
 "$python" -m venv .venv
-.venv/bin/pip install --quiet --disable-pip-version-check torch numpy
+.venv/bin/python -m pip install --quiet --disable-pip-version-check torch numpy pyyaml
 .venv/bin/python -c "import torch; print('torch', torch.__version__, 'ready in .venv')" >&2

@@ -8,6 +8,7 @@
 mod cli;
 mod fault;
 mod rendezvous;
+mod runtimes;
 mod signals;
 mod store;
 mod torch;

@@ -169,3 +169,21 @@ fn a_pod_stopped_while_the_pods_meet_can_come_back() {
         assert_eq!(p.code(LIMIT), 0, "{}", p.stderr());
     }
 }
+
+#[test]
+fn a_pod_from_an_older_jobset_attempt_is_rejected_and_the_job_goes_on() {
+    let port = free_port();
+    let attempt = [("JOBSET_RESTART_ATTEMPT", "1")];
+    let mut a = pod_with(2, 1, 0, port, "echo READY; sleep 3", &attempt);
+    let mut b = pod_with(2, 1, 1, port, "echo READY; sleep 3", &attempt);
+    a.wait_for_output("READY", LIMIT);
+    let mut old = pod_with(2, 1, 1, port, "true", &[("JOBSET_RESTART_ATTEMPT", "0"), ("PET_LOCAL_ADDR", "127.0.0.7")]);
+    assert_eq!(old.code(LIMIT), 204, "{}", old.stderr());
+    assert!(
+        old.stderr().contains("this pod belongs to JobSet restart attempt 0, but the job is at attempt 1"),
+        "{}",
+        old.stderr()
+    );
+    assert_eq!(a.code(LIMIT), 0, "{}", a.stderr());
+    assert_eq!(b.code(LIMIT), 0, "{}", b.stderr());
+}
