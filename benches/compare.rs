@@ -5,7 +5,7 @@
 //!
 //! Run: `cargo bench --bench compare [-- NAME...]` with torch in `.venv`
 //! (or `$TRAINLET_TEST_PYTHON`). NAME filters: overhead, start, rss, store,
-//! init. Results are also written to `target/bench-compare.md`.
+//! init, restart, scale. Results are also written to `target/bench-compare.md`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
@@ -119,6 +119,175 @@ fn job_start(rows: &mut Vec<Row>, pods: u32, script: &str) {
         theirs: ms(theirs),
         ratio: theirs.as_secs_f64() / ours.as_secs_f64(),
         goal: ">= 2x",
+    });
+}
+
+/// Crash of rank 0 to the restarted workers' first instruction (the last of
+/// them), `pods` simulated pods x 1 worker, trainlet vs torchrun c10d.
+fn restart_gap(rows: &mut Vec<Row>, pods: u32) {
+    let run = |torch: bool| -> Duration {
+        let dir = tempfile::tempdir().expect("tmp");
+        let port = free_port().to_string();
+        let cmds = (0..pods)
+            .map(|node| {
+                let mut c;
+                if torch {
+                    c = Command::new(python());
+                    c.args(["-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--rdzv-id", "gap"]);
+                    c.args(["--rdzv-endpoint", &format!("127.0.0.1:{port}"), "--monitor-interval", "0.1"]);
+                    c.args(["--local-addr", &format!("127.0.0.{}", node + 1)]);
+                } else {
+                    c = Command::new(trainlet());
+                    c.arg("run").env("PET_MASTER_ADDR", "127.0.0.1").env("PET_MASTER_PORT", &port);
+                    c.env("PET_NODE_RANK", node.to_string()).env("TRAINLET_PYTHON", python());
+                    c.env("PET_LOCAL_ADDR", format!("127.0.0.{}", node + 1));
+                }
+                c.env("GAP_DIR", dir.path());
+                c.args(["--nnodes", &pods.to_string(), "--nproc-per-node", "1", "--max-restarts", "1"]);
+                c.arg(bench_file("restart_gap.py"));
+                c
+            })
+            .collect();
+        time_pods(cmds);
+        let read = |name: &str| -> u128 {
+            std::fs::read_to_string(dir.path().join(name)).expect("probe file").trim().parse().expect("ns")
+        };
+        let crash = read("crash");
+        let last = (0..pods).map(|r| read(&format!("start_{r}"))).max().unwrap_or(crash);
+        Duration::from_nanos(u64::try_from(last.saturating_sub(crash)).unwrap_or(u64::MAX))
+    };
+    let ours = median((0..5).map(|_| run(false)).collect());
+    let theirs = median((0..3).map(|_| run(true)).collect());
+    rows.push(Row {
+        name: format!("restart gap: crash -> restarted workers' first instruction, {pods} pods"),
+        ours: ms(ours),
+        theirs: ms(theirs),
+        ratio: theirs.as_secs_f64() / ours.as_secs_f64(),
+        goal: ">= 20x (< 100 ms)",
+    });
+}
+
+/// 1,000 lightweight agents (tasks in this process, each with its own
+/// connections) form a round against one store host, then 10 die and the
+/// rest re-form. torchrun's design has no in-process equivalent; its
+/// heartbeat traffic is computed from reference/torch.md 4.3.
+fn rendezvous_scale(rows: &mut Vec<Row>) {
+    use trainlet::rendezvous::host::{ServeFn, serve_rounds};
+    use trainlet::rendezvous::{Joined, Known, Member, Session, Timing};
+    const AGENTS: u32 = 1000;
+    const DIE: u32 = 10;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+    let (form, detect, reform, hb_bytes) = rt.block_on(async {
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let lp = Arc::new(trainlet::store::StoreLoop::start().expect("loop"));
+        let control = lp.serve(Some([127, 0, 0, 1].into()), 0, cancel.child_token()).expect("store");
+        let addr = control.local_addr();
+        let timing = Timing {
+            last_call: Duration::from_millis(300),
+            heartbeat: Duration::from_millis(250),
+            heartbeat_timeout: Duration::from_secs(1),
+        };
+        let l2 = Arc::clone(&lp);
+        let tok = cancel.child_token();
+        let serve: ServeFn = Box::new(move || l2.serve(Some([127, 0, 0, 1].into()), 0, tok.child_token()));
+        tokio::spawn(serve_rounds(addr, "trainlet/scale/j0".into(), timing, serve, cancel.child_token()));
+        let endpoint = trainlet::store::Endpoint { host: "127.0.0.1".into(), port: addr.port() };
+        let started = Instant::now();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u32, Instant, Instant)>();
+        let mut tasks = Vec::new();
+        for i in 0..AGENTS {
+            let (endpoint, cancel, tx) = (endpoint.clone(), cancel.child_token(), tx.clone());
+            tasks.push(tokio::spawn(async move {
+                let me = Member {
+                    uid: String::new(),
+                    host: format!("agent-{i:04}"),
+                    pid: i,
+                    node_rank: i,
+                    nproc: 1,
+                    min_nodes: AGENTS - 100,
+                    max_nodes: AGENTS,
+                    max_restarts: 0,
+                };
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+                let mut s = Session::connect(&endpoint, "scale", 0, me, timing, deadline, &cancel).await.expect("connect");
+                let mut known = Known::default();
+                let Ok(Joined::Round(r)) = s.next_round(&mut known, deadline).await else { panic!("round") };
+                let formed = Instant::now();
+                // Run until the round ends (a member dies), then re-form.
+                let (_end, _) = s.watch_end(r.number).await;
+                s.report_stopped(&r, &[]).await.expect("stopped");
+                let _ = s.wait_stopped(r.number, Duration::from_secs(30)).await.expect("wait");
+                s.decide(r.number, trainlet::supervise::policy::Verdict::Regroup).await.expect("decide");
+                s.finish_round(r.number).await.expect("finish");
+                let Ok(Joined::Round(_)) = s.next_round(&mut known, deadline).await else { panic!("second round") };
+                let _ = tx.send((i, formed, Instant::now()));
+                s.bye().await;
+            }));
+        }
+        // Wait for the first round, then kill 10 agents.
+        let first = loop {
+            let c = trainlet::store::Client::connect(addr).await.expect("client");
+            let mut c = c;
+            let v = c.get("trainlet/scale/j0/r0/members").await.expect("get");
+            if !v.is_empty() {
+                break Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let form = first - started;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let killed = Instant::now();
+        for t in tasks.iter().take(DIE as usize) {
+            t.abort();
+        }
+        // Detection: the store host declares them dead.
+        let mut c = trainlet::store::Client::connect(addr).await.expect("client");
+        c.wait(&["trainlet/scale/j0/r0/dead".to_string()]).await.expect("dead");
+        let detected = Instant::now();
+        let mut last = detected;
+        for _ in DIE..AGENTS {
+            let (_, _, done) = rx.recv().await.expect("agent result");
+            last = last.max(done);
+        }
+        let key = format!("trainlet/scale/j0/hb/agent-0000#0#00000000");
+        let per_hb = 1 + 8 + key.len() + 8 + 4;
+        let per_monitor = (8 + key.len()) + (8 + 4);
+        let hz = 1.0 / timing.heartbeat.as_secs_f64();
+        let hb_bytes = f64::from(AGENTS) * (per_hb + per_monitor) as f64 * hz;
+        cancel.cancel();
+        (form, detected - killed, last - detected, hb_bytes)
+    });
+    rows.push(Row {
+        name: format!("rendezvous: {AGENTS} agents form a round"),
+        ours: ms(form),
+        theirs: "n/a".into(),
+        ratio: 2.0 / form.as_secs_f64(),
+        goal: "< 2 s",
+    });
+    rows.push(Row {
+        name: format!("rendezvous: {DIE} of {AGENTS} die; declared dead (heartbeat timeout 1 s)"),
+        ours: ms(detect),
+        theirs: "15 s (torch: 5 s x 3)".into(),
+        ratio: 15.0 / detect.as_secs_f64(),
+        goal: "within the timeout",
+    });
+    rows.push(Row {
+        name: format!("rendezvous: {} survivors re-form after the death verdict (last call 0.3 s)", AGENTS - DIE),
+        ours: ms(reform),
+        theirs: "n/a".into(),
+        ratio: 2.0 / reform.as_secs_f64(),
+        goal: "< 2 s",
+    });
+    // torchrun's design at 1,024 nodes (reference/torch.md 4.3): a 110 KB
+    // base64 state, CAS'd (expected + new) by every node every 5 s, and read
+    // by every node about once a second.
+    let torch_bytes = 1024.0 * (2.0 * 110e3 / 5.0 + 110e3);
+    rows.push(Row {
+        name: format!("heartbeat traffic at {AGENTS} agents, bytes/s (heartbeat every {:?})", Duration::from_millis(250)),
+        ours: format!("{:.0} KB/s", hb_bytes / 1e3),
+        theirs: format!("{:.0} MB/s", torch_bytes / 1e6),
+        ratio: torch_bytes / hb_bytes,
+        goal: "O(pods), not O(pods^2)",
     });
 }
 
@@ -381,6 +550,15 @@ fn main() {
     }
     if on("init") {
         store_init_rows(&mut rows);
+        progress(&rows);
+    }
+    if on("restart") {
+        restart_gap(&mut rows, 2);
+        restart_gap(&mut rows, 4);
+        progress(&rows);
+    }
+    if on("scale") {
+        rendezvous_scale(&mut rows);
         progress(&rows);
     }
     let mut table = String::from(
