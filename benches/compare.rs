@@ -209,7 +209,8 @@ fn rendezvous_scale(rows: &mut Vec<Row>) {
                     max_restarts: 0,
                 };
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-                let mut s = Session::connect(&endpoint, "scale", 0, me, timing, deadline, &cancel).await.expect("connect");
+                let mut s =
+                    Session::connect(&endpoint, "scale", 0, me, timing, deadline, &cancel).await.expect("connect");
                 let mut known = Known::default();
                 let Ok(Joined::Round(r)) = s.next_round(&mut known, deadline).await else { panic!("round") };
                 let formed = Instant::now();
@@ -249,7 +250,7 @@ fn rendezvous_scale(rows: &mut Vec<Row>) {
             let (_, _, done) = rx.recv().await.expect("agent result");
             last = last.max(done);
         }
-        let key = format!("trainlet/scale/j0/hb/agent-0000#0#00000000");
+        let key = "trainlet/scale/j0/hb/agent-0000#0#00000000";
         let per_hb = 1 + 8 + key.len() + 8 + 4;
         let per_monitor = (8 + key.len()) + (8 + 4);
         let hz = 1.0 / timing.heartbeat.as_secs_f64();
@@ -283,7 +284,10 @@ fn rendezvous_scale(rows: &mut Vec<Row>) {
     // by every node about once a second.
     let torch_bytes = 1024.0 * (2.0 * 110e3 / 5.0 + 110e3);
     rows.push(Row {
-        name: format!("heartbeat traffic at {AGENTS} agents, bytes/s (heartbeat every {:?})", Duration::from_millis(250)),
+        name: format!(
+            "heartbeat traffic at {AGENTS} agents, bytes/s (heartbeat every {:?})",
+            Duration::from_millis(250)
+        ),
         ours: format!("{:.0} KB/s", hb_bytes / 1e3),
         theirs: format!("{:.0} MB/s", torch_bytes / 1e6),
         ratio: torch_bytes / hb_bytes,

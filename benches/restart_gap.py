@@ -1,5 +1,9 @@
 """Restart-gap probe: rank 0 crashes in the first run; every worker of the
-restarted run records when its first instruction ran (wall clock, ns)."""
+restarted run records when its first instruction ran (wall clock, ns).
+
+The first run is told apart by the crash file, not TORCHELASTIC_RESTART_COUNT:
+torchrun's count is per agent and stays 0 on agents restarted for a
+membership change (pytorch #135712)."""
 import time
 
 t = time.time_ns()
@@ -7,11 +11,12 @@ import os  # noqa: E402
 
 d = os.environ["GAP_DIR"]
 rank = os.environ["RANK"]
-if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+if not os.path.exists(f"{d}/crash"):
     if rank == "0":
         time.sleep(1.0)
-        with open(f"{d}/crash", "w") as f:
+        with open(f"{d}/crash.tmp", "w") as f:
             f.write(str(time.time_ns()))
+        os.rename(f"{d}/crash.tmp", f"{d}/crash")
         os._exit(1)
     time.sleep(120)
 else:
