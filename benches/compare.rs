@@ -90,21 +90,28 @@ fn launcher_overhead(rows: &mut Vec<Row>) {
     });
 }
 
+/// Simulated pod `node` of a multi-pod job whose store is on 127.0.0.1:`port`:
+/// torchrun with the c10d backend (run id `id`), or trainlet.
+fn pod_command(torch: bool, node: u32, port: &str, id: &str) -> Command {
+    let mut c;
+    if torch {
+        c = Command::new(python());
+        c.args(["-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--rdzv-id", id]);
+        c.args(["--rdzv-endpoint", &format!("127.0.0.1:{port}")]);
+    } else {
+        c = Command::new(trainlet());
+        c.arg("run").env("PET_MASTER_ADDR", "127.0.0.1").env("PET_MASTER_PORT", port);
+        c.env("PET_NODE_RANK", node.to_string()).env("TRAINLET_PYTHON", python());
+    }
+    c
+}
+
 fn job_start(rows: &mut Vec<Row>, pods: u32, script: &str) {
     let run = |torch: bool| {
         let port = free_port().to_string();
         let cmds = (0..pods)
             .map(|node| {
-                let mut c;
-                if torch {
-                    c = Command::new(python());
-                    c.args(["-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--rdzv-id", "bench"]);
-                    c.args(["--rdzv-endpoint", &format!("127.0.0.1:{port}")]);
-                } else {
-                    c = Command::new(trainlet());
-                    c.arg("run").env("PET_MASTER_ADDR", "127.0.0.1").env("PET_MASTER_PORT", &port);
-                    c.env("PET_NODE_RANK", node.to_string()).env("TRAINLET_PYTHON", python());
-                }
+                let mut c = pod_command(torch, node, &port, "bench");
                 c.args(["--nnodes", &pods.to_string(), "--nproc-per-node", "1", script]);
                 c
             })
@@ -130,17 +137,12 @@ fn restart_gap(rows: &mut Vec<Row>, pods: u32) {
         let port = free_port().to_string();
         let cmds = (0..pods)
             .map(|node| {
-                let mut c;
+                let mut c = pod_command(torch, node, &port, "gap");
+                let addr = format!("127.0.0.{}", node + 1);
                 if torch {
-                    c = Command::new(python());
-                    c.args(["-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--rdzv-id", "gap"]);
-                    c.args(["--rdzv-endpoint", &format!("127.0.0.1:{port}"), "--monitor-interval", "0.1"]);
-                    c.args(["--local-addr", &format!("127.0.0.{}", node + 1)]);
+                    c.args(["--monitor-interval", "0.1", "--local-addr", &addr]);
                 } else {
-                    c = Command::new(trainlet());
-                    c.arg("run").env("PET_MASTER_ADDR", "127.0.0.1").env("PET_MASTER_PORT", &port);
-                    c.env("PET_NODE_RANK", node.to_string()).env("TRAINLET_PYTHON", python());
-                    c.env("PET_LOCAL_ADDR", format!("127.0.0.{}", node + 1));
+                    c.env("PET_LOCAL_ADDR", &addr);
                 }
                 c.env("GAP_DIR", dir.path());
                 c.args(["--nnodes", &pods.to_string(), "--nproc-per-node", "1", "--max-restarts", "1"]);

@@ -24,12 +24,12 @@ use crate::config::{Env, Plan};
 use crate::exit;
 use crate::rendezvous::host::{self, ServeFn};
 use crate::rendezvous::{self, Joined, Known, Member, Round, Session, Timing};
-use crate::store::{ClientError, Endpoint, StoreLoop};
+use crate::store::{Endpoint, StoreLoop};
 use crate::supervise::output::{self, Sink};
 use crate::supervise::policy::{
     Action, Attempt, Event, FailKind, JobEnd, Outcome, RoundFacts, Timer, Verdict, backoff, verdict,
 };
-use crate::supervise::report::{Failure, Report, RoundRecord, root_cause};
+use crate::supervise::report::{Failure, Report, RoundRecord, fatal_root, root_cause};
 use crate::supervise::rules::RuleAction;
 use crate::supervise::signals::{SysEvent, now_us};
 use crate::supervise::spawn::{Spawner, WorkerSpec, WorldView, substitute, worker_env};
@@ -126,7 +126,7 @@ pub async fn run(plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: Ca
                 break if v == Verdict::Success { exit::SUCCESS } else { exit::PEER_LOST };
             }
             Ok(Err(rendezvous::Error::Lost { source, .. })) => {
-                match reconnect(&mut session, &plan, &mut events, &cancel, &source).await {
+                match reconnect(&mut session, &plan, &mut events, &cancel, &crate::store::error_chain(&source)).await {
                     Ok(()) => continue,
                     Err(code) => break code,
                 }
@@ -196,7 +196,6 @@ pub async fn run(plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: Ca
             }
             break code;
         }
-        let unkillable = failures.iter().any(|f| f.hung);
         let synced = if outcome == Outcome::Lost {
             Err(None)
         } else {
@@ -205,26 +204,28 @@ pub async fn run(plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: Ca
         let (facts, all_failures, end) = match synced {
             Ok(x) => x,
             Err(e) => {
-                if let Some(e) = e {
-                    tracing::warn!(error = %crate::store::error_chain(&e), "lost the store while stopping the round");
-                }
+                let cause = e.map_or_else(
+                    || "the store connection broke while the workers ran".into(),
+                    |e| crate::store::error_chain(&e),
+                );
                 rounds.push(record(&round, "store lost", "regroup"));
                 history.extend(failures.iter().cloned());
-                match reconnect(&mut session, &plan, &mut events, &cancel, &ClientError::Cancelled).await {
+                match reconnect(&mut session, &plan, &mut events, &cancel, &cause).await {
                     Ok(()) => continue,
                     Err(code) => break code,
                 }
             }
         };
-        let facts = RoundFacts { unkillable: facts.unkillable || unkillable, ..facts };
         history.extend(all_failures.iter().cloned());
         let proposal = verdict(&facts);
         let agreed = match session.decide(round.number, proposal).await {
             Ok(v) => v,
-            Err(_) => match reconnect(&mut session, &plan, &mut events, &cancel, &ClientError::Cancelled).await {
-                Ok(()) => continue,
-                Err(code) => break code,
-            },
+            Err(e) => {
+                match reconnect(&mut session, &plan, &mut events, &cancel, &crate::store::error_chain(&e)).await {
+                    Ok(()) => continue,
+                    Err(code) => break code,
+                }
+            }
         };
         rounds.push(record(&round, &end, &agreed.to_string()));
         let root = root_cause(&all_failures);
@@ -306,10 +307,9 @@ async fn stop_sync(
     let limit = plan.grace + plan.kill_timeout + STOP_SYNC_MARGIN;
     let stopped = session.wait_stopped(round.number, limit).await?;
     let all = if stopped.all_stopped || stopped.dead { session.failures(round).await? } else { failures.to_vec() };
-    let end = session.end_of(round.number).await?;
     let end_text = session.end_text(round.number).await?;
     let facts = RoundFacts {
-        end,
+        end: (!end_text.is_empty()).then(|| rendezvous::parse_end(&end_text)),
         dead: stopped.dead,
         all_stopped: stopped.all_stopped,
         fatal: all.iter().any(|f| f.action == RuleAction::Fail),
@@ -327,10 +327,10 @@ async fn reconnect(
     plan: &Plan,
     events: &mut UnboundedReceiver<SysEvent>,
     cancel: &CancellationToken,
-    cause: &ClientError,
+    cause: &str,
 ) -> std::result::Result<(), u8> {
     tracing::error!(
-        error = %crate::store::error_chain(cause),
+        error = %cause,
         timeout_s = plan.join_timeout.as_secs_f64(),
         "lost the rendezvous store; waiting for the store host to come back"
     );
@@ -352,7 +352,7 @@ fn fail_code(kind: FailKind, last: &[Failure], history: &[Failure]) -> (u8, Stri
     let root = root_cause(last).or_else(|| root_cause(history));
     match kind {
         FailKind::Policy => {
-            let f = last.iter().filter(|f| f.action == RuleAction::Fail).min_by_key(|f| (f.at_us, f.rank));
+            let f = fatal_root(last);
             let what = f.map_or_else(|| "a worker".to_string(), |f| format!("worker rank {} ({})", f.rank, f.exit()));
             (exit::FAILED_BY_POLICY, format!("{what} matched a fail rule of the failure policy"))
         }
@@ -379,12 +379,7 @@ fn report(plan: &Plan, log_root: &Path, code: u8, reason: String, history: &[Fai
         node_rank: plan.node_rank,
         exit_code: code,
         reason,
-        root_cause: history
-            .iter()
-            .filter(|f| f.action == RuleAction::Fail)
-            .min_by_key(|f| (f.at_us, f.rank))
-            .or_else(|| root_cause(history))
-            .cloned(),
+        root_cause: fatal_root(history).or_else(|| root_cause(history)).cloned(),
         failures: history.to_vec(),
         rounds: rounds.to_vec(),
     };

@@ -134,6 +134,16 @@ pub fn children_of(parent: u32) -> Vec<i32> {
         .collect()
 }
 
+/// 64 unpredictable-enough bits (std's per-process hash keys over pid and
+/// time) for ids and nonces; not for cryptography.
+pub fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    h.finish()
+}
+
 /// Scheduler state letter of `pid` from /proc (`R`, `S`, `D`, `Z`, ...);
 /// None when it is gone.
 pub fn proc_state(pid: i32) -> Option<char> {

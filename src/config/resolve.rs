@@ -248,11 +248,7 @@ fn resolve_python(args: &RunArgs, env: &Env) -> Result<(String, Source), Error> 
 const RUN_PATH: &str = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')";
 
 fn random_id() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-    format!("{:016x}", h.finish())
+    format!("{:016x}", crate::sys::random_u64())
 }
 
 impl Plan {

@@ -13,6 +13,7 @@
 //! closed.
 
 use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -28,35 +29,35 @@ pub type ServeFn = Box<dyn Fn() -> Result<StoreServer, ServerError> + Send + Syn
 /// Run until `cancel`: worker stores and liveness for every round of the
 /// job under `base` (`trainlet/<run_id>/j<attempt>`) on the store at `addr`.
 pub async fn serve_rounds(addr: SocketAddr, base: String, timing: Timing, serve: ServeFn, cancel: CancellationToken) {
-    let run = async {
-        let mut c = Client::connect(addr).await?;
-        let mut round = raise(&mut c, &format!("{base}/round"), 0).await?;
-        let mut stores: VecDeque<StoreServer> = VecDeque::new();
-        loop {
-            match serve() {
-                Ok(s) => {
-                    let port = s.local_addr().port();
-                    c.set(&format!("{base}/r{round}/port"), port.to_string().as_bytes()).await?;
-                    tracing::debug!(round, port, "serving the round's worker store");
-                    stores.push_back(s);
-                }
-                Err(e) => tracing::error!(round, error = %crate::store::error_chain(&e), "cannot serve a worker store"),
-            }
-            while stores.len() > 2 {
-                if let Some(old) = stores.pop_front() {
-                    old.shutdown().await;
-                }
-            }
-            round = monitor(&mut c, addr, &base, round, timing).await?;
-        }
-        #[allow(unreachable_code)]
-        Ok::<(), ClientError>(())
-    };
     tokio::select! {
         () = cancel.cancelled() => {}
-        r = run => if let Err(e) = r {
+        Err(e) = rounds(addr, &base, timing, &serve) => {
             tracing::debug!(error = %crate::store::error_chain(&e), "round service stopped");
-        },
+        }
+    }
+}
+
+/// Serve and watch round after round; returns only when the store is gone.
+async fn rounds(addr: SocketAddr, base: &str, timing: Timing, serve: &ServeFn) -> Result<Infallible, ClientError> {
+    let mut c = Client::connect(addr).await?;
+    let mut round = raise(&mut c, &format!("{base}/round"), 0).await?;
+    let mut stores: VecDeque<StoreServer> = VecDeque::new();
+    loop {
+        match serve() {
+            Ok(s) => {
+                let port = s.local_addr().port();
+                c.set(&format!("{base}/r{round}/port"), port.to_string().as_bytes()).await?;
+                tracing::debug!(round, port, "serving the round's worker store");
+                stores.push_back(s);
+            }
+            Err(e) => tracing::error!(round, error = %crate::store::error_chain(&e), "cannot serve a worker store"),
+        }
+        while stores.len() > 2 {
+            if let Some(old) = stores.pop_front() {
+                old.shutdown().await;
+            }
+        }
+        round = monitor(&mut c, addr, base, round, timing).await?;
     }
 }
 

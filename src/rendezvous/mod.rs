@@ -283,10 +283,7 @@ fn parse_u64(v: &[u8]) -> Option<u64> {
 
 /// A process-unique suffix for agent uids.
 fn nonce() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-    format!("{:08x}", h.finish() & 0xffff_ffff)
+    format!("{:08x}", crate::sys::random_u64() & 0xffff_ffff)
 }
 
 impl Session {
@@ -748,13 +745,7 @@ impl Session {
         Ok(Stopped { all_stopped: !present[0].is_empty(), dead: !present[1].is_empty() })
     }
 
-    /// The round's published end, if any.
-    pub async fn end_of(&mut self, r: u64) -> Result<Option<JobEnd>, Error> {
-        let v = self.get(&self.rkey(r, "end")).await?;
-        Ok((!v.is_empty()).then(|| parse_end(&String::from_utf8_lossy(&v))))
-    }
-
-    /// The round's published end, as written.
+    /// The round's published end as written (empty when none).
     pub async fn end_text(&mut self, r: u64) -> Result<String, Error> {
         Ok(String::from_utf8_lossy(&self.get(&self.rkey(r, "end")).await?).to_string())
     }

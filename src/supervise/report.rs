@@ -97,6 +97,12 @@ pub fn root_cause(failures: &[Failure]) -> Option<&Failure> {
     failures.iter().min_by_key(|f| (f.at_us, f.rank))
 }
 
+/// The earliest failure that matched a `fail` rule: the job's cause when
+/// the policy ended it.
+pub fn fatal_root(failures: &[Failure]) -> Option<&Failure> {
+    failures.iter().filter(|f| f.action == RuleAction::Fail).min_by_key(|f| (f.at_us, f.rank))
+}
+
 /// `2026-11-22_17:52:16` (UTC), torchrun's report time format.
 pub fn format_time(at_us: u64) -> String {
     let secs = at_us / 1_000_000;
@@ -227,6 +233,15 @@ mod tests {
         let all = [failure(4, 300), failure(1, 100), failure(0, 100), failure(2, 200)];
         assert_eq!(root_cause(&all).map(|f| f.rank), Some(0));
         assert_eq!(root_cause(&[]), None);
+    }
+
+    #[test]
+    fn a_fail_rule_failure_is_the_cause_even_when_later() {
+        let mut fatal = failure(3, 500);
+        fatal.action = RuleAction::Fail;
+        let all = [failure(1, 100), fatal];
+        assert_eq!(fatal_root(&all).map(|f| f.rank), Some(3));
+        assert_eq!(fatal_root(&all[..1]), None);
     }
 
     #[test]
