@@ -4,13 +4,13 @@
 //! | code | meaning |
 //! |---|---|
 //! | 0 | every worker on every pod succeeded |
-//! | 1-127, 210-255 | the first failing worker's own exit code, passed through |
+//! | 1-127, 210-255 | the root-cause worker's own exit code, passed through, once the restart budget is spent |
 //! | 126 / 127 | a worker could not be executed / was not found |
 //! | 128+N | the first failing worker was killed by signal N, or trainlet itself was stopped by signal N (143 = SIGTERM) |
 //! | 200 | configuration error: a bad flag, env var or world mismatch between pods |
 //! | 201 | rendezvous timeout: the store or a peer pod was not reachable before the deadline |
 //! | 202 | internal error in trainlet (a bug, or an unexpected OS failure) |
-//! | 203 | a peer pod or the store host went away and did not come back in time |
+//! | 203 | the store host went away and did not come back before the join deadline, or a pod neither stopped nor died in time |
 //! | 204 | this pod belongs to an older JobSet restart attempt than the job (rejected) |
 //! | 205 | a worker exit matched a `fail` rule of the failure policy |
 //! | 206 | a worker hung in uninterruptible sleep (--hung-timeout) or survived SIGKILL |
