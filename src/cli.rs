@@ -25,6 +25,122 @@ pub enum Sub {
     Doctor(RunArgs),
     /// Serve a standalone c10d-compatible TCPStore until SIGTERM.
     Store(StoreArgs),
+    /// MPI worker role: embedded SSH server (exec only) in place of sshd.
+    Sshd(SshdArgs),
+    /// ssh(1)-compatible client for MPI launchers (also argv[0] `ssh`).
+    #[command(disable_help_flag = true)]
+    Ssh {
+        /// ssh(1) arguments: options, `[user@]host`, command words.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// MPI launcher role: wait for the workers, then run `mpirun` with trainlet as its remote shell.
+    Mpi(MpiArgs),
+    /// Generate a job SSH key pair and print the Kubernetes Secret(s) for it.
+    Keygen(KeygenArgs),
+}
+
+/// A duration in seconds (`30`, `2.5`).
+pub fn seconds(v: &str) -> Result<std::time::Duration, String> {
+    v.trim()
+        .trim_end_matches('s')
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(std::time::Duration::from_secs_f64)
+        .ok_or_else(|| format!("{v:?} is not a number of seconds >= 0"))
+}
+
+/// `trainlet sshd`.
+#[derive(Debug, Args)]
+pub struct SshdArgs {
+    /// Address to listen on (default: all interfaces, on TRAINLET_SSH_PORT or 2222).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Port when --listen is not given.
+    #[arg(long, env = crate::config::env::TRAINLET_SSH_PORT, default_value_t = 2222)]
+    pub port: u16,
+    /// Key directory: the runtime's sshAuthMountPath (default $HOME/.ssh, else /root/.ssh).
+    #[arg(long, env = crate::config::env::TRAINLET_SSH_DIR, value_name = "DIR")]
+    pub ssh_dir: Option<PathBuf>,
+    /// Host key (default: <ssh-dir>/ssh_host_key, else the job key <ssh-dir>/id_*).
+    #[arg(long, env = crate::config::env::TRAINLET_SSH_HOST_KEY, value_name = "FILE")]
+    pub host_key: Option<PathBuf>,
+    /// authorized_keys file (default <ssh-dir>/authorized_keys).
+    #[arg(long, value_name = "FILE")]
+    pub authorized_keys: Option<PathBuf>,
+    /// User names a root server accepts besides `root` (a non-root server accepts any name: it can only run commands as itself).
+    #[arg(long = "allow-user", value_name = "NAME")]
+    pub allow_users: Vec<String>,
+    /// Seconds between SIGTERM and SIGKILL for a dropped session's processes.
+    #[arg(long, value_parser = seconds, default_value = "3")]
+    pub kill_timeout: std::time::Duration,
+}
+
+/// When `trainlet mpi` tells the workers' servers to exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StopWorkers {
+    /// Only after mpirun succeeded (a failed launcher may be retried by its Job and needs the workers).
+    Success,
+    /// Whenever mpirun ends.
+    Always,
+    /// Never (the JobSet deletes them).
+    Never,
+}
+
+/// `trainlet mpi`.
+#[derive(Debug, Args)]
+pub struct MpiArgs {
+    /// Hostfile (default: mpirun's own --hostfile, else OMPI_MCA_orte_default_hostfile, else /etc/mpi/hostfile, else one written from --hosts).
+    #[arg(long, value_name = "FILE")]
+    pub hostfile: Option<PathBuf>,
+    /// Hosts when there is no hostfile: `h1,h2:4` (also TRAINLET_MPI_HOSTS).
+    #[arg(long, env = crate::config::env::TRAINLET_MPI_HOSTS, value_name = "LIST")]
+    pub hosts: Option<String>,
+    /// Slots per host written into a generated hostfile (default OMPI_MCA_orte_set_default_slots, else 1).
+    #[arg(long, env = crate::config::env::OMPI_MCA_ORTE_SET_DEFAULT_SLOTS)]
+    pub slots: Option<u32>,
+    /// The workers' SSH port.
+    #[arg(long, env = crate::config::env::TRAINLET_SSH_PORT, default_value_t = 2222)]
+    pub port: u16,
+    /// Key directory (default $HOME/.ssh, else /root/.ssh).
+    #[arg(long, env = crate::config::env::TRAINLET_SSH_DIR, value_name = "DIR")]
+    pub ssh_dir: Option<PathBuf>,
+    /// Seconds to wait for every host to answer the SSH handshake.
+    #[arg(long, value_parser = seconds, default_value = "300")]
+    pub wait_timeout: std::time::Duration,
+    /// Let Open MPI / Intel MPI daemons launch each other (every worker then needs the client key).
+    #[arg(long)]
+    pub tree_spawn: bool,
+    /// When to tell the workers' `trainlet sshd` to exit.
+    #[arg(long, value_enum, default_value_t = StopWorkers::Success)]
+    pub stop_workers: StopWorkers,
+    /// Seconds mpirun gets after SIGTERM before SIGKILL.
+    #[arg(long, value_parser = seconds, default_value = "25")]
+    pub grace: std::time::Duration,
+    /// The MPI launch command, e.g. `mpirun -np 8 python3 train.py`.
+    #[arg(last = true, required = true, value_name = "MPIRUN")]
+    pub command: Vec<String>,
+}
+
+/// `trainlet keygen`.
+#[derive(Debug, Args)]
+pub struct KeygenArgs {
+    /// Secret name (Trainer's own is `<trainjob>-mpi-ssh-auth`).
+    #[arg(long, default_value = "trainlet-mpi-ssh")]
+    pub name: String,
+    /// Namespace written into the manifest.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Key type.
+    #[arg(long = "type", value_enum, default_value_t = crate::ssh::keys::KeyType::Ed25519)]
+    pub kind: crate::ssh::keys::KeyType,
+    /// Separate launcher (client) and node (host) keys in two Secrets.
+    #[arg(long)]
+    pub split: bool,
+    /// Also write the files (as they will be mounted) under this directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 /// `trainlet store`.

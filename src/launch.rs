@@ -452,11 +452,11 @@ async fn run_attempt(
         let error_file = rank_dir.join("error.json");
         // A stale error file from an earlier run must not be read as this one's.
         let _ = std::fs::remove_file(&error_file);
-        let spec = WorkerSpec {
-            program: plan.entry.program.clone(),
-            args: substitute(&plan.entry.args, local_rank),
-            env: worker_env(world, local_rank, &error_file.display().to_string(), env),
-        };
+        let spec = WorkerSpec::piped(
+            plan.entry.program.clone(),
+            substitute(&plan.entry.args, local_rank),
+            worker_env(world, local_rank, &error_file.display().to_string(), env),
+        );
         match spawner.spawn(spec).await {
             Ok(sp) => {
                 let prefix = output::prefix(&plan.prefix_template, &plan.role, local_rank, rank, &plan.host);
@@ -468,6 +468,7 @@ async fn run_attempt(
                     (sp.stdout, false, red_out, tee_out, "stdout.log"),
                     (sp.stderr, true, red_err, tee_err, "stderr.log"),
                 ] {
+                    let Some(fd) = fd else { continue };
                     let sink = Sink {
                         prefix: prefix.clone(),
                         console: shown && (teed || !redirected),

@@ -12,17 +12,24 @@
 //! - [`rendezvous`]: static and elastic rendezvous of the agents over the store, liveness.
 //! - [`supervise`]: signals/reaper thread, spawner, output, pure policy core, report.
 //! - [`launch`]: the flow of `trainlet run`.
+//! - [`ssh`]: keys, embedded SSH server, ssh(1)-compatible client, hostfiles.
+//! - [`sshd`]: the flow of `trainlet sshd` (MPI worker role).
+//! - [`mpi`]: the flow of `trainlet mpi` (MPI launcher role).
 //! - [`exit`]: exit codes (public API) and [`Error`] -> code.
 //! - [`sys`]: every unsafe block and raw syscall.
 //!
 //! Dependency direction: `launch` -> {`config`, `store`, `rendezvous`,
-//! `supervise`}; `store` and `supervise` do not import each other.
+//! `supervise`}; `sshd`, `mpi` -> {`ssh`, `supervise`}; `store`, `supervise`
+//! and `ssh` do not import each other.
 
 pub mod cli;
 pub mod config;
 pub mod exit;
 pub mod launch;
+pub mod mpi;
 pub mod rendezvous;
+pub mod ssh;
+pub mod sshd;
 pub mod store;
 pub mod supervise;
 pub mod sys;
@@ -42,6 +49,18 @@ pub enum Error {
     /// An OS call trainlet depends on failed.
     #[error("operating system call failed")]
     Os(#[source] std::io::Error),
+}
+
+/// "outer: inner: innermost" for logs and error text.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        cur = inner.source();
+    }
+    s
 }
 
 /// Result alias for this crate.

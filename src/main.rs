@@ -18,7 +18,16 @@ fn main() -> ExitCode {
         return ExitCode::from(exit::INTERNAL);
     }
     let argv0 = std::env::args_os().next().unwrap_or_default();
-    let as_torchrun = std::path::Path::new(&argv0).file_name().is_some_and(|n| n == "torchrun");
+    let name = std::path::Path::new(&argv0).file_name().map(std::ffi::OsStr::to_owned).unwrap_or_default();
+    // ssh(1) argv is not clap's: dispatch before parsing (argv[0] `ssh`, or `trainlet ssh`).
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if name == "ssh" {
+        return ExitCode::from(ssh(&args));
+    }
+    if args.first().is_some_and(|a| a == "ssh") {
+        return ExitCode::from(ssh(&args[1..]));
+    }
+    let as_torchrun = name == "torchrun";
     let parsed = if as_torchrun {
         TorchrunCli::try_parse().map(|t| Sub::Run(t.run))
     } else {
@@ -45,7 +54,143 @@ fn main() -> ExitCode {
         Sub::Run(args) => run(&args),
         Sub::Doctor(args) => doctor(&args),
         Sub::Store(args) => store(&args),
+        Sub::Sshd(args) => supervised(|events, cancel| trainlet::sshd::run(args, events, cancel)),
+        Sub::Mpi(args) => supervised(|events, cancel| trainlet::mpi::run(args, events, cancel)),
+        Sub::Keygen(args) => keygen(&args),
+        Sub::Ssh { args } => ssh(&args),
     })
+}
+
+/// `trainlet ssh`: signals keep their default action (a killed client drops
+/// the connection, and the server then kills the remote command); quiet
+/// logs unless -v, so mpirun's output stays clean.
+fn ssh(args: &[String]) -> u8 {
+    use trainlet::config::env as names;
+    use trainlet::ssh::{argv, client};
+    let _ = sys::unblock_signals();
+    let parsed = match argv::parse(args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!(
+                "trainlet ssh: {e}\nusage: ssh [-46nqTtvx] [-i identity_file] [-l login_name] [-o option] [-p port] [user@]host command ..."
+            );
+            return client::FAILED;
+        }
+    };
+    let level = match parsed.verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TRAINLET_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
+        )
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let retry = env(names::TRAINLET_SSH_RETRY)
+        .and_then(|v| trainlet::cli::seconds(&v).ok())
+        .unwrap_or(std::time::Duration::from_secs(60));
+    let check = env(names::TRAINLET_SSH_HOST_KEY_CHECKING).map(|v| {
+        if matches!(v.to_ascii_lowercase().as_str(), "no" | "off" | "false") {
+            argv::HostKeyCheck::Off
+        } else {
+            argv::HostKeyCheck::Strict
+        }
+    });
+    let client_env = client::ClientEnv {
+        key_dir: trainlet::ssh::keys::key_dir(
+            env(names::TRAINLET_SSH_DIR).as_deref().map(std::path::Path::new),
+            env("HOME").as_deref(),
+        ),
+        default_port: env(names::TRAINLET_SSH_PORT).and_then(|p| p.parse().ok()).unwrap_or(2222),
+        retry,
+        check,
+        local_user: trainlet::sshd::local_account().0,
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("trainlet ssh: cannot start the async runtime: {e}");
+            return client::FAILED;
+        }
+    };
+    let code = rt.block_on(client::run(parsed, client_env));
+    // stdin may be a pipe that never closes: do not wait for its reader.
+    rt.shutdown_background();
+    code
+}
+
+/// A mode that owns processes: subreaper, signal/reaper thread, runtime,
+/// and no descendant left behind when it returns.
+fn supervised<F, Fut>(body: F) -> u8
+where
+    F: FnOnce(tokio::sync::mpsc::UnboundedReceiver<SysEvent>, CancellationToken) -> Fut,
+    Fut: std::future::Future<Output = u8>,
+{
+    let Some(rt) = runtime() else { return exit::INTERNAL };
+    if let Err(e) = sys::become_subreaper() {
+        tracing::warn!(error = %e, "cannot become a child subreaper; orphans may escape");
+    }
+    let events = match signals::start() {
+        Ok(rx) => rx,
+        Err(e) => {
+            eprintln!("trainlet: error: cannot start the signal thread: {e}");
+            return exit::INTERNAL;
+        }
+    };
+    let cancel = CancellationToken::new();
+    let code = rt.block_on(body(events, cancel.clone()));
+    cancel.cancel();
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    kill_leftovers();
+    code
+}
+
+/// SIGTERM whatever is still parented to us (orphans re-parented to the
+/// subreaper), give it a moment, then SIGKILL.
+fn kill_leftovers() {
+    let me = std::process::id();
+    let left = sys::children_of(me);
+    if left.is_empty() {
+        return;
+    }
+    for &pid in &left {
+        tracing::warn!(pid, "terminating a leftover descendant");
+        sys::signal_process(pid, libc::SIGTERM);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < deadline && !sys::children_of(me).is_empty() {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    for pid in sys::children_of(me) {
+        sys::signal_process(pid, libc::SIGKILL);
+    }
+}
+
+fn keygen(args: &trainlet::cli::KeygenArgs) -> u8 {
+    match trainlet::ssh::keygen::generate(
+        &args.name,
+        args.namespace.as_deref(),
+        args.kind,
+        args.split,
+        args.out.as_deref(),
+    ) {
+        Ok(g) => {
+            print!("{}", g.manifest);
+            for f in g.files {
+                eprintln!("wrote {}", f.display());
+            }
+            exit::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("trainlet: error: {}", error_chain(&e));
+            exit::INTERNAL
+        }
+    }
 }
 
 fn runtime() -> Option<tokio::runtime::Runtime> {

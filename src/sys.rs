@@ -225,3 +225,28 @@ pub fn tune_listener(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// Does any process of group `pgid` still exist?
+pub fn group_alive(pgid: i32) -> bool {
+    pgid > 1 && nix::sys::signal::killpg(Pid::from_raw(pgid), None).is_ok()
+}
+
+/// The account trainlet runs as: (name, home, login shell), from the
+/// password database; None when the uid has no entry (arbitrary uids on
+/// OpenShift), in which case callers fall back to the environment.
+pub fn current_user() -> Option<(String, std::path::PathBuf, std::path::PathBuf)> {
+    let user = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok()??;
+    Some((user.name, user.dir, user.shell))
+}
+
+/// Is trainlet running as root?
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Give this thread back the default signal mask: `trainlet ssh` lets
+/// SIGTERM/SIGINT end it the ordinary way (the connection drops and the
+/// server kills the remote command), instead of collecting them.
+pub fn unblock_signals() -> Result<(), Errno> {
+    pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+}

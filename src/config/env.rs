@@ -94,6 +94,25 @@ pub const TORCH_NCCL_ASYNC_ERROR_HANDLING: &str = "TORCH_NCCL_ASYNC_ERROR_HANDLI
 /// Where a failure report is copied when set on the agent (torchrun's `@record`).
 pub const TORCHELASTIC_ERROR_FILE: &str = "TORCHELASTIC_ERROR_FILE";
 
+/// Key directory of `trainlet sshd`/`ssh`/`mpi` (the runtime's sshAuthMountPath).
+pub const TRAINLET_SSH_DIR: &str = "TRAINLET_SSH_DIR";
+/// SSH port of the workers (`trainlet sshd --listen`, the client's default port).
+pub const TRAINLET_SSH_PORT: &str = "TRAINLET_SSH_PORT";
+/// How long `trainlet ssh` retries connect and auth, in seconds.
+pub const TRAINLET_SSH_RETRY: &str = "TRAINLET_SSH_RETRY";
+/// `no` turns host-key pinning off for `trainlet ssh` (StrictHostKeyChecking=no).
+pub const TRAINLET_SSH_HOST_KEY_CHECKING: &str = "TRAINLET_SSH_HOST_KEY_CHECKING";
+/// `trainlet sshd --host-key`.
+pub const TRAINLET_SSH_HOST_KEY: &str = "TRAINLET_SSH_HOST_KEY";
+/// Directory holding the `ssh` link that MPI launchers run (default `$TMPDIR/trainlet-bin`).
+pub const TRAINLET_AGENT_DIR: &str = "TRAINLET_AGENT_DIR";
+/// Hosts for `trainlet mpi` when no hostfile exists: `h1,h2:4`.
+pub const TRAINLET_MPI_HOSTS: &str = "TRAINLET_MPI_HOSTS";
+/// Open MPI's hostfile setting, which Trainer and MPI Operator set on the launcher.
+pub const OMPI_MCA_ORTE_DEFAULT_HOSTFILE: &str = "OMPI_MCA_orte_default_hostfile";
+/// Slots per host, which Trainer and MPI Operator set on the launcher.
+pub const OMPI_MCA_ORTE_SET_DEFAULT_SLOTS: &str = "OMPI_MCA_orte_set_default_slots";
+
 /// A snapshot of the environment, so resolution is a pure function.
 #[derive(Debug, Clone, Default)]
 pub struct Env(HashMap<String, String>);

@@ -273,17 +273,7 @@ pub async fn connect_with_retry(
     }
 }
 
-/// "outer: inner: innermost" for logs and error text.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(inner) = cur {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        cur = inner.source();
-    }
-    s
-}
+pub use crate::error_chain;
 
 impl Client {
     /// The server's address.

@@ -15,6 +15,7 @@
 
 pub mod output;
 pub mod policy;
+pub mod reaper;
 pub mod report;
 pub mod rules;
 pub mod signals;

@@ -41,6 +41,28 @@ pub struct WorkerSpec {
     pub args: Vec<String>,
     /// Variables set on top of the agent's environment.
     pub env: Vec<(String, String)>,
+    /// How its stdio is connected.
+    pub stdio: StdioMode,
+    /// Working directory (default: the agent's).
+    pub cwd: Option<std::path::PathBuf>,
+}
+
+impl WorkerSpec {
+    /// A worker the torch way: stdin `/dev/null`, stdout/stderr piped.
+    pub fn piped(program: String, args: Vec<String>, env: Vec<(String, String)>) -> Self {
+        Self { program, args, env, stdio: StdioMode::Piped, cwd: None }
+    }
+}
+
+/// How a spawned process's stdio is connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StdioMode {
+    /// stdin `/dev/null`; stdout and stderr piped to us (torch workers).
+    Piped,
+    /// stdin, stdout and stderr all piped (remote commands of `trainlet sshd`).
+    AllPiped,
+    /// stdin `/dev/null`; stdout and stderr are ours (mpirun under `trainlet mpi`).
+    Inherit,
 }
 
 /// A started worker.
@@ -48,10 +70,12 @@ pub struct WorkerSpec {
 pub struct Spawned {
     /// Its pid, also its process group id.
     pub pid: i32,
-    /// Read end of its stdout.
-    pub stdout: OwnedFd,
-    /// Read end of its stderr.
-    pub stderr: OwnedFd,
+    /// Write end of its stdin ([`StdioMode::AllPiped`] only).
+    pub stdin: Option<OwnedFd>,
+    /// Read end of its stdout (None with [`StdioMode::Inherit`]).
+    pub stdout: Option<OwnedFd>,
+    /// Read end of its stderr (None with [`StdioMode::Inherit`]).
+    pub stderr: Option<OwnedFd>,
 }
 
 type Request = (WorkerSpec, oneshot::Sender<Result<Spawned, SpawnError>>);
@@ -85,16 +109,30 @@ impl Spawner {
 fn spawn_now(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args).envs(spec.env.iter().map(|(k, v)| (k, v)));
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let (stdin, out) = match spec.stdio {
+        StdioMode::Piped => (Stdio::null(), true),
+        StdioMode::AllPiped => (Stdio::piped(), true),
+        StdioMode::Inherit => (Stdio::null(), false),
+    };
+    cmd.stdin(stdin);
+    if out {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
+    if let Some(dir) = &spec.cwd {
+        cmd.current_dir(dir);
+    }
     sys::prepare_worker(&mut cmd);
     let mut child = cmd.spawn().map_err(|source| SpawnError::Exec { program: spec.program.clone(), source })?;
     let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
-    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
-        return Err(SpawnError::Exec { program: spec.program.clone(), source: std::io::ErrorKind::BrokenPipe.into() });
+    let spawned = Spawned {
+        pid,
+        stdin: child.stdin.take().map(OwnedFd::from),
+        stdout: child.stdout.take().map(OwnedFd::from),
+        stderr: child.stderr.take().map(OwnedFd::from),
     };
     // Dropping `child` neither waits nor kills: the reaper owns its exit.
     drop(child);
-    Ok(Spawned { pid, stdout: out.into(), stderr: err.into() })
+    Ok(spawned)
 }
 
 /// What one attempt's workers on this pod have in common.

@@ -1,0 +1,471 @@
+//! The flow of `trainlet mpi -- mpirun ...` (MPI launcher role): find the
+//! hosts, wait until every one answers the SSH handshake, point the MPI
+//! implementation at trainlet's client, run mpirun under supervision, and
+//! tell the workers' `trainlet sshd` when the job is done.
+//!
+//! mpirun's environment gets the remote-shell settings of every MPI family
+//! at once, since they are namespaced and each reads only its own
+//! (reference/mpi.md 1.6, 2, 3, 8.1 and 8.14): Open MPI 4
+//! (`OMPI_MCA_plm_rsh_*`), PRRTE / Open MPI 5 (`PRTE_MCA_plm_ssh_*`), MPICH
+//! hydra (`HYDRA_LAUNCHER*`, with the spelling hydra reads, not MPI
+//! Operator's `HYDRA_LAUNCH_EXTRA_ARGS`) and Intel MPI
+//! (`I_MPI_HYDRA_BOOTSTRAP*`). Launch is flat unless `--tree-spawn`, so
+//! workers need no client key (reference/mpi.md 7).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{MpiArgs, StopWorkers};
+use crate::config::env as names;
+use crate::error_chain;
+use crate::exit;
+use crate::ssh::argv::HostKeyCheck;
+use crate::ssh::client::{self, ConnectError, Retry, Target};
+use crate::ssh::hostfile::{self, Host};
+use crate::ssh::keys::{self, Pins};
+use crate::ssh::server::JOB_DONE;
+use crate::supervise::reaper::Reaper;
+use crate::supervise::signals::SysEvent;
+use crate::supervise::spawn::{Spawner, StdioMode, WorkerSpec};
+use crate::sys::{self, Exit};
+
+/// Where the Trainer / MPI Operator hostfile is mounted.
+pub const TRAINER_HOSTFILE: &str = "/etc/mpi/hostfile";
+
+/// The directory of the `ssh` link MPI launchers run: TRAINLET_AGENT_DIR,
+/// else `$TMPDIR/trainlet-bin`. The same path on every pod, since tree
+/// spawn passes it on the daemons' command lines.
+pub fn agent_dir() -> PathBuf {
+    std::env::var_os(names::TRAINLET_AGENT_DIR).map_or_else(|| std::env::temp_dir().join("trainlet-bin"), PathBuf::from)
+}
+
+/// Make `<agent_dir>/ssh` a link to this binary (atomically) and return it.
+pub fn agent_link() -> std::io::Result<PathBuf> {
+    let dir = agent_dir();
+    std::fs::create_dir_all(&dir)?;
+    let exe = std::env::current_exe()?;
+    let link = dir.join("ssh");
+    if std::fs::read_link(&link).is_ok_and(|t| t == exe) {
+        return Ok(link);
+    }
+    let tmp = dir.join(format!(".ssh.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(&exe, &tmp)?;
+    std::fs::rename(&tmp, &link)?;
+    Ok(link)
+}
+
+/// Hosts named on mpirun's own command line: a hostfile flag's file, or
+/// `-H`/`--host`/`-hosts` lists.
+fn hosts_in_command(cmd: &[String]) -> Option<Result<Vec<Host>, String>> {
+    const FILE_FLAGS: [&str; 6] =
+        ["--hostfile", "-hostfile", "--machinefile", "-machinefile", "--default-hostfile", "-f"];
+    const LIST_FLAGS: [&str; 4] = ["-H", "--host", "-host", "-hosts"];
+    let mut i = 1;
+    while i < cmd.len() {
+        let a = cmd[i].as_str();
+        let (flag, inline) = a.split_once('=').map_or((a, None), |(f, v)| (f, Some(v.to_string())));
+        let value = || inline.clone().or_else(|| cmd.get(i + 1).cloned());
+        if FILE_FLAGS.contains(&flag) {
+            let v = value()?;
+            return Some(hostfile::read(Path::new(&v)).map_err(|e| error_chain(&e)));
+        }
+        if LIST_FLAGS.contains(&flag) {
+            let v = value()?;
+            return Some(hostfile::from_list(&v, None).map_err(|e| error_chain(&e)));
+        }
+        i += 1;
+    }
+    None
+}
+
+/// How the hosts were found.
+#[derive(Debug)]
+struct HostSource {
+    hosts: Vec<Host>,
+    /// mpirun's own arguments name the hosts: no hostfile is handed over.
+    from_command: bool,
+    what: String,
+}
+
+fn find_hosts(args: &MpiArgs) -> Result<HostSource, String> {
+    if let Some(found) = hosts_in_command(&args.command) {
+        return Ok(HostSource { hosts: found?, from_command: true, what: "mpirun's arguments".into() });
+    }
+    let from_file = |p: PathBuf, what: &str| -> Result<HostSource, String> {
+        let hosts = hostfile::read(&p).map_err(|e| error_chain(&e))?;
+        Ok(HostSource { hosts, from_command: false, what: format!("{what} {}", p.display()) })
+    };
+    if let Some(p) = &args.hostfile {
+        return from_file(p.clone(), "--hostfile");
+    }
+    if let Ok(p) = std::env::var(names::OMPI_MCA_ORTE_DEFAULT_HOSTFILE)
+        && !p.is_empty()
+    {
+        return from_file(PathBuf::from(p), names::OMPI_MCA_ORTE_DEFAULT_HOSTFILE);
+    }
+    if Path::new(TRAINER_HOSTFILE).is_file() {
+        return from_file(PathBuf::from(TRAINER_HOSTFILE), "the Trainer hostfile");
+    }
+    match &args.hosts {
+        Some(list) => {
+            let hosts = hostfile::from_list(list, Some(args.slots.unwrap_or(1))).map_err(|e| error_chain(&e))?;
+            Ok(HostSource { hosts, from_command: false, what: "--hosts".into() })
+        }
+        None => Err(format!(
+            "no MPI hosts: pass --hostfile or --hosts, set {} or OMPI_MCA_orte_default_hostfile, or mount {TRAINER_HOSTFILE}",
+            names::TRAINLET_MPI_HOSTS
+        )),
+    }
+}
+
+/// Write the hostfiles mpirun reads (Open MPI and hydra forms) into `dir`.
+fn write_hostfiles(dir: &Path, hosts: &[Host]) -> std::io::Result<(PathBuf, PathBuf)> {
+    std::fs::create_dir_all(dir)?;
+    let ompi = dir.join("hostfile");
+    let hydra = dir.join("hostfile.hydra");
+    std::fs::write(&ompi, hostfile::open_mpi(hosts))?;
+    std::fs::write(&hydra, hostfile::hydra(hosts))?;
+    Ok((ompi, hydra))
+}
+
+/// The remote-shell environment for mpirun (see the module doc).
+fn mpi_env(
+    agent: &Path,
+    key_dir: &Path,
+    port: u16,
+    tree: bool,
+    files: Option<(&Path, &Path)>,
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Vec<(String, String)> {
+    let agent = agent.display().to_string();
+    let mut env: Vec<(String, String)> = Vec::new();
+    let mut set = |k: &str, v: String| env.push((k.to_string(), v));
+    for k in ["OMPI_MCA_plm_rsh_agent", "PRTE_MCA_plm_ssh_agent", "HYDRA_LAUNCHER_EXEC", "I_MPI_HYDRA_BOOTSTRAP_EXEC"] {
+        set(k, agent.clone());
+    }
+    set("HYDRA_LAUNCHER", "ssh".into());
+    set("I_MPI_HYDRA_BOOTSTRAP", "ssh".into());
+    let keep = |k: &str, v: &str, set: &mut dyn FnMut(&str, String)| {
+        if get(k).is_none() {
+            set(k, v.to_string());
+        }
+    };
+    keep("OMPI_MCA_orte_keep_fqdn_hostnames", "true", &mut set);
+    keep("PRTE_MCA_prte_keep_fqdn_hostnames", "true", &mut set);
+    if !tree {
+        set("OMPI_MCA_plm_rsh_no_tree_spawn", "1".into());
+        set("PRTE_MCA_plm_ssh_no_tree_spawn", "1".into());
+        set("I_MPI_HYDRA_BRANCH_COUNT", "0".into());
+    }
+    // MPI Operator's MPICH setting has a name hydra never reads.
+    let mut hydra_extra =
+        get("HYDRA_LAUNCHER_EXTRA_ARGS").or_else(|| get("HYDRA_LAUNCH_EXTRA_ARGS")).unwrap_or_default();
+    let mut rsh_args = get("OMPI_MCA_plm_rsh_args").unwrap_or_default();
+    let mut impi_extra = get("I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS").unwrap_or_default();
+    if port != 2222 {
+        // Travels on tree-spawned daemons' command lines too.
+        for a in [&mut hydra_extra, &mut rsh_args, &mut impi_extra] {
+            *a = format!("{a} -p {port}").trim().to_string();
+        }
+    }
+    for (k, v) in [
+        ("HYDRA_LAUNCHER_EXTRA_ARGS", hydra_extra),
+        ("OMPI_MCA_plm_rsh_args", rsh_args.clone()),
+        ("PRTE_MCA_plm_ssh_args", rsh_args),
+        ("I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS", impi_extra),
+    ] {
+        if !v.is_empty() {
+            set(k, v);
+        }
+    }
+    if let Some((ompi, hydra)) = files {
+        set("OMPI_MCA_orte_default_hostfile", ompi.display().to_string());
+        set("PRTE_MCA_prte_default_hostfile", ompi.display().to_string());
+        keep("HYDRA_HOST_FILE", &hydra.display().to_string(), &mut set);
+        keep("I_MPI_HYDRA_HOST_FILE", &hydra.display().to_string(), &mut set);
+    }
+    set(names::TRAINLET_SSH_DIR, key_dir.display().to_string());
+    set(names::TRAINLET_SSH_PORT, port.to_string());
+    let dir = agent_dir().display().to_string();
+    set("PATH", get("PATH").map_or(dir.clone(), |p| format!("{dir}:{p}")));
+    env
+}
+
+/// Probe every host until it completes the SSH handshake (host key pinned,
+/// key accepted); returns the failures when the deadline passes.
+async fn wait_ready(targets: &[Target], deadline: Instant) -> Vec<(String, ConnectError)> {
+    let started = Instant::now();
+    let probes = targets.iter().cloned().map(|t| async move {
+        let retry = Retry { until: deadline, attempts: 1, connect_timeout: Duration::from_secs(10) };
+        match client::connect(&t, retry, |_, _| {}).await {
+            Ok(h) => {
+                tracing::info!(host = %t.host, after_ms = started.elapsed().as_millis(), "host ready");
+                let _ = h.disconnect(russh::Disconnect::ByApplication, "", "en").await;
+                None
+            }
+            Err(e) => Some((t.host.clone(), e)),
+        }
+    });
+    futures_join(probes).await.into_iter().flatten().collect()
+}
+
+async fn futures_join<F: std::future::Future + Send + 'static>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futs.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        if let Ok(v) = h.await {
+            out.push(v);
+        }
+    }
+    out
+}
+
+/// Tell every worker's server that the job is done (bounded, best effort).
+async fn stop_workers(targets: &[Target]) {
+    let jobs = targets.iter().cloned().map(|t| async move {
+        let retry = Retry {
+            until: Instant::now() + Duration::from_secs(10),
+            attempts: 1,
+            connect_timeout: Duration::from_secs(5),
+        };
+        let result = match client::connect(&t, retry, |_, _| {}).await {
+            Ok(h) => {
+                let r = client::exec(&h, JOB_DONE, None, &mut std::io::sink(), &mut std::io::sink()).await;
+                let _ = h.disconnect(russh::Disconnect::ByApplication, "", "en").await;
+                r.map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = result {
+            tracing::warn!(host = %t.host, error = %e, "could not tell the worker the job is done");
+        }
+    });
+    futures_join(jobs).await;
+}
+
+/// Run `trainlet mpi`; returns the exit code.
+pub async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> u8 {
+    let fail = |msg: String| {
+        eprintln!("trainlet: error: {msg}");
+        exit::CONFIG
+    };
+    let key_dir = keys::key_dir(args.ssh_dir.as_deref(), std::env::var("HOME").ok().as_deref());
+    let identities: Vec<_> = match keys::default_identities(&key_dir).iter().map(|p| keys::load_private(p)).collect() {
+        Ok(v) => v,
+        Err(e) => return fail(error_chain(&e)),
+    };
+    if identities.is_empty() {
+        return fail(format!(
+            "no SSH identity in {}: mount the job's SSH Secret there (sshAuthMountPath) or set {}",
+            key_dir.display(),
+            names::TRAINLET_SSH_DIR
+        ));
+    }
+    let source = match find_hosts(&args) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let agent = match agent_link() {
+        Ok(a) => a,
+        Err(e) => return fail(format!("cannot create the ssh agent link in {}: {e}", agent_dir().display())),
+    };
+    let work = std::env::temp_dir().join(format!("trainlet-mpi-{}", std::process::id()));
+    // Both forms, so whichever MPI family mpirun is reads a file it parses.
+    let files = if source.from_command {
+        None
+    } else {
+        match write_hostfiles(&work, &source.hosts) {
+            Ok(f) => Some(f),
+            Err(e) => return fail(format!("cannot write hostfiles in {}: {e}", work.display())),
+        }
+    };
+    let pins = Arc::new(Pins::load(&key_dir, &identities, None));
+    let check = match std::env::var(names::TRAINLET_SSH_HOST_KEY_CHECKING).as_deref() {
+        Ok("no" | "off") => HostKeyCheck::Off,
+        _ => HostKeyCheck::Strict,
+    };
+    let user = crate::sshd::local_account().0;
+    let identities: Vec<_> = identities.into_iter().map(Arc::new).collect();
+    let targets: Vec<Target> = source
+        .hosts
+        .iter()
+        .map(|h| Target {
+            host: h.name.clone(),
+            port: args.port,
+            user: h.user.clone().unwrap_or_else(|| user.clone()),
+            identities: identities.clone(),
+            pins: Arc::clone(&pins),
+            check,
+        })
+        .collect();
+    tracing::info!(hosts = targets.len(), from = %source.what, port = args.port, "waiting for the MPI hosts' SSH servers");
+
+    let (reaper, mut signals) = Reaper::start(events);
+    let deadline = Instant::now() + args.wait_timeout;
+    let failures = tokio::select! {
+        f = wait_ready(&targets, deadline) => f,
+        s = signals.recv() => {
+            let s = s.unwrap_or(libc::SIGTERM);
+            tracing::info!(signal = %sys::signal_name(s), "stopped while waiting for the hosts");
+            return exit::for_signal(s);
+        }
+        () = cancel.cancelled() => return exit::INTERNAL,
+    };
+    if !failures.is_empty() {
+        let all_refused =
+            failures.iter().all(|(_, e)| matches!(e, ConnectError::Auth { .. } | ConnectError::HostKey { .. }));
+        eprintln!(
+            "trainlet: error: {} of {} MPI hosts did not complete the SSH handshake within {:?}:",
+            failures.len(),
+            targets.len(),
+            args.wait_timeout
+        );
+        for (host, e) in &failures {
+            eprintln!("  {host}: {}", e.to_string().replace('\n', " "));
+        }
+        return if all_refused { exit::CONFIG } else { exit::RENDEZVOUS_TIMEOUT };
+    }
+
+    let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let env = mpi_env(
+        &agent,
+        &key_dir,
+        args.port,
+        args.tree_spawn,
+        files.as_ref().map(|(a, b)| (a.as_path(), b.as_path())),
+        &get,
+    );
+    let spawner = match Spawner::start() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("trainlet: error: cannot start the spawner thread: {e}");
+            return exit::INTERNAL;
+        }
+    };
+    let spec = WorkerSpec {
+        program: args.command[0].clone(),
+        args: args.command[1..].to_vec(),
+        env,
+        stdio: StdioMode::Inherit,
+        cwd: None,
+    };
+    let pid = match spawner.spawn(spec).await {
+        Ok(sp) => sp.pid,
+        Err(e) => {
+            eprintln!("trainlet: error: {}", error_chain(&e));
+            return exit::WORKER_NOT_FOUND;
+        }
+    };
+    tracing::info!(pid, command = %args.command[0], tree_spawn = args.tree_spawn, "mpirun started");
+    let exited = reaper.watch(pid);
+    tokio::pin!(exited);
+    let mut stopped_by: Option<i32> = None;
+    let kill_at = tokio::time::sleep(Duration::MAX / 4);
+    tokio::pin!(kill_at);
+    let status = loop {
+        tokio::select! {
+            e = &mut exited => break e.unwrap_or(Exit::Code(i32::from(exit::INTERNAL))),
+            s = signals.recv() => {
+                let Some(s) = s else { continue };
+                if [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT].contains(&s) {
+                    if stopped_by.is_some() {
+                        tracing::warn!("second stop signal: SIGKILL to mpirun");
+                        sys::signal_group(pid, libc::SIGKILL);
+                    } else {
+                        tracing::info!(signal = %sys::signal_name(s), grace = ?args.grace, "stopping mpirun");
+                        stopped_by = Some(s);
+                        sys::signal_group(pid, libc::SIGTERM);
+                        kill_at.as_mut().reset(Instant::now() + args.grace);
+                    }
+                } else if [libc::SIGUSR1, libc::SIGUSR2].contains(&s) {
+                    sys::signal_process(pid, s);
+                }
+            }
+            () = &mut kill_at => {
+                tracing::warn!("mpirun outlived the grace period: SIGKILL");
+                sys::signal_group(pid, libc::SIGKILL);
+                kill_at.as_mut().reset(Instant::now() + Duration::MAX / 4);
+            }
+        }
+    };
+    tracing::info!(%status, "mpirun exited");
+    let _ = std::fs::remove_dir_all(&work);
+    let stop = match args.stop_workers {
+        StopWorkers::Always => true,
+        StopWorkers::Success => status.success() && stopped_by.is_none(),
+        StopWorkers::Never => false,
+    };
+    if stop {
+        stop_workers(&targets).await;
+    }
+    match stopped_by {
+        Some(s) => exit::for_signal(s),
+        None => exit::for_worker(status),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(tree: bool, port: u16, given: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+        let given: std::collections::HashMap<String, String> =
+            given.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let get = |k: &str| given.get(k).cloned();
+        mpi_env(
+            Path::new("/a/ssh"),
+            Path::new("/keys"),
+            port,
+            tree,
+            Some((Path::new("/h"), Path::new("/h.hydra"))),
+            &get,
+        )
+        .into_iter()
+        .collect()
+    }
+
+    #[test]
+    fn flat_launch_for_every_family() {
+        let e = env_of(false, 2222, &[("HYDRA_LAUNCH_EXTRA_ARGS", "-o ConnectionAttempts=10"), ("PATH", "/usr/bin")]);
+        assert_eq!(e["OMPI_MCA_plm_rsh_agent"], "/a/ssh");
+        assert_eq!(e["HYDRA_LAUNCHER_EXEC"], "/a/ssh");
+        assert_eq!(e["I_MPI_HYDRA_BOOTSTRAP_EXEC"], "/a/ssh");
+        assert_eq!(e["OMPI_MCA_plm_rsh_no_tree_spawn"], "1");
+        assert_eq!(e["I_MPI_HYDRA_BRANCH_COUNT"], "0");
+        assert_eq!(e["HYDRA_LAUNCHER_EXTRA_ARGS"], "-o ConnectionAttempts=10", "operator's misspelling carried over");
+        assert_eq!(e["HYDRA_HOST_FILE"], "/h.hydra");
+        assert_eq!(e["OMPI_MCA_orte_default_hostfile"], "/h");
+        assert!(e["PATH"].ends_with(":/usr/bin"));
+        assert!(!e.contains_key("OMPI_MCA_plm_rsh_args"));
+    }
+
+    #[test]
+    fn tree_spawn_and_port() {
+        let e =
+            env_of(true, 2200, &[("OMPI_MCA_plm_rsh_args", "-o ConnectionAttempts=10"), ("HYDRA_HOST_FILE", "/mine")]);
+        assert!(!e.contains_key("OMPI_MCA_plm_rsh_no_tree_spawn"));
+        assert_eq!(e["OMPI_MCA_plm_rsh_args"], "-o ConnectionAttempts=10 -p 2200");
+        assert_eq!(e["HYDRA_LAUNCHER_EXTRA_ARGS"], "-p 2200");
+        assert!(!e.contains_key("HYDRA_HOST_FILE"), "the user's own hydra hostfile is kept");
+    }
+
+    #[test]
+    fn hosts_from_mpirun_arguments() {
+        let cmd: Vec<String> = "mpirun -np 4 -H a:2,b:2 python3 x.py".split(' ').map(String::from).collect();
+        let hosts = hosts_in_command(&cmd).expect("test setup").expect("test setup");
+        assert_eq!(hosts.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        let cmd: Vec<String> = "mpiexec.hydra -f=/nonexistent -n 2 true".split(' ').map(String::from).collect();
+        assert!(hosts_in_command(&cmd).expect("test setup").expect_err("should fail").contains("/nonexistent"));
+        let cmd: Vec<String> = "mpirun -np 2 true".split(' ').map(String::from).collect();
+        assert!(hosts_in_command(&cmd).is_none());
+    }
+}

@@ -1,0 +1,21 @@
+//! SSH for MPI bootstrap, with no OpenSSH in the image: keys, the embedded
+//! server of `trainlet sshd`, the ssh(1)-compatible client that MPI
+//! launchers run as their remote shell, and hostfiles.
+//!
+//! # Design
+//! Built on russh. The server serves `exec` only and ties every remote
+//! command's process group to its channel; the client retries connect and
+//! auth for a bounded time and pins host keys instead of trusting on first
+//! use. This module starts no process and waits for none: the server asks a
+//! [`server::Processes`] (wired by `crate::sshd` to the one spawner thread
+//! and the one reaper) and the launcher flow lives in `crate::mpi`.
+//! `ssh` does not import `store` or `supervise`.
+
+pub mod argv;
+pub mod client;
+pub mod hostfile;
+pub mod keygen;
+pub mod keys;
+pub mod server;
+
+pub use keys::KeyError;

@@ -1,0 +1,175 @@
+//! The flow of `trainlet sshd` (MPI worker role): load keys, bind, serve
+//! until SIGTERM or until the launcher says the job is done, then make sure
+//! no remote command outlives us.
+//!
+//! Readiness: the listener is bound only after the host key and
+//! authorized_keys are loaded, so Trainer's `tcpSocket: 2222` readiness
+//! probe passing means the server can authenticate.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::SshdArgs;
+use crate::error_chain;
+use crate::ssh::keys;
+use crate::ssh::server::{self, Account, Ended, ExecRequest, Processes, ServerConfig, Started};
+use crate::supervise::reaper::Reaper;
+use crate::supervise::signals::SysEvent;
+use crate::supervise::spawn::{SpawnError, Spawner, StdioMode, WorkerSpec};
+use crate::{exit, sys};
+
+/// [`Processes`] on the one spawner thread and the one reaper.
+#[derive(Debug, Clone)]
+pub struct Spawning {
+    spawner: Spawner,
+    reaper: Reaper,
+}
+
+impl Spawning {
+    /// Wire a spawner and a reaper together.
+    pub fn new(spawner: Spawner, reaper: Reaper) -> Self {
+        Self { spawner, reaper }
+    }
+}
+
+impl Processes for Spawning {
+    async fn start(&self, req: ExecRequest) -> std::io::Result<Started> {
+        let spec = WorkerSpec {
+            program: req.shell.display().to_string(),
+            args: vec!["-c".into(), req.command],
+            env: req.env,
+            stdio: StdioMode::AllPiped,
+            cwd: Some(req.cwd),
+        };
+        let sp = self.spawner.spawn(spec).await.map_err(|e| match e {
+            SpawnError::Exec { source, .. } => source,
+            SpawnError::Gone => std::io::Error::other("spawner thread is gone"),
+        })?;
+        let exit = self.reaper.watch(sp.pid);
+        match (sp.stdin, sp.stdout, sp.stderr) {
+            (Some(stdin), Some(stdout), Some(stderr)) => Ok(Started { pid: sp.pid, stdin, stdout, stderr, exit }),
+            _ => Err(std::io::Error::other("spawned without pipes")),
+        }
+    }
+}
+
+/// Our account: the password database, else HOME/USER/SHELL from the env
+/// (arbitrary uids have no entry), else `/` and `/bin/sh`.
+pub fn local_account() -> (String, PathBuf, PathBuf) {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let (name, home, shell) = sys::current_user().map_or((None, None, None), |(n, h, s)| (Some(n), Some(h), Some(s)));
+    let name =
+        name.or_else(|| env("USER")).unwrap_or_else(|| if sys::is_root() { "root".into() } else { "trainlet".into() });
+    let home = env("HOME").map(PathBuf::from).or(home).unwrap_or_else(|| PathBuf::from("/"));
+    let shell = shell.filter(|s| s.is_file()).unwrap_or_else(|| PathBuf::from("/bin/sh"));
+    (name, home, shell)
+}
+
+fn load(args: &SshdArgs) -> Result<ServerConfig, String> {
+    let dir = keys::key_dir(args.ssh_dir.as_deref(), std::env::var("HOME").ok().as_deref());
+    let (host_path, host_key) = keys::load_host_key(&dir, args.host_key.as_deref()).map_err(|e| error_chain(&e))?;
+    let ak = args.authorized_keys.clone().unwrap_or_else(|| dir.join("authorized_keys"));
+    let authorized = keys::load_authorized(&ak).map_err(|e| error_chain(&e))?;
+    let (name, home, shell) = local_account();
+    let allowed_users = if sys::is_root() {
+        let mut v = vec!["root".to_string()];
+        v.extend(args.allow_users.iter().cloned());
+        v
+    } else {
+        args.allow_users.clone()
+    };
+    tracing::info!(
+        dir = %dir.display(),
+        host_key = %host_path.display(),
+        fingerprint = %keys::fingerprint(host_key.public_key()),
+        authorized = authorized.len(),
+        user = %name,
+        shell = %shell.display(),
+        "keys loaded"
+    );
+    Ok(ServerConfig {
+        host_key,
+        authorized,
+        account: Account { name, home, shell, allowed_users },
+        kill_timeout: args.kill_timeout,
+    })
+}
+
+fn bind(args: &SshdArgs) -> std::io::Result<std::net::TcpListener> {
+    let try_bind = |addr: SocketAddr| -> std::io::Result<std::net::TcpListener> {
+        let sock = if addr.is_ipv6() { tokio::net::TcpSocket::new_v6()? } else { tokio::net::TcpSocket::new_v4()? };
+        sock.set_reuseaddr(true)?;
+        sock.bind(addr)?;
+        sock.listen(1024)?.into_std()
+    };
+    match args.listen {
+        Some(a) => try_bind(a),
+        None => try_bind(SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, args.port)))
+            .or_else(|_| try_bind(SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, args.port)))),
+    }
+}
+
+/// Run `trainlet sshd` until SIGTERM or job done; returns the exit code.
+pub async fn run(args: SshdArgs, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> u8 {
+    let config = match load(&args) {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            eprintln!("trainlet: error: {e}");
+            return exit::CONFIG;
+        }
+    };
+    // Tree spawn: daemons on this worker run the same agent path the launcher uses.
+    if let Err(e) = crate::mpi::agent_link() {
+        tracing::warn!(error = %e, "cannot create the ssh agent link; tree-spawned launches from this worker will fail");
+    }
+    let listener = match bind(&args).and_then(|l| {
+        l.set_nonblocking(true)?;
+        tokio::net::TcpListener::from_std(l)
+    }) {
+        Ok(l) => l,
+        Err(e) => {
+            let at = args.listen.map_or_else(|| format!("port {}", args.port), |a| a.to_string());
+            eprintln!("trainlet: error: cannot listen on {at}: {e}");
+            return exit::CONFIG;
+        }
+    };
+    let spawner = match Spawner::start() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("trainlet: error: cannot start the spawner thread: {e}");
+            return exit::INTERNAL;
+        }
+    };
+    let (reaper, mut signals) = Reaper::start(events);
+    let procs = Arc::new(Spawning::new(spawner, reaper));
+    if let Ok(addr) = listener.local_addr() {
+        // Tests and scripts read the address from this line.
+        println!("trainlet sshd listening on {addr}");
+    }
+    let stop = cancel.child_token();
+    let served = tokio::spawn(server::serve(listener, config, procs, stop.clone()));
+    tokio::pin!(served);
+    let mut open = true;
+    let ended = loop {
+        tokio::select! {
+            r = &mut served => break r.unwrap_or(Ended::Stopped),
+            sig = signals.recv(), if open => match sig {
+                Some(s) if [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT].contains(&s) => {
+                    tracing::info!(signal = %sys::signal_name(s), "sshd stopping");
+                    stop.cancel();
+                }
+                Some(_) => {}
+                None => {
+                    open = false;
+                    stop.cancel();
+                }
+            },
+        }
+    };
+    tracing::info!(reason = ?ended, "sshd stopped");
+    exit::SUCCESS
+}
