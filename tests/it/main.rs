@@ -10,6 +10,8 @@ mod fault;
 mod rendezvous;
 mod runtimes;
 mod signals;
+mod ssh;
+mod sshkit;
 mod store;
 mod torch;
 mod util;

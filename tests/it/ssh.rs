@@ -1,0 +1,217 @@
+//! `trainlet sshd` and `trainlet ssh` against each other and against real
+//! OpenSSH, both ways: exit status, output, refusals, and what happens to
+//! remote processes when a client goes away. Each test owns a loopback
+//! subnet 127.0.<n>.0/24 and port 2222, like pods with their own IPs.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::sshkit::{client, keygen, pids_with_cmdline, private_copy, ssh_env, sshd, trainer_keys, wait_until};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn openssh(args: &[&str], key: &Path, stdin: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new("/usr/bin/ssh")
+        .args(["-p", "2222", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"])
+        .args(["-o", "BatchMode=yes", "-o", "LogLevel=ERROR", "-i"])
+        .arg(key)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run OpenSSH ssh");
+    child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+    child.wait_with_output().expect("ssh output")
+}
+
+#[test]
+fn openssh_client_runs_commands_on_trainlet_sshd_with_a_trainer_key() {
+    let keys = trainer_keys();
+    let agent = tempfile::tempdir().expect("tmp");
+    let env = ssh_env(keys.path(), agent.path());
+    let mut server = sshd("127.0.11.2:2222", &env, None);
+    let key = private_copy(&keys.path().join("id_rsa"), agent.path());
+
+    let out = openssh(&["127.0.11.2", "echo", "out:$USER;", "echo", "err", ">&2;", "cat;", "exit", "7"], &key, "piped-in\n");
+    assert_eq!(out.status.code(), Some(7), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("out:"), "{stdout}");
+    assert!(stdout.contains("piped-in"), "stdin reaches the command: {stdout}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("err"), "stderr comes back as extended data");
+
+    // A signal death is exit-signal: OpenSSH reports 255.
+    let out = openssh(&["127.0.11.2", "kill -9 $$"], &key, "");
+    assert_eq!(out.status.code(), Some(255));
+
+    // Allowed env requests arrive, others do not.
+    let out = Command::new("/usr/bin/ssh")
+        .args(["-p", "2222", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes"])
+        .args(["-o", "SendEnv=LC_TRAINLET OMPI_MCA_test FORBIDDEN", "-i"])
+        .arg(&key)
+        .args(["127.0.11.2", "echo LC=$LC_TRAINLET MCA=$OMPI_MCA_test NO=$FORBIDDEN"])
+        .env("LC_TRAINLET", "c")
+        .env("OMPI_MCA_test", "m")
+        .env("FORBIDDEN", "f")
+        .output()
+        .expect("ssh");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "LC=c MCA=m NO=");
+    server.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(server.code(LIMIT), 0, "sshd exits 0 on SIGTERM");
+}
+
+/// OpenSSH's sshd on `addr`:2222 with `host_key`, letting in `authorized`.
+fn openssh_sshd(dir: &Path, addr: &str, host_key: &Path, authorized: &Path) -> crate::util::Pod {
+    std::fs::create_dir_all("/run/sshd").expect("privsep dir");
+    let cfg = dir.join("sshd_config");
+    std::fs::write(
+        &cfg,
+        format!(
+            "ListenAddress {addr}:2222\nHostKey {}\nAuthorizedKeysFile {}\nStrictModes no\nUsePAM no\n\
+             PasswordAuthentication no\nKbdInteractiveAuthentication no\nPidFile none\nPermitRootLogin prohibit-password\n",
+            host_key.display(),
+            authorized.display()
+        ),
+    )
+    .expect("sshd_config");
+    let pod = crate::util::Pod::start_as(
+        Path::new("/usr/sbin/sshd"),
+        &["-D", "-e", "-f", &cfg.display().to_string()],
+        &[],
+    );
+    wait_until(LIMIT, "OpenSSH sshd to listen", || std::net::TcpStream::connect((addr, 2222)).is_ok());
+    pod
+}
+
+#[test]
+fn trainlet_ssh_runs_commands_on_openssh_sshd_and_pins_its_host_key() {
+    let keys = trainer_keys();
+    let work = tempfile::tempdir().expect("tmp");
+    let host = keygen("ed25519");
+    let host_key = private_copy(&host.path().join("id_rsa"), work.path());
+    let _sshd = openssh_sshd(work.path(), "127.0.12.2", &host_key, &keys.path().join("authorized_keys"));
+
+    let mut env = ssh_env(keys.path(), work.path());
+    env.push(("TRAINLET_SSH_RETRY".into(), "1".into()));
+    // Not pinned: refused, with OpenSSH's words.
+    let mut c = client(&["127.0.12.2", "echo", "hi;", "exit", "5"], &env);
+    assert_eq!(c.code(LIMIT), 255);
+    assert!(c.stderr().contains("Host key verification failed."), "{}", c.stderr());
+
+    // Explicit opt-out for a foreign server.
+    let mut c = client(&["-o", "StrictHostKeyChecking=no", "127.0.12.2", "echo", "hi;", "exit", "5"], &env);
+    assert_eq!(c.code(LIMIT), 5, "{}", c.stderr());
+    assert_eq!(c.stdout(), "hi\n");
+
+    // Pinned through known_hosts: accepted.
+    let pinned = tempfile::tempdir().expect("tmp");
+    for f in ["id_rsa", "authorized_keys"] {
+        std::fs::copy(keys.path().join(f), pinned.path().join(f)).expect("copy");
+    }
+    let host_pub = std::fs::read_to_string(host.path().join("id_rsa.pub")).expect("pub");
+    std::fs::write(pinned.path().join("known_hosts"), format!("127.0.12.* {host_pub}")).expect("known_hosts");
+    let env = ssh_env(pinned.path(), work.path());
+    let mut c = client(&["-p", "2222", "127.0.12.2", "exit 3"], &env);
+    assert_eq!(c.code(LIMIT), 3, "{}", c.stderr());
+}
+
+#[test]
+fn refusals_are_logged_and_the_server_keeps_serving() {
+    let keys = keygen("ed25519");
+    let other = keygen("ed25519");
+    let work = tempfile::tempdir().expect("tmp");
+    let env = ssh_env(keys.path(), work.path());
+    let mut server = sshd("127.0.13.2:2222", &env, None);
+    let quick = |dir: &Path| {
+        let mut e = ssh_env(dir, work.path());
+        e.push(("TRAINLET_SSH_RETRY".into(), "1".into()));
+        e
+    };
+
+    // A key that is not in authorized_keys.
+    let mut stranger_env = quick(other.path());
+    stranger_env.push(("TRAINLET_SSH_HOST_KEY_CHECKING".into(), "no".into()));
+    let mut c = client(&["127.0.13.2", "true"], &stranger_env);
+    assert_eq!(c.code(LIMIT), 255);
+    assert!(c.stderr().contains("Permission denied (publickey)."), "{}", c.stderr());
+    server.wait_for_stderr("refused public key", LIMIT);
+    assert!(server.stderr().contains("peer=127.0.0.1:"), "refusal names the peer: {}", server.stderr());
+
+    // A server whose host key is not one of the job's pinned keys.
+    let foreign = keygen("ed25519");
+    let mut foreign_server = sshd("127.0.13.3:2222", &ssh_env(foreign.path(), work.path()), None);
+    let mut c = client(&["127.0.13.3", "true"], &quick(keys.path()));
+    assert_eq!(c.code(LIMIT), 255);
+    assert!(c.stderr().contains("Host key verification failed."), "{}", c.stderr());
+    foreign_server.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(foreign_server.code(LIMIT), 0);
+
+    // pty and port forwarding, asked for by OpenSSH.
+    let key = keys.path().join("id_rsa");
+    let out = openssh(&["-tt", "127.0.13.2", "true"], &key, "");
+    assert_eq!(out.status.code(), Some(255), "pty refused: {}", String::from_utf8_lossy(&out.stderr));
+    server.wait_for_stderr("request=\"pty\"", LIMIT);
+    let out = openssh(&["-o", "ExitOnForwardFailure=yes", "-R", "0:127.0.0.1:9", "127.0.13.2", "true"], &key, "");
+    assert_eq!(out.status.code(), Some(255), "remote forward refused: {}", String::from_utf8_lossy(&out.stderr));
+    server.wait_for_stderr("request=\"tcpip-forward\"", LIMIT);
+    let out = openssh(&["-W", "127.0.0.1:9", "127.0.13.2"], &key, "");
+    assert_eq!(out.status.code(), Some(255), "direct-tcpip refused");
+    server.wait_for_stderr("request=\"direct-tcpip\"", LIMIT);
+
+    // Still serving.
+    let mut c = client(&["127.0.13.2", "echo", "alive"], &quick(keys.path()));
+    assert_eq!(c.code(LIMIT), 0, "{}", c.stderr());
+    assert_eq!(c.stdout(), "alive\n");
+}
+
+#[test]
+fn remote_commands_die_with_their_session() {
+    let keys = keygen("ecdsa-p521");
+    let work = tempfile::tempdir().expect("tmp");
+    let env = ssh_env(keys.path(), work.path());
+    let _server = sshd("127.0.14.2:2222", &env, None);
+
+    // Killed by a signal: 255 at the client.
+    let mut c = client(&["127.0.14.2", "kill -TERM $$"], &env);
+    assert_eq!(c.code(LIMIT), 255);
+
+    // The client dies: the whole remote process group goes, background jobs included.
+    let mut c = client(&["127.0.14.2", "sleep 3171 & sleep 3172; wait"], &env);
+    wait_until(LIMIT, "the remote sleeps to start", || {
+        !pids_with_cmdline("sleep 3171").is_empty() && !pids_with_cmdline("sleep 3172").is_empty()
+    });
+    c.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = c.wait(LIMIT);
+    wait_until(Duration::from_secs(15), "the remote process group to be terminated", || {
+        pids_with_cmdline("sleep 3171").is_empty() && pids_with_cmdline("sleep 3172").is_empty()
+    });
+
+    // A command that ignores SIGTERM is killed after the kill timeout.
+    let mut c = client(&["127.0.14.2", "trap '' TERM; sleep 3173"], &env);
+    wait_until(LIMIT, "the stubborn command to start", || !pids_with_cmdline("sleep 3173").is_empty());
+    c.signal(nix::sys::signal::Signal::SIGTERM);
+    let _ = c.wait(LIMIT);
+    wait_until(Duration::from_secs(15), "SIGKILL after the kill timeout", || pids_with_cmdline("sleep 3173").is_empty());
+}
+
+#[test]
+fn a_server_that_comes_up_late_is_waited_for_and_one_that_never_does_fails_in_time() {
+    let keys = keygen("ed25519");
+    let work = tempfile::tempdir().expect("tmp");
+    let env = ssh_env(keys.path(), work.path());
+    let mut c = client(&["127.0.15.2", "echo", "late"], &env);
+    std::thread::sleep(Duration::from_secs(2));
+    let _server = sshd("127.0.15.2:2222", &env, None);
+    assert_eq!(c.code(LIMIT), 0, "{}", c.stderr());
+    assert_eq!(c.stdout(), "late\n");
+
+    let mut quick = env.clone();
+    quick.push(("TRAINLET_SSH_RETRY".into(), "2".into()));
+    let started = std::time::Instant::now();
+    let mut c = client(&["127.0.15.3", "true"], &quick);
+    assert_eq!(c.code(LIMIT), 255);
+    assert!(started.elapsed() < Duration::from_secs(20), "bounded retry");
+    assert!(c.stderr().contains("ssh: connect to host 127.0.15.3 port 2222: Connection refused"), "{}", c.stderr());
+}

@@ -1,0 +1,137 @@
+//! Helpers for the SSH and MPI tests: job keys, `trainlet sshd` pods on
+//! their own loopback addresses, real OpenSSH peers, process scans.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::util::{Pod, bin};
+
+/// A key directory from `trainlet keygen --out` (Trainer layout).
+pub fn keygen(kind: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = Command::new(bin())
+        .args(["keygen", "--type", kind, "--out"])
+        .arg(dir.path())
+        .output()
+        .expect("run keygen");
+    assert!(out.status.success(), "keygen failed: {}", String::from_utf8_lossy(&out.stderr));
+    let manifest = String::from_utf8_lossy(&out.stdout);
+    assert!(manifest.contains("type: kubernetes.io/ssh-auth"), "{manifest}");
+    dir
+}
+
+/// A key directory exactly as Trainer mounts it (reference/kubeflow.md
+/// 3.1): an ECDSA P-521 key in SEC1 PEM named `id_rsa` with mode 0640, the
+/// public key as `id_rsa.pub` and `authorized_keys` with mode 0644.
+pub fn trainer_keys() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tmp");
+    let key = dir.path().join("id_rsa");
+    let st = Command::new("openssl")
+        .args(["ecparam", "-name", "secp521r1", "-genkey", "-noout", "-out"])
+        .arg(&key)
+        .status()
+        .expect("openssl");
+    assert!(st.success());
+    let pem = std::fs::read_to_string(&key).expect("pem");
+    assert!(pem.starts_with("-----BEGIN EC PRIVATE KEY-----"), "not SEC1: {pem}");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let public = Command::new("ssh-keygen").arg("-y").arg("-f").arg(&key).output().expect("ssh-keygen -y");
+    assert!(public.status.success(), "{}", String::from_utf8_lossy(&public.stderr));
+    for name in ["id_rsa.pub", "authorized_keys"] {
+        let p = dir.path().join(name);
+        std::fs::write(&p, &public.stdout).expect("write pub");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    }
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    dir
+}
+
+/// A private copy of `key` with mode 0600 (OpenSSH's client refuses 0640).
+pub fn private_copy(key: &Path, dir: &Path) -> PathBuf {
+    let p = dir.join("openssh_id");
+    std::fs::copy(key, &p).expect("copy key");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    p
+}
+
+/// An empty, non-executable file for `no_openssh.sh`.
+pub fn empty_file(dir: &Path) -> PathBuf {
+    let p = dir.join("not-openssh");
+    std::fs::write(&p, "").expect("empty");
+    p
+}
+
+/// Environment of a simulated pod's SSH side.
+pub fn ssh_env(keys: &Path, agent_dir: &Path) -> Vec<(String, String)> {
+    vec![
+        ("TRAINLET_SSH_DIR".into(), keys.display().to_string()),
+        ("TRAINLET_AGENT_DIR".into(), agent_dir.display().to_string()),
+        ("TRAINLET_SSH_RETRY".into(), "20".into()),
+        ("OMPI_ALLOW_RUN_AS_ROOT".into(), "1".into()),
+        ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM".into(), "1".into()),
+    ]
+}
+
+fn refs(env: &[(String, String)]) -> Vec<(&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+/// `trainlet sshd` on `addr`, optionally inside `no_openssh.sh`; returns once it listens.
+pub fn sshd(addr: &str, env: &[(String, String)], without_openssh: Option<&Path>) -> Pod {
+    let listen = format!("--listen={addr}");
+    let mut pod = match without_openssh {
+        Some(empty) => {
+            let wrapper = PathBuf::from(crate::util::fixture("no_openssh.sh"));
+            let exe = bin().display().to_string();
+            Pod::start_as(&wrapper, &[&empty.display().to_string(), &exe, "sshd", &listen], &refs(env))
+        }
+        None => Pod::start(&["sshd", &listen], &refs(env)),
+    };
+    pod.wait_for_output("trainlet sshd listening on", Duration::from_secs(20));
+    pod
+}
+
+/// `trainlet ssh ARGS` as a pod; its exit code after `limit`.
+pub fn client(args: &[&str], env: &[(String, String)]) -> Pod {
+    let mut all = vec!["ssh"];
+    all.extend_from_slice(args);
+    Pod::start(&all, &refs(env))
+}
+
+/// Pids of live processes whose executable is OpenSSH's.
+pub fn openssh_processes() -> Vec<(i32, PathBuf)> {
+    std::fs::read_dir("/proc")
+        .expect("proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+            (exe == Path::new("/usr/bin/ssh") || exe == Path::new("/usr/sbin/sshd")).then_some((pid, exe))
+        })
+        .collect()
+}
+
+/// Pids of live, non-zombie processes whose command line contains `needle`.
+pub fn pids_with_cmdline(needle: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .expect("proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
+                .unwrap_or(true);
+            !zombie && String::from_utf8_lossy(&cmd).replace('\0', " ").contains(needle)
+        })
+        .collect()
+}
+
+/// Wait until `f` holds; panics with `what` after `limit`.
+pub fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
