@@ -96,6 +96,7 @@ fn load(args: &SshdArgs) -> Result<ServerConfig, String> {
         authorized,
         account: Account { name, home, shell, allowed_users },
         kill_timeout: args.kill_timeout,
+        path_prefix: None,
     })
 }
 
@@ -115,17 +116,22 @@ fn bind(args: &SshdArgs) -> std::io::Result<std::net::TcpListener> {
 
 /// Run `trainlet sshd` until SIGTERM or job done; returns the exit code.
 pub async fn run(args: SshdArgs, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> u8 {
-    let config = match load(&args) {
-        Ok(c) => Arc::new(c),
+    let mut config = match load(&args) {
+        Ok(c) => c,
         Err(e) => {
             eprintln!("trainlet: error: {e}");
             return exit::CONFIG;
         }
     };
-    // Tree spawn: daemons on this worker run the same agent path the launcher uses.
-    if let Err(e) = crate::mpi::agent_link() {
-        tracing::warn!(error = %e, "cannot create the ssh agent link; tree-spawned launches from this worker will fail");
+    // Tree spawn: daemons on this worker run the same agent path the
+    // launcher uses; users' own `ssh` calls in ranks find trainlet's too.
+    match crate::mpi::agent_link() {
+        Ok(link) => config.path_prefix = link.parent().map(std::path::Path::to_path_buf),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot create the ssh agent link; tree-spawned launches from this worker will fail")
+        }
     }
+    let config = Arc::new(config);
     let listener = match bind(&args).and_then(|l| {
         l.set_nonblocking(true)?;
         tokio::net::TcpListener::from_std(l)

@@ -3,8 +3,8 @@
 //!
 //! An `exec` string runs as `<login shell> -c <string>` in its own process
 //! group, with the container's environment plus what sshd sets (USER,
-//! LOGNAME, HOME, SHELL, SSH_CLIENT, SSH_CONNECTION) and the allowed `env`
-//! requests. stdin/stdout/stderr flow over the channel; the exit is returned
+//! LOGNAME, HOME, SHELL, SSH_CLIENT, SSH_CONNECTION), trainlet's `ssh` first
+//! on PATH, and the allowed `env` requests. stdin/stdout/stderr flow over the channel; the exit is returned
 //! as `exit-status` or `exit-signal`. When the command ends, the channel
 //! closes or the connection drops, whatever is left of the process group
 //! gets SIGTERM, then SIGKILL after the kill timeout: unlike OpenSSH, no
@@ -111,6 +111,8 @@ pub struct ServerConfig {
     pub account: Account,
     /// SIGTERM-to-SIGKILL wait for a session's leftover processes.
     pub kill_timeout: Duration,
+    /// Directory put first on commands' PATH (where trainlet's `ssh` is).
+    pub path_prefix: Option<PathBuf>,
 }
 
 /// Why [`serve`] returned.
@@ -305,6 +307,10 @@ impl<P: Processes> Conn<P> {
             ("SSH_CLIENT".to_string(), format!("{pip} {pport} {lport}")),
             ("SSH_CONNECTION".to_string(), format!("{pip} {pport} {lip} {lport}")),
         ];
+        if let Some(dir) = &self.shared.config.path_prefix {
+            let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
+            env.push(("PATH".to_string(), format!("{}:{path}", dir.display())));
+        }
         env.extend(extra);
         env
     }

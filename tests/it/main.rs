@@ -7,6 +7,7 @@
 
 mod cli;
 mod fault;
+mod mpi;
 mod rendezvous;
 mod runtimes;
 mod signals;

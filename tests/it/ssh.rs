@@ -35,7 +35,8 @@ fn openssh_client_runs_commands_on_trainlet_sshd_with_a_trainer_key() {
     let mut server = sshd("127.0.11.2:2222", &env, None);
     let key = private_copy(&keys.path().join("id_rsa"), agent.path());
 
-    let out = openssh(&["127.0.11.2", "echo", "out:$USER;", "echo", "err", ">&2;", "cat;", "exit", "7"], &key, "piped-in\n");
+    let out =
+        openssh(&["127.0.11.2", "echo", "out:$USER;", "echo", "err", ">&2;", "cat;", "exit", "7"], &key, "piped-in\n");
     assert_eq!(out.status.code(), Some(7), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.starts_with("out:"), "{stdout}");
@@ -48,7 +49,16 @@ fn openssh_client_runs_commands_on_trainlet_sshd_with_a_trainer_key() {
 
     // Allowed env requests arrive, others do not.
     let out = Command::new("/usr/bin/ssh")
-        .args(["-p", "2222", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes"])
+        .args([
+            "-p",
+            "2222",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "BatchMode=yes",
+        ])
         .args(["-o", "SendEnv=LC_TRAINLET OMPI_MCA_test FORBIDDEN", "-i"])
         .arg(&key)
         .args(["127.0.11.2", "echo LC=$LC_TRAINLET MCA=$OMPI_MCA_test NO=$FORBIDDEN"])
@@ -76,11 +86,8 @@ fn openssh_sshd(dir: &Path, addr: &str, host_key: &Path, authorized: &Path) -> c
         ),
     )
     .expect("sshd_config");
-    let pod = crate::util::Pod::start_as(
-        Path::new("/usr/sbin/sshd"),
-        &["-D", "-e", "-f", &cfg.display().to_string()],
-        &[],
-    );
+    let pod =
+        crate::util::Pod::start_as(Path::new("/usr/sbin/sshd"), &["-D", "-e", "-f", &cfg.display().to_string()], &[]);
     wait_until(LIMIT, "OpenSSH sshd to listen", || std::net::TcpStream::connect((addr, 2222)).is_ok());
     pod
 }
@@ -193,7 +200,9 @@ fn remote_commands_die_with_their_session() {
     wait_until(LIMIT, "the stubborn command to start", || !pids_with_cmdline("sleep 3173").is_empty());
     c.signal(nix::sys::signal::Signal::SIGTERM);
     let _ = c.wait(LIMIT);
-    wait_until(Duration::from_secs(15), "SIGKILL after the kill timeout", || pids_with_cmdline("sleep 3173").is_empty());
+    wait_until(Duration::from_secs(15), "SIGKILL after the kill timeout", || {
+        pids_with_cmdline("sleep 3173").is_empty()
+    });
 }
 
 #[test]

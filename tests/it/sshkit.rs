@@ -11,11 +11,8 @@ use crate::util::{Pod, bin};
 /// A key directory from `trainlet keygen --out` (Trainer layout).
 pub fn keygen(kind: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tmp");
-    let out = Command::new(bin())
-        .args(["keygen", "--type", kind, "--out"])
-        .arg(dir.path())
-        .output()
-        .expect("run keygen");
+    let out =
+        Command::new(bin()).args(["keygen", "--type", kind, "--out"]).arg(dir.path()).output().expect("run keygen");
     assert!(out.status.success(), "keygen failed: {}", String::from_utf8_lossy(&out.stderr));
     let manifest = String::from_utf8_lossy(&out.stdout);
     assert!(manifest.contains("type: kubernetes.io/ssh-auth"), "{manifest}");

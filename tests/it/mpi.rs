@@ -1,0 +1,248 @@
+//! Real MPI jobs launched by `trainlet mpi` over `trainlet sshd` on
+//! simulated hosts (one loopback address each, port 2222): Open MPI 4.1 +
+//! mpi4py, MPICH hydra, tree spawn, exit codes, SIGTERM, readiness. The
+//! main job runs where OpenSSH cannot: `no_openssh.sh` hides `ssh` and
+//! `sshd` in a private mount namespace, and the test watches for any
+//! OpenSSH process while the job runs.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::sshkit::{empty_file, keygen, openssh_processes, pids_with_cmdline, ssh_env, sshd, wait_until};
+use crate::util::{Pod, fixture, parse_kv};
+
+const LIMIT: Duration = Duration::from_secs(120);
+const DEBIAN_PYTHON: &str = "/usr/bin/python3";
+/// Open MPI with every simulated host on one machine: OOB and BTL over
+/// loopback, and no shared-memory BTL. Every "host" has the same hostname,
+/// so vader's per-node segments of different hosts collide (ranks crash in
+/// mca_btl_vader_poll_handle_frag, with OpenSSH as much as with trainlet);
+/// on real pods each host has its own /dev/shm.
+const OMPI_LOOPBACK: [&str; 9] =
+    ["--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo", "--mca", "btl", "self,tcp"];
+
+fn hosts(subnet: u8, n: u8, slots: u8) -> (Vec<String>, String) {
+    let addrs: Vec<String> = (2..2 + n).map(|i| format!("127.0.{subnet}.{i}")).collect();
+    let list = addrs.iter().map(|a| format!("{a}:{slots}")).collect::<Vec<_>>().join(",");
+    (addrs, list)
+}
+
+fn results(out: &str) -> Vec<std::collections::HashMap<String, String>> {
+    out.lines().filter(|l| l.starts_with("RESULT ")).map(parse_kv).collect()
+}
+
+fn launcher(args: &[&str], env: &[(String, String)], without_openssh: Option<&Path>) -> Pod {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    match without_openssh {
+        Some(empty) => {
+            let exe = crate::util::bin().display().to_string();
+            let mut all = vec![empty.to_str().expect("utf8"), exe.as_str()];
+            all.extend_from_slice(args);
+            Pod::start_as(Path::new(&fixture("no_openssh.sh")), &all, &env)
+        }
+        None => Pod::start(args, &env),
+    }
+}
+
+#[test]
+fn open_mpi_and_mpi4py_over_four_hosts_with_no_openssh() {
+    assert!(Path::new(DEBIAN_PYTHON).exists(), "Debian's python3 with python3-mpi4py is needed (.ci/run installs it)");
+    let keys = keygen("ecdsa-p521");
+    let work = tempfile::tempdir().expect("tmp");
+    let empty = empty_file(work.path());
+    let env = ssh_env(keys.path(), work.path());
+    let (addrs, list) = hosts(21, 4, 2);
+    let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, Some(&empty))).collect();
+
+    let script = fixture("mpi_allreduce.py");
+    let mut args = vec!["mpi", "--hosts", &list, "--", "mpirun", "-np", "8"];
+    args.extend_from_slice(&OMPI_LOOPBACK);
+    args.extend_from_slice(&[DEBIAN_PYTHON, &script]);
+    let mut job = launcher(&args, &env, Some(&empty));
+    let mut seen_openssh = Vec::new();
+    let status = loop {
+        seen_openssh.extend(openssh_processes());
+        if let Some(st) = job.child.try_wait().expect("try_wait") {
+            break st;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0), "stdout:\n{}\nstderr:\n{}", job.stdout(), job.stderr());
+    assert!(seen_openssh.is_empty(), "OpenSSH ran during the job: {seen_openssh:?}");
+
+    let rows = results(&job.stdout());
+    assert_eq!(rows.len(), 8, "one line per rank:\n{}", job.stdout());
+    let exe = std::fs::canonicalize(crate::util::bin()).expect("exe");
+    for r in &rows {
+        assert_eq!(r["sum"], "36", "{r:?}");
+        assert_eq!(r["size"], "8");
+        assert_eq!(Path::new(&r["ssh"]), exe, "the `ssh` every rank sees is trainlet");
+        assert!(addrs.contains(&r["node"]), "ranks ran on the simulated hosts: {r:?}");
+    }
+    for a in &addrs {
+        assert_eq!(rows.iter().filter(|r| &r["node"] == a).count(), 2, "2 slots on {a}");
+    }
+    // The launcher told every worker the job is done; they exit 0.
+    for s in &mut servers {
+        assert_eq!(s.code(LIMIT), 0, "{}", s.stderr());
+        assert!(s.stderr().contains("the launcher says the job is done"));
+    }
+}
+
+fn compile_mpich(dir: &Path) -> String {
+    let out = dir.join("mpi_allreduce");
+    let st = Command::new("mpicc.mpich")
+        .arg("-o")
+        .arg(&out)
+        .arg(fixture("mpi_allreduce.c"))
+        .status()
+        .expect("mpicc.mpich (Debian's mpich, installed by .ci/run)");
+    assert!(st.success());
+    out.display().to_string()
+}
+
+#[test]
+fn mpich_hydra_over_four_hosts() {
+    let keys = keygen("ed25519");
+    let work = tempfile::tempdir().expect("tmp");
+    let program = compile_mpich(work.path());
+    let env = ssh_env(keys.path(), work.path());
+    let (addrs, list) = hosts(22, 4, 2);
+    let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
+    // MPI Operator's misspelt variable must not break anything.
+    let mut env = env;
+    env.push(("HYDRA_LAUNCH_EXTRA_ARGS".into(), "-o ConnectionAttempts=10".into()));
+    let mut job = launcher(&["mpi", "--hosts", &list, "--", "mpiexec.hydra", "-n", "8", &program], &env, None);
+    assert_eq!(job.code(LIMIT), 0, "stdout:\n{}\nstderr:\n{}", job.stdout(), job.stderr());
+    let rows = results(&job.stdout());
+    assert_eq!(rows.len(), 8, "{}", job.stdout());
+    assert!(rows.iter().all(|r| r["sum"] == "36"), "{rows:?}");
+    for s in &mut servers {
+        assert_eq!(s.code(LIMIT), 0);
+        assert!(s.stderr().contains("exec started"), "hydra reached every host");
+    }
+}
+
+#[test]
+fn open_mpi_tree_spawn_with_more_hosts_than_the_radix() {
+    let keys = keygen("ed25519");
+    let work = tempfile::tempdir().expect("tmp");
+    let mut env = ssh_env(keys.path(), work.path());
+    env.push(("TRAINLET_LOG".into(), "info,trainlet::ssh::server=debug".into()));
+    let (addrs, list) = hosts(23, 4, 1);
+    let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
+    let script = fixture("mpi_allreduce.py");
+    let mut args =
+        vec!["mpi", "--tree-spawn", "--hosts", &list, "--", "mpirun", "-np", "4", "--mca", "routed_radix", "1"];
+    args.extend_from_slice(&OMPI_LOOPBACK);
+    args.extend_from_slice(&[DEBIAN_PYTHON, &script]);
+    let mut job = launcher(&args, &env, None);
+    assert_eq!(job.code(LIMIT), 0, "stdout:\n{}\nstderr:\n{}", job.stdout(), job.stderr());
+    let rows = results(&job.stdout());
+    assert_eq!(rows.len(), 4);
+    assert!(rows.iter().all(|r| r["sum"] == "10"), "{rows:?}");
+    for s in &mut servers {
+        assert_eq!(s.code(LIMIT), 0);
+    }
+    // With radix 1 the daemons form a chain: every host but the first was
+    // launched by another worker's daemon (its parent URI is not mpirun's
+    // vpid 0), through trainlet's client on that worker.
+    for s in &servers[1..] {
+        let log = s.stderr();
+        assert!(log.contains("--tree-spawn"), "{log}");
+        let parent = log
+            .split("orte_parent_uri \"")
+            .nth(1)
+            .and_then(|rest| rest.split(';').next())
+            .unwrap_or_else(|| panic!("no orte_parent_uri in the exec:\n{log}"));
+        assert!(!parent.ends_with(".0"), "launched by mpirun (vpid 0), not by a worker: {parent}\n{log}");
+    }
+}
+
+#[test]
+fn the_launcher_passes_mpiruns_exit_code_through_and_keeps_workers_after_a_failure() {
+    let keys = keygen("ed25519");
+    let work = tempfile::tempdir().expect("tmp");
+    let env = ssh_env(keys.path(), work.path());
+    let (addrs, list) = hosts(24, 2, 1);
+    let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
+    let mut args = vec!["mpi", "--hosts", &list, "--", "mpirun", "-np", "2"];
+    args.extend_from_slice(&OMPI_LOOPBACK);
+    args.extend_from_slice(&["sh", "-c", "exit 3"]);
+    let mut job = launcher(&args, &env, None);
+    assert_eq!(job.code(LIMIT), 3, "{}", job.stderr());
+    // A failed launcher may be retried by its Job: the workers stay up.
+    std::thread::sleep(Duration::from_millis(500));
+    for s in &mut servers {
+        assert!(s.child.try_wait().expect("try_wait").is_none(), "worker exited after a failed launch");
+        s.signal(nix::sys::signal::Signal::SIGTERM);
+        assert_eq!(s.code(LIMIT), 0);
+    }
+}
+
+#[test]
+fn sigterm_to_the_launcher_stops_mpirun_and_the_remote_ranks() {
+    let keys = keygen("ed25519");
+    let work = tempfile::tempdir().expect("tmp");
+    let env = ssh_env(keys.path(), work.path());
+    let (addrs, list) = hosts(25, 2, 2);
+    let _servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
+    let mut args = vec!["mpi", "--hosts", &list, "--grace", "10", "--", "mpirun", "-np", "4"];
+    args.extend_from_slice(&OMPI_LOOPBACK);
+    args.extend_from_slice(&[DEBIAN_PYTHON, "-c", "import time; time.sleep(3174)"]);
+    let mut job = launcher(&args, &env, None);
+    wait_until(LIMIT, "4 ranks to run", || pids_with_cmdline("time.sleep(3174)").len() >= 4);
+    job.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(job.code(LIMIT), 143, "{}", job.stderr());
+    wait_until(Duration::from_secs(30), "the remote ranks to go", || pids_with_cmdline("time.sleep(3174)").is_empty());
+    // The job's daemons carry its agent directory in their environment.
+    let ours = format!("TRAINLET_AGENT_DIR={}", work.path().display());
+    wait_until(Duration::from_secs(30), "this job's orted daemons to go", || {
+        pids_with_cmdline("orted").iter().all(|p| {
+            let environ = std::fs::read(format!("/proc/{p}/environ")).unwrap_or_default();
+            !environ.split(|b| *b == 0).any(|kv| kv == ours.as_bytes())
+        })
+    });
+}
+
+#[test]
+fn workers_that_start_late_are_waited_for() {
+    let keys = keygen("ed25519");
+    let work = tempfile::tempdir().expect("tmp");
+    let env = ssh_env(keys.path(), work.path());
+    let (addrs, list) = hosts(26, 4, 1);
+    let script = fixture("mpi_allreduce.py");
+    let mut args = vec!["mpi", "--hosts", &list, "--", "mpirun", "-np", "4"];
+    args.extend_from_slice(&OMPI_LOOPBACK);
+    args.extend_from_slice(&[DEBIAN_PYTHON, &script]);
+    let mut job = launcher(&args, &env, None);
+    // Workers come up 2-5 s after the launcher, one per second.
+    let mut servers = Vec::new();
+    std::thread::sleep(Duration::from_secs(2));
+    for a in &addrs {
+        servers.push(sshd(&format!("{a}:2222"), &env, None));
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert_eq!(job.code(LIMIT), 0, "stdout:\n{}\nstderr:\n{}", job.stdout(), job.stderr());
+    assert_eq!(results(&job.stdout()).len(), 4);
+    assert!(job.stderr().matches("host ready").count() == 4, "{}", job.stderr());
+}
+
+#[test]
+fn a_host_that_never_comes_up_is_named_within_the_deadline() {
+    let keys = keygen("ed25519");
+    let work = tempfile::tempdir().expect("tmp");
+    let env = ssh_env(keys.path(), work.path());
+    let (addrs, list) = hosts(27, 3, 1);
+    let _up: Vec<Pod> = addrs[..2].iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
+    let started = std::time::Instant::now();
+    let mut job =
+        launcher(&["mpi", "--hosts", &list, "--wait-timeout", "4", "--", "mpirun", "-np", "3", "true"], &env, None);
+    assert_eq!(job.code(LIMIT), 201, "{}", job.stderr());
+    assert!(started.elapsed() < Duration::from_secs(30), "bounded by --wait-timeout");
+    let err = job.stderr();
+    assert!(err.contains("1 of 3 MPI hosts did not complete the SSH handshake"), "{err}");
+    assert!(err.contains("127.0.27.4: ssh: connect to host 127.0.27.4 port 2222: Connection refused"), "{err}");
+    assert!(!err.contains("127.0.27.2:"), "ready hosts are not listed: {err}");
+}
