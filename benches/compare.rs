@@ -5,7 +5,9 @@
 //!
 //! Run: `cargo bench --bench compare [-- NAME...]` with torch in `.venv`
 //! (or `$TRAINLET_TEST_PYTHON`). NAME filters: overhead, start, rss, store,
-//! init, restart, scale. Results are also written to `target/bench-compare.md`.
+//! init, restart, scale, mpi, sshd. Results are also written to
+//! `target/bench-compare.md`. `mpi` and `sshd` compare against OpenSSH
+//! (`mpi_bench.rs`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
@@ -14,6 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[path = "mpi_bench.rs"]
+mod mpi_bench;
 
 fn trainlet() -> &'static str {
     env!("CARGO_BIN_EXE_trainlet")
@@ -565,6 +570,14 @@ fn main() {
     }
     if on("scale") {
         rendezvous_scale(&mut rows);
+        progress(&rows);
+    }
+    if on("mpi") {
+        mpi_bench::launch(&mut rows);
+        progress(&rows);
+    }
+    if on("sshd") {
+        mpi_bench::idle_rss(&mut rows);
         progress(&rows);
     }
     let mut table = String::from(

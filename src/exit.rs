@@ -8,7 +8,7 @@
 //! | 126 / 127 | a worker could not be executed / was not found |
 //! | 128+N | the first failing worker was killed by signal N, or trainlet itself was stopped by signal N (143 = SIGTERM) |
 //! | 200 | configuration error: a bad flag, env var or world mismatch between pods |
-//! | 201 | rendezvous timeout: the store or a peer pod was not reachable before the deadline |
+//! | 201 | rendezvous timeout: the store, a peer pod, or an MPI host's SSH server was not reachable before the deadline |
 //! | 202 | internal error in trainlet (a bug, or an unexpected OS failure) |
 //! | 203 | the store host went away and did not come back before the join deadline, or a pod neither stopped nor died in time |
 //! | 204 | this pod belongs to an older JobSet restart attempt than the job (rejected) |
@@ -28,7 +28,7 @@ pub const WORKER_NOT_EXECUTABLE: u8 = 126;
 pub const WORKER_NOT_FOUND: u8 = 127;
 /// Bad configuration: flags, env, or pods that disagree on the world.
 pub const CONFIG: u8 = 200;
-/// The store or a peer did not answer before the join deadline.
+/// The store, a peer, or an MPI host's SSH server did not answer before the deadline.
 pub const RENDEZVOUS_TIMEOUT: u8 = 201;
 /// trainlet failed internally.
 pub const INTERNAL: u8 = 202;

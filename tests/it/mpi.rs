@@ -56,13 +56,15 @@ fn open_mpi_and_mpi4py_over_four_hosts_with_no_openssh() {
     let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, Some(&empty))).collect();
 
     let script = fixture("mpi_allreduce.py");
-    let mut args = vec!["mpi", "--hosts", &list, "--", "mpirun", "-np", "8"];
+    let mut args = vec!["mpi", "--hosts", &list, "--", "mpirun.openmpi", "-np", "8"];
     args.extend_from_slice(&OMPI_LOOPBACK);
     args.extend_from_slice(&[DEBIAN_PYTHON, &script]);
+    // A system sshd the machine may run is not part of the job.
+    let before = openssh_processes();
     let mut job = launcher(&args, &env, Some(&empty));
     let mut seen_openssh = Vec::new();
     let status = loop {
-        seen_openssh.extend(openssh_processes());
+        seen_openssh.extend(openssh_processes().into_iter().filter(|p| !before.contains(p)));
         if let Some(st) = job.child.try_wait().expect("try_wait") {
             break st;
         }
@@ -134,7 +136,7 @@ fn open_mpi_tree_spawn_with_more_hosts_than_the_radix() {
     let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
     let script = fixture("mpi_allreduce.py");
     let mut args =
-        vec!["mpi", "--tree-spawn", "--hosts", &list, "--", "mpirun", "-np", "4", "--mca", "routed_radix", "1"];
+        vec!["mpi", "--tree-spawn", "--hosts", &list, "--", "mpirun.openmpi", "-np", "4", "--mca", "routed_radix", "1"];
     args.extend_from_slice(&OMPI_LOOPBACK);
     args.extend_from_slice(&[DEBIAN_PYTHON, &script]);
     let mut job = launcher(&args, &env, None);
@@ -167,7 +169,7 @@ fn the_launcher_passes_mpiruns_exit_code_through_and_keeps_workers_after_a_failu
     let env = ssh_env(keys.path(), work.path());
     let (addrs, list) = hosts(24, 2, 1);
     let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
-    let mut args = vec!["mpi", "--hosts", &list, "--", "mpirun", "-np", "2"];
+    let mut args = vec!["mpi", "--hosts", &list, "--", "mpirun.openmpi", "-np", "2"];
     args.extend_from_slice(&OMPI_LOOPBACK);
     args.extend_from_slice(&["sh", "-c", "exit 3"]);
     let mut job = launcher(&args, &env, None);
@@ -188,7 +190,7 @@ fn sigterm_to_the_launcher_stops_mpirun_and_the_remote_ranks() {
     let env = ssh_env(keys.path(), work.path());
     let (addrs, list) = hosts(25, 2, 2);
     let _servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
-    let mut args = vec!["mpi", "--hosts", &list, "--grace", "10", "--", "mpirun", "-np", "4"];
+    let mut args = vec!["mpi", "--hosts", &list, "--grace", "10", "--", "mpirun.openmpi", "-np", "4"];
     args.extend_from_slice(&OMPI_LOOPBACK);
     args.extend_from_slice(&[DEBIAN_PYTHON, "-c", "import time; time.sleep(3174)"]);
     let mut job = launcher(&args, &env, None);
@@ -213,7 +215,7 @@ fn workers_that_start_late_are_waited_for() {
     let env = ssh_env(keys.path(), work.path());
     let (addrs, list) = hosts(26, 4, 1);
     let script = fixture("mpi_allreduce.py");
-    let mut args = vec!["mpi", "--hosts", &list, "--", "mpirun", "-np", "4"];
+    let mut args = vec!["mpi", "--hosts", &list, "--", "mpirun.openmpi", "-np", "4"];
     args.extend_from_slice(&OMPI_LOOPBACK);
     args.extend_from_slice(&[DEBIAN_PYTHON, &script]);
     let mut job = launcher(&args, &env, None);
@@ -238,7 +240,7 @@ fn a_host_that_never_comes_up_is_named_within_the_deadline() {
     let _up: Vec<Pod> = addrs[..2].iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
     let started = std::time::Instant::now();
     let mut job =
-        launcher(&["mpi", "--hosts", &list, "--wait-timeout", "4", "--", "mpirun", "-np", "3", "true"], &env, None);
+        launcher(&["mpi", "--hosts", &list, "--wait-timeout", "4", "--", "mpirun.openmpi", "-np", "3", "true"], &env, None);
     assert_eq!(job.code(LIMIT), 201, "{}", job.stderr());
     assert!(started.elapsed() < Duration::from_secs(30), "bounded by --wait-timeout");
     let err = job.stderr();
