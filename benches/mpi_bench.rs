@@ -196,7 +196,17 @@ pub fn launch(rows: &mut Vec<Row>) {
     for _ in 0..rounds {
         let mut c = Command::new(trainlet());
         c.args(["mpi", "--stop-workers", "never", "--hosts", &list, "--", "mpirun.openmpi", "-np", &HOSTS.to_string()])
-            .args(["--mca", "oob_tcp_if_include", "lo", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"])
+            .args([
+                "--mca",
+                "oob_tcp_if_include",
+                "lo",
+                "--mca",
+                "btl",
+                "self,tcp",
+                "--mca",
+                "btl_tcp_if_include",
+                "lo",
+            ])
             .args(["echo", "hello"])
             .env("TRAINLET_AGENT_DIR", &agent_dir)
             .env("OMPI_ALLOW_RUN_AS_ROOT", "1")

@@ -21,14 +21,28 @@ fn main() -> ExitCode {
     let name = std::path::Path::new(&argv0).file_name().map(std::ffi::OsStr::to_owned).unwrap_or_default();
     // ssh(1) argv is not clap's: dispatch before parsing (argv[0] `ssh`, or `trainlet ssh`).
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args_for_mpi = None;
     if name == "ssh" {
         return ExitCode::from(ssh(&args));
     }
     if args.first().is_some_and(|a| a == "ssh") {
         return ExitCode::from(ssh(&args[1..]));
     }
+    // Through a symlink named mpirun/mpiexec placed before the real one on
+    // PATH, a TrainJob's own `mpirun ...` command runs as `trainlet mpi -- mpirun ...`.
+    if name == "mpirun" || name == "mpiexec" {
+        let name = name.to_string_lossy().into_owned();
+        let Some(real) = trainlet::mpi::real_launcher(&name) else {
+            eprintln!("trainlet: error: no real {name} on PATH besides trainlet (set TRAINLET_MPIRUN)");
+            return ExitCode::from(exit::CONFIG);
+        };
+        let argv = ["trainlet".into(), "mpi".into(), "--".into(), real.display().to_string()].into_iter().chain(args);
+        args_for_mpi = Some(argv.collect::<Vec<String>>());
+    }
     let as_torchrun = name == "torchrun";
-    let parsed = if as_torchrun {
+    let parsed = if let Some(argv) = args_for_mpi {
+        Cli::try_parse_from(argv).map(|c| c.command)
+    } else if as_torchrun {
         TorchrunCli::try_parse().map(|t| Sub::Run(t.run))
     } else {
         Cli::try_parse().map(|c| c.command)

@@ -60,6 +60,21 @@ pub fn agent_link() -> std::io::Result<PathBuf> {
     Ok(link)
 }
 
+/// The real `name` (`mpirun`, `mpiexec`) when trainlet answers to that
+/// name through a symlink: `TRAINLET_MPIRUN`, else the first `name` on
+/// PATH that is not trainlet itself.
+pub fn real_launcher(name: &str) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(names::TRAINLET_MPIRUN).filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    let me = std::env::current_exe().ok().and_then(|p| std::fs::canonicalize(p).ok());
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(name)).find(|c| {
+        use std::os::unix::fs::PermissionsExt;
+        let executable = std::fs::metadata(c).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+        executable && std::fs::canonicalize(c).ok() != me
+    })
+}
+
 /// Hosts named on mpirun's own command line: a hostfile flag's file, or
 /// `-H`/`--host`/`-hosts` lists.
 fn hosts_in_command(cmd: &[String]) -> Option<Result<Vec<Host>, String>> {

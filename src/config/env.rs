@@ -106,6 +106,8 @@ pub const TRAINLET_SSH_HOST_KEY_CHECKING: &str = "TRAINLET_SSH_HOST_KEY_CHECKING
 pub const TRAINLET_SSH_HOST_KEY: &str = "TRAINLET_SSH_HOST_KEY";
 /// Directory holding the `ssh` link that MPI launchers run (default `$TMPDIR/trainlet-bin`).
 pub const TRAINLET_AGENT_DIR: &str = "TRAINLET_AGENT_DIR";
+/// The real mpirun when trainlet answers to the name `mpirun`/`mpiexec`.
+pub const TRAINLET_MPIRUN: &str = "TRAINLET_MPIRUN";
 /// Hosts for `trainlet mpi` when no hostfile exists: `h1,h2:4`.
 pub const TRAINLET_MPI_HOSTS: &str = "TRAINLET_MPI_HOSTS";
 /// Open MPI's hostfile setting, which Trainer and MPI Operator set on the launcher.

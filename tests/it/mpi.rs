@@ -239,12 +239,45 @@ fn a_host_that_never_comes_up_is_named_within_the_deadline() {
     let (addrs, list) = hosts(27, 3, 1);
     let _up: Vec<Pod> = addrs[..2].iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
     let started = std::time::Instant::now();
-    let mut job =
-        launcher(&["mpi", "--hosts", &list, "--wait-timeout", "4", "--", "mpirun.openmpi", "-np", "3", "true"], &env, None);
+    let mut job = launcher(
+        &["mpi", "--hosts", &list, "--wait-timeout", "4", "--", "mpirun.openmpi", "-np", "3", "true"],
+        &env,
+        None,
+    );
     assert_eq!(job.code(LIMIT), 201, "{}", job.stderr());
     assert!(started.elapsed() < Duration::from_secs(30), "bounded by --wait-timeout");
     let err = job.stderr();
     assert!(err.contains("1 of 3 MPI hosts did not complete the SSH handshake"), "{err}");
     assert!(err.contains("127.0.27.4: ssh: connect to host 127.0.27.4 port 2222: Connection refused"), "{err}");
     assert!(!err.contains("127.0.27.2:"), "ready hosts are not listed: {err}");
+}
+
+#[test]
+fn a_symlink_named_mpirun_runs_the_trainjob_command_under_trainlet_mpi() {
+    let keys = keygen("ed25519");
+    let work = tempfile::tempdir().expect("tmp");
+    let mut env = ssh_env(keys.path(), work.path());
+    let (addrs, list) = hosts(28, 2, 1);
+    let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
+    // Ours first on PATH, the real Open MPI mpirun after it.
+    let ours = work.path().join("ours");
+    let real = work.path().join("real");
+    std::fs::create_dir_all(&ours).expect("dir");
+    std::fs::create_dir_all(&real).expect("dir");
+    std::os::unix::fs::symlink(crate::util::bin(), ours.join("mpirun")).expect("link");
+    std::os::unix::fs::symlink("/usr/bin/mpirun.openmpi", real.join("mpirun")).expect("link");
+    let path = format!("{}:{}:{}", ours.display(), real.display(), std::env::var("PATH").unwrap_or_default());
+    env.push(("PATH".into(), path));
+    env.push(("TRAINLET_MPI_HOSTS".into(), list));
+    let mut args = vec!["-np", "2"];
+    args.extend_from_slice(&OMPI_LOOPBACK);
+    args.extend_from_slice(&["echo", "RESULT", "sum=hi"]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut job = Pod::start_as(&ours.join("mpirun"), &args, &env);
+    assert_eq!(job.code(LIMIT), 0, "stdout:\n{}\nstderr:\n{}", job.stdout(), job.stderr());
+    assert_eq!(results(&job.stdout()).len(), 2, "{}", job.stdout());
+    assert!(job.stderr().contains("waiting for the MPI hosts"), "{}", job.stderr());
+    for s in &mut servers {
+        assert_eq!(s.code(LIMIT), 0, "the workers were told the job is done");
+    }
 }

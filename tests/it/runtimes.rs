@@ -36,6 +36,18 @@ fn runtimes_are_valid_cluster_training_runtimes() {
 }
 
 #[test]
+fn the_mpi_runtime_is_valid_and_runs_trainlet_on_both_ends() {
+    let file = repo().join("runtimes/mpi-distributed.yaml");
+    let (ok, out) = validate(std::slice::from_ref(&file));
+    assert!(ok, "{out}");
+    assert!(out.contains("ClusterTrainingRuntime trainlet-mpi-distributed valid"), "{out}");
+    let text = std::fs::read_to_string(&file).expect("read");
+    assert!(text.contains("- trainlet\n                        - sshd"), "node pods run trainlet sshd: {text}");
+    assert!(text.contains("port: 2222") && !text.contains("/usr/sbin/sshd"), "{text}");
+    assert!(text.contains("values: [200]"), "{text}");
+}
+
+#[test]
 fn the_validator_rejects_a_broken_runtime_by_path() {
     let text = std::fs::read_to_string(repo().join("runtimes/torch-distributed.yaml")).expect("read");
     let broken = text.replace("backoffLimit: 4", "backoffLimit: four\n              bogusField: 1");
