@@ -70,6 +70,11 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
 }
 
+/// A row comparing two durations (ratio: reference / trainlet).
+fn time_row(name: String, ours: Duration, theirs: Duration, goal: &'static str) -> Row {
+    Row { name, ours: ms(ours), theirs: ms(theirs), ratio: theirs.as_secs_f64() / ours.as_secs_f64(), goal }
+}
+
 fn launcher_overhead(rows: &mut Vec<Row>) {
     let run = |torch: bool| {
         let mut c = if torch {
@@ -86,13 +91,7 @@ fn launcher_overhead(rows: &mut Vec<Row>) {
     };
     let ours = median((0..15).map(|_| run(false)).collect());
     let theirs = median((0..3).map(|_| run(true)).collect());
-    rows.push(Row {
-        name: "launcher overhead, 8 x /bin/true".into(),
-        ours: ms(ours),
-        theirs: ms(theirs),
-        ratio: theirs.as_secs_f64() / ours.as_secs_f64(),
-        goal: ">= 100x",
-    });
+    rows.push(time_row("launcher overhead, 8 x /bin/true".to_string(), ours, theirs, ">= 100x"));
 }
 
 /// Simulated pod `node` of a multi-pod job whose store is on 127.0.0.1:`port`:
@@ -125,13 +124,7 @@ fn job_start(rows: &mut Vec<Row>, pods: u32, script: &str) {
     };
     let ours = median((0..3).map(|_| run(false)).collect());
     let theirs = median((0..3).map(|_| run(true)).collect());
-    rows.push(Row {
-        name: format!("job start + gloo init, {pods} pods x 1 torch worker"),
-        ours: ms(ours),
-        theirs: ms(theirs),
-        ratio: theirs.as_secs_f64() / ours.as_secs_f64(),
-        goal: ">= 2x",
-    });
+    rows.push(time_row(format!("job start + gloo init, {pods} pods x 1 torch worker"), ours, theirs, ">= 2x"));
 }
 
 /// Crash of rank 0 to the restarted workers' first instruction (the last of
@@ -165,13 +158,12 @@ fn restart_gap(rows: &mut Vec<Row>, pods: u32) {
     };
     let ours = median((0..5).map(|_| run(false)).collect());
     let theirs = median((0..3).map(|_| run(true)).collect());
-    rows.push(Row {
-        name: format!("restart gap: crash -> restarted workers' first instruction, {pods} pods"),
-        ours: ms(ours),
-        theirs: ms(theirs),
-        ratio: theirs.as_secs_f64() / ours.as_secs_f64(),
-        goal: ">= 20x (< 100 ms)",
-    });
+    rows.push(time_row(
+        format!("restart gap: crash -> restarted workers' first instruction, {pods} pods"),
+        ours,
+        theirs,
+        ">= 20x (< 100 ms)",
+    ));
 }
 
 /// 1,000 lightweight agents (tasks in this process, each with its own

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{Row, median, ms, trainlet};
+use super::{Row, median, time_row, trainlet};
 
 const HOSTS: u8 = 8;
 
@@ -164,13 +164,7 @@ pub fn launch(rows: &mut Vec<Row>) {
         t.push(run_ok(&mut c));
     }
     let (o, t) = (median(o), median(t));
-    rows.push(Row {
-        name: "ssh connection setup per host (connect, kex, auth, exec true)".into(),
-        ours: ms(o),
-        theirs: ms(t),
-        ratio: t.as_secs_f64() / o.as_secs_f64(),
-        goal: "report",
-    });
+    rows.push(time_row("ssh connection setup per host (connect, kex, auth, exec true)".to_string(), o, t, "report"));
 
     let rounds = 7;
     let (mut o, mut t) = (Vec::new(), Vec::new());
@@ -182,13 +176,7 @@ pub fn launch(rows: &mut Vec<Row>) {
         t.push(run_ok(&mut c));
     }
     let (o, t) = (median(o), median(t));
-    rows.push(Row {
-        name: format!("mpirun hello world over {HOSTS} hosts (Open MPI 4.1, flat)"),
-        ours: ms(o),
-        theirs: ms(t),
-        ratio: t.as_secs_f64() / o.as_secs_f64(),
-        goal: ">= 1.2x",
-    });
+    rows.push(time_row(format!("mpirun hello world over {HOSTS} hosts (Open MPI 4.1, flat)"), o, t, ">= 1.2x"));
 
     // What a user runs: `trainlet mpi` (with its readiness handshake to every host).
     let list = ours_hosts.iter().map(|h| format!("{h}:1")).collect::<Vec<_>>().join(",");
@@ -215,13 +203,12 @@ pub fn launch(rows: &mut Vec<Row>) {
         o.push(run_ok(&mut c));
     }
     let o = median(o);
-    rows.push(Row {
-        name: format!("`trainlet mpi -- mpirun` hello world over {HOSTS} hosts, readiness check included"),
-        ours: ms(o),
-        theirs: ms(t),
-        ratio: t.as_secs_f64() / o.as_secs_f64(),
-        goal: ">= 1.2x",
-    });
+    rows.push(time_row(
+        format!("`trainlet mpi -- mpirun` hello world over {HOSTS} hosts, readiness check included"),
+        o,
+        t,
+        ">= 1.2x",
+    ));
 }
 
 fn rss_kib(pid: u32) -> u64 {

@@ -229,34 +229,15 @@ fn run(args: &RunArgs) -> u8 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let Some(rt) = runtime() else { return exit::INTERNAL };
-    if let Err(e) = sys::become_subreaper() {
-        tracing::warn!(error = %e, "cannot become a child subreaper; orphans of workers may escape");
-    }
-    let events = match signals::start() {
-        Ok(rx) => rx,
-        Err(e) => {
-            eprintln!("trainlet: error: cannot start the signal thread: {e}");
-            return exit::INTERNAL;
+    supervised(|events, cancel| async move {
+        match trainlet::launch::run(plan, events, cancel).await {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("trainlet: error: {}", error_chain(&e));
+                u8::from(&e)
+            }
         }
-    };
-    let cancel = CancellationToken::new();
-    let result = rt.block_on(trainlet::launch::run(plan, events, cancel.clone()));
-    cancel.cancel();
-    rt.shutdown_timeout(std::time::Duration::from_secs(1));
-    // Anything still parented to us (orphans that left their worker's process
-    // group) must not outlive the agent.
-    for pid in sys::children_of(std::process::id()) {
-        tracing::warn!(pid, "killing a leftover descendant of the workers");
-        sys::signal_process(pid, libc::SIGKILL);
-    }
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("trainlet: error: {}", error_chain(&e));
-            u8::from(&e)
-        }
-    }
+    })
 }
 
 fn doctor(args: &RunArgs) -> u8 {
