@@ -231,12 +231,30 @@ pub fn group_alive(pgid: i32) -> bool {
     pgid > 1 && nix::sys::signal::killpg(Pid::from_raw(pgid), None).is_ok()
 }
 
-/// The account trainlet runs as: (name, home, login shell), from the
-/// password database; None when the uid has no entry (arbitrary uids on
+/// The account trainlet runs as: (name, home, login shell), from
+/// `/etc/passwd`; None when the uid has no entry (arbitrary uids on
 /// OpenShift), in which case callers fall back to the environment.
+///
+/// Not getpwuid(3): in a statically linked glibc binary it goes through
+/// NSS modules loaded with dlopen, and for a uid missing from
+/// /etc/passwd that crashed (SIGSEGV) here. Containers keep accounts in
+/// /etc/passwd.
 pub fn current_user() -> Option<(String, std::path::PathBuf, std::path::PathBuf)> {
-    let user = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok()??;
-    Some((user.name, user.dir, user.shell))
+    let uid = nix::unistd::geteuid().as_raw();
+    passwd_entry(&std::fs::read_to_string("/etc/passwd").ok()?, uid)
+}
+
+/// The `name:x:uid:gid:gecos:home:shell` line of `uid`.
+fn passwd_entry(text: &str, uid: u32) -> Option<(String, std::path::PathBuf, std::path::PathBuf)> {
+    text.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        (f.len() >= 7 && f[2].parse::<u32>().ok() == Some(uid)).then(|| (f[0].to_string(), f[5].into(), f[6].into()))
+    })
+}
+
+/// May this process chdir into `dir`?
+pub fn can_enter(dir: &std::path::Path) -> bool {
+    nix::unistd::access(dir, nix::unistd::AccessFlags::X_OK).is_ok() && dir.is_dir()
 }
 
 /// Is trainlet running as root?
@@ -249,4 +267,17 @@ pub fn is_root() -> bool {
 /// server kills the remote command), instead of collecting them.
 pub fn unblock_signals() -> Result<(), Errno> {
     pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwd_lines() {
+        let text = "root:x:0:0:root:/root:/bin/bash\n# junk\nmpiuser:x:1000:1000::/home/mpiuser:/bin/sh\n";
+        let (name, home, shell) = passwd_entry(text, 1000).expect("entry");
+        assert_eq!((name.as_str(), home.to_str(), shell.to_str()), ("mpiuser", Some("/home/mpiuser"), Some("/bin/sh")));
+        assert!(passwd_entry(text, 4242).is_none());
+    }
 }

@@ -464,7 +464,7 @@ impl<P: Processes> russh::server::Handler for Conn<P> {
         };
         let command = String::from_utf8_lossy(data).into_owned();
         let account = &self.shared.config.account;
-        let cwd = if account.home.is_dir() { account.home.clone() } else { PathBuf::from("/") };
+        let cwd = if sys::can_enter(&account.home) { account.home.clone() } else { PathBuf::from("/") };
         let req = ExecRequest { shell: account.shell.clone(), command, env: self.session_env(env), cwd };
         tracing::debug!(peer = %self.peer, command = %req.command, "exec");
         let started = match self.shared.procs.start(req).await {

@@ -224,3 +224,32 @@ fn a_server_that_comes_up_late_is_waited_for_and_one_that_never_does_fails_in_ti
     assert!(started.elapsed() < Duration::from_secs(20), "bounded retry");
     assert!(c.stderr().contains("ssh: connect to host 127.0.15.3 port 2222: Connection refused"), "{}", c.stderr());
 }
+
+#[test]
+fn sshd_runs_as_an_unprivileged_uid_with_no_passwd_entry_and_trainer_modes() {
+    use std::os::unix::fs::PermissionsExt;
+    // Trainer mounts the Secret root-owned, id_rsa 0640 with group fsGroup.
+    let keys = trainer_keys();
+    let uid = 4242;
+    std::fs::set_permissions(keys.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let key = keys.path().join("id_rsa");
+    std::os::unix::fs::chown(&key, Some(0), Some(uid)).expect("chown");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    let agent = tempfile::tempdir().expect("tmp");
+    std::fs::set_permissions(agent.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let env = ssh_env(keys.path(), agent.path());
+    let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let exe = crate::util::bin().display().to_string();
+    let ids = [format!("--reuid={uid}"), format!("--regid={uid}")];
+    let mut server = crate::util::Pod::start_as(
+        Path::new("/usr/bin/setpriv"),
+        &[&ids[0], &ids[1], "--clear-groups", &exe, "sshd", "--listen=127.0.16.2:2222"],
+        &refs,
+    );
+    server.wait_for_output("trainlet sshd listening on", LIMIT);
+    let mut c = client(&["127.0.16.2", "id -u; echo $PWD"], &env);
+    assert_eq!(c.code(LIMIT), 0, "client: {}\nserver: {}", c.stderr(), server.stderr());
+    assert_eq!(c.stdout(), format!("{uid}\n/\n"), "runs as the server's uid; no home, so /");
+    server.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(server.code(LIMIT), 0);
+}
