@@ -127,16 +127,37 @@ fn find_hosts(args: &MpiArgs) -> Result<HostSource, String> {
     if Path::new(TRAINER_HOSTFILE).is_file() {
         return from_file(PathBuf::from(TRAINER_HOSTFILE), "the Trainer hostfile");
     }
-    match &args.hosts {
-        Some(list) => {
-            let hosts = hostfile::from_list(list, Some(args.slots.unwrap_or(1))).map_err(|e| error_chain(&e))?;
-            Ok(HostSource { hosts, from_command: false, what: "--hosts".into() })
-        }
+    if let Some(list) = &args.hosts {
+        let hosts = hostfile::from_list(list, Some(args.slots.unwrap_or(1))).map_err(|e| error_chain(&e))?;
+        return Ok(HostSource { hosts, from_command: false, what: "--hosts".into() });
+    }
+    let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    match pet_hosts(
+        get(names::PET_MASTER_ADDR).as_deref(),
+        get(names::PET_NNODES).as_deref(),
+        args.slots.or_else(|| get(names::PET_NPROC_PER_NODE).and_then(|n| n.parse().ok())),
+    ) {
+        Some(hosts) => Ok(HostSource { hosts, from_command: false, what: "PET_MASTER_ADDR and PET_NNODES".into() }),
         None => Err(format!(
-            "no MPI hosts: pass --hostfile or --hosts, set {} or OMPI_MCA_orte_default_hostfile, or mount {TRAINER_HOSTFILE}",
+            "no MPI hosts: pass --hostfile or --hosts, set {} or OMPI_MCA_orte_default_hostfile, mount {TRAINER_HOSTFILE}, \
+             or set PET_MASTER_ADDR=<job>-node-0-0.<job> and PET_NNODES",
             names::TRAINLET_MPI_HOSTS
         )),
     }
+}
+
+/// JobSet pod names from the torch env Trainer sets (reference/kubeflow.md
+/// 8.3): the master is `<job>-<rjob>-0-0.<subdomain>` and its peers are
+/// `<job>-<rjob>-0-<i>.<subdomain>` for every i below PET_NNODES.
+fn pet_hosts(master: Option<&str>, nnodes: Option<&str>, slots: Option<u32>) -> Option<Vec<Host>> {
+    let (name, domain) = master?.split_once('.')?;
+    let base = name.strip_suffix("-0")?;
+    let n: u32 = nnodes?.split(':').next_back()?.trim().parse().ok().filter(|n| *n > 0)?;
+    Some(
+        (0..n)
+            .map(|i| Host { user: None, name: format!("{base}-{i}.{domain}"), slots: Some(slots.unwrap_or(1)) })
+            .collect(),
+    )
 }
 
 /// Write the hostfiles mpirun reads (Open MPI and hydra forms) into `dir`.
@@ -471,6 +492,17 @@ mod tests {
         assert_eq!(e["OMPI_MCA_plm_rsh_args"], "-o ConnectionAttempts=10 -p 2200");
         assert_eq!(e["HYDRA_LAUNCHER_EXTRA_ARGS"], "-p 2200");
         assert!(!e.contains_key("HYDRA_HOST_FILE"), "the user's own hydra hostfile is kept");
+    }
+
+    #[test]
+    fn hosts_from_the_trainer_torch_env() {
+        let hosts = pet_hosts(Some("alpha-node-0-0.alpha"), Some("3"), Some(8)).expect("hosts");
+        let names: Vec<_> = hosts.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(names, ["alpha-node-0-0.alpha", "alpha-node-0-1.alpha", "alpha-node-0-2.alpha"]);
+        assert!(hosts.iter().all(|h| h.slots == Some(8)));
+        assert_eq!(pet_hosts(Some("a-node-0-0.a"), Some("1:4"), None).expect("elastic spec").len(), 4);
+        assert!(pet_hosts(Some("10.0.0.1"), Some("2"), None).is_none(), "an address names no peers");
+        assert!(pet_hosts(Some("a-node-0-0.a"), None, None).is_none());
     }
 
     #[test]
