@@ -34,6 +34,9 @@ use crate::supervise::signals::SysEvent;
 use crate::supervise::spawn::{Spawner, StdioMode, WorkerSpec};
 use crate::sys::{self, Exit};
 
+/// Signals that stop the launcher (and mpirun).
+const STOP_SIGNALS: [i32; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+
 /// Where the Trainer / MPI Operator hostfile is mounted.
 pub const TRAINER_HOSTFILE: &str = "/etc/mpi/hostfile";
 
@@ -347,10 +350,18 @@ pub async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Can
 
     let (reaper, mut signals) = Reaper::start(events);
     let deadline = Instant::now() + args.wait_timeout;
+    let stop_signal = async {
+        loop {
+            match signals.recv().await {
+                Some(s) if STOP_SIGNALS.contains(&s) => return s,
+                Some(_) => {}
+                None => return std::future::pending().await,
+            }
+        }
+    };
     let failures = tokio::select! {
         f = wait_ready(&targets, deadline) => f,
-        s = signals.recv() => {
-            let s = s.unwrap_or(libc::SIGTERM);
+        s = stop_signal => {
             tracing::info!(signal = %sys::signal_name(s), "stopped while waiting for the hosts");
             return exit::for_signal(s);
         }
@@ -405,14 +416,23 @@ pub async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Can
     let exited = reaper.watch(pid);
     tokio::pin!(exited);
     let mut stopped_by: Option<i32> = None;
-    let kill_at = tokio::time::sleep(Duration::MAX / 4);
-    tokio::pin!(kill_at);
+    let mut kill_at: Option<Instant> = None;
+    let mut open = true;
     let status = loop {
+        let escalate = async {
+            match kill_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             e = &mut exited => break e.unwrap_or(Exit::Code(i32::from(exit::INTERNAL))),
-            s = signals.recv() => {
-                let Some(s) = s else { continue };
-                if [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT].contains(&s) {
+            s = signals.recv(), if open => {
+                let Some(s) = s else {
+                    open = false;
+                    continue;
+                };
+                if STOP_SIGNALS.contains(&s) {
                     if stopped_by.is_some() {
                         tracing::warn!("second stop signal: SIGKILL to mpirun");
                         sys::signal_group(pid, libc::SIGKILL);
@@ -420,16 +440,16 @@ pub async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Can
                         tracing::info!(signal = %sys::signal_name(s), grace = ?args.grace, "stopping mpirun");
                         stopped_by = Some(s);
                         sys::signal_group(pid, libc::SIGTERM);
-                        kill_at.as_mut().reset(Instant::now() + args.grace);
+                        kill_at = Some(Instant::now() + args.grace);
                     }
                 } else if [libc::SIGUSR1, libc::SIGUSR2].contains(&s) {
                     sys::signal_process(pid, s);
                 }
             }
-            () = &mut kill_at => {
+            () = escalate => {
                 tracing::warn!("mpirun outlived the grace period: SIGKILL");
                 sys::signal_group(pid, libc::SIGKILL);
-                kill_at.as_mut().reset(Instant::now() + Duration::MAX / 4);
+                kill_at = None;
             }
         }
     };
