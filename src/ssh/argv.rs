@@ -67,6 +67,8 @@ pub struct SshArgs {
     pub quiet: bool,
     /// `-v` count.
     pub verbose: u8,
+    /// `-V`: print the version and exit (no host needed).
+    pub version: bool,
     /// The remote command: the words after the host joined with one space.
     pub command: String,
 }
@@ -90,6 +92,7 @@ pub fn parse(args: &[String]) -> Result<SshArgs, ArgvError> {
         no_stdin: false,
         quiet: false,
         verbose: 0,
+        version: false,
         command: String::new(),
     };
     let mut i = 0;
@@ -121,10 +124,14 @@ pub fn parse(args: &[String]) -> Result<SshArgs, ArgvError> {
                 'n' => out.no_stdin = true,
                 'q' => out.quiet = true,
                 'v' => out.verbose = out.verbose.saturating_add(1),
+                'V' => out.version = true,
                 _ => {}
             }
         }
         i += 1;
+    }
+    if out.version {
+        return Ok(out);
     }
     let dest = args.get(i).ok_or(ArgvError::NoHost)?;
     destination(&mut out, dest)?;
@@ -292,6 +299,11 @@ mod tests {
     #[test_case("-p x h", ArgvError::BadValue { what: "port", value: "x".into() }; "bad port")]
     fn errors(line: &str, want: ArgvError) {
         assert_eq!(parse(&words(line)).expect_err("should fail"), want);
+    }
+
+    #[test]
+    fn version_needs_no_host() {
+        assert!(parse(&words("-V")).expect("parse").version);
     }
 
     #[test]

@@ -314,6 +314,11 @@ pub struct ClientEnv {
 
 /// `trainlet ssh ARGS`: the whole client. Returns the exit status.
 pub async fn run(args: SshArgs, env: ClientEnv) -> u8 {
+    if args.version {
+        // Tools that probe `ssh -V` read it from stderr, as OpenSSH prints it.
+        eprintln!("trainlet {} ssh client (OpenSSH-compatible command line, SSH-2.0)", env!("CARGO_PKG_VERSION"));
+        return 0;
+    }
     if args.command.trim().is_empty() {
         eprintln!("trainlet ssh: a remote command is required (this client runs commands, not interactive shells)");
         return FAILED;
