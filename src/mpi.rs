@@ -102,6 +102,21 @@ fn hosts_in_command(cmd: &[String]) -> Option<Result<Vec<Host>, String>> {
     None
 }
 
+/// Is `host` this machine (`runLauncherAsNode`: the launcher's own name is
+/// in the hostfile)? As Open MPI decides: the name is ours or `localhost`,
+/// or it resolves to an address of one of our interfaces. mpirun starts
+/// that node's processes itself, so it needs no SSH server.
+fn is_local(host: &str, own_name: Option<&str>, interfaces: &[std::net::IpAddr]) -> bool {
+    // A pod's hostname is the first label of its FQDN in the hostfile.
+    let first = |n: &str| n.split('.').next().map(str::to_string);
+    let named = host.parse::<std::net::IpAddr>().is_err();
+    if host == "localhost" || (named && own_name.is_some_and(|n| first(n) == first(host))) {
+        return true;
+    }
+    use std::net::ToSocketAddrs;
+    (host, 0).to_socket_addrs().is_ok_and(|mut a| a.any(|sa| interfaces.contains(&sa.ip())))
+}
+
 /// How the hosts were found.
 #[derive(Debug)]
 struct HostSource {
@@ -334,9 +349,17 @@ pub async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Can
     };
     let user = crate::sshd::local_account().0;
     let identities: Vec<_> = identities.into_iter().map(Arc::new).collect();
+    let (own, interfaces) = (sys::hostname(), sys::interface_addresses());
     let targets: Vec<Target> = source
         .hosts
         .iter()
+        .filter(|h| {
+            let local = is_local(&h.name, own.as_deref(), &interfaces);
+            if local {
+                tracing::info!(host = %h.name, "this pod is one of the hosts; mpirun starts its processes without SSH");
+            }
+            !local
+        })
         .map(|h| Target {
             host: h.name.clone(),
             port: args.port,
@@ -512,6 +535,18 @@ mod tests {
         assert_eq!(e["OMPI_MCA_plm_rsh_args"], "-o ConnectionAttempts=10 -p 2200");
         assert_eq!(e["HYDRA_LAUNCHER_EXTRA_ARGS"], "-p 2200");
         assert!(!e.contains_key("HYDRA_HOST_FILE"), "the user's own hydra hostfile is kept");
+    }
+
+    #[test]
+    fn the_launcher_as_a_node_is_local() {
+        let ifs: Vec<std::net::IpAddr> = vec!["127.0.0.1".parse().expect("ip"), "10.1.2.3".parse().expect("ip")];
+        assert!(is_local("localhost", None, &ifs));
+        assert!(is_local("job-launcher-0-0", Some("job-launcher-0-0"), &ifs));
+        assert!(is_local("job-launcher-0-0.job", Some("job-launcher-0-0"), &ifs), "pod hostname vs hostfile FQDN");
+        assert!(!is_local("job-node-0-1.job", Some("job-launcher-0-0"), &ifs));
+        assert!(is_local("10.1.2.3", None, &ifs));
+        assert!(is_local("127.0.0.1", None, &ifs));
+        assert!(!is_local("127.0.0.2", None, &ifs), "a loopback alias is a simulated remote host, as for Open MPI");
     }
 
     #[test]

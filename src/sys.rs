@@ -252,6 +252,27 @@ fn passwd_entry(text: &str, uid: u32) -> Option<(String, std::path::PathBuf, std
     })
 }
 
+/// Addresses configured on this machine's interfaces (what MPI launchers
+/// compare hostfile entries against to tell the local node).
+pub fn interface_addresses() -> Vec<std::net::IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
+    addrs
+        .filter_map(|a| {
+            let sa = a.address?;
+            if let Some(v4) = sa.as_sockaddr_in() {
+                Some(std::net::IpAddr::V4(v4.ip()))
+            } else {
+                sa.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))
+            }
+        })
+        .collect()
+}
+
+/// This machine's host name.
+pub fn hostname() -> Option<String> {
+    nix::unistd::gethostname().ok()?.into_string().ok()
+}
+
 /// May this process chdir into `dir`?
 pub fn can_enter(dir: &std::path::Path) -> bool {
     nix::unistd::access(dir, nix::unistd::AccessFlags::X_OK).is_ok() && dir.is_dir()
