@@ -281,3 +281,20 @@ fn a_symlink_named_mpirun_runs_the_trainjob_command_under_trainlet_mpi() {
         assert_eq!(s.code(LIMIT), 0, "the workers were told the job is done");
     }
 }
+
+#[test]
+fn the_launchers_own_host_needs_no_ssh_server() {
+    // runLauncherAsNode: the launcher's own name is in the hostfile.
+    let keys = keygen("ed25519");
+    let work = tempfile::tempdir().expect("tmp");
+    let env = ssh_env(keys.path(), work.path());
+    let mut server = sshd("127.0.29.2:2222", &env, None);
+    let mut args = vec!["mpi", "--hosts", "localhost:1,127.0.29.2:1", "--", "mpirun.openmpi", "-np", "2"];
+    args.extend_from_slice(&OMPI_LOOPBACK);
+    args.extend_from_slice(&["echo", "RESULT", "sum=hi"]);
+    let mut job = launcher(&args, &env, None);
+    assert_eq!(job.code(LIMIT), 0, "stdout:\n{}\nstderr:\n{}", job.stdout(), job.stderr());
+    assert_eq!(results(&job.stdout()).len(), 2, "{}", job.stdout());
+    assert!(job.stderr().contains("this pod is one of the hosts"), "{}", job.stderr());
+    assert_eq!(server.code(LIMIT), 0, "the remote worker was told the job is done");
+}
