@@ -294,17 +294,30 @@ fn rendezvous_scale(rows: &mut Vec<Row>) {
     });
 }
 
+/// Resident memory of `pid` now, in KiB (0 when gone).
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A row comparing two resident sizes in KiB (ratio: reference / trainlet).
+fn memory_row(name: &str, ours: u64, theirs: u64, goal: &'static str) -> Row {
+    Row {
+        name: name.to_string(),
+        ours: format!("{:.1} MB", ours as f64 / 1024.0),
+        theirs: format!("{:.1} MB", theirs as f64 / 1024.0),
+        ratio: theirs as f64 / ours as f64,
+        goal,
+    }
+}
+
 fn max_rss_kib(mut cmd: Command) -> u64 {
     let mut child = quiet(&mut cmd).spawn().expect("spawn");
-    let status = format!("/proc/{}/status", child.id());
     let mut max = 0;
     while child.try_wait().expect("try_wait").is_none() {
-        if let Ok(s) = std::fs::read_to_string(&status)
-            && let Some(kb) =
-                s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok())
-        {
-            max = u64::max(max, kb);
-        }
+        max = u64::max(max, rss_kib(child.id()));
         std::thread::sleep(Duration::from_millis(20));
     }
     max
@@ -317,13 +330,7 @@ fn agent_rss(rows: &mut Vec<Row>) {
     let mut theirs = Command::new(python());
     theirs.args(["-m", "torch.distributed.run"]).args(args);
     let (o, t) = (max_rss_kib(ours), max_rss_kib(theirs));
-    rows.push(Row {
-        name: "agent resident memory during a run".into(),
-        ours: format!("{:.1} MB", o as f64 / 1024.0),
-        theirs: format!("{:.1} MB", t as f64 / 1024.0),
-        ratio: t as f64 / o as f64,
-        goal: "<= 10 MB",
-    });
+    rows.push(memory_row("agent resident memory during a run", o, t, "<= 10 MB"));
 }
 
 fn start_trainlet_store() -> (Child, u16) {

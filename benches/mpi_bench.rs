@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{Row, median, time_row, trainlet};
+use super::{Row, median, memory_row, rss_kib, time_row, trainlet};
 
 const HOSTS: u8 = 8;
 
@@ -211,13 +211,6 @@ pub fn launch(rows: &mut Vec<Row>) {
     ));
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Processes whose executable is `exe` (all of OpenSSH's per-connection children).
 fn pids_of(exe: &Path) -> Vec<u32> {
     std::fs::read_dir("/proc")
@@ -266,13 +259,7 @@ pub fn idle_rss(rows: &mut Vec<Row>) {
     let _ = their_session.kill();
     let _ = ours_session.wait();
     let _ = their_session.wait();
-    rows.push(Row {
-        name: "idle SSH server with one session, resident memory".into(),
-        ours: format!("{:.1} MB", o as f64 / 1024.0),
-        theirs: format!("{:.1} MB", theirs as f64 / 1024.0),
-        ratio: theirs as f64 / o as f64,
-        goal: "report",
-    });
+    rows.push(memory_row("idle SSH server with one session, resident memory", o, theirs, "report"));
 }
 
 fn parent_chain_contains(mut pid: u32, ancestor: u32) -> bool {

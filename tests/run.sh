@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/venv.sh
+bash tests/mpi_venvs.sh
 export TRAINLET_TEST_PYTHON="$PWD/.venv/bin/python"
 # With [build] target set in .cargo/config.toml, RUSTFLAGS applies to the
 # target only, so proc-macros still build; keep +crt-static in it because

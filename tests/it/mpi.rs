@@ -1,6 +1,7 @@
 //! Real MPI jobs launched by `trainlet mpi` over `trainlet sshd` on
 //! simulated hosts (one loopback address each, port 2222): Open MPI 4.1 +
-//! mpi4py, MPICH hydra, tree spawn, exit codes, SIGTERM, readiness. The
+//! mpi4py, MPICH hydra, Open MPI 5 (PRRTE) and Intel MPI from their PyPI
+//! wheels, tree spawn, exit codes, SIGTERM, readiness. The
 //! main job runs where OpenSSH cannot: `no_openssh.sh` hides `ssh` and
 //! `sshd` in a private mount namespace, and the test watches for any
 //! OpenSSH process while the job runs.
@@ -9,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::sshkit::{empty_file, keygen, openssh_processes, pids_with_cmdline, ssh_env, sshd, wait_until};
+use crate::sshkit::{NetNs, Wrap, empty_file, keygen, openssh_processes, pids_with_cmdline, ssh_env, sshd, wait_until};
 use crate::util::{Pod, fixture, parse_kv};
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -32,17 +33,8 @@ fn results(out: &str) -> Vec<std::collections::HashMap<String, String>> {
     out.lines().filter(|l| l.starts_with("RESULT ")).map(parse_kv).collect()
 }
 
-fn launcher(args: &[&str], env: &[(String, String)], without_openssh: Option<&Path>) -> Pod {
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    match without_openssh {
-        Some(empty) => {
-            let exe = crate::util::bin().display().to_string();
-            let mut all = vec![empty.to_str().expect("utf8"), exe.as_str()];
-            all.extend_from_slice(args);
-            Pod::start_as(Path::new(&fixture("no_openssh.sh")), &all, &env)
-        }
-        None => Pod::start(args, &env),
-    }
+fn launcher(args: &[&str], env: &[(String, String)], wrap: &Wrap) -> Pod {
+    wrap.trainlet(args, env)
 }
 
 #[test]
@@ -53,7 +45,8 @@ fn open_mpi_and_mpi4py_over_four_hosts_with_no_openssh() {
     let empty = empty_file(work.path());
     let env = ssh_env(keys.path(), work.path());
     let (addrs, list) = hosts(21, 4, 2);
-    let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, Some(&empty))).collect();
+    let mut servers: Vec<Pod> =
+        addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, &Wrap::without_openssh(&empty))).collect();
 
     let script = fixture("mpi_allreduce.py");
     let mut args = vec!["mpi", "--hosts", &list, "--", "mpirun.openmpi", "-np", "8"];
@@ -61,7 +54,7 @@ fn open_mpi_and_mpi4py_over_four_hosts_with_no_openssh() {
     args.extend_from_slice(&[DEBIAN_PYTHON, &script]);
     // A system sshd the machine may run is not part of the job.
     let before = openssh_processes();
-    let mut job = launcher(&args, &env, Some(&empty));
+    let mut job = launcher(&args, &env, &Wrap::without_openssh(&empty));
     let mut seen_openssh = Vec::new();
     let status = loop {
         seen_openssh.extend(openssh_processes().into_iter().filter(|p| !before.contains(p)));
@@ -111,11 +104,12 @@ fn mpich_hydra_over_four_hosts() {
     let program = compile_mpich(work.path());
     let env = ssh_env(keys.path(), work.path());
     let (addrs, list) = hosts(22, 4, 2);
-    let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
+    let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, &Wrap::default())).collect();
     // MPI Operator's misspelt variable must not break anything.
     let mut env = env;
     env.push(("HYDRA_LAUNCH_EXTRA_ARGS".into(), "-o ConnectionAttempts=10".into()));
-    let mut job = launcher(&["mpi", "--hosts", &list, "--", "mpiexec.hydra", "-n", "8", &program], &env, None);
+    let mut job =
+        launcher(&["mpi", "--hosts", &list, "--", "mpiexec.hydra", "-n", "8", &program], &env, &Wrap::default());
     assert_eq!(job.code(LIMIT), 0, "stdout:\n{}\nstderr:\n{}", job.stdout(), job.stderr());
     let rows = results(&job.stdout());
     assert_eq!(rows.len(), 8, "{}", job.stdout());
@@ -133,13 +127,13 @@ fn open_mpi_tree_spawn_with_more_hosts_than_the_radix() {
     let mut env = ssh_env(keys.path(), work.path());
     env.push(("TRAINLET_LOG".into(), "info,trainlet::ssh::server=debug".into()));
     let (addrs, list) = hosts(23, 4, 1);
-    let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
+    let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, &Wrap::default())).collect();
     let script = fixture("mpi_allreduce.py");
     let mut args =
         vec!["mpi", "--tree-spawn", "--hosts", &list, "--", "mpirun.openmpi", "-np", "4", "--mca", "routed_radix", "1"];
     args.extend_from_slice(&OMPI_LOOPBACK);
     args.extend_from_slice(&[DEBIAN_PYTHON, &script]);
-    let mut job = launcher(&args, &env, None);
+    let mut job = launcher(&args, &env, &Wrap::default());
     assert_eq!(job.code(LIMIT), 0, "stdout:\n{}\nstderr:\n{}", job.stdout(), job.stderr());
     let rows = results(&job.stdout());
     assert_eq!(rows.len(), 4);
@@ -168,11 +162,11 @@ fn the_launcher_passes_mpiruns_exit_code_through_and_keeps_workers_after_a_failu
     let work = tempfile::tempdir().expect("tmp");
     let env = ssh_env(keys.path(), work.path());
     let (addrs, list) = hosts(24, 2, 1);
-    let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
+    let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, &Wrap::default())).collect();
     let mut args = vec!["mpi", "--hosts", &list, "--", "mpirun.openmpi", "-np", "2"];
     args.extend_from_slice(&OMPI_LOOPBACK);
     args.extend_from_slice(&["sh", "-c", "exit 3"]);
-    let mut job = launcher(&args, &env, None);
+    let mut job = launcher(&args, &env, &Wrap::default());
     assert_eq!(job.code(LIMIT), 3, "{}", job.stderr());
     // A failed launcher may be retried by its Job: the workers stay up.
     std::thread::sleep(Duration::from_millis(500));
@@ -189,11 +183,11 @@ fn sigterm_to_the_launcher_stops_mpirun_and_the_remote_ranks() {
     let work = tempfile::tempdir().expect("tmp");
     let env = ssh_env(keys.path(), work.path());
     let (addrs, list) = hosts(25, 2, 2);
-    let _servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
+    let _servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, &Wrap::default())).collect();
     let mut args = vec!["mpi", "--hosts", &list, "--grace", "10", "--", "mpirun.openmpi", "-np", "4"];
     args.extend_from_slice(&OMPI_LOOPBACK);
     args.extend_from_slice(&[DEBIAN_PYTHON, "-c", "import time; time.sleep(3174)"]);
-    let mut job = launcher(&args, &env, None);
+    let mut job = launcher(&args, &env, &Wrap::default());
     wait_until(LIMIT, "4 ranks to run", || pids_with_cmdline("time.sleep(3174)").len() >= 4);
     job.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(job.code(LIMIT), 143, "{}", job.stderr());
@@ -218,12 +212,12 @@ fn workers_that_start_late_are_waited_for() {
     let mut args = vec!["mpi", "--hosts", &list, "--", "mpirun.openmpi", "-np", "4"];
     args.extend_from_slice(&OMPI_LOOPBACK);
     args.extend_from_slice(&[DEBIAN_PYTHON, &script]);
-    let mut job = launcher(&args, &env, None);
+    let mut job = launcher(&args, &env, &Wrap::default());
     // Workers come up 2-5 s after the launcher, one per second.
     let mut servers = Vec::new();
     std::thread::sleep(Duration::from_secs(2));
     for a in &addrs {
-        servers.push(sshd(&format!("{a}:2222"), &env, None));
+        servers.push(sshd(&format!("{a}:2222"), &env, &Wrap::default()));
         std::thread::sleep(Duration::from_secs(1));
     }
     assert_eq!(job.code(LIMIT), 0, "stdout:\n{}\nstderr:\n{}", job.stdout(), job.stderr());
@@ -237,12 +231,12 @@ fn a_host_that_never_comes_up_is_named_within_the_deadline() {
     let work = tempfile::tempdir().expect("tmp");
     let env = ssh_env(keys.path(), work.path());
     let (addrs, list) = hosts(27, 3, 1);
-    let _up: Vec<Pod> = addrs[..2].iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
+    let _up: Vec<Pod> = addrs[..2].iter().map(|a| sshd(&format!("{a}:2222"), &env, &Wrap::default())).collect();
     let started = std::time::Instant::now();
     let mut job = launcher(
         &["mpi", "--hosts", &list, "--wait-timeout", "4", "--", "mpirun.openmpi", "-np", "3", "true"],
         &env,
-        None,
+        &Wrap::default(),
     );
     assert_eq!(job.code(LIMIT), 201, "{}", job.stderr());
     assert!(started.elapsed() < Duration::from_secs(30), "bounded by --wait-timeout");
@@ -258,7 +252,7 @@ fn a_symlink_named_mpirun_runs_the_trainjob_command_under_trainlet_mpi() {
     let work = tempfile::tempdir().expect("tmp");
     let mut env = ssh_env(keys.path(), work.path());
     let (addrs, list) = hosts(28, 2, 1);
-    let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, None)).collect();
+    let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, &Wrap::default())).collect();
     // Ours first on PATH, the real Open MPI mpirun after it.
     let ours = work.path().join("ours");
     let real = work.path().join("real");
@@ -288,13 +282,113 @@ fn the_launchers_own_host_needs_no_ssh_server() {
     let keys = keygen("ed25519");
     let work = tempfile::tempdir().expect("tmp");
     let env = ssh_env(keys.path(), work.path());
-    let mut server = sshd("127.0.29.2:2222", &env, None);
+    let mut server = sshd("127.0.29.2:2222", &env, &Wrap::default());
     let mut args = vec!["mpi", "--hosts", "localhost:1,127.0.29.2:1", "--", "mpirun.openmpi", "-np", "2"];
     args.extend_from_slice(&OMPI_LOOPBACK);
     args.extend_from_slice(&["echo", "RESULT", "sum=hi"]);
-    let mut job = launcher(&args, &env, None);
+    let mut job = launcher(&args, &env, &Wrap::default());
     assert_eq!(job.code(LIMIT), 0, "stdout:\n{}\nstderr:\n{}", job.stdout(), job.stderr());
     assert_eq!(results(&job.stdout()).len(), 2, "{}", job.stdout());
     assert!(job.stderr().contains("this pod is one of the hosts"), "{}", job.stderr());
     assert_eq!(server.code(LIMIT), 0, "the remote worker was told the job is done");
+}
+
+/// A venv made by tests/mpi_venvs.sh.
+fn mpi_venv(name: &str) -> std::path::PathBuf {
+    let dir = crate::util::repo().join(name);
+    assert!(
+        dir.join("bin/python").exists(),
+        "{} is missing: run tests/mpi_venvs.sh (tests/run.sh does)",
+        dir.display()
+    );
+    dir
+}
+
+/// The env of every simulated pod of a job whose MPI lives in `venv`
+/// (as an image's ENV would put it on PATH and LD_LIBRARY_PATH).
+fn venv_env(base: &[(String, String)], venv: &Path) -> Vec<(String, String)> {
+    let mut env = base.to_vec();
+    let path = format!("{}:{}", venv.join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    env.push(("PATH".into(), path));
+    env.push(("LD_LIBRARY_PATH".into(), venv.join("lib").display().to_string()));
+    env
+}
+
+fn check_allreduce(job: &mut Pod, ranks: usize, addrs: &[String]) {
+    assert_eq!(job.code(LIMIT), 0, "stdout:\n{}\nstderr:\n{}", job.stdout(), job.stderr());
+    let rows = results(&job.stdout());
+    assert_eq!(rows.len(), ranks, "one line per rank:\n{}", job.stdout());
+    let sum = (ranks * (ranks + 1) / 2).to_string();
+    let exe = std::fs::canonicalize(crate::util::bin()).expect("exe");
+    for r in &rows {
+        assert_eq!(r["sum"], sum, "{r:?}");
+        assert_eq!(Path::new(&r["ssh"]), exe, "the `ssh` every rank sees is trainlet");
+        assert!(addrs.contains(&r["node"]), "ranks ran on the simulated hosts: {r:?}");
+    }
+}
+
+#[test]
+fn open_mpi_5_with_prrte_over_four_hosts() {
+    // PRRTE's daemons refuse loopback interfaces: the whole job runs in a
+    // network namespace that also has a non-loopback veth (reference/mpi.md 1.3).
+    let venv = mpi_venv(".venv-ompi5");
+    let ns = NetNs::new("ompi5");
+    let wrap = Wrap::in_netns(&ns);
+    let keys = keygen("ed25519");
+    let work = tempfile::tempdir().expect("tmp");
+    let env = venv_env(&ssh_env(keys.path(), work.path()), &venv);
+    let (addrs, list) = hosts(31, 4, 2);
+    let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, &wrap)).collect();
+    let mpirun = venv.join("bin/mpirun").display().to_string();
+    let python = venv.join("bin/python").display().to_string();
+    let script = fixture("mpi_allreduce.py");
+    let args = [
+        "mpi",
+        "--hosts",
+        &list,
+        "--",
+        &mpirun,
+        "--allow-run-as-root",
+        "-np",
+        "8",
+        "--mca",
+        "btl",
+        "self,tcp",
+        "--mca",
+        "btl_tcp_if_include",
+        "127.0.0.0/8",
+        &python,
+        &script,
+    ];
+    let mut job = launcher(&args, &env, &wrap);
+    check_allreduce(&mut job, 8, &addrs);
+    for s in &mut servers {
+        assert_eq!(s.code(LIMIT), 0, "{}", s.stderr());
+        assert!(s.stderr().contains("exec started"), "prted was started over trainlet's SSH");
+    }
+}
+
+#[test]
+fn intel_mpi_over_four_hosts() {
+    let venv = mpi_venv(".venv-impi");
+    let keys = keygen("ecdsa-p521");
+    let work = tempfile::tempdir().expect("tmp");
+    let mut env = venv_env(&ssh_env(keys.path(), work.path()), &venv);
+    // libfabric's TCP provider on loopback, no shared memory between the
+    // simulated hosts (they share one hostname).
+    for (k, v) in [("FI_PROVIDER", "tcp"), ("FI_TCP_IFACE", "lo"), ("I_MPI_FABRICS", "ofi")] {
+        env.push((k.into(), v.into()));
+    }
+    let (addrs, list) = hosts(32, 4, 2);
+    let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, &Wrap::default())).collect();
+    let mpiexec = venv.join("bin/mpiexec.hydra").display().to_string();
+    let python = venv.join("bin/python").display().to_string();
+    let script = fixture("mpi_allreduce.py");
+    let args = ["mpi", "--hosts", &list, "--", &mpiexec, "-n", "8", "-ppn", "2", &python, &script];
+    let mut job = launcher(&args, &env, &Wrap::default());
+    check_allreduce(&mut job, 8, &addrs);
+    for s in &mut servers {
+        assert_eq!(s.code(LIMIT), 0, "{}", s.stderr());
+        assert!(s.stderr().contains("exec started"), "hydra_bstrap_proxy was started over trainlet's SSH");
+    }
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::sshkit::{client, keygen, pids_with_cmdline, private_copy, ssh_env, sshd, trainer_keys, wait_until};
+use crate::sshkit::{Wrap, client, keygen, pids_with_cmdline, private_copy, ssh_env, sshd, trainer_keys, wait_until};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -32,7 +32,7 @@ fn openssh_client_runs_commands_on_trainlet_sshd_with_a_trainer_key() {
     let keys = trainer_keys();
     let agent = tempfile::tempdir().expect("tmp");
     let env = ssh_env(keys.path(), agent.path());
-    let mut server = sshd("127.0.11.2:2222", &env, None);
+    let mut server = sshd("127.0.11.2:2222", &env, &Wrap::default());
     let key = private_copy(&keys.path().join("id_rsa"), agent.path());
 
     let out =
@@ -130,7 +130,7 @@ fn refusals_are_logged_and_the_server_keeps_serving() {
     let other = keygen("ed25519");
     let work = tempfile::tempdir().expect("tmp");
     let env = ssh_env(keys.path(), work.path());
-    let mut server = sshd("127.0.13.2:2222", &env, None);
+    let mut server = sshd("127.0.13.2:2222", &env, &Wrap::default());
     let quick = |dir: &Path| {
         let mut e = ssh_env(dir, work.path());
         e.push(("TRAINLET_SSH_RETRY".into(), "1".into()));
@@ -148,7 +148,7 @@ fn refusals_are_logged_and_the_server_keeps_serving() {
 
     // A server whose host key is not one of the job's pinned keys.
     let foreign = keygen("ed25519");
-    let mut foreign_server = sshd("127.0.13.3:2222", &ssh_env(foreign.path(), work.path()), None);
+    let mut foreign_server = sshd("127.0.13.3:2222", &ssh_env(foreign.path(), work.path()), &Wrap::default());
     let mut c = client(&["127.0.13.3", "true"], &quick(keys.path()));
     assert_eq!(c.code(LIMIT), 255);
     assert!(c.stderr().contains("Host key verification failed."), "{}", c.stderr());
@@ -178,7 +178,7 @@ fn remote_commands_die_with_their_session() {
     let keys = keygen("ecdsa-p521");
     let work = tempfile::tempdir().expect("tmp");
     let env = ssh_env(keys.path(), work.path());
-    let _server = sshd("127.0.14.2:2222", &env, None);
+    let _server = sshd("127.0.14.2:2222", &env, &Wrap::default());
 
     // Killed by a signal: 255 at the client.
     let mut c = client(&["127.0.14.2", "kill -TERM $$"], &env);
@@ -212,7 +212,7 @@ fn a_server_that_comes_up_late_is_waited_for_and_one_that_never_does_fails_in_ti
     let env = ssh_env(keys.path(), work.path());
     let mut c = client(&["127.0.15.2", "echo", "late"], &env);
     std::thread::sleep(Duration::from_secs(2));
-    let _server = sshd("127.0.15.2:2222", &env, None);
+    let _server = sshd("127.0.15.2:2222", &env, &Wrap::default());
     assert_eq!(c.code(LIMIT), 0, "{}", c.stderr());
     assert_eq!(c.stdout(), "late\n");
 

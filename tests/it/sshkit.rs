@@ -75,19 +75,76 @@ fn refs(env: &[(String, String)]) -> Vec<(&str, &str)> {
     env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
 }
 
-/// `trainlet sshd` on `addr`, optionally inside `no_openssh.sh`; returns once it listens.
-pub fn sshd(addr: &str, env: &[(String, String)], without_openssh: Option<&Path>) -> Pod {
-    let listen = format!("--listen={addr}");
-    let mut pod = match without_openssh {
-        Some(empty) => {
-            let wrapper = PathBuf::from(crate::util::fixture("no_openssh.sh"));
-            let exe = bin().display().to_string();
-            Pod::start_as(&wrapper, &[&empty.display().to_string(), &exe, "sshd", &listen], &refs(env))
+/// How a simulated pod's process is started: directly, or through a
+/// wrapper that execs it in place (a namespace).
+#[derive(Debug, Clone, Default)]
+pub struct Wrap(Vec<String>);
+
+impl Wrap {
+    /// In a mount namespace where OpenSSH cannot run (`no_openssh.sh`).
+    pub fn without_openssh(empty: &Path) -> Self {
+        Self(vec![crate::util::fixture("no_openssh.sh"), empty.display().to_string()])
+    }
+
+    /// In network namespace `ns`.
+    pub fn in_netns(ns: &NetNs) -> Self {
+        Self(vec!["/usr/sbin/ip".into(), "netns".into(), "exec".into(), ns.name.clone()])
+    }
+
+    /// Start `trainlet ARGS` this way.
+    pub fn trainlet(&self, args: &[&str], env: &[(String, String)]) -> Pod {
+        match self.0.split_first() {
+            None => Pod::start(args, &refs(env)),
+            Some((program, rest)) => {
+                let exe = bin().display().to_string();
+                let mut all: Vec<&str> = rest.iter().map(String::as_str).collect();
+                all.push(&exe);
+                all.extend_from_slice(args);
+                Pod::start_as(Path::new(program), &all, &refs(env))
+            }
         }
-        None => Pod::start(&["sshd", &listen], &refs(env)),
-    };
+    }
+}
+
+/// `trainlet sshd` on `addr`, started through `wrap`; returns once it listens.
+pub fn sshd(addr: &str, env: &[(String, String)], wrap: &Wrap) -> Pod {
+    let mut pod = wrap.trainlet(&["sshd", &format!("--listen={addr}")], env);
     pod.wait_for_output("trainlet sshd listening on", Duration::from_secs(20));
     pod
+}
+
+/// A network namespace with `lo` up and a veth carrying 127.0.0.10/32:
+/// PRRTE (Open MPI 5) refuses loopback interfaces for its daemons
+/// (reference/mpi.md 1.3), so it needs one that is not flagged loopback.
+/// Nothing in it reaches any other address. Deleted on drop.
+#[derive(Debug)]
+pub struct NetNs {
+    pub name: String,
+}
+
+impl NetNs {
+    pub fn new(tag: &str) -> Self {
+        let name = format!("trainlet-{}-{tag}", std::process::id());
+        let ip = |args: &[&str]| {
+            let st = Command::new("/usr/sbin/ip").args(args).status().expect("ip (iproute2)");
+            assert!(st.success(), "ip {args:?} failed");
+        };
+        ip(&["netns", "add", &name]);
+        let ns = Self { name };
+        let n = ns.name.as_str();
+        ip(&["-n", n, "link", "set", "lo", "up"]);
+        ip(&["-n", n, "link", "add", "v0", "type", "veth", "peer", "name", "v1"]);
+        ip(&["-n", n, "addr", "add", "127.0.0.10/32", "dev", "v0"]);
+        ip(&["-n", n, "link", "set", "v0", "up"]);
+        ip(&["-n", n, "link", "set", "v1", "up"]);
+        ns
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("/usr/sbin/ip").args(["netns", "del", &self.name]).status();
+    }
 }
 
 /// `trainlet ssh ARGS` as a pod; its exit code after `limit`.
