@@ -514,7 +514,7 @@ async fn run_attempt(
         } else {
             tokio::select! {
                 ev = events.recv() => match ev {
-                    Some(SysEvent::Exited { pid, exit, at_us }) => match by_pid.remove(&pid) {
+                    Some(SysEvent::Exited { pid, exit, at_us, .. }) => match by_pid.remove(&pid) {
                         Some(local_rank) => Event::WorkerExited { local_rank, exit, at_us },
                         None => {
                             tracing::debug!(pid, %exit, "reaped orphan");

@@ -425,18 +425,19 @@ pub async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Can
         program: args.command[0].clone(),
         args: args.command[1..].to_vec(),
         env,
+        unset: Vec::new(),
         stdio: StdioMode::Inherit,
         cwd: None,
     };
-    let pid = match spawner.spawn(spec).await {
-        Ok(sp) => sp.pid,
+    let (pid, forked) = match spawner.spawn(spec).await {
+        Ok(sp) => (sp.pid, sp.forked),
         Err(e) => {
             eprintln!("trainlet: error: {}", error_chain(&e));
             return exit::WORKER_NOT_FOUND;
         }
     };
     tracing::info!(pid, command = %args.command[0], tree_spawn = args.tree_spawn, "mpirun started");
-    let exited = reaper.watch(pid);
+    let exited = reaper.watch(pid, forked);
     tokio::pin!(exited);
     let mut stopped_by: Option<i32> = None;
     let mut kill_at: Option<Instant> = None;

@@ -42,6 +42,7 @@ impl Processes for Spawning {
             program: req.shell.display().to_string(),
             args: vec!["-c".into(), req.command],
             env: req.env,
+            unset: req.unset,
             stdio: StdioMode::AllPiped,
             cwd: Some(req.cwd),
         };
@@ -49,7 +50,7 @@ impl Processes for Spawning {
             SpawnError::Exec { source, .. } => source,
             SpawnError::Gone => std::io::Error::other("spawner thread is gone"),
         })?;
-        let exit = self.reaper.watch(sp.pid);
+        let exit = self.reaper.watch(sp.pid, sp.forked);
         match (sp.stdin, sp.stdout, sp.stderr) {
             (Some(stdin), Some(stdout), Some(stderr)) => Ok(Started { pid: sp.pid, stdin, stdout, stderr, exit }),
             _ => Err(std::io::Error::other("spawned without pipes")),

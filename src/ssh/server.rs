@@ -45,6 +45,11 @@ use crate::sys::{self, Exit};
 /// that the job is over (authenticated like any command).
 pub const JOB_DONE: &str = "@trainlet job-done";
 
+/// Variables of the server's own environment that describe its shell, not
+/// a login: without SHLVL bash sees a top-level shell started by sshd and
+/// reads ~/.bashrc, as under OpenSSH (reference/mpi.md 4.3).
+const NOT_INHERITED: [&str; 4] = ["SHLVL", "PWD", "OLDPWD", "_"];
+
 /// `env` request names a client may set (reference/mpi.md 8.6).
 const ENV_ALLOWED: [&str; 7] = ["LANG", "LC_", "OMPI_", "PMIX_", "PRTE_", "HYDRA_", "I_MPI_"];
 
@@ -61,6 +66,8 @@ pub struct ExecRequest {
     pub command: String,
     /// Variables set on top of the server's environment.
     pub env: Vec<(String, String)>,
+    /// Variables of the server's environment the command does not get.
+    pub unset: Vec<String>,
     /// Working directory.
     pub cwd: PathBuf,
 }
@@ -465,7 +472,13 @@ impl<P: Processes> russh::server::Handler for Conn<P> {
         let command = String::from_utf8_lossy(data).into_owned();
         let account = &self.shared.config.account;
         let cwd = if sys::can_enter(&account.home) { account.home.clone() } else { PathBuf::from("/") };
-        let req = ExecRequest { shell: account.shell.clone(), command, env: self.session_env(env), cwd };
+        let req = ExecRequest {
+            shell: account.shell.clone(),
+            command,
+            env: self.session_env(env),
+            unset: NOT_INHERITED.iter().map(|s| (*s).to_string()).collect(),
+            cwd,
+        };
         tracing::debug!(peer = %self.peer, command = %req.command, "exec");
         let started = match self.shared.procs.start(req).await {
             Ok(s) => s,

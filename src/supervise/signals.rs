@@ -24,8 +24,10 @@ pub enum SysEvent {
         pid: i32,
         /// How it ended.
         exit: Exit,
-        /// Wall-clock microseconds when it was reaped.
+        /// Wall-clock microseconds when it was reaped (for reports).
         at_us: u64,
+        /// Monotonic time when it was reaped (for ordering against forks).
+        reaped: std::time::Instant,
     },
 }
 
@@ -47,7 +49,8 @@ fn run(tx: &UnboundedSender<SysEvent>) {
         let sig = sys::wait_signal(Duration::from_millis(500));
         if sig.is_none_or(|s| s == libc::SIGCHLD) {
             for (pid, exit) in sys::reap_all() {
-                if tx.send(SysEvent::Exited { pid, exit, at_us: now_us() }).is_err() {
+                if tx.send(SysEvent::Exited { pid, exit, at_us: now_us(), reaped: std::time::Instant::now() }).is_err()
+                {
                     return;
                 }
             }

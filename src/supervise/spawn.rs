@@ -41,6 +41,8 @@ pub struct WorkerSpec {
     pub args: Vec<String>,
     /// Variables set on top of the agent's environment.
     pub env: Vec<(String, String)>,
+    /// Variables of the agent's environment it does not get.
+    pub unset: Vec<String>,
     /// How its stdio is connected.
     pub stdio: StdioMode,
     /// Working directory (default: the agent's).
@@ -50,7 +52,7 @@ pub struct WorkerSpec {
 impl WorkerSpec {
     /// A worker the torch way: stdin `/dev/null`, stdout/stderr piped.
     pub fn piped(program: String, args: Vec<String>, env: Vec<(String, String)>) -> Self {
-        Self { program, args, env, stdio: StdioMode::Piped, cwd: None }
+        Self { program, args, env, unset: Vec::new(), stdio: StdioMode::Piped, cwd: None }
     }
 }
 
@@ -70,6 +72,8 @@ pub enum StdioMode {
 pub struct Spawned {
     /// Its pid, also its process group id.
     pub pid: i32,
+    /// Just before the fork (for [`super::reaper::Reaper::watch`]).
+    pub forked: std::time::Instant,
     /// Write end of its stdin ([`StdioMode::AllPiped`] only).
     pub stdin: Option<OwnedFd>,
     /// Read end of its stdout (None with [`StdioMode::Inherit`]).
@@ -108,6 +112,9 @@ impl Spawner {
 
 fn spawn_now(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
     let mut cmd = Command::new(&spec.program);
+    for name in &spec.unset {
+        cmd.env_remove(name);
+    }
     cmd.args(&spec.args).envs(spec.env.iter().map(|(k, v)| (k, v)));
     let (stdin, out) = match spec.stdio {
         StdioMode::Piped => (Stdio::null(), true),
@@ -122,10 +129,12 @@ fn spawn_now(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
         cmd.current_dir(dir);
     }
     sys::prepare_worker(&mut cmd);
+    let forked = std::time::Instant::now();
     let mut child = cmd.spawn().map_err(|source| SpawnError::Exec { program: spec.program.clone(), source })?;
     let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
     let spawned = Spawned {
         pid,
+        forked,
         stdin: child.stdin.take().map(OwnedFd::from),
         stdout: child.stdout.take().map(OwnedFd::from),
         stderr: child.stderr.take().map(OwnedFd::from),

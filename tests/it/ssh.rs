@@ -249,7 +249,45 @@ fn sshd_runs_as_an_unprivileged_uid_with_no_passwd_entry_and_trainer_modes() {
     server.wait_for_output("trainlet sshd listening on", LIMIT);
     let mut c = client(&["127.0.16.2", "id -u; echo $PWD"], &env);
     assert_eq!(c.code(LIMIT), 0, "client: {}\nserver: {}", c.stderr(), server.stderr());
-    assert_eq!(c.stdout(), format!("{uid}\n/\n"), "runs as the server's uid; no home, so /");
+    assert_eq!(c.stdout(), format!("{uid}\n{}\n", agent.path().display()), "runs as the server's uid, in HOME");
+    // A HOME it cannot enter: the command runs in /.
     server.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(server.code(LIMIT), 0);
+    let mut locked = env.clone();
+    locked.push(("HOME".into(), "/root".into()));
+    let refs: Vec<(&str, &str)> = locked.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut server = crate::util::Pod::start_as(
+        Path::new("/usr/bin/setpriv"),
+        &[&ids[0], &ids[1], "--clear-groups", &exe, "sshd", "--listen=127.0.16.2:2222"],
+        &refs,
+    );
+    server.wait_for_output("trainlet sshd listening on", LIMIT);
+    let mut c = client(&["127.0.16.2", "echo $PWD"], &env);
+    assert_eq!(c.code(LIMIT), 0, "client: {}\nserver: {}", c.stderr(), server.stderr());
+    assert_eq!(c.stdout(), "/\n");
+    server.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(server.code(LIMIT), 0);
+}
+
+#[test]
+fn a_remote_bash_reads_bashrc_as_under_sshd() {
+    // Debian's bash reads ~/.bashrc for a top-level shell started by sshd
+    // (SSH_CLIENT set, SHLVL not inherited): where PATH additions for orted
+    // usually live.
+    let shell = std::fs::read_to_string("/etc/passwd")
+        .expect("passwd")
+        .lines()
+        .find(|l| l.starts_with("root:"))
+        .and_then(|l| l.rsplit(':').next().map(str::to_string))
+        .expect("root entry");
+    assert!(shell.ends_with("bash"), "this test expects root's login shell to be bash, not {shell}");
+    let keys = keygen("ed25519");
+    let work = tempfile::tempdir().expect("tmp");
+    std::fs::write(work.path().join(".bashrc"), "export FROM_BASHRC=yes\n").expect("bashrc");
+    let mut env = ssh_env(keys.path(), work.path());
+    env.push(("SHLVL".into(), "3".into()));
+    let _server = sshd("127.0.17.2:2222", &env, &Wrap::default());
+    let mut c = client(&["127.0.17.2", "echo rc=$FROM_BASHRC level=$SHLVL"], &env);
+    assert_eq!(c.code(LIMIT), 0, "{}", c.stderr());
+    assert_eq!(c.stdout(), "rc=yes level=1\n");
 }

@@ -60,9 +60,13 @@ pub fn empty_file(dir: &Path) -> PathBuf {
     p
 }
 
-/// Environment of a simulated pod's SSH side.
+/// Environment of a simulated pod's SSH side. HOME is a directory of the
+/// test's own: remote shells read `$HOME/.bashrc` as under sshd, and the
+/// machine's own (pyenv init, with a rehash lock that concurrent shells
+/// wait on for up to a minute) must not take part in the tests.
 pub fn ssh_env(keys: &Path, agent_dir: &Path) -> Vec<(String, String)> {
     vec![
+        ("HOME".into(), agent_dir.display().to_string()),
         ("TRAINLET_SSH_DIR".into(), keys.display().to_string()),
         ("TRAINLET_AGENT_DIR".into(), agent_dir.display().to_string()),
         ("TRAINLET_SSH_RETRY".into(), "20".into()),
