@@ -58,7 +58,9 @@ fn job_keys(dir: &Path) -> PathBuf {
 fn without_bashrc(program: &str) -> Command {
     let mut c = Command::new("unshare");
     c.args(["--mount", "--propagation", "private", "sh", "-c"])
-        .arg(r#"for f in "$HOME/.bashrc" /root/.bashrc; do [ -f "$f" ] && mount --bind /dev/null "$f"; done; exec "$@""#)
+        .arg(
+            r#"for f in "$HOME/.bashrc" /root/.bashrc; do [ -f "$f" ] && mount --bind /dev/null "$f"; done; exec "$@""#,
+        )
         .args(["sh", program]);
     c
 }

@@ -16,7 +16,10 @@ RUN apt-get update \
 COPY --from=build /trainlet /usr/local/bin/trainlet
 # /usr/local/bin precedes /usr/bin on PATH: `ssh` is trainlet's client, and a
 # TrainJob's own `mpirun ...` runs as `trainlet mpi -- /usr/bin/mpirun ...`.
-RUN for n in ssh mpirun mpiexec torchrun; do ln -s trainlet /usr/local/bin/$n; done
+RUN for n in ssh mpirun mpiexec torchrun; do ln -s trainlet /usr/local/bin/$n; done \
+ && ln -s /usr/local/bin/trainlet /usr/sbin/sshd
+# /usr/sbin/sshd too: Trainer's own MPI runtimes (`/usr/sbin/sshd -De -f
+# /home/mpiuser/.sshd_config`) then run trainlet's server unchanged.
 ENV HOME=/home/mpiuser TRAINLET_SSH_DIR=/home/mpiuser/.ssh TRAINLET_AGENT_DIR=/tmp/trainlet-bin
 USER 1000
 WORKDIR /home/mpiuser

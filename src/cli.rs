@@ -75,6 +75,9 @@ pub struct SshdArgs {
     /// Seconds between SIGTERM and SIGKILL for a dropped session's processes.
     #[arg(long, value_parser = seconds, default_value = "3")]
     pub kill_timeout: std::time::Duration,
+    /// Write our pid here once listening (sshd's PidFile); removed on exit.
+    #[arg(long, value_name = "FILE")]
+    pub pid_file: Option<PathBuf>,
 }
 
 /// When `trainlet mpi` tells the workers' servers to exit.

@@ -28,6 +28,20 @@ fn main() -> ExitCode {
     if args.first().is_some_and(|a| a == "ssh") {
         return ExitCode::from(ssh(&args[1..]));
     }
+    // Through a symlink at /usr/sbin/sshd, Trainer's MPI runtimes
+    // (`/usr/sbin/sshd -De -f ~/.sshd_config`) run trainlet's server unchanged.
+    if name == "sshd" {
+        return ExitCode::from(match trainlet::sshd::args_from_sshd(&args) {
+            Ok(sshd_args) => {
+                init_tracing();
+                supervised(|events, cancel| trainlet::sshd::run(sshd_args, events, cancel))
+            }
+            Err(e) => {
+                eprintln!("trainlet: error: {e}");
+                exit::CONFIG
+            }
+        });
+    }
     // Through a symlink named mpirun/mpiexec placed before the real one on
     // PATH, a TrainJob's own `mpirun ...` command runs as `trainlet mpi -- mpirun ...`.
     if name == "mpirun" || name == "mpiexec" {
@@ -54,6 +68,20 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { exit::CONFIG } else { exit::SUCCESS });
         }
     };
+    init_tracing();
+    ExitCode::from(match sub {
+        Sub::Run(args) => run(&args),
+        Sub::Doctor(args) => doctor(&args),
+        Sub::Store(args) => store(&args),
+        Sub::Sshd(args) => supervised(|events, cancel| trainlet::sshd::run(args, events, cancel)),
+        Sub::Mpi(args) => supervised(|events, cancel| trainlet::mpi::run(args, events, cancel)),
+        Sub::Keygen(args) => keygen(&args),
+        Sub::Ssh { args } => ssh(&args),
+    })
+}
+
+/// Logs on stderr (`TRAINLET_LOG`, default info), panics through tracing.
+fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TRAINLET_LOG")
@@ -64,15 +92,6 @@ fn main() -> ExitCode {
         .with_target(false)
         .init();
     std::panic::set_hook(Box::new(|info| tracing::error!(%info, "trainlet panicked")));
-    ExitCode::from(match sub {
-        Sub::Run(args) => run(&args),
-        Sub::Doctor(args) => doctor(&args),
-        Sub::Store(args) => store(&args),
-        Sub::Sshd(args) => supervised(|events, cancel| trainlet::sshd::run(args, events, cancel)),
-        Sub::Mpi(args) => supervised(|events, cancel| trainlet::mpi::run(args, events, cancel)),
-        Sub::Keygen(args) => keygen(&args),
-        Sub::Ssh { args } => ssh(&args),
-    })
 }
 
 /// `trainlet ssh`: signals keep their default action (a killed client drops

@@ -115,6 +115,35 @@ fn bind(args: &SshdArgs) -> std::io::Result<std::net::TcpListener> {
     }
 }
 
+/// `trainlet sshd` settings from OpenSSH sshd's command line and config
+/// file, for an image whose `/usr/sbin/sshd` is a link to trainlet.
+pub fn args_from_sshd(argv: &[String]) -> Result<SshdArgs, String> {
+    use crate::ssh::sshd_config::parse_args;
+    let (mut cfg, _) = parse_args(argv).map_err(|e| format!("sshd: {e}"))?;
+    if let Some(file) = cfg.config_file.clone() {
+        let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        cfg.apply_file(&text, &file.display().to_string()).map_err(|e| e.to_string())?;
+    }
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let (user, home, _) = local_account();
+    // sshd's own default port is 22; MPI images configure 2222.
+    let port =
+        cfg.port.or_else(|| env(crate::config::env::TRAINLET_SSH_PORT).and_then(|p| p.parse().ok())).unwrap_or(22);
+    let ssh_dir = env(crate::config::env::TRAINLET_SSH_DIR)
+        .map(PathBuf::from)
+        .or_else(|| cfg.host_key.as_ref().and_then(|k| k.parent().map(std::path::Path::to_path_buf)));
+    Ok(SshdArgs {
+        listen: cfg.listen_on(port),
+        port,
+        ssh_dir,
+        host_key: cfg.host_key.clone(),
+        authorized_keys: cfg.authorized_keys_path(&home, &user),
+        allow_users: Vec::new(),
+        kill_timeout: std::time::Duration::from_secs(3),
+        pid_file: cfg.pid_file.clone(),
+    })
+}
+
 /// Run `trainlet sshd` until SIGTERM or job done; returns the exit code.
 pub async fn run(args: SshdArgs, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> u8 {
     let mut config = match load(&args) {
@@ -157,6 +186,11 @@ pub async fn run(args: SshdArgs, events: UnboundedReceiver<SysEvent>, cancel: Ca
         // Tests and scripts read the address from this line.
         println!("trainlet sshd listening on {addr}");
     }
+    if let Some(p) = &args.pid_file
+        && let Err(e) = std::fs::write(p, format!("{}\n", std::process::id()))
+    {
+        tracing::warn!(path = %p.display(), error = %e, "cannot write the pid file");
+    }
     let stop = cancel.child_token();
     let served = tokio::spawn(server::serve(listener, config, procs, stop.clone()));
     tokio::pin!(served);
@@ -178,5 +212,8 @@ pub async fn run(args: SshdArgs, events: UnboundedReceiver<SysEvent>, cancel: Ca
         }
     };
     tracing::info!(reason = ?ended, "sshd stopped");
+    if let Some(p) = &args.pid_file {
+        let _ = std::fs::remove_file(p);
+    }
     exit::SUCCESS
 }

@@ -17,5 +17,6 @@ pub mod hostfile;
 pub mod keygen;
 pub mod keys;
 pub mod server;
+pub mod sshd_config;
 
 pub use keys::KeyError;

@@ -291,3 +291,42 @@ fn a_remote_bash_reads_bashrc_as_under_sshd() {
     assert_eq!(c.code(LIMIT), 0, "{}", c.stderr());
     assert_eq!(c.stdout(), "rc=yes level=1\n");
 }
+
+#[test]
+fn a_link_named_sshd_takes_the_mpi_operator_command_line_and_config() {
+    // Trainer's MPI runtimes run `/usr/sbin/sshd -De -f /home/mpiuser/.sshd_config`.
+    let keys = trainer_keys();
+    let work = tempfile::tempdir().expect("tmp");
+    let link = work.path().join("sshd");
+    std::os::unix::fs::symlink(crate::util::bin(), &link).expect("link");
+    let pid_file = work.path().join("sshd.pid");
+    let cfg = work.path().join(".sshd_config");
+    std::fs::write(
+        &cfg,
+        format!(
+            "PidFile {}\nHostKey {}\nStrictModes no\nPort 2222\nListenAddress 127.0.18.2\n",
+            pid_file.display(),
+            keys.path().join("id_rsa").display()
+        ),
+    )
+    .expect("config");
+    let mut env = ssh_env(keys.path(), work.path());
+    env.retain(|(k, _)| k != "TRAINLET_SSH_DIR"); // keys found through HostKey, as sshd would
+    let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut server = crate::util::Pod::start_as(&link, &["-De", "-f", &cfg.display().to_string()], &refs);
+    server.wait_for_output("trainlet sshd listening on 127.0.18.2:2222", LIMIT);
+    let pid: i32 = std::fs::read_to_string(&pid_file).expect("pid file").trim().parse().expect("pid");
+    assert_eq!(pid, server.pid());
+    let mut c = client(&["127.0.18.2", "echo", "drop-in"], &ssh_env(keys.path(), work.path()));
+    assert_eq!(c.code(LIMIT), 0, "{}", c.stderr());
+    assert_eq!(c.stdout(), "drop-in\n");
+    server.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(server.code(LIMIT), 0);
+    assert!(!pid_file.exists(), "the pid file is removed on exit");
+
+    // A config error names the file and line.
+    std::fs::write(&cfg, "Port 22x\n").expect("config");
+    let mut bad = crate::util::Pod::start_as(&link, &["-De", "-f", &cfg.display().to_string()], &refs);
+    assert_eq!(bad.code(LIMIT), 200);
+    assert!(bad.stderr().contains(":1: bad Port \"22x\""), "{}", bad.stderr());
+}
