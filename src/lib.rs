@@ -12,6 +12,7 @@
 //! - [`rendezvous`]: static and elastic rendezvous of the agents over the store, liveness.
 //! - [`supervise`]: signals/reaper thread, spawner, output, pure policy core, report.
 //! - [`launch`]: the flow of `trainlet run`.
+//! - [`gpu`]: the pod's GPUs (sysfs/procfs), visibility, placement planning.
 //! - [`ssh`]: keys, embedded SSH server, ssh(1)-compatible client, hostfiles.
 //! - [`sshd`]: the flow of `trainlet sshd` (MPI worker role).
 //! - [`mpi`]: the flow of `trainlet mpi` (MPI launcher role).
@@ -25,6 +26,7 @@
 pub mod cli;
 pub mod config;
 pub mod exit;
+pub mod gpu;
 pub mod launch;
 pub mod mpi;
 pub mod rendezvous;

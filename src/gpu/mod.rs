@@ -1,0 +1,120 @@
+//! GPUs of this pod and where each worker should run: the inventory (what
+//! the container was given, from sysfs/procfs), device visibility
+//! (CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES) and the pure placement
+//! planner (reference/gpu-pid1.md 2.4 and 3).
+//!
+//! # Design
+//! sysfs/procfs is the primary source: it needs no library and cannot
+//! crash the agent. NVML (a second source, for health and metrics) will run
+//! only in a child process of trainlet, because a static-glibc binary that
+//! dlopens libnvidia-ml.so.1 loads a second libc (reference/gpu-pid1.md 2).
+//! Nothing here starts a process or changes an affinity; the spawner applies
+//! the plan.
+
+pub mod cpuset;
+pub mod plan;
+pub mod sysfs;
+pub mod visible;
+
+pub use cpuset::CpuSet;
+
+/// One NVIDIA GPU of this pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    /// PCI bus id, normalised to lower-case `dddd:bb:dd.f`.
+    pub bus_id: String,
+    /// `GPU-...` UUID, when the driver's procfs gives it.
+    pub uuid: Option<String>,
+    /// Model name, when known.
+    pub model: Option<String>,
+    /// Device minor (`/dev/nvidia<minor>`), when known.
+    pub minor: Option<u32>,
+    /// NUMA node; None when the machine has no NUMA information (-1).
+    pub numa_node: Option<u32>,
+    /// CPUs local to the GPU (sysfs `local_cpulist`).
+    pub local_cpus: CpuSet,
+}
+
+/// Why the GPUs could not be listed.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// A file of the inventory could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A value in it made no sense.
+    #[error("{path}: {what}")]
+    Invalid {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// A visibility variable names a GPU this pod does not have.
+    #[error("{var}={value:?}: {what}")]
+    Visibility {
+        /// CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        what: String,
+    },
+}
+
+/// A source of the pod's GPUs, in PCI bus order.
+pub trait Inventory {
+    /// The GPUs this container was given.
+    fn gpus(&self) -> Result<Vec<Gpu>, GpuError>;
+}
+
+/// A fixed list, for tests and for callers that already know.
+#[derive(Debug, Clone, Default)]
+pub struct Fake(pub Vec<Gpu>);
+
+impl Inventory for Fake {
+    fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
+        let mut g = self.0.clone();
+        g.sort_by(|a, b| a.bus_id.cmp(&b.bus_id));
+        Ok(g)
+    }
+}
+
+/// Normalise a PCI bus id from NVML (`00000000:18:00.0`), sysfs
+/// (`0000:18:00.0`) or short (`18:00.0`) form to `dddd:bb:dd.f`.
+pub fn normalize_bus_id(id: &str) -> Option<String> {
+    let id = id.trim().to_ascii_lowercase();
+    let (domain, rest) = match id.matches(':').count() {
+        2 => id.split_once(':')?,
+        1 => ("0", id.as_str()),
+        _ => return None,
+    };
+    let (bus, devfn) = rest.split_once(':')?;
+    let (dev, func) = devfn.split_once('.')?;
+    let domain = u32::from_str_radix(domain, 16).ok()?;
+    let bus = u8::from_str_radix(bus, 16).ok()?;
+    let dev = u8::from_str_radix(dev, 16).ok()?;
+    let func = u8::from_str_radix(func, 16).ok()?;
+    (domain <= 0xffff && dev < 32 && func < 8).then(|| format!("{domain:04x}:{bus:02x}:{dev:02x}.{func:x}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use test_case::test_case;
+
+    #[test_case("00000000:18:00.0", Some("0000:18:00.0"); "nvml form")]
+    #[test_case("0000:AF:00.0", Some("0000:af:00.0"); "sysfs upper case")]
+    #[test_case("3b:00.0", Some("0000:3b:00.0"); "short form")]
+    #[test_case("0001:3b:1f.7", Some("0001:3b:1f.7"); "domain and function")]
+    #[test_case("gpu0", None; "not a bus id")]
+    #[test_case("0000:3b:20.0", None; "device out of range")]
+    fn bus_ids(raw: &str, want: Option<&str>) {
+        assert_eq!(normalize_bus_id(raw).as_deref(), want);
+    }
+}

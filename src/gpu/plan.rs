@@ -1,0 +1,261 @@
+//! Placement: which GPU, which CPUs and which memory node each local rank
+//! gets (reference/gpu-pid1.md 3.1, 3.2 and 8.8). Pure and table-tested;
+//! the spawner applies the result.
+//!
+//! Local rank i gets GPU i (visibility order: PCI bus order unless
+//! CUDA_VISIBLE_DEVICES reorders). Its CPUs are the GPU's local CPUs (else
+//! its NUMA node's) intersected with the agent's own affinity (the pod's
+//! cpuset). In `cpu` mode the ranks that share those CPUs split them evenly
+//! and without overlap, whole cores at a time (SMT siblings together); in
+//! `numa` mode each gets all of them. An empty intersection falls back to
+//! the whole allowed set, flagged so the caller can log it: binding never
+//! fails a job.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::{CpuSet, Gpu};
+
+/// `--pin`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PinMode {
+    /// No GPU assignment and no binding.
+    None,
+    /// GPU assignment only.
+    Gpu,
+    /// GPU, plus an exclusive share of the GPU's local CPUs.
+    Cpu,
+    /// GPU, plus all of its NUMA node's allowed CPUs and a preferred memory node.
+    Numa,
+    /// `cpu` with a preferred memory node when there are GPUs; `none` without.
+    Auto,
+}
+
+/// What one local rank gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankPlacement {
+    /// The local rank.
+    pub local_rank: u32,
+    /// Its GPU (an index into the visible GPUs), if it has one.
+    pub gpu: Option<usize>,
+    /// CPUs to run on, if bound.
+    pub cpus: Option<CpuSet>,
+    /// Preferred memory node, if any.
+    pub mem_node: Option<u32>,
+    /// The GPU's local CPUs and the allowed set did not meet: `cpus` is the
+    /// whole allowed set.
+    pub fell_back: bool,
+}
+
+/// The machine as the planner needs it.
+#[derive(Debug, Clone, Default)]
+pub struct Topology {
+    /// The agent's own affinity (the pod's cpuset).
+    pub allowed: CpuSet,
+    /// CPUs of each NUMA node.
+    pub nodes: BTreeMap<u32, CpuSet>,
+    /// SMT siblings of each CPU (a CPU missing here is its own core).
+    pub siblings: HashMap<u32, CpuSet>,
+}
+
+impl Topology {
+    /// The cores (sibling groups) that make up `cpus`, each cut to `cpus`,
+    /// ordered by their lowest CPU.
+    fn cores(&self, cpus: &CpuSet) -> Vec<CpuSet> {
+        let mut seen = CpuSet::default();
+        let mut cores = Vec::new();
+        for c in cpus.iter() {
+            if seen.contains(c) {
+                continue;
+            }
+            let core = self.siblings.get(&c).cloned().unwrap_or_else(|| CpuSet::of([c])).intersect(cpus);
+            let core = if core.is_empty() { CpuSet::of([c]) } else { core };
+            seen = seen.union(&core);
+            cores.push(core);
+        }
+        cores
+    }
+}
+
+/// Place `nproc` local ranks on `gpus` (visible, in CUDA order).
+pub fn plan(gpus: &[Gpu], nproc: u32, topo: &Topology, mode: PinMode) -> Vec<RankPlacement> {
+    let mode = match mode {
+        PinMode::Auto if gpus.is_empty() => PinMode::None,
+        m => m,
+    };
+    let bind = matches!(mode, PinMode::Cpu | PinMode::Numa | PinMode::Auto);
+    let gpu_of =
+        |r: u32| (mode != PinMode::None).then(|| usize::try_from(r).ok()).flatten().filter(|i| *i < gpus.len());
+    // The CPUs each rank may use before any split.
+    let wanted: Vec<(Option<CpuSet>, bool)> = (0..nproc)
+        .map(|r| {
+            if !bind {
+                return (None, false);
+            }
+            let local = gpu_of(r).map(|i| {
+                let g = &gpus[i];
+                let near = if g.local_cpus.is_empty() {
+                    g.numa_node.and_then(|n| topo.nodes.get(&n).cloned()).unwrap_or_default()
+                } else {
+                    g.local_cpus.clone()
+                };
+                near.intersect(&topo.allowed)
+            });
+            match local {
+                Some(set) if !set.is_empty() => (Some(set), false),
+                Some(_) => (Some(topo.allowed.clone()), true),
+                None => (None, false), // a rank without a GPU is not bound
+            }
+        })
+        .collect();
+    let mut placements: Vec<RankPlacement> = (0..nproc)
+        .map(|r| {
+            let i = usize::try_from(r).unwrap_or(usize::MAX);
+            let (cpus, fell_back) = wanted.get(i).cloned().unwrap_or((None, false));
+            let mem_node = (matches!(mode, PinMode::Numa | PinMode::Auto) && !fell_back)
+                .then(|| gpu_of(r).and_then(|g| gpus[g].numa_node))
+                .flatten();
+            RankPlacement { local_rank: r, gpu: gpu_of(r), cpus, mem_node, fell_back }
+        })
+        .collect();
+    if matches!(mode, PinMode::Cpu | PinMode::Auto) {
+        split_shared(&mut placements, topo);
+    }
+    placements
+}
+
+/// Ranks whose CPU sets are equal share them: give each a contiguous,
+/// non-overlapping run of whole cores, sizes differing by at most one.
+fn split_shared(placements: &mut [RankPlacement], topo: &Topology) {
+    let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, p) in placements.iter().enumerate() {
+        if let Some(c) = &p.cpus {
+            groups.entry(c.to_string()).or_default().push(i);
+        }
+    }
+    for members in groups.values() {
+        let Some(set) = placements[members[0]].cpus.clone() else { continue };
+        let cores = topo.cores(&set);
+        let (k, n) = (members.len(), cores.len());
+        if k < 2 {
+            continue;
+        }
+        for (j, &i) in members.iter().enumerate() {
+            let share = if n >= k {
+                // Cores [j*n/k, (j+1)*n/k): contiguous, sizes differ by at most one.
+                cores[j * n / k..(j + 1) * n / k].iter().fold(CpuSet::default(), |a, c| a.union(c))
+            } else {
+                cores[j % n].clone() // more ranks than cores: they must share
+            };
+            placements[i].cpus = Some(share);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::Inventory;
+    use crate::gpu::sysfs::{Sysfs, fake};
+
+    fn dgx() -> (Vec<Gpu>, Topology) {
+        let d = tempfile::tempdir().expect("tmp");
+        fake::dgx(d.path());
+        let s = Sysfs::new(d.path());
+        let allowed = CpuSet::parse("0-63").expect("set");
+        let topo = Topology { siblings: s.siblings(&allowed), allowed, nodes: s.node_cpus().expect("nodes") };
+        (s.gpus().expect("gpus"), topo)
+    }
+
+    #[test]
+    fn eight_ranks_on_two_sockets_split_whole_cores() {
+        let (gpus, topo) = dgx();
+        let p = plan(&gpus, 8, &topo, PinMode::Cpu);
+        let got: Vec<String> = p.iter().map(|r| r.cpus.as_ref().expect("bound").to_string()).collect();
+        assert_eq!(
+            got,
+            [
+                "0-3,32-35",
+                "4-7,36-39",
+                "8-11,40-43",
+                "12-15,44-47",
+                "16-19,48-51",
+                "20-23,52-55",
+                "24-27,56-59",
+                "28-31,60-63"
+            ]
+        );
+        assert!(p.iter().enumerate().all(|(i, r)| r.gpu == Some(i) && !r.fell_back));
+        assert!(p.iter().all(|r| r.mem_node.is_none()), "cpu mode binds no memory");
+        let auto = plan(&gpus, 8, &topo, PinMode::Auto);
+        assert_eq!(auto[5].mem_node, Some(1));
+        assert_eq!(auto[5].cpus, p[5].cpus);
+    }
+
+    #[test]
+    fn a_restricted_cpuset_is_never_left() {
+        let (gpus, mut topo) = dgx();
+        topo.allowed = CpuSet::parse("2-9,34-41").expect("set"); // node 0 only, 8 cores
+        let p = plan(&gpus, 8, &topo, PinMode::Cpu);
+        for r in &p {
+            let cpus = r.cpus.as_ref().expect("bound");
+            assert!(cpus.is_subset(&topo.allowed), "rank {} got {cpus}", r.local_rank);
+        }
+        // GPUs on node 1 share nothing with the cpuset: they fall back to the
+        // whole allowed set (flagged), which node 0's ranks then share with
+        // them: 8 ranks, 8 cores, one core each, no overlap.
+        assert!(!p[0].fell_back && p[4].fell_back);
+        assert_eq!(p[0].cpus.as_ref().expect("bound").to_string(), "2,34");
+        assert_eq!(p[4].cpus.as_ref().expect("bound").to_string(), "6,38");
+        let mut seen = CpuSet::default();
+        for r in &p {
+            let cpus = r.cpus.as_ref().expect("bound");
+            assert!(cpus.intersect(&seen).is_empty(), "overlap at rank {}", r.local_rank);
+            seen = seen.union(cpus);
+        }
+    }
+
+    #[test]
+    fn numa_mode_gives_the_whole_node_and_memory() {
+        let (gpus, topo) = dgx();
+        let p = plan(&gpus, 8, &topo, PinMode::Numa);
+        assert_eq!(p[1].cpus.as_ref().expect("bound").to_string(), "0-15,32-47");
+        assert_eq!((p[1].mem_node, p[6].mem_node), (Some(0), Some(1)));
+    }
+
+    #[test]
+    fn numa_less_asymmetric_and_gpu_less_machines() {
+        let g = |bus: &str, numa: Option<u32>, cpus: &str| Gpu {
+            bus_id: bus.into(),
+            uuid: None,
+            model: None,
+            minor: None,
+            numa_node: numa,
+            local_cpus: CpuSet::parse(cpus).expect("set"),
+        };
+        let topo = Topology { allowed: CpuSet::parse("0-5").expect("set"), ..Default::default() };
+        // NUMA-less: every GPU local to all CPUs; 3 ranks split 6 CPUs.
+        let gpus = vec![g("0000:01:00.0", None, "0-5"), g("0000:02:00.0", None, "0-5"), g("0000:03:00.0", None, "0-5")];
+        let p = plan(&gpus, 3, &topo, PinMode::Auto);
+        let got: Vec<String> = p.iter().map(|r| r.cpus.as_ref().expect("bound").to_string()).collect();
+        assert_eq!(got, ["0-1", "2-3", "4-5"]);
+        assert!(p.iter().all(|r| r.mem_node.is_none()));
+        // Asymmetric: one GPU alone on its CPUs, two sharing theirs.
+        let gpus = vec![
+            g("0000:01:00.0", Some(0), "0-1"),
+            g("0000:02:00.0", Some(1), "2-5"),
+            g("0000:03:00.0", Some(1), "2-5"),
+        ];
+        let p = plan(&gpus, 3, &topo, PinMode::Cpu);
+        let got: Vec<String> = p.iter().map(|r| r.cpus.as_ref().expect("bound").to_string()).collect();
+        assert_eq!(got, ["0-1", "2-3", "4-5"]);
+        // More ranks than GPUs: the extra ranks get no GPU and no binding.
+        let p = plan(&gpus[..1], 2, &topo, PinMode::Cpu);
+        assert_eq!((p[1].gpu, p[1].cpus.as_ref()), (None, None));
+        // No GPU at all: auto pins nothing.
+        assert!(plan(&[], 2, &topo, PinMode::Auto).iter().all(|r| r.gpu.is_none() && r.cpus.is_none()));
+        // More ranks sharing than cores: they share cores rather than fail.
+        let one = Topology { allowed: CpuSet::of([0]), ..Default::default() };
+        let p = plan(&gpus[1..], 2, &one, PinMode::Cpu);
+        assert!(p.iter().all(|r| r.fell_back && r.cpus == Some(CpuSet::of([0]))));
+    }
+}
