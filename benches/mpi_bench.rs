@@ -311,12 +311,7 @@ pub fn idle_rss(rows: &mut Vec<Row>) {
 
 fn parent_chain_contains(mut pid: u32, ancestor: u32) -> bool {
     for _ in 0..8 {
-        let Some(ppid) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| s[s.rfind(')')? + 1..].split_whitespace().nth(1)?.parse::<u32>().ok())
-        else {
-            return false;
-        };
+        let Some(ppid) = i32::try_from(pid).ok().and_then(trainlet::sys::parent_of) else { return false };
         if ppid == ancestor {
             return true;
         }

@@ -33,7 +33,7 @@ fn main() -> ExitCode {
     if name == "sshd" {
         return ExitCode::from(match trainlet::sshd::args_from_sshd(&args) {
             Ok(sshd_args) => {
-                init_tracing();
+                init_tracing("info");
                 supervised(|events, cancel| trainlet::sshd::run(sshd_args, events, cancel))
             }
             Err(e) => {
@@ -68,7 +68,7 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { exit::CONFIG } else { exit::SUCCESS });
         }
     };
-    init_tracing();
+    init_tracing("info");
     ExitCode::from(match sub {
         Sub::Run(args) => run(&args),
         Sub::Doctor(args) => doctor(&args),
@@ -80,12 +80,12 @@ fn main() -> ExitCode {
     })
 }
 
-/// Logs on stderr (`TRAINLET_LOG`, default info), panics through tracing.
-fn init_tracing() {
+/// Logs on stderr (`TRAINLET_LOG`, else `default`), panics through tracing.
+fn init_tracing(default: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TRAINLET_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -115,25 +115,12 @@ fn ssh(args: &[String]) -> u8 {
         1 => "info",
         _ => "debug",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TRAINLET_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
-        )
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+    init_tracing(level);
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let retry = env(names::TRAINLET_SSH_RETRY)
         .and_then(|v| trainlet::cli::seconds(&v).ok())
         .unwrap_or(std::time::Duration::from_secs(60));
-    let check = env(names::TRAINLET_SSH_HOST_KEY_CHECKING).map(|v| {
-        if matches!(v.to_ascii_lowercase().as_str(), "no" | "off" | "false") {
-            argv::HostKeyCheck::Off
-        } else {
-            argv::HostKeyCheck::Strict
-        }
-    });
+    let check = env(names::TRAINLET_SSH_HOST_KEY_CHECKING).map(|v| argv::HostKeyCheck::from_setting(&v));
     let client_env = client::ClientEnv {
         key_dir: trainlet::ssh::keys::key_dir(
             env(names::TRAINLET_SSH_DIR).as_deref().map(std::path::Path::new),
@@ -305,11 +292,7 @@ fn store(args: &StoreArgs) -> u8 {
         println!("trainlet store listening on {}", server.local_addr());
         let sig = loop {
             match events.recv().await {
-                Some(SysEvent::Signal(s))
-                    if [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT].contains(&s) =>
-                {
-                    break s;
-                }
+                Some(SysEvent::Signal(s)) if signals::STOP.contains(&s) => break s,
                 Some(_) => {}
                 None => break libc::SIGTERM,
             }

@@ -30,12 +30,9 @@ use crate::ssh::hostfile::{self, Host};
 use crate::ssh::keys::{self, Pins};
 use crate::ssh::server::JOB_DONE;
 use crate::supervise::reaper::Reaper;
-use crate::supervise::signals::SysEvent;
+use crate::supervise::signals::{STOP as STOP_SIGNALS, SysEvent};
 use crate::supervise::spawn::{Spawner, StdioMode, WorkerSpec};
 use crate::sys::{self, Exit};
-
-/// Signals that stop the launcher (and mpirun).
-const STOP_SIGNALS: [i32; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
 
 /// Where the Trainer / MPI Operator hostfile is mounted.
 pub const TRAINER_HOSTFILE: &str = "/etc/mpi/hostfile";
@@ -342,11 +339,9 @@ pub async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Can
             Err(e) => return fail(format!("cannot write hostfiles in {}: {e}", work.display())),
         }
     };
-    let pins = Arc::new(Pins::load(&key_dir, &identities, None));
-    let check = match std::env::var(names::TRAINLET_SSH_HOST_KEY_CHECKING).as_deref() {
-        Ok("no" | "off") => HostKeyCheck::Off,
-        _ => HostKeyCheck::Strict,
-    };
+    let pins = Arc::new(Pins::load(&key_dir, identities.iter().map(|k| k.public_key()), None));
+    let check = std::env::var(names::TRAINLET_SSH_HOST_KEY_CHECKING)
+        .map_or(HostKeyCheck::Strict, |v| HostKeyCheck::from_setting(&v));
     let user = crate::sshd::local_account().0;
     let identities: Vec<_> = identities.into_iter().map(Arc::new).collect();
     let (own, interfaces) = (sys::hostname(), sys::interface_addresses());

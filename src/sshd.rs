@@ -18,7 +18,7 @@ use crate::error_chain;
 use crate::ssh::keys;
 use crate::ssh::server::{self, Account, Ended, ExecRequest, Processes, ServerConfig, Started};
 use crate::supervise::reaper::Reaper;
-use crate::supervise::signals::SysEvent;
+use crate::supervise::signals::{STOP, SysEvent};
 use crate::supervise::spawn::{SpawnError, Spawner, StdioMode, WorkerSpec};
 use crate::{exit, sys};
 
@@ -101,12 +101,15 @@ fn load(args: &SshdArgs) -> Result<ServerConfig, String> {
     })
 }
 
-fn bind(args: &SshdArgs) -> std::io::Result<std::net::TcpListener> {
-    let try_bind = |addr: SocketAddr| -> std::io::Result<std::net::TcpListener> {
+/// `--listen`, else all interfaces (dual stack, IPv4 when there is no
+/// IPv6). Not `store::bind_listener`: its TCP_DEFER_ACCEPT would hold back
+/// SSH clients that wait for the server's banner before sending theirs.
+fn bind(args: &SshdArgs) -> std::io::Result<tokio::net::TcpListener> {
+    let try_bind = |addr: SocketAddr| -> std::io::Result<tokio::net::TcpListener> {
         let sock = if addr.is_ipv6() { tokio::net::TcpSocket::new_v6()? } else { tokio::net::TcpSocket::new_v4()? };
         sock.set_reuseaddr(true)?;
         sock.bind(addr)?;
-        sock.listen(1024)?.into_std()
+        sock.listen(1024)
     };
     match args.listen {
         Some(a) => try_bind(a),
@@ -162,10 +165,7 @@ pub async fn run(args: SshdArgs, events: UnboundedReceiver<SysEvent>, cancel: Ca
         }
     }
     let config = Arc::new(config);
-    let listener = match bind(&args).and_then(|l| {
-        l.set_nonblocking(true)?;
-        tokio::net::TcpListener::from_std(l)
-    }) {
+    let listener = match bind(&args) {
         Ok(l) => l,
         Err(e) => {
             let at = args.listen.map_or_else(|| format!("port {}", args.port), |a| a.to_string());
@@ -199,7 +199,7 @@ pub async fn run(args: SshdArgs, events: UnboundedReceiver<SysEvent>, cancel: Ca
         tokio::select! {
             r = &mut served => break r.unwrap_or(Ended::Stopped),
             sig = signals.recv(), if open => match sig {
-                Some(s) if [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT].contains(&s) => {
+                Some(s) if STOP.contains(&s) => {
                     tracing::info!(signal = %sys::signal_name(s), "sshd stopping");
                     stop.cancel();
                 }

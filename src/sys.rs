@@ -124,14 +124,15 @@ pub fn signal_process(pid: i32, sig: i32) {
 pub fn children_of(parent: u32) -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|stat| {
-                // Field 4 (ppid) follows the last ')' of the command name.
-                let rest = &stat[stat.rfind(')')? + 1..];
-                rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-            }) == Some(parent)
-        })
+        .filter(|pid| parent_of(*pid) == Some(parent))
         .collect()
+}
+
+/// The parent of `pid`, from /proc; None when it is gone.
+pub fn parent_of(pid: i32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 4 (ppid) follows the last ')' of the command name.
+    stat[stat.rfind(')')? + 1..].split_whitespace().nth(1)?.parse::<u32>().ok()
 }
 
 /// 64 unpredictable-enough bits (std's per-process hash keys over pid and

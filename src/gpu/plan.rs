@@ -85,13 +85,12 @@ pub fn plan(gpus: &[Gpu], nproc: u32, topo: &Topology, mode: PinMode) -> Vec<Ran
     let bind = matches!(mode, PinMode::Cpu | PinMode::Numa | PinMode::Auto);
     let gpu_of =
         |r: u32| (mode != PinMode::None).then(|| usize::try_from(r).ok()).flatten().filter(|i| *i < gpus.len());
-    // The CPUs each rank may use before any split.
-    let wanted: Vec<(Option<CpuSet>, bool)> = (0..nproc)
+    let mut placements: Vec<RankPlacement> = (0..nproc)
         .map(|r| {
-            if !bind {
-                return (None, false);
-            }
-            let local = gpu_of(r).map(|i| {
+            let gpu = gpu_of(r);
+            // The CPUs the rank may use before any split; a rank without a
+            // GPU is not bound.
+            let local = gpu.filter(|_| bind).map(|i| {
                 let g = &gpus[i];
                 let near = if g.local_cpus.is_empty() {
                     g.numa_node.and_then(|n| topo.nodes.get(&n).cloned()).unwrap_or_default()
@@ -100,21 +99,12 @@ pub fn plan(gpus: &[Gpu], nproc: u32, topo: &Topology, mode: PinMode) -> Vec<Ran
                 };
                 near.intersect(&topo.allowed)
             });
-            match local {
-                Some(set) if !set.is_empty() => (Some(set), false),
-                Some(_) => (Some(topo.allowed.clone()), true),
-                None => (None, false), // a rank without a GPU is not bound
-            }
-        })
-        .collect();
-    let mut placements: Vec<RankPlacement> = (0..nproc)
-        .map(|r| {
-            let i = usize::try_from(r).unwrap_or(usize::MAX);
-            let (cpus, fell_back) = wanted.get(i).cloned().unwrap_or((None, false));
+            let fell_back = local.as_ref().is_some_and(CpuSet::is_empty);
+            let cpus = if fell_back { Some(topo.allowed.clone()) } else { local };
             let mem_node = (matches!(mode, PinMode::Numa | PinMode::Auto) && !fell_back)
-                .then(|| gpu_of(r).and_then(|g| gpus[g].numa_node))
+                .then(|| gpu.and_then(|g| gpus[g].numa_node))
                 .flatten();
-            RankPlacement { local_rank: r, gpu: gpu_of(r), cpus, mem_node, fell_back }
+            RankPlacement { local_rank: r, gpu, cpus, mem_node, fell_back }
         })
         .collect();
     if matches!(mode, PinMode::Cpu | PinMode::Auto) {

@@ -42,6 +42,17 @@ pub enum HostKeyCheck {
     Off,
 }
 
+impl HostKeyCheck {
+    /// A `StrictHostKeyChecking` value (also TRAINLET_SSH_HOST_KEY_CHECKING):
+    /// `no`, `off` or `false` turn pinning off; anything else keeps it.
+    pub fn from_setting(value: &str) -> Self {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "no" | "off" | "false" => HostKeyCheck::Off,
+            _ => HostKeyCheck::Strict,
+        }
+    }
+}
+
 /// One parsed ssh command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SshArgs {
@@ -209,10 +220,7 @@ fn apply_option(out: &mut SshArgs, opt: &str) -> Result<(), ArgvError> {
         "user" => {}
         "identityfile" => out.identities.push(PathBuf::from(value)),
         "stricthostkeychecking" => {
-            out.host_key_check = Some(match value.to_ascii_lowercase().as_str() {
-                "no" | "off" | "false" => HostKeyCheck::Off,
-                _ => HostKeyCheck::Strict,
-            });
+            out.host_key_check = Some(HostKeyCheck::from_setting(value));
         }
         "userknownhostsfile" => {
             if let Some(first) = value.split_whitespace().next() {

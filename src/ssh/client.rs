@@ -271,7 +271,6 @@ pub async fn exec(
         std::future::pending::<()>().await;
     });
     let mut code = None;
-    let mut signalled = None;
     while let Some(msg) = rd.wait().await {
         match msg {
             ChannelMsg::Failure => {
@@ -285,16 +284,13 @@ pub async fn exec(
                 let _ = err.write_all(&data).and_then(|()| err.flush());
             }
             ChannelMsg::ExitStatus { exit_status } => code = Some(exit_status),
-            ChannelMsg::ExitSignal { signal_name, .. } => signalled = Some(signal_name),
             ChannelMsg::Close => break,
             _ => {}
         }
     }
     feeder.abort();
-    Ok(match (code, signalled) {
-        (Some(c), _) => u8::try_from(c & 0xff).unwrap_or(FAILED),
-        _ => FAILED,
-    })
+    // exit-signal, or no status at all, is FAILED, as in ssh(1).
+    Ok(code.map_or(FAILED, |c| u8::try_from(c & 0xff).unwrap_or(FAILED)))
 }
 
 /// The client's settings that do not come from argv.
@@ -344,8 +340,7 @@ pub async fn run(args: SshArgs, env: ClientEnv) -> u8 {
     // `UserKnownHostsFile=/dev/null` (MPI images' ssh_config) only means
     // "do not record"; the job's own pins still apply.
     let known = args.known_hosts.as_deref().filter(|p| *p != std::path::Path::new("/dev/null"));
-    let plain: Vec<PrivateKey> = identities.iter().map(|k| (**k).clone()).collect();
-    let pins = Arc::new(Pins::load(&env.key_dir, &plain, known));
+    let pins = Arc::new(Pins::load(&env.key_dir, identities.iter().map(|k| k.public_key()), known));
     let target = Target {
         host: args.host.clone(),
         port: args.port.unwrap_or(env.default_port),

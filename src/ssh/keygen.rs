@@ -125,7 +125,7 @@ mod tests {
         assert!(!node.join("id_rsa").exists(), "workers get no client key");
         let client = keys::load_private(&launcher.join("id_rsa")).expect("test setup");
         let (_, host) = keys::load_host_key(&node, None).expect("test setup");
-        let pins = keys::Pins::load(&launcher, std::slice::from_ref(&client), None);
+        let pins = keys::Pins::load(&launcher, [client.public_key()], None);
         assert!(pins.accepts("any-worker", 2222, host.public_key()));
         let auth = keys::load_authorized(&node.join("authorized_keys")).expect("test setup");
         assert_eq!(auth[0].key_data(), client.public_key().key_data());

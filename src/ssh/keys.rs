@@ -195,12 +195,16 @@ pub struct Pins {
 }
 
 impl Pins {
-    /// The job's pins from `dir` (see the module doc) plus `identities`'
-    /// public halves, plus `known_hosts` (`dir/known_hosts` unless given;
-    /// `/dev/null` reads as empty).
-    pub fn load(dir: &Path, identities: &[PrivateKey], known_hosts: Option<&Path>) -> Self {
+    /// The job's pins from `dir` (see the module doc) plus the public
+    /// halves of our identities, plus `known_hosts` (`dir/known_hosts`
+    /// unless given; `/dev/null` reads as empty).
+    pub fn load<'a>(
+        dir: &Path,
+        identities: impl IntoIterator<Item = &'a PublicKey>,
+        known_hosts: Option<&Path>,
+    ) -> Self {
         let mut pins = Pins::default();
-        pins.any.extend(identities.iter().map(|k| k.public_key().clone()));
+        pins.any.extend(identities.into_iter().cloned());
         let mut pubs: Vec<PathBuf> = IDENTITY_NAMES.iter().map(|n| dir.join(format!("{n}.pub"))).collect();
         pubs.push(dir.join(format!("{HOST_KEY_NAME}.pub")));
         for p in pubs {
@@ -355,14 +359,14 @@ mod tests {
             public_line(other.public_key()).expect("test setup")
         );
         std::fs::write(dir.path().join("known_hosts"), kh).expect("test setup");
-        let pins = Pins::load(dir.path(), std::slice::from_ref(&job), None);
+        let pins = Pins::load(dir.path(), [job.public_key()], None);
         assert!(pins.accepts("anything", 2222, job.public_key()), "the job key is pinned for every host");
         assert!(pins.accepts("w-1.job", 2222, other.public_key()));
         assert!(!pins.accepts("w-9.job", 2222, other.public_key()), "negated pattern");
         assert!(!pins.accepts("x-1.job", 2222, other.public_key()));
         assert!(pins.accepts("odd", 2200, other.public_key()));
         assert!(!pins.accepts("odd", 2201, other.public_key()));
-        let devnull = Pins::load(dir.path(), &[], Some(Path::new("/dev/null")));
+        let devnull = Pins::load(dir.path(), [], Some(Path::new("/dev/null")));
         assert!(devnull.is_empty());
     }
 

@@ -20,7 +20,7 @@
 //! wires to the one spawner thread and the one reaper: nothing here forks or
 //! waits.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
@@ -137,7 +137,7 @@ struct Shared<P> {
     /// Fired by [`JOB_DONE`].
     done: CancellationToken,
     /// Process groups of running commands, server-wide.
-    live: Mutex<HashMap<i32, ()>>,
+    live: Mutex<HashSet<i32>>,
 }
 
 /// Serve SSH on `listener` until `stop` is cancelled or the launcher says
@@ -150,7 +150,7 @@ pub async fn serve<P: Processes>(
     stop: CancellationToken,
 ) -> Ended {
     let ssh = Arc::new(russh_config(&config));
-    let shared = Arc::new(Shared { config, procs, done: CancellationToken::new(), live: Mutex::new(HashMap::new()) });
+    let shared = Arc::new(Shared { config, procs, done: CancellationToken::new(), live: Mutex::new(HashSet::new()) });
     let conns = TaskTracker::new();
     let drop_all = CancellationToken::new();
     let mut failures = 0u32;
@@ -211,7 +211,7 @@ pub async fn serve<P: Processes>(
 async fn wait_for_groups<P>(shared: &Shared<P>) {
     let deadline = tokio::time::Instant::now() + shared.config.kill_timeout + Duration::from_millis(500);
     loop {
-        let groups: Vec<i32> = lock(&shared.live).keys().copied().filter(|g| sys::group_alive(*g)).collect();
+        let groups: Vec<i32> = lock(&shared.live).iter().copied().filter(|g| sys::group_alive(*g)).collect();
         if groups.is_empty() {
             return;
         }
@@ -490,7 +490,7 @@ impl<P: Processes> russh::server::Handler for Conn<P> {
         tracing::info!(peer = %self.peer, user = self.user.as_deref().unwrap_or(""), pid = started.pid, "exec started");
         session.channel_success(ch)?;
         let pgid = started.pid;
-        lock(&self.shared.live).insert(pgid, ());
+        lock(&self.shared.live).insert(pgid);
         lock(&self.groups).insert(ch, pgid);
         let (tx, rx) = mpsc::unbounded_channel();
         if let Some(chan) = self.chans.get_mut(&ch) {

@@ -13,6 +13,10 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::sys::{self, Exit};
 
+/// Signals that stop a trainlet mode that is not `run` (whose set is
+/// `--signals-to-handle`): `store`, `sshd`, `mpi`.
+pub const STOP: [i32; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+
 /// A signal or a reaped child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SysEvent {

@@ -33,6 +33,23 @@ fn results(out: &str) -> Vec<std::collections::HashMap<String, String>> {
     out.lines().filter(|l| l.starts_with("RESULT ")).map(parse_kv).collect()
 }
 
+/// Exit 0 and one RESULT line per rank, each with the exact sum, the
+/// world size, trainlet as the `ssh` on PATH and a simulated host; the rows.
+fn check_allreduce(job: &mut Pod, ranks: usize, addrs: &[String]) -> Vec<std::collections::HashMap<String, String>> {
+    assert_eq!(job.code(LIMIT), 0, "stdout:\n{}\nstderr:\n{}", job.stdout(), job.stderr());
+    let rows = results(&job.stdout());
+    assert_eq!(rows.len(), ranks, "one line per rank:\n{}", job.stdout());
+    let sum = (ranks * (ranks + 1) / 2).to_string();
+    let exe = std::fs::canonicalize(crate::util::bin()).expect("exe");
+    for r in &rows {
+        assert_eq!(r["sum"], sum, "{r:?}");
+        assert_eq!(r["size"], ranks.to_string(), "{r:?}");
+        assert_eq!(Path::new(&r["ssh"]), exe, "the `ssh` every rank sees is trainlet");
+        assert!(addrs.contains(&r["node"]), "ranks ran on the simulated hosts: {r:?}");
+    }
+    rows
+}
+
 fn launcher(args: &[&str], env: &[(String, String)], wrap: &Wrap) -> Pod {
     wrap.trainlet(args, env)
 }
@@ -56,25 +73,12 @@ fn open_mpi_and_mpi4py_over_four_hosts_with_no_openssh() {
     let before = openssh_processes();
     let mut job = launcher(&args, &env, &Wrap::without_openssh(&empty));
     let mut seen_openssh = Vec::new();
-    let status = loop {
+    while job.child.try_wait().expect("try_wait").is_none() {
         seen_openssh.extend(openssh_processes().into_iter().filter(|p| !before.contains(p)));
-        if let Some(st) = job.child.try_wait().expect("try_wait") {
-            break st;
-        }
         std::thread::sleep(Duration::from_millis(20));
-    };
-    assert_eq!(status.code(), Some(0), "stdout:\n{}\nstderr:\n{}", job.stdout(), job.stderr());
-    assert!(seen_openssh.is_empty(), "OpenSSH ran during the job: {seen_openssh:?}");
-
-    let rows = results(&job.stdout());
-    assert_eq!(rows.len(), 8, "one line per rank:\n{}", job.stdout());
-    let exe = std::fs::canonicalize(crate::util::bin()).expect("exe");
-    for r in &rows {
-        assert_eq!(r["sum"], "36", "{r:?}");
-        assert_eq!(r["size"], "8");
-        assert_eq!(Path::new(&r["ssh"]), exe, "the `ssh` every rank sees is trainlet");
-        assert!(addrs.contains(&r["node"]), "ranks ran on the simulated hosts: {r:?}");
     }
+    let rows = check_allreduce(&mut job, 8, &addrs);
+    assert!(seen_openssh.is_empty(), "OpenSSH ran during the job: {seen_openssh:?}");
     for a in &addrs {
         assert_eq!(rows.iter().filter(|r| &r["node"] == a).count(), 2, "2 slots on {a}");
     }
@@ -134,10 +138,7 @@ fn open_mpi_tree_spawn_with_more_hosts_than_the_radix() {
     args.extend_from_slice(&OMPI_LOOPBACK);
     args.extend_from_slice(&[DEBIAN_PYTHON, &script]);
     let mut job = launcher(&args, &env, &Wrap::default());
-    assert_eq!(job.code(LIMIT), 0, "stdout:\n{}\nstderr:\n{}", job.stdout(), job.stderr());
-    let rows = results(&job.stdout());
-    assert_eq!(rows.len(), 4);
-    assert!(rows.iter().all(|r| r["sum"] == "10"), "{rows:?}");
+    check_allreduce(&mut job, 4, &addrs);
     for s in &mut servers {
         assert_eq!(s.code(LIMIT), 0);
     }
@@ -220,8 +221,7 @@ fn workers_that_start_late_are_waited_for() {
         servers.push(sshd(&format!("{a}:2222"), &env, &Wrap::default()));
         std::thread::sleep(Duration::from_secs(1));
     }
-    assert_eq!(job.code(LIMIT), 0, "stdout:\n{}\nstderr:\n{}", job.stdout(), job.stderr());
-    assert_eq!(results(&job.stdout()).len(), 4);
+    check_allreduce(&mut job, 4, &addrs);
     assert!(job.stderr().matches("host ready").count() == 4, "{}", job.stderr());
 }
 
@@ -312,19 +312,6 @@ fn venv_env(base: &[(String, String)], venv: &Path) -> Vec<(String, String)> {
     env.push(("PATH".into(), path));
     env.push(("LD_LIBRARY_PATH".into(), venv.join("lib").display().to_string()));
     env
-}
-
-fn check_allreduce(job: &mut Pod, ranks: usize, addrs: &[String]) {
-    assert_eq!(job.code(LIMIT), 0, "stdout:\n{}\nstderr:\n{}", job.stdout(), job.stderr());
-    let rows = results(&job.stdout());
-    assert_eq!(rows.len(), ranks, "one line per rank:\n{}", job.stdout());
-    let sum = (ranks * (ranks + 1) / 2).to_string();
-    let exe = std::fs::canonicalize(crate::util::bin()).expect("exe");
-    for r in &rows {
-        assert_eq!(r["sum"], sum, "{r:?}");
-        assert_eq!(Path::new(&r["ssh"]), exe, "the `ssh` every rank sees is trainlet");
-        assert!(addrs.contains(&r["node"]), "ranks ran on the simulated hosts: {r:?}");
-    }
 }
 
 #[test]

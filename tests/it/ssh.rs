@@ -238,15 +238,19 @@ fn sshd_runs_as_an_unprivileged_uid_with_no_passwd_entry_and_trainer_modes() {
     let agent = tempfile::tempdir().expect("tmp");
     std::fs::set_permissions(agent.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
     let env = ssh_env(keys.path(), agent.path());
-    let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let exe = crate::util::bin().display().to_string();
     let ids = [format!("--reuid={uid}"), format!("--regid={uid}")];
-    let mut server = crate::util::Pod::start_as(
-        Path::new("/usr/bin/setpriv"),
-        &[&ids[0], &ids[1], "--clear-groups", &exe, "sshd", "--listen=127.0.16.2:2222"],
-        &refs,
-    );
-    server.wait_for_output("trainlet sshd listening on", LIMIT);
+    let start_as_uid = |env: &[(String, String)]| {
+        let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let mut server = crate::util::Pod::start_as(
+            Path::new("/usr/bin/setpriv"),
+            &[&ids[0], &ids[1], "--clear-groups", &exe, "sshd", "--listen=127.0.16.2:2222"],
+            &refs,
+        );
+        server.wait_for_output("trainlet sshd listening on", LIMIT);
+        server
+    };
+    let mut server = start_as_uid(&env);
     let mut c = client(&["127.0.16.2", "id -u; echo $PWD"], &env);
     assert_eq!(c.code(LIMIT), 0, "client: {}\nserver: {}", c.stderr(), server.stderr());
     assert_eq!(c.stdout(), format!("{uid}\n{}\n", agent.path().display()), "runs as the server's uid, in HOME");
@@ -255,13 +259,7 @@ fn sshd_runs_as_an_unprivileged_uid_with_no_passwd_entry_and_trainer_modes() {
     assert_eq!(server.code(LIMIT), 0);
     let mut locked = env.clone();
     locked.push(("HOME".into(), "/root".into()));
-    let refs: Vec<(&str, &str)> = locked.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let mut server = crate::util::Pod::start_as(
-        Path::new("/usr/bin/setpriv"),
-        &[&ids[0], &ids[1], "--clear-groups", &exe, "sshd", "--listen=127.0.16.2:2222"],
-        &refs,
-    );
-    server.wait_for_output("trainlet sshd listening on", LIMIT);
+    let mut server = start_as_uid(&locked);
     let mut c = client(&["127.0.16.2", "echo $PWD"], &env);
     assert_eq!(c.code(LIMIT), 0, "client: {}\nserver: {}", c.stderr(), server.stderr());
     assert_eq!(c.stdout(), "/\n");

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::util::{Pod, bin};
+use crate::util::{Pod, bin, live_pids};
 
 /// A key directory from `trainlet keygen --out` (Trainer layout).
 pub fn keygen(kind: &str) -> tempfile::TempDir {
@@ -159,30 +159,19 @@ pub fn client(args: &[&str], env: &[(String, String)]) -> Pod {
 }
 
 /// Pids of live processes whose executable is OpenSSH's.
-pub fn openssh_processes() -> Vec<(i32, PathBuf)> {
-    std::fs::read_dir("/proc")
-        .expect("proc")
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-            (exe == Path::new("/usr/bin/ssh") || exe == Path::new("/usr/sbin/sshd")).then_some((pid, exe))
-        })
-        .collect()
+pub fn openssh_processes() -> Vec<i32> {
+    live_pids(|pid| {
+        std::fs::read_link(format!("/proc/{pid}/exe"))
+            .is_ok_and(|exe| exe == Path::new("/usr/bin/ssh") || exe == Path::new("/usr/sbin/sshd"))
+    })
 }
 
-/// Pids of live, non-zombie processes whose command line contains `needle`.
+/// Pids of live processes whose command line contains `needle`.
 pub fn pids_with_cmdline(needle: &str) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .expect("proc")
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .map(|s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
-                .unwrap_or(true);
-            !zombie && String::from_utf8_lossy(&cmd).replace('\0', " ").contains(needle)
-        })
-        .collect()
+    live_pids(|pid| {
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        String::from_utf8_lossy(&cmd).replace('\0', " ").contains(needle)
+    })
 }
 
 /// Wait until `f` holds; panics with `what` after `limit`.

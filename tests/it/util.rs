@@ -175,20 +175,27 @@ pub fn start_pods(nnodes: u32, nproc: u32, args: &[&str], extra: &[(&str, &str)]
         .collect()
 }
 
-/// Pids of live (non-zombie) processes whose environment holds `marker`.
-pub fn processes_with_marker(marker: &str) -> Vec<i32> {
-    let needle = format!("TRAINLET_TEST_MARKER={marker}");
+/// Pids of live (non-zombie) processes for which `keep(pid)` holds.
+pub fn live_pids(mut keep: impl FnMut(i32) -> bool) -> Vec<i32> {
     std::fs::read_dir("/proc")
         .expect("proc")
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
-            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
             let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .map(|s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
                 .unwrap_or(true);
-            !zombie && environ.split(|b| *b == 0).any(|kv| kv == needle.as_bytes())
+            !zombie && keep(*pid)
         })
         .collect()
+}
+
+/// Pids of live processes whose environment holds `marker`.
+pub fn processes_with_marker(marker: &str) -> Vec<i32> {
+    let needle = format!("TRAINLET_TEST_MARKER={marker}");
+    live_pids(|pid| {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        environ.split(|b| *b == 0).any(|kv| kv == needle.as_bytes())
+    })
 }
 
 /// Wait until no live process carries `marker`; panics after `limit`.
