@@ -11,9 +11,9 @@
 //! | 201 | rendezvous timeout: the store, a peer pod, or an MPI host's SSH server was not reachable before the deadline |
 //! | 202 | internal error in trainlet (a bug, or an unexpected OS failure) |
 //! | 203 | the store host went away and did not come back before the join deadline, or a pod neither stopped nor died in time |
-//! | 204 | this pod belongs to an older JobSet restart attempt than the job (rejected) |
-//! | 205 | a worker exit matched a `fail` rule of the failure policy |
-//! | 206 | a worker hung in uninterruptible sleep (--hung-timeout) or survived SIGKILL |
+//! | 204 | this pod belongs to an older JobSet restart attempt than the job; it is refused |
+//! | 205 | a worker exit matched a `fail` rule of the failure policy (FailJob) |
+//! | 206 | a worker hung in uninterruptible sleep past `--hung-timeout`, or survived SIGKILL |
 //! | 209 | a worker exited with a code in trainlet's reserved range 200-209 |
 //!
 //! Kubernetes classes (see `runtimes/`): 205 and 200 are worker/config bugs
