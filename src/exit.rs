@@ -14,11 +14,14 @@
 //! | 204 | this pod belongs to an older JobSet restart attempt than the job; it is refused |
 //! | 205 | a worker exit matched a `fail` rule of the failure policy (FailJob) |
 //! | 206 | a worker hung in uninterruptible sleep past `--hung-timeout`, or survived SIGKILL |
+//! | 207 | a GPU pre-flight check found a faulty node: fewer GPUs than `--expect-gpus`, uncorrected ECC errors, remapped rows pending or failed, a pending MIG change, a GPU lost to NVML |
+//! | 208 | a GPU pre-flight check found the job asking for what the pod lacks: more workers than GPUs, or the wrong MIG mode (`--mig`) |
 //! | 209 | a worker exited with a code in trainlet's reserved range 200-209 |
 //!
-//! Kubernetes classes (see `runtimes/`): 205 and 200 are worker/config bugs
-//! (FailJob); 143, 130, 129 and 204 are preemption or stale pods (Ignore);
-//! everything else, including 201, 203 and 206, is a retriable fault (Count).
+//! Kubernetes classes (see `runtimes/`): 205, 208 and 200 are worker/config
+//! bugs (FailJob); 143, 130, 129 and 204 are preemption or stale pods
+//! (Ignore); everything else, including 201, 203, 206 and 207 (a bad node:
+//! the retry should land elsewhere), is a retriable fault (Count).
 
 /// Every worker succeeded.
 pub const SUCCESS: u8 = 0;
@@ -40,6 +43,10 @@ pub const STALE_ATTEMPT: u8 = 204;
 pub const FAILED_BY_POLICY: u8 = 205;
 /// A worker hung in uninterruptible sleep or survived SIGKILL.
 pub const WORKER_UNKILLABLE: u8 = 206;
+/// A pre-flight check found a faulty GPU or a missing one: the node is at fault.
+pub const GPU_FAULT: u8 = 207;
+/// A pre-flight check found the job asking for GPUs or a MIG mode the pod lacks.
+pub const GPU_MISMATCH: u8 = 208;
 /// A worker's own code fell in 200-209 and was remapped to keep this table unambiguous.
 pub const WORKER_RESERVED: u8 = 209;
 

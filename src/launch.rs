@@ -50,9 +50,12 @@ const BACKOFF_CAP: Duration = Duration::from_secs(300);
 const HUNG_CHECK: Duration = Duration::from_secs(1);
 
 /// Run the job described by `plan`; returns trainlet's exit code.
-pub async fn run(plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8> {
+pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8> {
     let spawner = Spawner::start().map_err(Error::Os)?;
     let env = Env::from_process();
+    if let Some(code) = preflight(&mut plan, &spawner).await {
+        return Ok(code);
+    }
     let log_root = log_root(&plan);
     let timing =
         Timing { last_call: plan.last_call, heartbeat: plan.heartbeat, heartbeat_timeout: plan.heartbeat_timeout };
@@ -420,6 +423,33 @@ async fn until_stop<F: std::future::Future>(
     }
 }
 
+/// Pre-flight GPU checks; the exit code of the first failure, if any.
+/// The NVML report, when there is one, fills what sysfs left out.
+async fn preflight(plan: &mut Plan, spawner: &Spawner) -> Option<u8> {
+    if plan.gpu.checks.is_empty() {
+        return None;
+    }
+    let (g, sp) = (plan.gpu.clone(), spawner.clone());
+    let verdicts = match tokio::task::spawn_blocking(move || crate::gpu::setup::preflight(&g, &sp)).await {
+        Ok((v, report)) => {
+            if let Ok(r) = &report {
+                crate::gpu::setup::enrich(&mut plan.gpu.gpus, r);
+            }
+            v
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "pre-flight checks panicked");
+            return Some(exit::INTERNAL);
+        }
+    };
+    for v in &verdicts {
+        tracing::debug!(check = %v.check, status = ?v.status, "pre-flight");
+    }
+    let (code, msg) = crate::gpu::preflight::first_failure(&verdicts)?;
+    tracing::error!(code, "{msg}");
+    Some(code)
+}
+
 struct Worker {
     pid: i32,
     rank: u32,
@@ -442,6 +472,7 @@ async fn run_attempt(
     let mut by_pid: HashMap<i32, u32> = HashMap::new();
     let drains = TaskTracker::new();
     let mut early: Vec<Event> = Vec::new();
+    let (placed, _) = crate::gpu::setup::placements(&plan.gpu, plan.nproc);
 
     for local_rank in 0..plan.nproc {
         let rank = world.group_rank * plan.nproc + local_rank;
@@ -452,11 +483,15 @@ async fn run_attempt(
         let error_file = rank_dir.join("error.json");
         // A stale error file from an earlier run must not be read as this one's.
         let _ = std::fs::remove_file(&error_file);
-        let spec = WorkerSpec::piped(
-            plan.entry.program.clone(),
-            substitute(&plan.entry.args, local_rank),
-            worker_env(world, local_rank, &error_file.display().to_string(), env),
-        );
+        let mut wenv = worker_env(world, local_rank, &error_file.display().to_string(), env);
+        let place = placed.get(local_rank as usize);
+        if let Some(p) = place {
+            // Later entries win: LOCAL_RANK 0 with --gpu-visibility single.
+            wenv.extend(crate::gpu::plan::rank_env(p, &plan.gpu.gpus, plan.gpu.visibility, plan.gpu.user_order));
+        }
+        let mut spec = WorkerSpec::piped(plan.entry.program.clone(), substitute(&plan.entry.args, local_rank), wenv);
+        spec.cpus = place.and_then(|p| p.cpus.clone());
+        spec.mem_node = place.and_then(|p| p.mem_node);
         match spawner.spawn(spec).await {
             Ok(sp) => {
                 let prefix = output::prefix(&plan.prefix_template, &plan.role, local_rank, rank, &plan.host);

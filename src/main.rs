@@ -77,6 +77,7 @@ fn main() -> ExitCode {
         Sub::Mpi(args) => supervised(|events, cancel| trainlet::mpi::run(args, events, cancel)),
         Sub::Keygen(args) => keygen(&args),
         Sub::Ssh { args } => ssh(&args),
+        Sub::NvmlProbe { every } => nvml_probe(every),
     })
 }
 
@@ -247,12 +248,35 @@ fn run(args: &RunArgs) -> u8 {
 }
 
 fn doctor(args: &RunArgs) -> u8 {
-    match resolve(args, false) {
-        Ok(plan) => {
-            print!("{}", plan.describe());
-            exit::SUCCESS
+    use trainlet::gpu::{preflight, setup};
+    let plan = match resolve(args, false) {
+        Ok(plan) => plan,
+        Err(code) => return code,
+    };
+    print!("{}", plan.describe());
+    let spawner = match trainlet::supervise::spawn::Spawner::start() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("trainlet: error: cannot start the spawner thread: {e}");
+            return exit::INTERNAL;
         }
-        Err(code) => code,
+    };
+    let (verdicts, report) = setup::preflight(&plan.gpu, &spawner);
+    let (placed, topo) = setup::placements(&plan.gpu, plan.nproc);
+    print!("{}", setup::describe(&plan.gpu, &placed, topo.as_ref(), &verdicts, &report));
+    preflight::first_failure(&verdicts).map_or(exit::SUCCESS, |(code, _)| code)
+}
+
+/// The NVML child (reference/gpu-pid1.md 2.3): whatever happens in here,
+/// the agent only sees a report, an error line, or a dead child.
+fn nvml_probe(every: Option<std::time::Duration>) -> u8 {
+    let lib = std::env::var_os(trainlet::config::env::TRAINLET_NVML_LIB).map(std::path::PathBuf::from);
+    match trainlet::gpu::nvml::probe_main(lib.as_deref(), every) {
+        Ok(()) => exit::SUCCESS,
+        Err(e) => {
+            eprintln!("trainlet nvml-probe: {e}");
+            1
+        }
     }
 }
 

@@ -423,6 +423,8 @@ pub async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Can
         unset: Vec::new(),
         stdio: StdioMode::Inherit,
         cwd: None,
+        cpus: None,
+        mem_node: None,
     };
     let (pid, forked) = match spawner.spawn(spec).await {
         Ok(sp) => (sp.pid, sp.forked),

@@ -45,6 +45,8 @@ impl Processes for Spawning {
             unset: req.unset,
             stdio: StdioMode::AllPiped,
             cwd: Some(req.cwd),
+            cpus: None,
+            mem_node: None,
         };
         let sp = self.spawner.spawn(spec).await.map_err(|e| match e {
             SpawnError::Exec { source, .. } => source,

@@ -171,16 +171,22 @@ pub fn raise_nofile() -> u64 {
 }
 
 /// Set up a worker command: own process group, empty signal mask, killed
-/// with SIGKILL if the spawning thread (and so the agent) dies.
+/// with SIGKILL if the spawning thread (and so the agent) dies, and bound to
+/// `affinity` (a mask from [`cpu_mask`]) when given.
 ///
 /// Call from the one long-lived spawner thread: PDEATHSIG fires when the
 /// thread that forked exits, not the process (reference/gpu-pid1.md 4.6).
-pub fn prepare_worker(cmd: &mut Command) {
+/// A failed `sched_setaffinity` (the cpuset shrank since the plan) leaves
+/// the worker on the agent's CPUs: binding never fails a worker.
+pub fn prepare_worker(cmd: &mut Command, affinity: Option<Vec<libc::c_ulong>>) {
     let parent = std::process::id();
     cmd.process_group(0);
     // SAFETY: the closure runs in the forked child before exec and calls only
-    // async-signal-safe functions (pthread_sigmask, prctl, getppid, _exit) on
-    // stack data; it allocates nothing and takes no locks.
+    // async-signal-safe functions (pthread_sigmask, prctl, getppid, _exit and
+    // the raw sched_setaffinity syscall) on stack data and on `affinity`,
+    // which was allocated before the fork and is only read; it allocates
+    // nothing and takes no locks. The mask's length in bytes is passed with
+    // its pointer, so the kernel reads within it.
     unsafe {
         cmd.pre_exec(move || {
             let mut empty: libc::sigset_t = std::mem::zeroed();
@@ -193,9 +199,67 @@ pub fn prepare_worker(cmd: &mut Command) {
             if u32::try_from(libc::getppid()).ok() != Some(parent) {
                 libc::_exit(1);
             }
+            if let Some(mask) = &affinity {
+                libc::syscall(libc::SYS_sched_setaffinity, 0, std::mem::size_of_val(mask.as_slice()), mask.as_ptr());
+            }
             Ok(())
         });
     }
+}
+
+/// A kernel CPU (or node) bitmask: bit `b` of word `w` is number `w*64+b`,
+/// with one spare trailing word so either `maxnode` convention of
+/// set_mempolicy covers it (reference/gpu-pid1.md 3.4).
+pub fn cpu_mask(ids: impl IntoIterator<Item = u32>) -> Vec<libc::c_ulong> {
+    let bits = libc::c_ulong::BITS;
+    let ids: Vec<u32> = ids.into_iter().collect();
+    let words = ids.iter().max().map_or(1, |m| m / bits + 1) as usize + 1;
+    let mut mask = vec![0; words];
+    for id in ids {
+        mask[(id / bits) as usize] |= 1 << (id % bits);
+    }
+    mask
+}
+
+/// The CPUs this process may run on (`sched_getaffinity`: the pod's cpuset),
+/// read with a buffer that grows past glibc's 1024-CPU `cpu_set_t`.
+pub fn allowed_cpus() -> Vec<u32> {
+    let bits = libc::c_ulong::BITS;
+    let mut words = 16usize;
+    loop {
+        let mut mask: Vec<libc::c_ulong> = vec![0; words];
+        // SAFETY: the kernel writes at most the given byte length into the
+        // buffer, which is that long and live for the call.
+        let rc = unsafe {
+            libc::syscall(libc::SYS_sched_getaffinity, 0, std::mem::size_of_val(mask.as_slice()), mask.as_mut_ptr())
+        };
+        if rc > 0 {
+            return (0..u32::try_from(words).unwrap_or(u32::MAX) * bits)
+                .filter(|c| mask[(c / bits) as usize] & (1 << (c % bits)) != 0)
+                .collect();
+        }
+        if Errno::last() != Errno::EINVAL || words >= 1 << 16 {
+            return Vec::new();
+        }
+        words *= 4;
+    }
+}
+
+/// Make the calling thread's memory policy "prefer `node`" (None: the
+/// default policy). A child forked afterwards inherits it across exec, as
+/// `numactl --preferred` does. Fails with EPERM where seccomp's default
+/// profile withholds set_mempolicy (no CAP_SYS_NICE) and EINVAL for a node
+/// the kernel does not have.
+pub fn set_preferred_node(node: Option<u32>) -> std::io::Result<()> {
+    let mask = node.map(|n| cpu_mask([n]));
+    let (mode, ptr, maxnode) = match &mask {
+        Some(m) => (libc::MPOL_PREFERRED, m.as_ptr(), m.len() * libc::c_ulong::BITS as usize),
+        None => (libc::MPOL_DEFAULT, std::ptr::null(), 0),
+    };
+    // SAFETY: `ptr` is null with maxnode 0, or points to `mask`, which holds
+    // `maxnode` bits and outlives the call; the kernel only reads it.
+    let rc = unsafe { libc::syscall(libc::SYS_set_mempolicy, mode, ptr, maxnode) };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
 
 /// Number of CPUs this process may run on (the container's cpuset).
@@ -289,6 +353,25 @@ pub fn is_root() -> bool {
 /// server kills the remote command), instead of collecting them.
 pub fn unblock_signals() -> Result<(), Errno> {
     pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+}
+
+/// Remapped rows of an NVML device, which nvml-wrapper does not wrap:
+/// (corrected, uncorrected, pending, failed) (reference/gpu-pid1.md 1.2).
+/// Runs in the NVML probe child only.
+pub fn nvml_remapped_rows(
+    nvml: &nvml_wrapper::Nvml,
+    device: &nvml_wrapper::Device<'_>,
+) -> Result<(u32, u32, bool, bool), nvml_wrapper::error::NvmlError> {
+    use nvml_wrapper::error::{NvmlError, nvml_try};
+    let f = nvml.lib().nvmlDeviceGetRemappedRows.as_ref().map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    let (mut corr, mut unc, mut pending, mut failed) = (0u32, 0u32, 0u32, 0u32);
+    // SAFETY: `f` is nvmlDeviceGetRemappedRows from the loaded library, whose
+    // C signature bindgen typed; the handle comes from a live `Device` of
+    // this `Nvml`, and the four out-pointers are to live stack u32s that the
+    // function only writes during the call.
+    let rc = unsafe { f(device.handle(), &mut corr, &mut unc, &mut pending, &mut failed) };
+    nvml_try(rc)?;
+    Ok((corr, unc, pending != 0, failed != 0))
 }
 
 #[cfg(test)]

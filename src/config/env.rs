@@ -115,6 +115,29 @@ pub const OMPI_MCA_ORTE_DEFAULT_HOSTFILE: &str = "OMPI_MCA_orte_default_hostfile
 /// Slots per host, which Trainer and MPI Operator set on the launcher.
 pub const OMPI_MCA_ORTE_SET_DEFAULT_SLOTS: &str = "OMPI_MCA_orte_set_default_slots";
 
+/// `--pin`.
+pub const TRAINLET_PIN: &str = "TRAINLET_PIN";
+/// `--gpu-visibility`.
+pub const TRAINLET_GPU_VISIBILITY: &str = "TRAINLET_GPU_VISIBILITY";
+/// `--preflight`.
+pub const TRAINLET_PREFLIGHT: &str = "TRAINLET_PREFLIGHT";
+/// `--expect-gpus`.
+pub const TRAINLET_EXPECT_GPUS: &str = "TRAINLET_EXPECT_GPUS";
+/// `--mig`.
+pub const TRAINLET_MIG: &str = "TRAINLET_MIG";
+/// `--nvml-timeout`.
+pub const TRAINLET_NVML_TIMEOUT: &str = "TRAINLET_NVML_TIMEOUT";
+/// `--metrics-addr`.
+pub const TRAINLET_METRICS_ADDR: &str = "TRAINLET_METRICS_ADDR";
+/// Root of the sysfs/procfs/dev tree the GPU inventory reads (default `/`;
+/// tests point it at a fake machine).
+pub const TRAINLET_SYSFS_ROOT: &str = "TRAINLET_SYSFS_ROOT";
+/// Path of libnvidia-ml for the NVML probe (default: the loader's search for
+/// `libnvidia-ml.so.1`).
+pub const TRAINLET_NVML_LIB: &str = "TRAINLET_NVML_LIB";
+/// CUDA's device order; trainlet sets PCI_BUS_ID when it assigns GPUs.
+pub const CUDA_DEVICE_ORDER: &str = "CUDA_DEVICE_ORDER";
+
 /// A snapshot of the environment, so resolution is a pure function.
 #[derive(Debug, Clone, Default)]
 pub struct Env(HashMap<String, String>);
@@ -135,6 +158,11 @@ impl Env {
         self.0.get(name).map(String::as_str).filter(|v| !v.is_empty())
     }
 
+    /// A variable's value, empty kept (CUDA_VISIBLE_DEVICES="" hides every GPU).
+    pub fn raw(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+
     /// PATH lookup of an executable name.
     pub fn which(&self, name: &str) -> Option<std::path::PathBuf> {
         use std::os::unix::fs::PermissionsExt;
@@ -146,51 +174,9 @@ impl Env {
     }
 }
 
-/// Number of GPUs visible to this pod, torchrun-style: CUDA_VISIBLE_DEVICES,
-/// else NVIDIA_VISIBLE_DEVICES, else the devices the driver lists.
-pub fn visible_gpus(env: &Env) -> usize {
-    let count_list = |v: &str| v.split(',').map(str::trim).take_while(|d| !d.is_empty() && !d.starts_with('-')).count();
-    if let Some(v) = env.0.get(CUDA_VISIBLE_DEVICES) {
-        return count_list(v);
-    }
-    let driver = || {
-        std::fs::read_dir("/proc/driver/nvidia/gpus").map(Iterator::count).unwrap_or_else(|_| {
-            std::fs::read_dir("/dev")
-                .map(|d| {
-                    d.filter_map(Result::ok)
-                        .filter(|e| {
-                            e.file_name()
-                                .to_str()
-                                .and_then(|n| n.strip_prefix("nvidia"))
-                                .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()))
-                        })
-                        .count()
-                })
-                .unwrap_or(0)
-        })
-    };
-    match env.get(NVIDIA_VISIBLE_DEVICES) {
-        Some("all") => driver(),
-        Some("none" | "void") => 0,
-        Some(list) => count_list(list),
-        None => driver(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use test_case::test_case;
-
-    #[test_case(&[("CUDA_VISIBLE_DEVICES", "0,1,2")], 3; "cuda list")]
-    #[test_case(&[("CUDA_VISIBLE_DEVICES", "")], 0; "cuda empty hides all")]
-    #[test_case(&[("CUDA_VISIBLE_DEVICES", "1,-1,2")], 1; "cuda stops at invalid")]
-    #[test_case(&[("NVIDIA_VISIBLE_DEVICES", "GPU-a,GPU-b")], 2; "nvidia uuids")]
-    #[test_case(&[("NVIDIA_VISIBLE_DEVICES", "void")], 0; "nvidia void")]
-    #[test_case(&[("CUDA_VISIBLE_DEVICES", "0"), ("NVIDIA_VISIBLE_DEVICES", "0,1")], 1; "cuda wins")]
-    fn gpu_visibility(pairs: &[(&str, &str)], want: usize) {
-        assert_eq!(visible_gpus(&Env::from_pairs(pairs.iter().copied())), want);
-    }
 
     #[test]
     fn empty_values_count_as_unset() {

@@ -44,6 +44,32 @@ pub enum Error {
     /// Options that cannot be combined, or a missing one.
     #[error("{0}")]
     Usage(String),
+    /// The GPU inventory (sysfs/procfs) could not be read.
+    #[error("cannot list this pod's GPUs")]
+    Gpu(#[from] crate::gpu::GpuError),
+}
+
+/// GPUs, binding and pre-flight checks.
+#[derive(Debug, Clone)]
+pub struct GpuPlan {
+    /// Root of the sysfs/procfs tree the inventory reads (`/` in production).
+    pub root: PathBuf,
+    /// The GPUs workers may use, in CUDA order.
+    pub gpus: Vec<crate::gpu::Gpu>,
+    /// `--pin`.
+    pub pin: crate::gpu::PinMode,
+    /// `--gpu-visibility`.
+    pub visibility: crate::gpu::Visibility,
+    /// CUDA_DEVICE_ORDER is the user's: trainlet does not set it.
+    pub user_order: bool,
+    /// `--preflight`.
+    pub checks: Vec<crate::gpu::preflight::Check>,
+    /// What the checks expect.
+    pub expect: crate::gpu::preflight::Expect,
+    /// Bound on one NVML probe.
+    pub nvml_timeout: Duration,
+    /// `--metrics-addr`.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Where a resolved value came from.
@@ -146,6 +172,8 @@ pub struct Plan {
     pub host: String,
     /// `OMP_NUM_THREADS` to give workers when it is unset (1 if nproc > 1).
     pub omp_default: Option<String>,
+    /// GPUs, binding and pre-flight checks.
+    pub gpu: GpuPlan,
     /// (setting, value, source) for `trainlet doctor`.
     pub provenance: Vec<(&'static str, String, Source)>,
 }

@@ -299,12 +299,21 @@ impl Plan {
         }
         prov.push(("node rank", node_rank.to_string(), l.source));
 
+        // GPUs (nproc auto|gpu counts them).
+        let root = crate::gpu::root(env);
+        let gpus = crate::gpu::discover(&crate::gpu::sysfs::Sysfs::new(&root), env)?;
+        prov.push((
+            "gpus",
+            gpus.len().to_string(),
+            Source::Derived(format!("{}proc/driver/nvidia/gpus and sysfs", root.display())),
+        ));
+
         // nproc per node.
         let l = lookup(args.nproc_per_node.as_deref(), "--nproc-per-node", env, &[env::PET_NPROC_PER_NODE]);
         let (nproc, src) = match l.value.map(str::trim) {
             None => (1, l.source.clone()),
             Some("auto") => {
-                let gpus = env::visible_gpus(env);
+                let gpus = gpus.len();
                 if gpus > 0 {
                     (gpus, Source::Derived(format!("auto: {gpus} visible GPUs")))
                 } else {
@@ -317,9 +326,14 @@ impl Plan {
                 (cpus, Source::Derived(format!("cpu: {cpus} CPUs")))
             }
             Some("gpu") => {
-                let gpus = env::visible_gpus(env);
+                let gpus = gpus.len();
                 if gpus == 0 {
-                    return Err(invalid(&l.origin(), "gpu", "auto, cpu or an integer: no GPU is visible here"));
+                    return Err(invalid(
+                        &l.origin(),
+                        "gpu",
+                        "auto, cpu or an integer: no GPU is usable here (none in /proc/driver/nvidia/gpus, \
+                         or hidden by CUDA_VISIBLE_DEVICES/NVIDIA_VISIBLE_DEVICES)",
+                    ));
                 }
                 (gpus, Source::Derived(format!("gpu: {gpus} visible GPUs")))
             }
@@ -595,7 +609,10 @@ impl Plan {
         let rules = crate::supervise::rules::Rules::new(flag_rules, file_rules);
         prov.push(("failure policy", rules.describe(), l.source));
 
+        let gpu = resolve_gpu(args, env, root, gpus, nproc, &mut prov)?;
+
         Ok(Plan {
+            gpu,
             min_nodes,
             jobset_attempt,
             last_call,
@@ -632,6 +649,91 @@ impl Plan {
     }
 }
 
+/// `--pin`, `--gpu-visibility`, `--preflight` and their kin.
+fn resolve_gpu(
+    args: &RunArgs,
+    env: &Env,
+    root: PathBuf,
+    gpus: Vec<crate::gpu::Gpu>,
+    nproc: u32,
+    prov: &mut Vec<(&'static str, String, Source)>,
+) -> Result<super::GpuPlan, Error> {
+    use crate::gpu::preflight::{Check, Expect};
+    use crate::gpu::{PinMode, Visibility};
+    let pin = match (&args.numa_binding, args.pin.as_deref()) {
+        (Some(nb), None) => {
+            let l = lookup(Some(nb), "--numa-binding", env, &[]);
+            let mode = PinMode::parse(nb).filter(|_| matches!(nb.trim(), "node" | "exclusive"));
+            (
+                mode.ok_or_else(|| Error::Unsupported {
+                    what: format!("--numa-binding {nb}"),
+                    hint: "use node or exclusive, or trainlet's --pin none|gpu|cpu|numa|auto".into(),
+                })?,
+                l.source,
+            )
+        }
+        (_, cli) => {
+            let l = lookup(cli, "--pin", env, &[env::TRAINLET_PIN]);
+            let v = l.value.unwrap_or("auto");
+            (PinMode::parse(v).ok_or_else(|| invalid(&l.origin(), v, "none, gpu, cpu, numa or auto"))?, l.source)
+        }
+    };
+    prov.push(("pin", format!("{:?}", pin.0).to_lowercase(), pin.1));
+    let l = lookup(args.gpu_visibility.as_deref(), "--gpu-visibility", env, &[env::TRAINLET_GPU_VISIBILITY]);
+    let visibility = match (l.value.map(str::trim), args.virtual_local_rank) {
+        (None, true) => Visibility::Single,
+        (None | Some("all"), _) => Visibility::All,
+        (Some("single"), _) => Visibility::Single,
+        (Some(v), _) => return Err(invalid(&l.origin(), v, "all or single")),
+    };
+    if !gpus.is_empty() {
+        prov.push(("gpu visibility", format!("{visibility:?}").to_lowercase(), l.source));
+    }
+    let l = lookup(args.preflight.as_deref(), "--preflight", env, &[env::TRAINLET_PREFLIGHT]);
+    let checks = Check::parse_list(l.value.unwrap_or("all")).map_err(|bad| {
+        invalid(
+            &l.origin(),
+            l.value.unwrap_or_default(),
+            &format!("all, none or a list of count,lost,ecc,remap,mig (not {bad:?})"),
+        )
+    })?;
+    prov.push(("preflight", checks.iter().map(|c| c.name()).collect::<Vec<_>>().join(","), l.source));
+    let l = lookup(args.expect_gpus.as_deref(), "--expect-gpus", env, &[env::TRAINLET_EXPECT_GPUS]);
+    let expect_gpus = l.value.map(|_| parse_u32(&l, 0, "a number of GPUs >= 0")).transpose()?;
+    let l = lookup(args.mig.as_deref(), "--mig", env, &[env::TRAINLET_MIG]);
+    let mig = match l.value.map(str::trim) {
+        None => None,
+        Some("on") => Some(true),
+        Some("off") => Some(false),
+        Some(v) => return Err(invalid(&l.origin(), v, "on or off")),
+    };
+    let l = lookup(args.nvml_timeout.as_deref(), "--nvml-timeout", env, &[env::TRAINLET_NVML_TIMEOUT]);
+    let nvml_timeout = parse_secs(&l, Duration::from_secs(10))?;
+    let l = lookup(args.metrics_addr.as_deref(), "--metrics-addr", env, &[env::TRAINLET_METRICS_ADDR]);
+    let metrics_addr = match l.value {
+        None => None,
+        Some(v) => Some(
+            v.trim()
+                .parse::<std::net::SocketAddr>()
+                .map_err(|_| invalid(&l.origin(), v, "an address and port like 0.0.0.0:9400"))?,
+        ),
+    };
+    if let Some(a) = metrics_addr {
+        prov.push(("metrics", a.to_string(), l.source));
+    }
+    Ok(super::GpuPlan {
+        root,
+        expect: Expect { nproc, assign: pin.0 != PinMode::None, gpus: expect_gpus, mig },
+        gpus,
+        pin: pin.0,
+        visibility,
+        user_order: env.get(env::CUDA_DEVICE_ORDER).is_some(),
+        checks,
+        nvml_timeout,
+        metrics_addr,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -644,13 +746,35 @@ mod tests {
     }
 
     fn plan(a: &[&str], env: &[(&str, &str)]) -> Result<Plan, Error> {
-        let mut e: Vec<(&str, &str)> = vec![("PATH", "/usr/bin:/bin")];
+        let mut e: Vec<(&str, &str)> = vec![("PATH", "/usr/bin:/bin"), ("TRAINLET_SYSFS_ROOT", "/nonexistent")];
         e.extend_from_slice(env);
         Plan::resolve(&args(a), &Env::from_pairs(e), true)
     }
 
     fn err(a: &[&str], env: &[(&str, &str)]) -> String {
         plan(a, env).expect_err("must fail").to_string()
+    }
+
+    #[test]
+    fn gpu_settings_from_the_inventory() {
+        let d = tempfile::tempdir().expect("tmp");
+        crate::gpu::sysfs::fake::dgx(d.path()).expect("tree");
+        let root = d.path().to_str().expect("utf-8");
+        let p = plan(&["--python", "py", "--nproc-per-node", "auto", "t.py"], &[("TRAINLET_SYSFS_ROOT", root)])
+            .expect("plan");
+        assert_eq!((p.nproc, p.gpu.gpus.len()), (8, 8));
+        assert_eq!(p.gpu.pin, crate::gpu::PinMode::Auto);
+        let p = plan(
+            &["--python", "py", "--nproc-per-node", "gpu", "--numa-binding", "node", "--virtual-local-rank", "t.py"],
+            &[("TRAINLET_SYSFS_ROOT", root), ("CUDA_VISIBLE_DEVICES", "3,1")],
+        )
+        .expect("plan");
+        assert_eq!(p.nproc, 2, "CUDA_VISIBLE_DEVICES narrows");
+        assert_eq!(p.gpu.gpus[0].bus_id, "0000:5d:00.0", "and orders");
+        assert_eq!((p.gpu.pin, p.gpu.visibility), (crate::gpu::PinMode::Numa, crate::gpu::Visibility::Single));
+        let p = plan(&["--python", "py", "t.py"], &[("TRAINLET_SYSFS_ROOT", root), ("TRAINLET_PIN", "none")])
+            .expect("plan");
+        assert_eq!((p.nproc, p.gpu.pin, p.gpu.expect.assign), (1, crate::gpu::PinMode::None, false));
     }
 
     #[test]
@@ -702,7 +826,7 @@ mod tests {
     #[test_case(&["t.py"], &[("PET_MASTER_PORT", "http")], "PET_MASTER_PORT value \"http\""; "port env")]
     #[test_case(&["--nproc-per-node", "0", "t.py"], &[], "--nproc-per-node value \"0\""; "nproc zero")]
     #[test_case(&["t.py"], &[("PET_NPROC_PER_NODE", "many")], "PET_NPROC_PER_NODE value \"many\": expected an integer >= 1, auto, cpu or gpu"; "nproc env")]
-    #[test_case(&["--nproc-per-node", "gpu", "t.py"], &[("CUDA_VISIBLE_DEVICES", "")], "no GPU is visible"; "gpu without gpus")]
+    #[test_case(&["--nproc-per-node", "gpu", "t.py"], &[("CUDA_VISIBLE_DEVICES", "")], "no GPU is usable here"; "gpu without gpus")]
     #[test_case(&["--rdzv-backend", "etcd", "t.py"], &[], "--rdzv-backend etcd is not supported"; "etcd")]
     #[test_case(&["--rdzv-conf", "join_timeout=", "t.py"], &[], "a value for join_timeout"; "empty conf value")]
     #[test_case(&["--rdzv-conf", "store_type=file", "t.py"], &[], "--rdzv-conf store_type=file is not supported"; "store type")]
@@ -715,7 +839,12 @@ mod tests {
     #[test_case(&["t.py"], &[("JOBSET_RESTART_ATTEMPT", "x")], "JOBSET_RESTART_ATTEMPT value \"x\""; "jobset attempt")]
     #[test_case(&["--kill-timeout", "-1", "t.py"], &[], "--kill-timeout value \"-1\""; "kill timeout")]
     #[test_case(&["--max-restarts", "-2", "t.py"], &[], "--max-restarts value \"-2\""; "restarts")]
-    #[test_case(&["--numa-binding", "node", "t.py"], &[], "--numa-binding is not supported"; "numa")]
+    #[test_case(&["--numa-binding", "socket", "t.py"], &[], "--numa-binding socket is not supported"; "numa socket")]
+    #[test_case(&["--pin", "sometimes", "t.py"], &[], "--pin value \"sometimes\": expected none, gpu, cpu, numa or auto"; "pin")]
+    #[test_case(&["t.py"], &[("TRAINLET_PREFLIGHT", "ecc,temp")], "TRAINLET_PREFLIGHT value \"ecc,temp\""; "preflight")]
+    #[test_case(&["--mig", "maybe", "t.py"], &[], "--mig value \"maybe\": expected on or off"; "mig")]
+    #[test_case(&["--gpu-visibility", "some", "t.py"], &[], "expected all or single"; "visibility")]
+    #[test_case(&["--metrics-addr", "9400", "t.py"], &[], "an address and port like 0.0.0.0:9400"; "metrics addr")]
     #[test_case(&["--no-python", "-m", "t.py"], &[], "cannot be combined"; "no python with module")]
     #[test_case(&["--standalone", "--nnodes", "2"], &[], "--standalone runs one node"; "standalone multi")]
     #[test_case(&["--signals-to-handle", "SIGNOPE", "t.py"], &[], "--signals-to-handle value"; "bad signal")]

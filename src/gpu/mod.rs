@@ -12,11 +12,19 @@
 //! the plan.
 
 pub mod cpuset;
+pub mod nvml;
 pub mod plan;
+pub mod preflight;
+pub mod setup;
 pub mod sysfs;
 pub mod visible;
 
+use std::path::{Path, PathBuf};
+
 pub use cpuset::CpuSet;
+pub use plan::{PinMode, Topology, Visibility};
+
+use crate::config::env::{self, Env};
 
 /// One NVIDIA GPU of this pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +37,9 @@ pub struct Gpu {
     pub model: Option<String>,
     /// Device minor (`/dev/nvidia<minor>`), when known.
     pub minor: Option<u32>,
+    /// Position among the pod's GPUs in PCI bus order: the CUDA ordinal
+    /// under `CUDA_DEVICE_ORDER=PCI_BUS_ID` before CUDA_VISIBLE_DEVICES.
+    pub ordinal: u32,
     /// NUMA node; None when the machine has no NUMA information (-1).
     pub numa_node: Option<u32>,
     /// CPUs local to the GPU (sysfs `local_cpulist`).
@@ -55,16 +66,6 @@ pub enum GpuError {
         /// What is wrong.
         what: String,
     },
-    /// A visibility variable names a GPU this pod does not have.
-    #[error("{var}={value:?}: {what}")]
-    Visibility {
-        /// CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES.
-        var: &'static str,
-        /// Its value.
-        value: String,
-        /// What is wrong.
-        what: String,
-    },
 }
 
 /// A source of the pod's GPUs, in PCI bus order.
@@ -81,8 +82,30 @@ impl Inventory for Fake {
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
         let mut g = self.0.clone();
         g.sort_by(|a, b| a.bus_id.cmp(&b.bus_id));
+        for (i, gpu) in g.iter_mut().enumerate() {
+            gpu.ordinal = u32::try_from(i).unwrap_or(u32::MAX);
+        }
         Ok(g)
     }
+}
+
+/// Where the inventory reads sysfs, procfs and /dev: `/`, or
+/// `TRAINLET_SYSFS_ROOT`.
+pub fn root(env: &Env) -> PathBuf {
+    env.get(env::TRAINLET_SYSFS_ROOT).map_or_else(|| PathBuf::from("/"), PathBuf::from)
+}
+
+/// The GPUs workers may use, in CUDA order (local rank i gets entry i).
+pub fn discover(inventory: &dyn Inventory, env: &Env) -> Result<Vec<Gpu>, GpuError> {
+    Ok(visible::visible(inventory.gpus()?, env.get(env::NVIDIA_VISIBLE_DEVICES), env.raw(env::CUDA_VISIBLE_DEVICES)))
+}
+
+/// The machine as the planner needs it, with the agent's own affinity read
+/// now (it is the pod's cpuset, which kubelet may change between attempts).
+pub fn topology(root: &Path) -> Result<Topology, GpuError> {
+    let s = sysfs::Sysfs::new(root);
+    let allowed = CpuSet::of(crate::sys::allowed_cpus());
+    Ok(Topology { siblings: s.siblings(&allowed), nodes: s.node_cpus()?, allowed })
 }
 
 /// Normalise a PCI bus id from NVML (`00000000:18:00.0`), sysfs

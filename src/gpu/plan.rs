@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::{CpuSet, Gpu};
 
 /// `--pin`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PinMode {
     /// No GPU assignment and no binding.
     None,
@@ -28,6 +28,53 @@ pub enum PinMode {
     Numa,
     /// `cpu` with a preferred memory node when there are GPUs; `none` without.
     Auto,
+}
+
+impl PinMode {
+    /// Parse `--pin`/`TRAINLET_PIN`, or torchrun's `--numa-binding`.
+    pub fn parse(v: &str) -> Option<Self> {
+        match v.trim() {
+            "none" | "off" => Some(Self::None),
+            "gpu" => Some(Self::Gpu),
+            "cpu" | "exclusive" => Some(Self::Cpu),
+            "numa" | "node" => Some(Self::Numa),
+            "auto" => Some(Self::Auto),
+            _ => None,
+        }
+    }
+}
+
+/// `--gpu-visibility`: what CUDA_VISIBLE_DEVICES a worker with a GPU sees.
+///
+/// `All` is the default because it is torchrun's: scripts call
+/// `torch.cuda.set_device(LOCAL_RANK)` unchanged, and every rank can still
+/// open its peers' GPUs for CUDA IPC and P2P (NCCL's intra-node paths).
+/// `Single` isolates each worker on its own GPU (by UUID), with LOCAL_RANK 0
+/// as torchrun's `--virtual-local-rank` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Visibility {
+    /// Every worker sees every GPU; LOCAL_RANK picks its own.
+    #[default]
+    All,
+    /// Each worker sees only its GPU.
+    Single,
+}
+
+/// Variables a worker gets for its placement: CUDA_DEVICE_ORDER=PCI_BUS_ID
+/// so CUDA ordinals follow bus order (unless the user chose an order), and
+/// with [`Visibility::Single`] its own GPU and LOCAL_RANK 0.
+pub fn rank_env(p: &RankPlacement, gpus: &[Gpu], vis: Visibility, user_order: bool) -> Vec<(String, String)> {
+    let Some(gpu) = p.gpu.and_then(|i| gpus.get(i)) else { return Vec::new() };
+    let mut env = Vec::new();
+    if !user_order {
+        env.push(("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string()));
+    }
+    if vis == Visibility::Single {
+        let id = gpu.uuid.clone().unwrap_or_else(|| gpu.ordinal.to_string());
+        env.push(("CUDA_VISIBLE_DEVICES".to_string(), id));
+        env.push(("LOCAL_RANK".to_string(), "0".to_string()));
+    }
+    env
 }
 
 /// What one local rank gets.
@@ -149,7 +196,7 @@ mod tests {
 
     fn dgx() -> (Vec<Gpu>, Topology) {
         let d = tempfile::tempdir().expect("tmp");
-        fake::dgx(d.path());
+        fake::dgx(d.path()).expect("tree");
         let s = Sysfs::new(d.path());
         let allowed = CpuSet::parse("0-63").expect("set");
         let topo = Topology { siblings: s.siblings(&allowed), allowed, nodes: s.node_cpus().expect("nodes") };
@@ -219,6 +266,7 @@ mod tests {
             uuid: None,
             model: None,
             minor: None,
+            ordinal: 0,
             numa_node: numa,
             local_cpus: CpuSet::parse(cpus).expect("set"),
         };

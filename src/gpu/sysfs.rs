@@ -114,6 +114,7 @@ impl Inventory for Sysfs {
             let local_cpus = CpuSet::parse(&field("local_cpulist"))
                 .map_err(|err| GpuError::Invalid { path: dev.join("local_cpulist"), what: err.to_string() })?;
             gpus.push(Gpu {
+                ordinal: 0,
                 bus_id,
                 uuid: info.get("GPU UUID").cloned(),
                 model: info.get("Model").cloned(),
@@ -123,12 +124,16 @@ impl Inventory for Sysfs {
             });
         }
         gpus.sort_by(|a, b| a.bus_id.cmp(&b.bus_id));
+        for (i, g) in gpus.iter_mut().enumerate() {
+            g.ordinal = u32::try_from(i).unwrap_or(u32::MAX);
+        }
         Ok(gpus)
     }
 }
 
-/// Fake machines for tests: a sysfs/procfs tree under a directory.
-#[cfg(test)]
+/// Fake machines for tests and benchmarks: a sysfs/procfs tree under a
+/// directory, read through `TRAINLET_SYSFS_ROOT`.
+#[doc(hidden)]
 pub mod fake {
     use std::path::Path;
 
@@ -145,31 +150,33 @@ pub mod fake {
         pub given: bool,
     }
 
-    fn write(root: &Path, rel: &str, text: &str) {
+    fn write(root: &Path, rel: &str, text: &str) -> std::io::Result<()> {
         let p = root.join(rel);
-        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
-        std::fs::write(p, text).expect("write");
+        if let Some(dir) = p.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(p, text)
     }
 
     /// Write a machine: NUMA nodes (cpulists), SMT pairs `(cpu, sibling)`
     /// when `smt`, GPUs, and one non-NVIDIA PCI device.
-    pub fn machine(root: &Path, nodes: &[&str], cpus: u32, smt: bool, gpus: &[FakeGpu<'_>]) {
+    pub fn machine(root: &Path, nodes: &[&str], cpus: u32, smt: bool, gpus: &[FakeGpu<'_>]) -> std::io::Result<()> {
         for (n, list) in nodes.iter().enumerate() {
-            write(root, &format!("sys/devices/system/node/node{n}/cpulist"), list);
+            write(root, &format!("sys/devices/system/node/node{n}/cpulist"), list)?;
         }
         let half = cpus / 2;
         for c in 0..cpus {
             let sib = if smt { format!("{},{}", c % half, c % half + half) } else { c.to_string() };
-            write(root, &format!("sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list"), &sib);
+            write(root, &format!("sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list"), &sib)?;
         }
-        write(root, "sys/bus/pci/devices/0000:00:1f.0/vendor", "0x8086\n");
-        write(root, "sys/bus/pci/devices/0000:00:1f.0/class", "0x060100\n");
+        write(root, "sys/bus/pci/devices/0000:00:1f.0/vendor", "0x8086\n")?;
+        write(root, "sys/bus/pci/devices/0000:00:1f.0/class", "0x060100\n")?;
         for (minor, g) in gpus.iter().enumerate() {
             let dev = format!("sys/bus/pci/devices/{}", g.bdf);
-            write(root, &format!("{dev}/vendor"), "0x10de\n");
-            write(root, &format!("{dev}/class"), "0x030200\n");
-            write(root, &format!("{dev}/numa_node"), &format!("{}\n", g.numa));
-            write(root, &format!("{dev}/local_cpulist"), &format!("{}\n", g.cpus));
+            write(root, &format!("{dev}/vendor"), "0x10de\n")?;
+            write(root, &format!("{dev}/class"), "0x030200\n")?;
+            write(root, &format!("{dev}/numa_node"), &format!("{}\n", g.numa))?;
+            write(root, &format!("{dev}/local_cpulist"), &format!("{}\n", g.cpus))?;
             if g.given {
                 // The driver procfs names the domain with 8 digits, upper case.
                 let proc_name = format!("0000{}", g.bdf.to_ascii_uppercase());
@@ -179,15 +186,16 @@ pub mod fake {
                     &format!(
                         "Model: \t\t NVIDIA H100 80GB HBM3\nGPU UUID: \t GPU-0000000{minor}-fake\nBus Location: \t {proc_name}\nDevice Minor: \t {minor}\n"
                     ),
-                );
-                write(root, &format!("dev/nvidia{minor}"), "");
+                )?;
+                write(root, &format!("dev/nvidia{minor}"), "")?;
             }
         }
+        Ok(())
     }
 
     /// A 2-socket machine with 8 GPUs, 4 per NUMA node, 64 CPUs with SMT:
     /// node 0 = cores 0-15 + siblings 32-47, node 1 = 16-31 + 48-63.
-    pub fn dgx(root: &Path) {
+    pub fn dgx(root: &Path) -> std::io::Result<()> {
         let bdfs = [
             "0000:18:00.0",
             "0000:2a:00.0",
@@ -208,7 +216,7 @@ pub mod fake {
                 given: true,
             })
             .collect();
-        machine(root, &["0-15,32-47", "16-31,48-63"], 64, true, &gpus);
+        machine(root, &["0-15,32-47", "16-31,48-63"], 64, true, &gpus)
     }
 }
 
@@ -220,7 +228,7 @@ mod tests {
     #[test]
     fn the_eight_gpu_machine() {
         let d = tempfile::tempdir().expect("tmp");
-        dgx(d.path());
+        dgx(d.path()).expect("tree");
         let s = Sysfs::new(d.path());
         let gpus = s.gpus().expect("gpus");
         assert_eq!(gpus.len(), 8);
@@ -240,7 +248,8 @@ mod tests {
     fn only_the_gpus_the_container_was_given() {
         let d = tempfile::tempdir().expect("tmp");
         let g = |bdf, given| FakeGpu { bdf, numa: -1, cpus: "0-3", given };
-        machine(d.path(), &[], 4, false, &[g("0000:07:00.0", false), g("0000:08:00.0", true), g("0000:09:00.0", true)]);
+        machine(d.path(), &[], 4, false, &[g("0000:07:00.0", false), g("0000:08:00.0", true), g("0000:09:00.0", true)])
+            .expect("tree");
         // The device node of the last one is missing.
         std::fs::remove_file(d.path().join("dev/nvidia2")).expect("rm");
         let gpus = Sysfs::new(d.path()).gpus().expect("gpus");
@@ -252,7 +261,8 @@ mod tests {
     #[test]
     fn no_driver_no_gpus() {
         let d = tempfile::tempdir().expect("tmp");
-        machine(d.path(), &["0-3"], 4, false, &[FakeGpu { bdf: "0000:08:00.0", numa: 0, cpus: "0-3", given: false }]);
+        machine(d.path(), &["0-3"], 4, false, &[FakeGpu { bdf: "0000:08:00.0", numa: 0, cpus: "0-3", given: false }])
+            .expect("tree");
         assert!(Sysfs::new(d.path()).gpus().expect("gpus").is_empty());
     }
 }

@@ -3,36 +3,37 @@
 //! under `CUDA_DEVICE_ORDER=PCI_BUS_ID`, so local rank i gets entry i.
 //!
 //! NVIDIA_VISIBLE_DEVICES is applied by the container runtime when the
-//! container is created; inside a container it only narrows what procfs
-//! already shows, and outside one (bare metal) it is honoured the same way:
-//! `all`, `void` or unset = every GPU, `none` = no GPU, else indices or
-//! UUIDs. CUDA_VISIBLE_DEVICES then picks and orders, as CUDA does:
+//! container is created, and procfs then shows only those GPUs; inside the
+//! container it still holds the *host's* indices (`3,5`), which need not
+//! exist here. So it narrows only when every entry resolves here (bare
+//! metal, or UUIDs); otherwise the runtime has already applied it and it is
+//! ignored. `all`, `void` or unset = every GPU, `none` = no GPU. CUDA_VISIBLE_DEVICES then picks and orders, as CUDA does:
 //! indices into that list or `GPU-` UUID prefixes; an invalid entry hides
 //! it and everything after it; empty = no GPU.
 
-use super::{Gpu, GpuError};
+use super::Gpu;
 
 /// Apply both variables to `gpus` (bus order).
-pub fn visible(gpus: Vec<Gpu>, nvidia: Option<&str>, cuda: Option<&str>) -> Result<Vec<Gpu>, GpuError> {
+pub fn visible(gpus: Vec<Gpu>, nvidia: Option<&str>, cuda: Option<&str>) -> Vec<Gpu> {
     let gpus = match nvidia.map(str::trim) {
         None | Some("" | "all" | "void") => gpus,
         Some("none") => Vec::new(),
         Some(list) => {
-            let mut out = Vec::new();
-            for entry in list.split(',').map(str::trim) {
-                let found = pick(&gpus, entry).ok_or_else(|| GpuError::Visibility {
-                    var: "NVIDIA_VISIBLE_DEVICES",
-                    value: list.to_string(),
-                    what: format!("no GPU {entry:?} in this pod ({} GPUs)", gpus.len()),
-                })?;
-                if !out.contains(&found) {
-                    out.push(found);
+            let mut out: Vec<Gpu> = Vec::new();
+            for found in list.split(',').map(|e| pick(&gpus, e.trim())) {
+                match found {
+                    Some(g) if !out.contains(&g) => out.push(g),
+                    Some(_) => {}
+                    None => {
+                        out = gpus.clone(); // host indices: already applied by the runtime
+                        break;
+                    }
                 }
             }
             out
         }
     };
-    let Some(list) = cuda else { return Ok(gpus) };
+    let Some(list) = cuda else { return gpus };
     let mut out: Vec<Gpu> = Vec::new();
     for entry in list.split(',').map(str::trim) {
         // CUDA stops at the first entry it cannot use.
@@ -41,7 +42,7 @@ pub fn visible(gpus: Vec<Gpu>, nvidia: Option<&str>, cuda: Option<&str>) -> Resu
             _ => break,
         }
     }
-    Ok(out)
+    out
 }
 
 /// An index into `gpus`, or a UUID (a `GPU-` prefix is enough).
@@ -71,6 +72,7 @@ mod tests {
                 uuid: Some(format!("GPU-{i}a{i}")),
                 model: None,
                 minor: Some(i),
+                ordinal: i,
                 numa_node: None,
                 local_cpus: CpuSet::default(),
             })
@@ -83,21 +85,23 @@ mod tests {
 
     #[test]
     fn cuda_visible_devices_picks_and_orders() {
-        assert_eq!(ids(&visible(gpus(4), None, None).expect("all")), [0, 1, 2, 3]);
-        assert_eq!(ids(&visible(gpus(4), None, Some("2,0")).expect("list")), [2, 0]);
-        assert_eq!(ids(&visible(gpus(4), None, Some("GPU-3,1")).expect("uuid prefix")), [3, 1]);
-        assert_eq!(ids(&visible(gpus(4), None, Some("1,7,2")).expect("invalid")), [1], "stops at 7");
-        assert!(visible(gpus(4), None, Some("")).expect("empty").is_empty());
-        assert!(visible(gpus(4), None, Some("-1")).expect("-1").is_empty());
+        assert_eq!(ids(&visible(gpus(4), None, None)), [0, 1, 2, 3]);
+        assert_eq!(ids(&visible(gpus(4), None, Some("2,0"))), [2, 0]);
+        assert_eq!(ids(&visible(gpus(4), None, Some("GPU-3,1"))), [3, 1]);
+        assert_eq!(ids(&visible(gpus(4), None, Some("1,7,2"))), [1], "stops at 7");
+        assert!(visible(gpus(4), None, Some("")).is_empty());
+        assert!(visible(gpus(4), None, Some("-1")).is_empty());
     }
 
     #[test]
     fn nvidia_visible_devices_narrows_first() {
-        assert!(visible(gpus(4), Some("none"), None).expect("none").is_empty());
-        assert_eq!(ids(&visible(gpus(4), Some("all"), None).expect("all")), [0, 1, 2, 3]);
-        let two = visible(gpus(4), Some("GPU-2a2,GPU-3a3"), Some("1")).expect("uuids then cuda");
+        assert!(visible(gpus(4), Some("none"), None).is_empty());
+        assert_eq!(ids(&visible(gpus(4), Some("all"), None)), [0, 1, 2, 3]);
+        let two = visible(gpus(4), Some("GPU-2a2,GPU-3a3"), Some("1"));
         assert_eq!(ids(&two), [3]);
-        let e = visible(gpus(2), Some("5"), None).expect_err("missing");
-        assert!(e.to_string().contains("no GPU \"5\" in this pod (2 GPUs)"), "{e}");
+        assert_eq!(ids(&visible(gpus(4), Some("1,3"), None)), [1, 3], "bare metal indices");
+        // Host indices in a container given host GPUs 3 and 5: procfs
+        // already shows just those two.
+        assert_eq!(ids(&visible(gpus(2), Some("3,5"), None)), [0, 1]);
     }
 }

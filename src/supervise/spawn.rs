@@ -9,6 +9,7 @@
 
 use std::os::fd::OwnedFd;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::oneshot;
 
@@ -47,12 +48,16 @@ pub struct WorkerSpec {
     pub stdio: StdioMode,
     /// Working directory (default: the agent's).
     pub cwd: Option<std::path::PathBuf>,
+    /// CPUs to bind it to (set in the child before exec).
+    pub cpus: Option<crate::gpu::CpuSet>,
+    /// NUMA node its memory should come from (MPOL_PREFERRED), best effort.
+    pub mem_node: Option<u32>,
 }
 
 impl WorkerSpec {
     /// A worker the torch way: stdin `/dev/null`, stdout/stderr piped.
     pub fn piped(program: String, args: Vec<String>, env: Vec<(String, String)>) -> Self {
-        Self { program, args, env, unset: Vec::new(), stdio: StdioMode::Piped, cwd: None }
+        Self { program, args, env, unset: Vec::new(), stdio: StdioMode::Piped, cwd: None, cpus: None, mem_node: None }
     }
 }
 
@@ -82,6 +87,10 @@ pub struct Spawned {
     pub stderr: Option<OwnedFd>,
 }
 
+/// Cleared after the first refused set_mempolicy: it is logged once, and
+/// later workers get CPU binding only.
+static MEMPOLICY: AtomicBool = AtomicBool::new(true);
+
 type Request = (WorkerSpec, oneshot::Sender<Result<Spawned, SpawnError>>);
 
 /// Handle to the spawner thread.
@@ -100,6 +109,14 @@ impl Spawner {
             }
         })?;
         Ok(Self { tx })
+    }
+
+    /// Start one process from outside the async runtime (or a blocking
+    /// task); must not be called on a runtime worker thread.
+    pub fn spawn_blocking(&self, spec: WorkerSpec) -> Result<Spawned, SpawnError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send((spec, reply)).map_err(|_| SpawnError::Gone)?;
+        rx.blocking_recv().map_err(|_| SpawnError::Gone)?
     }
 
     /// Start one worker.
@@ -128,9 +145,28 @@ fn spawn_now(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
     if let Some(dir) = &spec.cwd {
         cmd.current_dir(dir);
     }
-    sys::prepare_worker(&mut cmd);
+    sys::prepare_worker(&mut cmd, spec.cpus.as_ref().map(|c| sys::cpu_mask(c.iter())));
+    // The memory policy is set on this thread around the fork, so the child
+    // inherits it and a refusal can be logged here (the child cannot log).
+    let preferred = spec.mem_node.filter(|_| MEMPOLICY.load(Ordering::Relaxed)).filter(|&node| {
+        sys::set_preferred_node(Some(node))
+            .inspect_err(|e| {
+                MEMPOLICY.store(false, Ordering::Relaxed);
+                let why = if e.raw_os_error() == Some(libc::EPERM) {
+                    "set_mempolicy is not permitted (seccomp's default profile needs CAP_SYS_NICE)"
+                } else {
+                    "set_mempolicy refused the node"
+                };
+                tracing::warn!(node, error = %e, "NUMA memory binding is off: {why}; workers are bound to CPUs only");
+            })
+            .is_ok()
+    });
     let forked = std::time::Instant::now();
-    let mut child = cmd.spawn().map_err(|source| SpawnError::Exec { program: spec.program.clone(), source })?;
+    let child = cmd.spawn();
+    if preferred.is_some() {
+        let _ = sys::set_preferred_node(None);
+    }
+    let mut child = child.map_err(|source| SpawnError::Exec { program: spec.program.clone(), source })?;
     let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
     let spawned = Spawned {
         pid,

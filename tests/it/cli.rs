@@ -32,7 +32,12 @@ fn config_errors_name_the_flag_or_variable_and_exit_200() {
     fails_with(&["run", "t.py"], &[("PET_NPROC_PER_NODE", "lots")], 200, "invalid PET_NPROC_PER_NODE value \"lots\"");
     fails_with(&["run", "--nnodes", "4:1", "t.py"], &[], 200, "invalid --nnodes value \"4:1\": expected MIN <= MAX");
     fails_with(&["run", "--on-exit", "3=boom", "t.py"], &[], 200, "invalid failure rule \"3=boom\"");
-    fails_with(&["run", "--numa-binding", "node", "t.py"], &[], 200, "--numa-binding is not supported by trainlet yet");
+    fails_with(
+        &["run", "--numa-binding", "socket", "t.py"],
+        &[],
+        200,
+        "--numa-binding socket is not supported by trainlet yet",
+    );
     fails_with(&["run", "--no-such-flag", "t.py"], &[], 200, "unknown option --no-such-flag");
     fails_with(&["run"], &[], 200, "missing the training script");
 }

@@ -7,6 +7,7 @@
 
 mod cli;
 mod fault;
+mod gpu;
 mod mpi;
 mod rendezvous;
 mod runtimes;

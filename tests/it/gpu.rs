@@ -1,0 +1,233 @@
+//! GPU pinning, the NVML child probe and pre-flight checks, without a GPU:
+//! a fake sysfs/procfs tree (`TRAINLET_SYSFS_ROOT`) and a fake
+//! libnvidia-ml.so.1 built from `tests/fixtures/fake_nvml.c`, loaded by the
+//! real nvml-wrapper code in trainlet's probe child (the static binary).
+//!
+//! The fake machine is an 8-GPU, 2-node box whose nodes are this machine's
+//! CPUs 0 and 1, so the binding the planner computes can be applied for
+//! real and read back from /proc: GPUs 0-3 are local to CPU 0, GPUs 4-7 to
+//! CPU 1. trainlet runs under `taskset` so its cpuset is the same on any CI
+//! machine.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use trainlet::gpu::sysfs::fake::{FakeGpu, machine};
+
+use crate::util::{Pod, bin, fixture, parse_kv};
+
+const LIMIT: Duration = Duration::from_secs(60);
+const BUS: [&str; 8] = [
+    "0000:18:00.0",
+    "0000:2a:00.0",
+    "0000:3a:00.0",
+    "0000:5d:00.0",
+    "0000:9a:00.0",
+    "0000:ab:00.0",
+    "0000:ba:00.0",
+    "0000:db:00.0",
+];
+
+/// The fake libnvidia-ml.so.1, compiled once per test run.
+fn fake_nvml() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("trainlet-fake-nvml-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let lib = dir.join("libnvidia-ml.so.1");
+        let st = std::process::Command::new("gcc")
+            .args(["-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-Wl,-soname,libnvidia-ml.so.1", "-o"])
+            .arg(&lib)
+            .arg(fixture("fake_nvml.c"))
+            .status()
+            .expect("gcc (apt-get install gcc)");
+        assert!(st.success(), "cannot build the fake NVML");
+        lib
+    })
+}
+
+/// The fake machine: 2 NUMA nodes (CPU 0, CPU 1), 8 GPUs, 4 per node.
+fn eight_gpu_box() -> tempfile::TempDir {
+    let d = tempfile::tempdir().expect("tmp");
+    let gpus: Vec<FakeGpu<'_>> = BUS
+        .iter()
+        .enumerate()
+        .map(|(i, bdf)| FakeGpu { bdf, numa: i32::from(i >= 4), cpus: if i < 4 { "0" } else { "1" }, given: true })
+        .collect();
+    machine(d.path(), &["0", "1"], 2, false, &gpus).expect("fake tree");
+    d
+}
+
+/// Environment of a pod on `root` with the fake NVML configured by `nvml`.
+fn env<'a>(root: &'a Path, nvml: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut e = vec![
+        ("TRAINLET_SYSFS_ROOT", root.to_str().expect("utf-8")),
+        ("TRAINLET_NVML_LIB", fake_nvml().to_str().expect("utf-8")),
+        ("FAKE_NVML_COUNT", "8"),
+    ];
+    static BUS_LIST: OnceLock<String> = OnceLock::new();
+    e.push(("FAKE_NVML_BUS", BUS_LIST.get_or_init(|| BUS.join(","))));
+    e.extend_from_slice(nvml);
+    e
+}
+
+/// `trainlet run` of 8 pinned workers under `taskset -c cpus`.
+fn launch(cpus: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Pod {
+    let trainlet = bin();
+    let mut args = vec!["-c", cpus, trainlet.to_str().expect("utf-8"), "run", "--nproc-per-node", "gpu"];
+    args.extend_from_slice(extra_args);
+    let worker = fixture("pinned_worker.sh");
+    args.extend(["--no-python", worker.as_str()]);
+    Pod::start_as(Path::new("taskset"), &args, env)
+}
+
+/// Each worker's `PIN` line, by local rank (from LOCAL_RANK unless single).
+fn pins(out: &str) -> Vec<std::collections::HashMap<String, String>> {
+    let mut v: Vec<_> = out.lines().filter(|l| l.contains("PIN ")).map(parse_kv).collect();
+    v.sort_by_key(|kv| kv["rank"].parse::<u32>().expect("rank"));
+    v
+}
+
+#[test]
+fn eight_workers_get_their_gpu_and_its_cpus() {
+    let root = eight_gpu_box();
+    let mut pod = launch("0,1", &[], &env(root.path(), &[]));
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    let got = pins(&pod.stdout());
+    assert_eq!(got.len(), 8, "{}", pod.stdout());
+    for (i, kv) in got.iter().enumerate() {
+        assert_eq!(kv["local_rank"], i.to_string());
+        assert_eq!(kv["order"], "PCI_BUS_ID");
+        assert_eq!(kv["cuda"], "unset", "default visibility keeps CUDA_VISIBLE_DEVICES as it was");
+        assert_eq!(kv["cpus"], if i < 4 { "0" } else { "1" }, "rank {i}: {kv:?}");
+    }
+    let err = pod.stderr();
+    // Node 1 does not exist on this machine: memory binding is refused once.
+    assert_eq!(err.matches("NUMA memory binding is off").count(), 1, "{err}");
+    assert!(!err.contains("NVML is unavailable"), "{err}");
+}
+
+#[test]
+fn a_restricted_cpuset_is_never_left() {
+    let root = eight_gpu_box();
+    let mut pod = launch("0", &[], &env(root.path(), &[]));
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    let got = pins(&pod.stdout());
+    assert_eq!(got.len(), 8);
+    // The GPUs of node 1 are local to CPU 1, outside the cpuset: those ranks
+    // fall back to the cpuset, logged, and nobody runs outside it.
+    assert!(got.iter().all(|kv| kv["cpus"] == "0"), "{got:?}");
+    let err = pod.stderr();
+    assert_eq!(err.matches("binding to the whole cpuset").count(), 4, "{err}");
+}
+
+#[test]
+fn single_visibility_gives_each_worker_its_own_gpu() {
+    let root = eight_gpu_box();
+    let mut pod = launch("0,1", &["--gpu-visibility", "single", "--pin", "cpu"], &env(root.path(), &[]));
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    let got = pins(&pod.stdout());
+    for (i, kv) in got.iter().enumerate() {
+        assert_eq!(kv["cuda"], format!("GPU-0000000{i}-fake"));
+        assert_eq!(kv["local_rank"], "0", "torchrun's --virtual-local-rank");
+    }
+    assert!(!pod.stderr().contains("NUMA memory binding"), "cpu mode binds no memory");
+}
+
+#[test]
+fn pin_none_leaves_workers_alone() {
+    let root = eight_gpu_box();
+    let mut pod = launch("0,1", &["--pin", "none"], &env(root.path(), &[]));
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    for kv in pins(&pod.stdout()) {
+        assert_eq!((kv["cpus"].as_str(), kv["order"].as_str()), ("0-1", "unset"), "{kv:?}");
+    }
+}
+
+#[test]
+fn a_crashing_or_hung_nvml_costs_one_warning() {
+    let root = eight_gpu_box();
+    for (mode, why) in [
+        ("abort", "_dl_call_libc_early_init: Assertion"),
+        ("hang", "did not answer within 1s and was killed"),
+        ("fail", "NVML init failed"),
+    ] {
+        let mut pod = launch("0,1", &["--nvml-timeout", "1"], &env(root.path(), &[("FAKE_NVML_INIT", mode)]));
+        assert_eq!(pod.code(LIMIT), 0, "{mode}: {}", pod.stderr());
+        let err = pod.stderr();
+        assert_eq!(err.matches("NVML is unavailable").count(), 1, "{mode}: {err}");
+        assert!(err.contains(why), "{mode}: {err}");
+        assert_eq!(pins(&pod.stdout()).len(), 8, "{mode}: sysfs data is enough to launch");
+    }
+}
+
+#[test]
+fn each_preflight_failure_exits_with_its_code_and_names_the_gpu() {
+    let root = eight_gpu_box();
+    let gpu2 = "GPU 2 (0000:3a:00.0, GPU-00000002-fake)";
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], i32, String);
+    let cases: [Case<'_>; 8] = [
+        (&[], &[("FAKE_NVML_FAULTS", "2:ecc=4")], 207, format!("pre-flight check ecc failed: {gpu2}: 4 uncorrected ECC errors")),
+        (&[], &[("FAKE_NVML_FAULTS", "2:remap_pending")], 207, format!("pre-flight check remap failed: {gpu2}: row remapping pending")),
+        (&[], &[("FAKE_NVML_FAULTS", "2:remap_failed")], 207, format!("pre-flight check remap failed: {gpu2}: row remapping failed")),
+        (&[], &[("FAKE_NVML_FAULTS", "2:lost")], 207, format!("pre-flight check lost failed: {gpu2}: not reachable through NVML (NVML index 2: device fell off the bus")),
+        (&[], &[("FAKE_NVML_FAULTS", "2:mig_pending")], 207, format!("pre-flight check mig failed: {gpu2}: MIG mode change pending")),
+        (&["--mig", "on"], &[], 208, "pre-flight check mig failed: GPU 0 (0000:18:00.0, GPU-00000000-fake): MIG is off but the job asks for MIG on".into()),
+        (&["--expect-gpus", "9"], &[], 207, "given 9 GPUs (--expect-gpus) but 8 are usable".into()),
+        (&[], &[("FAKE_NVML_COUNT", "7")], 207, "pre-flight check lost failed: GPU 7 (0000:db:00.0, GPU-00000007-fake): not reachable through NVML (the driver lists 7 GPUs, not this one)".into()),
+    ];
+    for (args, nvml, code, want) in cases {
+        let mut pod = launch("0,1", args, &env(root.path(), nvml));
+        assert_eq!(pod.code(LIMIT), code, "{args:?} {nvml:?}: {}", pod.stderr());
+        assert!(pod.stderr().contains(&want), "{args:?} {nvml:?}: want {want:?} in\n{}", pod.stderr());
+        assert!(pins(&pod.stdout()).is_empty(), "no worker may start after a failed pre-flight check");
+    }
+    // More workers than GPUs is the job's fault.
+    let mut pod = Pod::start_as(
+        Path::new("taskset"),
+        &["-c", "0,1", bin().to_str().expect("utf-8"), "run", "--nproc-per-node", "9", "--no-python", "true"],
+        &env(root.path(), &[]),
+    );
+    assert_eq!(pod.code(LIMIT), 208, "{}", pod.stderr());
+    assert!(pod.stderr().contains("9 workers per node but only 8 GPUs are visible"), "{}", pod.stderr());
+    // The checks can be turned off.
+    let mut pod = launch("0,1", &["--preflight", "count"], &env(root.path(), &[("FAKE_NVML_FAULTS", "2:ecc=4")]));
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+}
+
+#[test]
+fn gpu_workers_on_a_machine_without_gpus_is_a_clear_error() {
+    let empty = tempfile::tempdir().expect("tmp");
+    let mut pod = Pod::start(
+        &["run", "--nproc-per-node", "gpu", "--no-python", "true"],
+        &[("TRAINLET_SYSFS_ROOT", empty.path().to_str().expect("utf-8"))],
+    );
+    assert_eq!(pod.code(LIMIT), 200);
+    assert!(pod.stderr().contains("invalid --nproc-per-node value \"gpu\""), "{}", pod.stderr());
+    assert!(pod.stderr().contains("no GPU is usable here"), "{}", pod.stderr());
+}
+
+#[test]
+fn doctor_shows_the_topology_placement_and_checks() {
+    let root = eight_gpu_box();
+    let trainlet = bin();
+    let args = ["-c", "0,1", trainlet.to_str().expect("utf-8"), "doctor", "--nproc-per-node", "auto"];
+    let mut pod = Pod::start_as(Path::new("taskset"), &args, &env(root.path(), &[("FAKE_NVML_FAULTS", "5:ecc=1")]));
+    assert_eq!(pod.code(LIMIT), 207, "doctor exits with the failed check's code: {}", pod.stderr());
+    let out = pod.stdout();
+    for want in [
+        "gpus (8 usable",
+        "0000:18:00.0",
+        "GPU-00000005-fake",
+        "agent cpus 0-1 (sched_getaffinity), numa nodes 2",
+        "nvml: driver 580.95.05-fake, 8 GPUs",
+        "ecc    FAIL  exit 207: pre-flight check ecc failed: GPU 5 (0000:ab:00.0, GPU-00000005-fake)",
+        "count  pass  8 GPUs",
+    ] {
+        assert!(out.contains(want), "doctor output lacks {want:?}:\n{out}");
+    }
+    let row = out.lines().find(|l| l.contains("0000:ba:00.0")).expect("row of GPU 6");
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols, ["6", "0000:ba:00.0", "GPU-00000006-fake", "1", "1", "6", "1", "1"], "{row}");
+}
