@@ -32,7 +32,7 @@ fn runtimes_are_valid_cluster_training_runtimes() {
     assert!(out.contains("ClusterTrainingRuntime trainlet-torch-distributed valid"), "{out}");
     // The exit codes the runtime routes are trainlet's documented ones.
     let text = std::fs::read_to_string(&file).expect("read");
-    assert!(text.contains("values: [200, 205]") && text.contains("values: [143, 204]"), "{text}");
+    assert!(text.contains("values: [200, 205, 208]") && text.contains("values: [143, 204]"), "{text}");
 }
 
 #[test]
