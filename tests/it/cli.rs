@@ -161,3 +161,20 @@ fn log_dir_gets_per_attempt_per_rank_files_and_redirect_hides_console() {
         assert_eq!(std::fs::read_to_string(base.join("stderr.log")).expect("stderr.log"), format!("err-{lr}\n"));
     }
 }
+
+#[test]
+fn the_readme_exit_code_table_is_the_one_in_exit_rs() {
+    let rows = |text: &str, strip: &str| -> Vec<String> {
+        text.lines()
+            .map(|l| l.strip_prefix(strip).unwrap_or(l).trim())
+            .filter(|l| l.starts_with("| ") && !l.starts_with("| code"))
+            .map(str::to_string)
+            .collect()
+    };
+    let readme = std::fs::read_to_string(crate::util::repo().join("README.md")).expect("README");
+    let section = readme.split("## Exit codes").nth(1).expect("exit code section").split("\n## ").next().unwrap_or("");
+    let code = std::fs::read_to_string(crate::util::repo().join("src/exit.rs")).expect("exit.rs");
+    let want = rows(&code, "//!");
+    assert!(want.len() > 10, "{want:?}");
+    assert_eq!(rows(section, ""), want);
+}
