@@ -46,6 +46,8 @@ const LEAVE_WAIT: Duration = Duration::from_secs(10);
 const STOP_SYNC_MARGIN: Duration = Duration::from_secs(10);
 /// Most time between two restarts, whatever --restart-backoff says.
 const BACKOFF_CAP: Duration = Duration::from_secs(300);
+/// How often the GPUs are sampled for metrics.
+const METRICS_EVERY: Duration = Duration::from_secs(5);
 /// How often workers are checked for uninterruptible sleep (with --hung-timeout).
 const HUNG_CHECK: Duration = Duration::from_secs(1);
 
@@ -53,9 +55,18 @@ const HUNG_CHECK: Duration = Duration::from_secs(1);
 pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8> {
     let spawner = Spawner::start().map_err(Error::Os)?;
     let env = Env::from_process();
+    if let Some(addr) = plan.gpu.metrics_addr {
+        crate::metrics::serve(addr, cancel.child_token())
+            .await
+            .map_err(|e| Error::Config(crate::config::Error::Usage(crate::store::error_chain(&e))))?;
+    }
     if let Some(code) = preflight(&mut plan, &spawner).await {
         return Ok(code);
     }
+    // Stopped (its NVML child killed) when `run` returns.
+    let _sampler = (plan.gpu.metrics_addr.is_some() && !plan.gpu.gpus.is_empty()).then(|| {
+        crate::metrics::sample_gpus(spawner.clone(), plan.gpu.gpus.clone(), METRICS_EVERY, plan.gpu.nvml_timeout)
+    });
     let log_root = log_root(&plan);
     let timing =
         Timing { last_call: plan.last_call, heartbeat: plan.heartbeat, heartbeat_timeout: plan.heartbeat_timeout };
@@ -122,8 +133,12 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     let mut rounds: Vec<RoundRecord> = Vec::new();
     let code = loop {
         let deadline = Instant::now() + plan.join_timeout;
+        let waited = Instant::now();
         let round = match until_stop(&mut events, &plan, session.next_round(&mut known, deadline)).await {
-            Ok(Ok(Joined::Round(r))) => r,
+            Ok(Ok(Joined::Round(r))) => {
+                crate::metrics::global().rendezvous.observe(waited.elapsed().as_secs_f64());
+                r
+            }
             Ok(Ok(Joined::JobEnded(v))) => {
                 tracing::info!(verdict = %v, "the job ended while this pod waited as a spare");
                 break if v == Verdict::Success { exit::SUCCESS } else { exit::PEER_LOST };
@@ -256,6 +271,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
             }
             Verdict::Restart(n) => {
                 known.restarts = n;
+                crate::metrics::global().restarts.inc();
                 let wait = backoff(plan.restart_backoff, n, BACKOFF_CAP);
                 tracing::warn!(
                     restart = n,
@@ -512,6 +528,7 @@ async fn run_attempt(
                     };
                     drains.spawn(output::drain(fd, sink));
                 }
+                crate::metrics::global().workers_started.inc();
                 by_pid.insert(sp.pid, local_rank);
                 workers.insert(local_rank, Worker { pid: sp.pid, rank, error_file });
             }
@@ -526,6 +543,7 @@ async fn run_attempt(
                 };
                 tracing::error!(local_rank, error = %crate::store::error_chain(&e), "cannot start worker");
                 workers.insert(local_rank, Worker { pid: 0, rank, error_file });
+                crate::metrics::global().worker_exited(Exit::Code(i32::from(code)));
                 early.push(Event::WorkerExited { local_rank, exit: Exit::Code(i32::from(code)), at_us: now_us() });
             }
         }
@@ -550,7 +568,10 @@ async fn run_attempt(
             tokio::select! {
                 ev = events.recv() => match ev {
                     Some(SysEvent::Exited { pid, exit, at_us, .. }) => match by_pid.remove(&pid) {
-                        Some(local_rank) => Event::WorkerExited { local_rank, exit, at_us },
+                        Some(local_rank) => {
+                            crate::metrics::global().worker_exited(exit);
+                            Event::WorkerExited { local_rank, exit, at_us }
+                        }
                         None => {
                             tracing::debug!(pid, %exit, "reaped orphan");
                             continue;

@@ -28,6 +28,7 @@ pub mod config;
 pub mod exit;
 pub mod gpu;
 pub mod launch;
+pub mod metrics;
 pub mod mpi;
 pub mod rendezvous;
 pub mod ssh;

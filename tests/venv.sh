@@ -4,11 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if .venv/bin/python -c "import yaml, torch.distributed as d; assert d.is_gloo_available()" 2>/dev/null; then
+  # prometheus_client (the metrics test's parser) came later: add it to an
+  # existing venv instead of rebuilding it.
+  .venv/bin/python -c "import prometheus_client" 2>/dev/null ||
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check prometheus_client
   exit 0
 fi
 python=${PYTHON:-python3}
 echo "installing torch into .venv (about a minute) ..." >&2
 rm -rf .venv
 "$python" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check torch numpy pyyaml
+.venv/bin/python -m pip install --quiet --disable-pip-version-check torch numpy pyyaml prometheus_client
 .venv/bin/python -c "import torch; print('torch', torch.__version__, 'ready in .venv')" >&2

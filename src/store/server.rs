@@ -154,6 +154,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, cancel: Cancellat
         match accepted {
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(5);
+                crate::metrics::global().store_connections.inc();
                 // TCP_NODELAY comes from the listener (see `sys::tune_listener`).
                 conns.spawn(serve_conn(stream, peer, Arc::clone(&state), cancel.clone()));
             }
@@ -234,6 +235,7 @@ async fn serve_conn(stream: TcpStream, peer: SocketAddr, state: Arc<State>, canc
                                 tracing::warn!(%peer, first = ?short(&cmd), "store connection did not start with VALIDATE; closing");
                                 return;
                             }
+                            crate::metrics::global().store_op(short(&cmd));
                             if let Err(e) = state.apply(id, cmd, &mut out) {
                                 tracing::warn!(%peer, error = %e, "store request failed; closing connection");
                                 let _ = wr.write_all(&out).await;

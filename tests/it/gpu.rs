@@ -106,6 +106,7 @@ fn eight_workers_get_their_gpu_and_its_cpus() {
     // Node 1 does not exist on this machine: memory binding is refused once.
     assert_eq!(err.matches("NUMA memory binding is off").count(), 1, "{err}");
     assert!(!err.contains("NVML is unavailable"), "{err}");
+    assert!(!err.contains("leftover"), "the NVML probe is gone before the agent exits:\n{err}");
 }
 
 #[test]
@@ -159,6 +160,7 @@ fn a_crashing_or_hung_nvml_costs_one_warning() {
         assert_eq!(err.matches("NVML is unavailable").count(), 1, "{mode}: {err}");
         assert!(err.contains(why), "{mode}: {err}");
         assert_eq!(pins(&pod.stdout()).len(), 8, "{mode}: sysfs data is enough to launch");
+        assert!(!err.contains("leftover"), "{mode}: the probe is gone before the agent exits:\n{err}");
     }
 }
 
@@ -230,4 +232,88 @@ fn doctor_shows_the_topology_placement_and_checks() {
     let row = out.lines().find(|l| l.contains("0000:ba:00.0")).expect("row of GPU 6");
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(cols, ["6", "0000:ba:00.0", "GPU-00000006-fake", "1", "1", "6", "1", "1"], "{row}");
+}
+
+/// `GET /metrics` from `addr` (empty on any failure).
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return String::new() };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+}
+
+#[test]
+fn metrics_scraped_during_a_run_parse_with_prometheus_client() {
+    let root = eight_gpu_box();
+    let dir = tempfile::tempdir().expect("tmp");
+    let stop = dir.path().join("stop");
+    let addr = format!("127.0.0.1:{}", crate::util::free_port());
+    // Rank 0 runs until told to stop; the other seven exit 0 at once.
+    let script = format!("if [ \"$LOCAL_RANK\" = 0 ]; then while [ ! -e {} ]; do sleep 0.1; done; fi", stop.display());
+    let trainlet = bin();
+    let args = [
+        "-c",
+        "0,1",
+        trainlet.to_str().expect("utf-8"),
+        "run",
+        "--nproc-per-node",
+        "gpu",
+        "--metrics-addr",
+        &addr,
+        "--no-python",
+        "/bin/sh",
+        "-c",
+        &script,
+    ];
+    let mut pod = Pod::start_as(Path::new("taskset"), &args, &env(root.path(), &[]));
+    let deadline = std::time::Instant::now() + LIMIT;
+    let text = loop {
+        let t = scrape(&addr);
+        if t.contains("trainlet_worker_exits_total{code=\"0\"} 7") && t.contains("trainlet_gpu_nvml_up 1") {
+            break t;
+        }
+        assert!(std::time::Instant::now() < deadline, "metrics never showed the run:\n{t}\n{}", pod.stderr());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let page = dir.path().join("metrics.txt");
+    std::fs::write(&page, &text).expect("write");
+    let parsed = std::process::Command::new(crate::util::python())
+        .args([
+            "-c",
+            "import sys\nfrom prometheus_client.parser import text_string_to_metric_families as p\n\
+             for f in p(open(sys.argv[1]).read()):\n    print(f.name, f.type, len(f.samples))",
+        ])
+        .arg(&page)
+        .output()
+        .expect("python");
+    assert!(parsed.status.success(), "{}", String::from_utf8_lossy(&parsed.stderr));
+    let families = String::from_utf8_lossy(&parsed.stdout).to_string();
+    // prometheus_client names counter families without `_total`.
+    for want in [
+        "trainlet_workers_started counter",
+        "trainlet_worker_exits counter",
+        "trainlet_restarts counter",
+        "trainlet_rendezvous_duration_seconds histogram",
+        "trainlet_store_connections counter",
+        "trainlet_store_operations counter",
+        "trainlet_gpu_nvml_up gauge",
+        "trainlet_gpu_utilization_ratio gauge 8",
+        "trainlet_gpu_memory_used_bytes gauge 8",
+        "trainlet_gpu_memory_total_bytes gauge 8",
+        "trainlet_gpu_temperature_celsius gauge 8",
+        "trainlet_gpu_ecc_errors counter 16",
+    ] {
+        assert!(families.contains(want), "{want:?} not parsed from the page:\n{families}\n{text}");
+    }
+    assert!(text.contains("trainlet_workers_started_total 8"), "{text}");
+    assert!(
+        text.contains(r#"trainlet_gpu_temperature_celsius{bus_id="0000:ba:00.0",gpu="6",uuid="GPU-00000006-fake"} 46"#),
+        "{text}"
+    );
+    std::fs::write(&stop, "").expect("stop");
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    assert!(!pod.stderr().contains("leftover"), "the sampler is stopped, not swept up:\n{}", pod.stderr());
 }

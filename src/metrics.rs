@@ -1,0 +1,360 @@
+//! Prometheus metrics: the agent's own counters (always counted: an atomic
+//! add each) and per-GPU gauges sampled through the NVML child, served as
+//! text at `GET /metrics` on `--metrics-addr` (off by default).
+//!
+//! Families (README lists them): `trainlet_workers_started_total`,
+//! `trainlet_worker_exits_total{code}`, `trainlet_restarts_total`,
+//! `trainlet_rendezvous_duration_seconds`, `trainlet_store_connections_total`,
+//! `trainlet_store_operations_total{op}`, `trainlet_gpu_nvml_up`, and per GPU
+//! (`gpu` = CUDA index, `bus_id`, `uuid`): `trainlet_gpu_utilization_ratio`,
+//! `trainlet_gpu_memory_used_bytes`, `trainlet_gpu_memory_total_bytes`,
+//! `trainlet_gpu_temperature_celsius`, `trainlet_gpu_ecc_errors_total{type}`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::gpu::Gpu;
+use crate::gpu::nvml::{Probe, Report};
+use crate::supervise::spawn::Spawner;
+
+/// Store commands counted by name (see `store::server`).
+const STORE_OPS: [&str; 19] = [
+    "VALIDATE(wrong magic)",
+    "SET",
+    "COMPARE_SET",
+    "GET",
+    "ADD",
+    "CHECK",
+    "WAIT",
+    "GETNUMKEYS",
+    "DELETE_KEY",
+    "APPEND",
+    "MULTI_GET",
+    "MULTI_SET",
+    "CANCEL_WAIT",
+    "PING",
+    "QUEUE_PUSH",
+    "QUEUE_POP",
+    "QUEUE_LEN",
+    "LIST_KEYS",
+    "BARRIER",
+];
+
+/// Why metrics cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The address could not be bound.
+    #[error("cannot serve metrics on {addr}")]
+    Bind {
+        /// `--metrics-addr`.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Every metric of the process.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Workers spawned.
+    pub workers_started: IntCounter,
+    /// Worker exits by trainlet's exit code for them.
+    pub worker_exits: IntCounterVec,
+    /// Job restarts.
+    pub restarts: IntCounter,
+    /// Time to form a round.
+    pub rendezvous: Histogram,
+    /// Store connections accepted.
+    pub store_connections: IntCounter,
+    store_ops: HashMap<&'static str, IntCounter>,
+    nvml_up: IntGauge,
+    utilization: GaugeVec,
+    memory_used: GaugeVec,
+    memory_total: GaugeVec,
+    temperature: GaugeVec,
+    ecc: IntCounterVec,
+    ecc_seen: Mutex<HashMap<(String, &'static str), u64>>,
+}
+
+fn build() -> Result<Metrics, prometheus::Error> {
+    let registry = Registry::new();
+    let gpu_labels = ["gpu", "bus_id", "uuid"];
+    let counter = |name: &str, help: &str| IntCounter::new(name, help);
+    let gauge_vec = |name: &str, help: &str| GaugeVec::new(Opts::new(name, help), &gpu_labels);
+    let ops = IntCounterVec::new(
+        Opts::new("trainlet_store_operations_total", "Store requests served, by command."),
+        &["op"],
+    )?;
+    let m = Metrics {
+        workers_started: counter("trainlet_workers_started_total", "Worker processes started.")?,
+        worker_exits: IntCounterVec::new(
+            Opts::new("trainlet_worker_exits_total", "Worker exits, by exit code (128+N for signal N)."),
+            &["code"],
+        )?,
+        restarts: counter("trainlet_restarts_total", "Job restarts after a failure.")?,
+        rendezvous: Histogram::with_opts(
+            HistogramOpts::new("trainlet_rendezvous_duration_seconds", "Time this pod waited for a round to form.")
+                .buckets(vec![0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0]),
+        )?,
+        store_connections: counter("trainlet_store_connections_total", "Store connections accepted.")?,
+        store_ops: STORE_OPS
+            .iter()
+            .map(|op| Ok((*op, ops.get_metric_with_label_values(&[op])?)))
+            .collect::<Result<_, prometheus::Error>>()?,
+        nvml_up: IntGauge::new("trainlet_gpu_nvml_up", "1 while the NVML sampling child reports, else 0.")?,
+        utilization: gauge_vec("trainlet_gpu_utilization_ratio", "Fraction of the last sample period a kernel ran.")?,
+        memory_used: gauge_vec("trainlet_gpu_memory_used_bytes", "GPU memory in use.")?,
+        memory_total: gauge_vec("trainlet_gpu_memory_total_bytes", "GPU memory in all.")?,
+        temperature: gauge_vec("trainlet_gpu_temperature_celsius", "GPU core temperature.")?,
+        ecc: IntCounterVec::new(
+            Opts::new("trainlet_gpu_ecc_errors_total", "ECC errors since the driver loaded, by type."),
+            &["gpu", "bus_id", "uuid", "type"],
+        )?,
+        ecc_seen: Mutex::new(HashMap::new()),
+        registry,
+    };
+    let r = &m.registry;
+    r.register(Box::new(m.workers_started.clone()))?;
+    r.register(Box::new(m.worker_exits.clone()))?;
+    r.register(Box::new(m.restarts.clone()))?;
+    r.register(Box::new(m.rendezvous.clone()))?;
+    r.register(Box::new(m.store_connections.clone()))?;
+    r.register(Box::new(ops))?;
+    r.register(Box::new(m.nvml_up.clone()))?;
+    for g in [&m.utilization, &m.memory_used, &m.memory_total, &m.temperature] {
+        r.register(Box::new(g.clone()))?;
+    }
+    r.register(Box::new(m.ecc.clone()))?;
+    Ok(m)
+}
+
+/// The process's metrics (created on first use).
+pub fn global() -> &'static Metrics {
+    static M: OnceLock<Metrics> = OnceLock::new();
+    // The names and labels above are constants that prometheus accepts; a
+    // failure here is a programming error caught by every test.
+    M.get_or_init(|| build().expect("valid metric definitions"))
+}
+
+impl Metrics {
+    /// Count one store request (`name` from the store's command names).
+    pub fn store_op(&self, name: &'static str) {
+        if let Some(c) = self.store_ops.get(name) {
+            c.inc();
+        }
+    }
+
+    /// Count a worker exit: its code, or 128+N for signal N.
+    pub fn worker_exited(&self, exit: crate::sys::Exit) {
+        let code = match exit {
+            crate::sys::Exit::Code(c) => c.to_string(),
+            crate::sys::Exit::Signal(s) => (128 + s).to_string(),
+        };
+        self.worker_exits.with_label_values(&[&code]).inc();
+    }
+
+    /// The text exposition of everything.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec only fails on invalid metric data, which the
+        // constants above rule out; an empty page is the safe answer.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// Record one NVML report for the pod's GPUs (CUDA order).
+    fn record(&self, gpus: &[Gpu], report: &Report) {
+        for (i, g) in gpus.iter().enumerate() {
+            let Some(n) = report.gpus.iter().find(|n| n.bus_id == g.bus_id) else { continue };
+            let idx = i.to_string();
+            let uuid = g.uuid.clone().or_else(|| n.uuid.clone()).unwrap_or_default();
+            let labels = [idx.as_str(), g.bus_id.as_str(), uuid.as_str()];
+            let set = |v: &GaugeVec, x: Option<f64>| {
+                if let Some(x) = x {
+                    v.with_label_values(&labels).set(x);
+                }
+            };
+            set(&self.utilization, n.utilization.map(|u| f64::from(u) / 100.0));
+            set(&self.memory_used, n.memory_used.map(|b| b as f64));
+            set(&self.memory_total, n.memory_total.map(|b| b as f64));
+            set(&self.temperature, n.temperature.map(f64::from));
+            let mut seen = self.ecc_seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for (kind, value) in [("corrected", n.ecc_corrected), ("uncorrected", n.ecc_uncorrected)] {
+                let Some(v) = value else { continue };
+                let last = seen.entry((g.bus_id.clone(), kind)).or_insert(0);
+                let c = self.ecc.with_label_values(&[labels[0], labels[1], labels[2], kind]);
+                // NVML's count is cumulative; a drop means the driver reloaded.
+                c.inc_by(v.saturating_sub(*last));
+                *last = v;
+            }
+        }
+    }
+}
+
+/// Serve `GET /metrics` on `addr` until `cancel`.
+pub async fn serve(
+    addr: std::net::SocketAddr,
+    cancel: CancellationToken,
+) -> Result<std::net::SocketAddr, MetricsError> {
+    let listener = TcpListener::bind(addr).await.map_err(|source| MetricsError::Bind { addr, source })?;
+    let local = listener.local_addr().map_err(|source| MetricsError::Bind { addr, source })?;
+    tracing::info!(addr = %local, "serving Prometheus metrics at /metrics");
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = tokio::select! {
+                () = cancel.cancelled() => return,
+                r = listener.accept() => match r {
+                    Ok(s) => s,
+                    Err(_) => { tokio::time::sleep(Duration::from_millis(50)).await; continue; }
+                },
+            };
+            tokio::spawn(async move {
+                let mut req = Vec::with_capacity(512);
+                let mut chunk = [0u8; 1024];
+                let read = async {
+                    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => req.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                };
+                if tokio::time::timeout(Duration::from_secs(5), read).await.is_err() {
+                    return;
+                }
+                let line = String::from_utf8_lossy(&req);
+                let target = line.split_whitespace().nth(1).unwrap_or("");
+                let (status, kind, body) =
+                    if line.starts_with("GET ") && (target == "/metrics" || target.starts_with("/metrics?")) {
+                        ("200 OK", "text/plain; version=0.0.4; charset=utf-8", global().render())
+                    } else {
+                        ("404 Not Found", "text/plain", "try /metrics\n".to_string())
+                    };
+                let head = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(head.as_bytes()).await;
+                let _ = stream.write_all(body.as_bytes()).await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    Ok(local)
+}
+
+/// The GPU sampler; dropping it stops the NVML child and waits (1 s at
+/// most) until it is gone, so the agent leaves nothing behind.
+#[derive(Debug)]
+pub struct GpuSampler {
+    cancel: CancellationToken,
+    pid: Arc<AtomicI32>,
+}
+
+impl Drop for GpuSampler {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        let pid = self.pid.load(Ordering::SeqCst);
+        if pid > 0 {
+            crate::sys::signal_group(pid, libc::SIGKILL);
+            let until = std::time::Instant::now() + Duration::from_secs(1);
+            while crate::sys::group_alive(pid) && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+/// Sample the GPUs through a long-lived NVML child every `every` until the
+/// returned sampler is dropped; a child that dies or stalls is restarted
+/// with backoff, and `trainlet_gpu_nvml_up` says whether samples flow.
+pub fn sample_gpus(spawner: Spawner, gpus: Vec<Gpu>, every: Duration, stall: Duration) -> GpuSampler {
+    let m = global();
+    let cancel = CancellationToken::new();
+    let pid = Arc::new(AtomicI32::new(0));
+    let sampler = GpuSampler { cancel: cancel.clone(), pid: Arc::clone(&pid) };
+    let spawned = std::thread::Builder::new().name("trainlet-gpu-metrics".into()).spawn(move || {
+        let mut backoff = Duration::from_secs(1);
+        let mut warned = false;
+        while !cancel.is_cancelled() {
+            let probe = Probe::start(&spawner, Some(every));
+            pid.store(probe.as_ref().map_or(0, |p| p.pid), Ordering::SeqCst);
+            if cancel.is_cancelled() {
+                if let Ok(p) = &probe {
+                    p.kill();
+                }
+                return;
+            }
+            let err = match &probe {
+                Ok(p) => loop {
+                    if cancel.is_cancelled() {
+                        p.kill();
+                        return;
+                    }
+                    match p.next(every + stall) {
+                        Ok(r) => {
+                            m.nvml_up.set(1);
+                            m.record(&gpus, &r);
+                            backoff = Duration::from_secs(1);
+                        }
+                        Err(e) => break e,
+                    }
+                },
+                Err(e) => e.clone(),
+            };
+            m.nvml_up.set(0);
+            if !warned {
+                tracing::warn!(error = %err, "GPU metrics: the NVML sampler stopped; restarting it with backoff");
+                warned = true;
+            }
+            if let Ok(p) = &probe {
+                p.kill();
+            }
+            let until = std::time::Instant::now() + backoff;
+            while std::time::Instant::now() < until && !cancel.is_cancelled() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(60));
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the GPU metrics thread");
+    }
+    sampler
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_is_declared_and_store_ops_match_the_store() {
+        let m = global();
+        m.workers_started.inc();
+        m.worker_exited(crate::sys::Exit::Code(0));
+        m.store_op("SET");
+        let text = m.render();
+        for family in [
+            "trainlet_workers_started_total",
+            "trainlet_worker_exits_total{code=\"0\"}",
+            "trainlet_restarts_total",
+            "trainlet_rendezvous_duration_seconds_bucket",
+            "trainlet_store_connections_total",
+            "trainlet_store_operations_total{op=\"SET\"}",
+            "trainlet_gpu_nvml_up",
+        ] {
+            assert!(text.contains(family), "{family} missing:\n{text}");
+        }
+    }
+}
