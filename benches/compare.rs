@@ -5,7 +5,7 @@
 //!
 //! Run: `cargo bench --bench compare [-- NAME...]` with torch in `.venv`
 //! (or `$TRAINLET_TEST_PYTHON`). NAME filters: overhead, start, rss, store,
-//! init, restart, scale, mpi, sshd. Results are also written to
+//! init, restart, scale, mpi, sshd, pin (GPU pinning against no pinning). Results are also written to
 //! `target/bench-compare.md`. `mpi` and `sshd` compare against OpenSSH
 //! (`mpi_bench.rs`).
 
@@ -506,6 +506,76 @@ fn store_init_rows(rows: &mut Vec<Row>) {
     }
 }
 
+/// What GPU pinning costs a launch: 8 workers on a fake 8-GPU machine
+/// (sysfs tree + fake libnvidia-ml, 4 GPUs on each of this machine's CPUs 0
+/// and 1, so the binding is applied for real), timed from agent start to
+/// exit with `/bin/true` workers, with pinning and pre-flight checks (NVML
+/// child included) against `--pin none --preflight none`. Interleaved runs,
+/// medians; the difference is the cost.
+fn pinning_cost(rows: &mut Vec<Row>) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let bus = [
+        "0000:18:00.0",
+        "0000:2a:00.0",
+        "0000:3a:00.0",
+        "0000:5d:00.0",
+        "0000:9a:00.0",
+        "0000:ab:00.0",
+        "0000:ba:00.0",
+        "0000:db:00.0",
+    ];
+    let gpus: Vec<trainlet::gpu::sysfs::fake::FakeGpu<'_>> = bus
+        .iter()
+        .enumerate()
+        .map(|(i, bdf)| trainlet::gpu::sysfs::fake::FakeGpu {
+            bdf,
+            numa: i32::from(i >= 4),
+            cpus: if i < 4 { "0" } else { "1" },
+            given: true,
+        })
+        .collect();
+    let root = dir.path().join("root");
+    trainlet::gpu::sysfs::fake::machine(&root, &["0", "1"], 2, false, &gpus).expect("fake tree");
+    let lib = dir.path().join("libnvidia-ml.so.1");
+    let built = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-O2", "-Wl,-soname,libnvidia-ml.so.1", "-o"])
+        .arg(&lib)
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_nvml.c"))
+        .status()
+        .expect("gcc");
+    assert!(built.success(), "cannot build the fake NVML");
+    let run = |pin: bool| {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0,1", trainlet(), "run", "--standalone", "--nproc-per-node", "8"]);
+        if !pin {
+            c.args(["--pin", "none", "--preflight", "none"]);
+        }
+        c.args(["--no-python", "/bin/true"])
+            .env("TRAINLET_SYSFS_ROOT", &root)
+            .env("TRAINLET_NVML_LIB", &lib)
+            .env("FAKE_NVML_COUNT", "8")
+            .env("FAKE_NVML_BUS", bus.join(","));
+        time_pods(vec![c])
+    };
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for _ in 0..21 {
+        with.push(run(true));
+        without.push(run(false));
+    }
+    let (with, without) = (median(with), median(without));
+    let cost = with.saturating_sub(without);
+    rows.push(Row {
+        name: format!(
+            "pinning cost, 8 workers on a fake 8-GPU machine (pin auto + pre-flight with the NVML child vs --pin none): {}",
+            ms(cost)
+        ),
+        ours: ms(with),
+        theirs: ms(without),
+        ratio: without.as_secs_f64() / with.as_secs_f64(),
+        goal: "cost < 20 ms",
+    });
+}
+
 fn main() {
     let hard = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_or(4096, |(_, h)| h);
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
@@ -543,6 +613,10 @@ fn main() {
     };
     if on("overhead") {
         launcher_overhead(&mut rows);
+        progress(&rows);
+    }
+    if on("pin") {
+        pinning_cost(&mut rows);
         progress(&rows);
     }
     if on("start") {
