@@ -514,28 +514,9 @@ fn store_init_rows(rows: &mut Vec<Row>) {
 /// medians; the difference is the cost.
 fn pinning_cost(rows: &mut Vec<Row>) {
     let dir = tempfile::tempdir().expect("tmp");
-    let bus = [
-        "0000:18:00.0",
-        "0000:2a:00.0",
-        "0000:3a:00.0",
-        "0000:5d:00.0",
-        "0000:9a:00.0",
-        "0000:ab:00.0",
-        "0000:ba:00.0",
-        "0000:db:00.0",
-    ];
-    let gpus: Vec<trainlet::gpu::sysfs::fake::FakeGpu<'_>> = bus
-        .iter()
-        .enumerate()
-        .map(|(i, bdf)| trainlet::gpu::sysfs::fake::FakeGpu {
-            bdf,
-            numa: i32::from(i >= 4),
-            cpus: if i < 4 { "0" } else { "1" },
-            given: true,
-        })
-        .collect();
+    let bus = trainlet::gpu::sysfs::fake::DGX_BUS;
     let root = dir.path().join("root");
-    trainlet::gpu::sysfs::fake::machine(&root, &["0", "1"], 2, false, &gpus).expect("fake tree");
+    trainlet::gpu::sysfs::fake::dgx_on_two_cpus(&root).expect("fake tree");
     let lib = dir.path().join("libnvidia-ml.so.1");
     let built = Command::new("gcc")
         .args(["-shared", "-fPIC", "-O2", "-Wl,-soname,libnvidia-ml.so.1", "-o"])

@@ -126,6 +126,23 @@ pub fn normalize_bus_id(id: &str) -> Option<String> {
     (domain <= 0xffff && dev < 32 && func < 8).then(|| format!("{domain:04x}:{bus:02x}:{dev:02x}.{func:x}"))
 }
 
+/// `n` GPUs on consecutive buses from `first_bus`, UUIDs `GPU-<i><tag>`,
+/// for unit tests.
+#[cfg(test)]
+pub fn test_gpus(n: u32, first_bus: u32, tag: &str) -> Vec<Gpu> {
+    (0..n)
+        .map(|i| Gpu {
+            bus_id: format!("0000:{:02x}:00.0", first_bus + i),
+            uuid: Some(format!("GPU-{i}{tag}")),
+            model: None,
+            minor: Some(i),
+            ordinal: i,
+            numa_node: None,
+            local_cpus: CpuSet::default(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

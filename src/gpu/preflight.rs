@@ -240,21 +240,10 @@ pub fn first_failure(verdicts: &[Verdict]) -> Option<(u8, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::CpuSet;
     use test_case::test_case;
 
     fn gpus(n: u32) -> Vec<Gpu> {
-        (0..n)
-            .map(|i| Gpu {
-                bus_id: format!("0000:{:02x}:00.0", 0x18 + i),
-                uuid: Some(format!("GPU-{i}")),
-                model: None,
-                minor: Some(i),
-                ordinal: i,
-                numa_node: None,
-                local_cpus: CpuSet::default(),
-            })
-            .collect()
+        crate::gpu::test_gpus(n, 0x18, "")
     }
 
     fn report(n: u32, fault: impl Fn(&mut NvmlGpu)) -> Report {

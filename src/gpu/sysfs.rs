@@ -193,30 +193,39 @@ pub mod fake {
         Ok(())
     }
 
+    /// Bus ids of the 8 GPUs of [`dgx`] and [`dgx_on_two_cpus`], in order.
+    pub const DGX_BUS: [&str; 8] = [
+        "0000:18:00.0",
+        "0000:2a:00.0",
+        "0000:3a:00.0",
+        "0000:5d:00.0",
+        "0000:9a:00.0",
+        "0000:ab:00.0",
+        "0000:ba:00.0",
+        "0000:db:00.0",
+    ];
+
+    /// 8 GPUs, 4 per NUMA node, the nodes' CPUs given.
+    fn eight_gpus(root: &Path, node_cpus: [&str; 2], cpus: u32, smt: bool) -> std::io::Result<()> {
+        let gpus: Vec<FakeGpu<'_>> = DGX_BUS
+            .iter()
+            .enumerate()
+            .map(|(i, bdf)| FakeGpu { bdf, numa: i32::from(i >= 4), cpus: node_cpus[usize::from(i >= 4)], given: true })
+            .collect();
+        machine(root, &node_cpus, cpus, smt, &gpus)
+    }
+
     /// A 2-socket machine with 8 GPUs, 4 per NUMA node, 64 CPUs with SMT:
     /// node 0 = cores 0-15 + siblings 32-47, node 1 = 16-31 + 48-63.
     pub fn dgx(root: &Path) -> std::io::Result<()> {
-        let bdfs = [
-            "0000:18:00.0",
-            "0000:2a:00.0",
-            "0000:3a:00.0",
-            "0000:5d:00.0",
-            "0000:9a:00.0",
-            "0000:ab:00.0",
-            "0000:ba:00.0",
-            "0000:db:00.0",
-        ];
-        let gpus: Vec<FakeGpu<'_>> = bdfs
-            .iter()
-            .enumerate()
-            .map(|(i, bdf)| FakeGpu {
-                bdf,
-                numa: i32::from(i >= 4),
-                cpus: if i < 4 { "0-15,32-47" } else { "16-31,48-63" },
-                given: true,
-            })
-            .collect();
-        machine(root, &["0-15,32-47", "16-31,48-63"], 64, true, &gpus)
+        eight_gpus(root, ["0-15,32-47", "16-31,48-63"], 64, true)
+    }
+
+    /// The same 8 GPUs on two single-CPU nodes, CPU 0 and CPU 1: a binding
+    /// planned on it can be applied on any machine with two CPUs and read
+    /// back from /proc (integration tests, the pinning benchmark).
+    pub fn dgx_on_two_cpus(root: &Path) -> std::io::Result<()> {
+        eight_gpus(root, ["0", "1"], 2, false)
     }
 }
 

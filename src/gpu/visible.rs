@@ -63,20 +63,14 @@ fn pick(gpus: &[Gpu], entry: &str) -> Option<Gpu> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::CpuSet;
 
     fn gpus(n: u32) -> Vec<Gpu> {
-        (0..n)
-            .map(|i| Gpu {
-                bus_id: format!("0000:{:02x}:00.0", 0x10 + i),
-                uuid: Some(format!("GPU-{i}a{i}")),
-                model: None,
-                minor: Some(i),
-                ordinal: i,
-                numa_node: None,
-                local_cpus: CpuSet::default(),
-            })
-            .collect()
+        // UUIDs GPU-0a0, GPU-1a1, ...
+        let mut g = crate::gpu::test_gpus(n, 0x10, "");
+        for (i, gpu) in g.iter_mut().enumerate() {
+            gpu.uuid = Some(format!("GPU-{i}a{i}"));
+        }
+        g
     }
 
     fn ids(v: &[Gpu]) -> Vec<u32> {

@@ -13,21 +13,10 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use trainlet::gpu::sysfs::fake::{FakeGpu, machine};
-
 use crate::util::{Pod, bin, fixture, parse_kv};
 
 const LIMIT: Duration = Duration::from_secs(60);
-const BUS: [&str; 8] = [
-    "0000:18:00.0",
-    "0000:2a:00.0",
-    "0000:3a:00.0",
-    "0000:5d:00.0",
-    "0000:9a:00.0",
-    "0000:ab:00.0",
-    "0000:ba:00.0",
-    "0000:db:00.0",
-];
+const BUS: [&str; 8] = trainlet::gpu::sysfs::fake::DGX_BUS;
 
 /// The fake libnvidia-ml.so.1, compiled once per test run.
 fn fake_nvml() -> &'static Path {
@@ -50,12 +39,7 @@ fn fake_nvml() -> &'static Path {
 /// The fake machine: 2 NUMA nodes (CPU 0, CPU 1), 8 GPUs, 4 per node.
 fn eight_gpu_box() -> tempfile::TempDir {
     let d = tempfile::tempdir().expect("tmp");
-    let gpus: Vec<FakeGpu<'_>> = BUS
-        .iter()
-        .enumerate()
-        .map(|(i, bdf)| FakeGpu { bdf, numa: i32::from(i >= 4), cpus: if i < 4 { "0" } else { "1" }, given: true })
-        .collect();
-    machine(d.path(), &["0", "1"], 2, false, &gpus).expect("fake tree");
+    trainlet::gpu::sysfs::fake::dgx_on_two_cpus(d.path()).expect("fake tree");
     d
 }
 
