@@ -321,6 +321,9 @@ pub struct RunArgs {
     /// Seconds the NVML probe may take before it is killed and sysfs alone is used (default 10, env TRAINLET_NVML_TIMEOUT).
     #[arg(long = "nvml-timeout", value_name = "SECS", help_heading = "GPU and NUMA")]
     pub nvml_timeout: Option<String>,
+    /// Point NCCL at the NICs on each rank's GPU NUMA node (NCCL_IB_HCA, NCCL_SOCKET_IFNAME) unless set (env TRAINLET_NIC_HINT=1).
+    #[arg(long = "nic-hint", help_heading = "GPU and NUMA")]
+    pub nic_hint: bool,
     /// Serve Prometheus metrics at this address, e.g. `0.0.0.0:9400` (default off; env TRAINLET_METRICS_ADDR).
     #[arg(long = "metrics-addr", value_name = "ADDR", help_heading = "GPU and NUMA")]
     pub metrics_addr: Option<String>,

@@ -489,6 +489,7 @@ async fn run_attempt(
     let drains = TaskTracker::new();
     let mut early: Vec<Event> = Vec::new();
     let (placed, _) = crate::gpu::setup::placements(&plan.gpu, plan.nproc);
+    let nics = if plan.gpu.nic_hint { crate::gpu::sysfs::Sysfs::new(&plan.gpu.root).nics() } else { Vec::new() };
 
     for local_rank in 0..plan.nproc {
         let rank = world.group_rank * plan.nproc + local_rank;
@@ -504,6 +505,7 @@ async fn run_attempt(
         if let Some(p) = place {
             // Later entries win: LOCAL_RANK 0 with --gpu-visibility single.
             wenv.extend(crate::gpu::plan::rank_env(p, &plan.gpu.gpus, plan.gpu.visibility, plan.gpu.user_order));
+            wenv.extend(crate::gpu::plan::nic_env(p, &plan.gpu.gpus, &nics, |v| env.get(v).is_some()));
         }
         let mut spec = WorkerSpec::piped(plan.entry.program.clone(), substitute(&plan.entry.args, local_rank), wenv);
         spec.cpus = place.and_then(|p| p.cpus.clone());

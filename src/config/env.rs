@@ -127,6 +127,8 @@ pub const TRAINLET_EXPECT_GPUS: &str = "TRAINLET_EXPECT_GPUS";
 pub const TRAINLET_MIG: &str = "TRAINLET_MIG";
 /// `--nvml-timeout`.
 pub const TRAINLET_NVML_TIMEOUT: &str = "TRAINLET_NVML_TIMEOUT";
+/// `--nic-hint` (`1`).
+pub const TRAINLET_NIC_HINT: &str = "TRAINLET_NIC_HINT";
 /// `--metrics-addr`.
 pub const TRAINLET_METRICS_ADDR: &str = "TRAINLET_METRICS_ADDR";
 /// Root of the sysfs/procfs/dev tree the GPU inventory reads (default `/`;

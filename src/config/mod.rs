@@ -68,6 +68,8 @@ pub struct GpuPlan {
     pub expect: crate::gpu::preflight::Expect,
     /// Bound on one NVML probe.
     pub nvml_timeout: Duration,
+    /// `--nic-hint`.
+    pub nic_hint: bool,
     /// `--metrics-addr`.
     pub metrics_addr: Option<std::net::SocketAddr>,
 }

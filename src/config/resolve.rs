@@ -721,6 +721,10 @@ fn resolve_gpu(
     if let Some(a) = metrics_addr {
         prov.push(("metrics", a.to_string(), l.source));
     }
+    let (nic_hint, src) = flag_or_env(args.nic_hint, "--nic-hint", env, env::TRAINLET_NIC_HINT)?;
+    if nic_hint {
+        prov.push(("nic hint", "on".into(), src));
+    }
     Ok(super::GpuPlan {
         root,
         expect: Expect { nproc, assign: pin.0 != PinMode::None, gpus: expect_gpus, mig },
@@ -730,6 +734,7 @@ fn resolve_gpu(
         user_order: env.get(env::CUDA_DEVICE_ORDER).is_some(),
         checks,
         nvml_timeout,
+        nic_hint,
         metrics_addr,
     })
 }

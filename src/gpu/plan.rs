@@ -77,6 +77,28 @@ pub fn rank_env(p: &RankPlacement, gpus: &[Gpu], vis: Visibility, user_order: bo
     env
 }
 
+/// NCCL's NIC selection for a rank (`--nic-hint`): the HCAs
+/// (NCCL_IB_HCA) and socket interfaces (NCCL_SOCKET_IFNAME) on its GPU's
+/// NUMA node, as exact-match lists, each only when `user_set` says the user
+/// has not set it and there is such a NIC.
+pub fn nic_env(
+    p: &RankPlacement,
+    gpus: &[Gpu],
+    nics: &[super::sysfs::Nic],
+    user_set: impl Fn(&str) -> bool,
+) -> Vec<(String, String)> {
+    let Some(node) = p.gpu.and_then(|i| gpus.get(i)).and_then(|g| g.numa_node) else { return Vec::new() };
+    let mut env = Vec::new();
+    for (var, ib) in [("NCCL_IB_HCA", true), ("NCCL_SOCKET_IFNAME", false)] {
+        let near: Vec<&str> =
+            nics.iter().filter(|n| n.ib == ib && n.numa_node == Some(node)).map(|n| n.name.as_str()).collect();
+        if !near.is_empty() && !user_set(var) {
+            env.push((var.to_string(), format!("={}", near.join(","))));
+        }
+    }
+    env
+}
+
 /// What one local rank gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RankPlacement {
@@ -249,6 +271,32 @@ mod tests {
             assert!(cpus.intersect(&seen).is_empty(), "overlap at rank {}", r.local_rank);
             seen = seen.union(cpus);
         }
+    }
+
+    #[test]
+    fn nic_hints_follow_the_gpus_node_unless_the_user_chose() {
+        let (gpus, topo) = dgx();
+        let p = plan(&gpus, 8, &topo, PinMode::Auto);
+        let nic = |name: &str, ib, numa| crate::gpu::sysfs::Nic { name: name.into(), ib, numa_node: numa };
+        let nics = [
+            nic("eth0", false, Some(0)),
+            nic("mlx5_0", true, Some(0)),
+            nic("mlx5_1", true, Some(1)),
+            nic("mlx5_2", true, Some(1)),
+        ];
+        assert_eq!(
+            nic_env(&p[1], &gpus, &nics, |_| false),
+            [
+                ("NCCL_IB_HCA".to_string(), "=mlx5_0".to_string()),
+                ("NCCL_SOCKET_IFNAME".to_string(), "=eth0".to_string())
+            ]
+        );
+        // Node 1 has HCAs but no socket interface.
+        assert_eq!(
+            nic_env(&p[6], &gpus, &nics, |_| false),
+            [("NCCL_IB_HCA".to_string(), "=mlx5_1,mlx5_2".to_string())]
+        );
+        assert_eq!(nic_env(&p[6], &gpus, &nics, |v| v == "NCCL_IB_HCA"), []);
     }
 
     #[test]

@@ -84,6 +84,42 @@ impl Sysfs {
     }
 }
 
+/// A network device with a PCI function (`/sys/class/net/<name>/device`)
+/// or an InfiniBand HCA (`/sys/class/infiniband/<name>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nic {
+    /// Interface or HCA name (`eth0`, `mlx5_0`).
+    pub name: String,
+    /// An InfiniBand/RoCE HCA (NCCL_IB_HCA) rather than a socket interface.
+    pub ib: bool,
+    /// Its NUMA node, when known.
+    pub numa_node: Option<u32>,
+}
+
+impl Sysfs {
+    /// Physical NICs and HCAs with their NUMA nodes, by name (virtual
+    /// interfaces such as `lo`, bridges and veths have no `device`).
+    pub fn nics(&self) -> Vec<Nic> {
+        let mut out = Vec::new();
+        for (dir, ib) in [("sys/class/infiniband", true), ("sys/class/net", false)] {
+            let Ok(entries) = std::fs::read_dir(self.path(dir)) else { continue };
+            for e in entries.flatten() {
+                let dev = e.path().join("device");
+                if !dev.exists() {
+                    continue;
+                }
+                let numa_node = std::fs::read_to_string(dev.join("numa_node"))
+                    .ok()
+                    .and_then(|n| n.trim().parse::<i64>().ok())
+                    .and_then(|n| u32::try_from(n).ok());
+                out.push(Nic { name: e.file_name().to_string_lossy().into_owned(), ib, numa_node });
+            }
+        }
+        out.sort_by(|a, b| (a.ib, &a.name).cmp(&(b.ib, &b.name)));
+        out
+    }
+}
+
 impl Inventory for Sysfs {
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
         let given = self.driver_gpus()?;
@@ -193,6 +229,13 @@ pub mod fake {
         Ok(())
     }
 
+    /// A NIC (`ib`: an HCA under /sys/class/infiniband, else a net
+    /// interface) on NUMA node `numa`.
+    pub fn nic(root: &Path, name: &str, ib: bool, numa: i32) -> std::io::Result<()> {
+        let class = if ib { "infiniband" } else { "net" };
+        write(root, &format!("sys/class/{class}/{name}/device/numa_node"), &format!("{numa}\n"))
+    }
+
     /// Bus ids of the 8 GPUs of [`dgx`] and [`dgx_on_two_cpus`], in order.
     pub const DGX_BUS: [&str; 8] = [
         "0000:18:00.0",
@@ -265,6 +308,18 @@ mod tests {
         assert_eq!(gpus.iter().map(|g| g.bus_id.as_str()).collect::<Vec<_>>(), ["0000:08:00.0"]);
         assert_eq!(gpus[0].numa_node, None, "numa_node -1 means no NUMA information");
         assert!(Sysfs::new(d.path()).node_cpus().expect("nodes").is_empty());
+    }
+
+    #[test]
+    fn nics_with_their_nodes() {
+        let d = tempfile::tempdir().expect("tmp");
+        super::fake::nic(d.path(), "mlx5_1", true, 1).expect("nic");
+        super::fake::nic(d.path(), "mlx5_0", true, 0).expect("nic");
+        super::fake::nic(d.path(), "eth0", false, -1).expect("nic");
+        std::fs::create_dir_all(d.path().join("sys/class/net/lo")).expect("lo");
+        let got = Sysfs::new(d.path()).nics();
+        let names: Vec<(&str, bool, Option<u32>)> = got.iter().map(|n| (n.name.as_str(), n.ib, n.numa_node)).collect();
+        assert_eq!(names, [("eth0", false, None), ("mlx5_0", true, Some(0)), ("mlx5_1", true, Some(1))]);
     }
 
     #[test]

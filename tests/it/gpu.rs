@@ -121,6 +121,31 @@ fn single_visibility_gives_each_worker_its_own_gpu() {
 }
 
 #[test]
+fn nic_hints_point_each_rank_at_its_nodes_nics_unless_set() {
+    let root = eight_gpu_box();
+    use trainlet::gpu::sysfs::fake::nic;
+    for (name, ib, numa) in [("mlx5_0", true, 0), ("mlx5_1", true, 1), ("eth0", false, 0), ("eth1", false, 1)] {
+        nic(root.path(), name, ib, numa).expect("nic");
+    }
+    let mut pod = launch("0,1", &["--nic-hint"], &env(root.path(), &[]));
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    for (i, kv) in pins(&pod.stdout()).iter().enumerate() {
+        let node = usize::from(i >= 4);
+        assert_eq!(
+            (kv["ib"].clone(), kv["ifname"].clone()),
+            (format!("=mlx5_{node}"), format!("=eth{node}")),
+            "{kv:?}"
+        );
+    }
+    let mut pod = launch("0,1", &["--nic-hint"], &env(root.path(), &[("NCCL_IB_HCA", "mine")]));
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    assert!(pins(&pod.stdout()).iter().all(|kv| kv["ib"] == "mine"), "the user's setting stays");
+    let mut pod = launch("0,1", &[], &env(root.path(), &[]));
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    assert!(pins(&pod.stdout()).iter().all(|kv| kv["ib"] == "unset"), "off by default");
+}
+
+#[test]
 fn pin_none_leaves_workers_alone() {
     let root = eight_gpu_box();
     let mut pod = launch("0,1", &["--pin", "none"], &env(root.path(), &[]));
