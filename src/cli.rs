@@ -38,6 +38,8 @@ pub enum Sub {
     Mpi(MpiArgs),
     /// Generate a job SSH key pair and print the Kubernetes Secret(s) for it.
     Keygen(KeygenArgs),
+    /// Kubeflow Trainer's dataset/model initializer: fetch STORAGE_URI into the shared volume, exactly once.
+    Init(InitArgs),
     /// Internal: load NVML in this child process and print JSON reports.
     #[command(hide = true)]
     NvmlProbe {
@@ -45,6 +47,29 @@ pub enum Sub {
         #[arg(long, value_parser = seconds, value_name = "SECS")]
         every: Option<std::time::Duration>,
     },
+}
+
+/// `trainlet init`.
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// `dataset` (into /workspace/dataset) or `model` (into /workspace/model).
+    #[arg(value_enum)]
+    pub kind: InitKind,
+    /// Source, overriding env STORAGE_URI: hf://ORG/NAME[@REV], s3://BUCKET/PREFIX, http(s)://..., file:///PATH.
+    #[arg(long = "storage-uri", value_name = "URI")]
+    pub storage_uri: Option<String>,
+    /// Output directory (default /workspace/dataset or /workspace/model).
+    #[arg(long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
+}
+
+/// `trainlet init` kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum InitKind {
+    /// Trainer's dataset-initializer.
+    Dataset,
+    /// Trainer's model-initializer.
+    Model,
 }
 
 /// A duration in seconds (`30`, `2.5`).

@@ -78,6 +78,7 @@ fn main() -> ExitCode {
         Sub::Keygen(args) => keygen(&args),
         Sub::Ssh { args } => ssh(&args),
         Sub::NvmlProbe { every } => nvml_probe(every),
+        Sub::Init(args) => init(&args),
     })
 }
 
@@ -265,6 +266,36 @@ fn doctor(args: &RunArgs) -> u8 {
     let (placed, topo) = setup::placements(&plan.gpu, plan.nproc);
     print!("{}", setup::describe(&plan.gpu, &placed, topo.as_ref(), &verdicts, &report));
     preflight::first_failure(&verdicts).map_or(exit::SUCCESS, |(code, _)| code)
+}
+
+/// `trainlet init dataset|model`.
+fn init(args: &trainlet::cli::InitArgs) -> u8 {
+    use initializers::{Config, Kind, Outcome};
+    let kind = match args.kind {
+        trainlet::cli::InitKind::Dataset => Kind::Dataset,
+        trainlet::cli::InitKind::Model => Kind::Model,
+    };
+    let cfg = match Config::resolve(kind, args.storage_uri.as_deref(), args.output.clone(), |k| std::env::var(k).ok()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("trainlet init: error: {}", error_chain(&e));
+            return e.exit_code();
+        }
+    };
+    match initializers::run(&cfg) {
+        Ok(Outcome::Fetched { files, bytes }) => {
+            tracing::info!(uri = %cfg.uri, output = %cfg.output.display(), files, bytes, "initializer done");
+            initializers::exit::SUCCESS
+        }
+        Ok(Outcome::AlreadyDone) => {
+            tracing::info!(uri = %cfg.uri, output = %cfg.output.display(), "already in place (completion marker); nothing to do");
+            initializers::exit::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("trainlet init: error: {}", error_chain(&e));
+            e.exit_code()
+        }
+    }
 }
 
 /// The NVML child (reference/gpu-pid1.md 2.3): whatever happens in here,

@@ -11,8 +11,8 @@ export TRAINLET_TEST_PYTHON="$PWD/.venv/bin/python"
 # RUSTFLAGS replaces the config's rustflags.
 export RUSTFLAGS="-D warnings -C target-feature=+crt-static"
 cargo fmt --check
-cargo clippy --locked --all-targets
-cargo test --locked
+cargo clippy --locked --workspace --all-targets
+cargo test --locked --workspace
 cargo build --locked --release
 kind=$(file target/x86_64-unknown-linux-gnu/release/trainlet)
 echo "$kind"

@@ -8,6 +8,7 @@
 mod cli;
 mod fault;
 mod gpu;
+mod init;
 mod mpi;
 mod rendezvous;
 mod runtimes;

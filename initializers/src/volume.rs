@@ -1,0 +1,193 @@
+//! Exactly once per volume: the completion marker, the heartbeat lock, and
+//! atomic publication of files.
+//!
+//! The lock is a file created with O_EXCL (atomic on NFS v3+ and local
+//! filesystems alike, unlike flock) whose mtime the holder refreshes every
+//! [`HEARTBEAT`]. A waiter that sees it unchanged for the stale time
+//! (`TRAINLET_INIT_STALE_SECS`, default 30 s) renames it away (only one
+//! rename of a name can succeed) and takes over; partial files are resumed
+//! or replaced, never mistaken for complete, because only the marker says
+//! "complete" and it names the URI and revision it is for.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Config, InitError, Outcome};
+
+/// The completion marker, in the output directory.
+pub const MARKER: &str = ".trainlet-complete.json";
+/// The lock file, in the output directory.
+pub const LOCK: &str = ".trainlet-init.lock";
+/// How often the lock holder proves it is alive.
+pub const HEARTBEAT: Duration = Duration::from_secs(2);
+
+/// One published file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Path relative to the output directory, `/`-separated.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// What the marker records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Marker {
+    /// The storage URI.
+    pub uri: String,
+    /// The revision, where the source has one.
+    pub revision: Option<String>,
+    /// Every file, as published.
+    pub files: Vec<FileEntry>,
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> InitError + 'a {
+    move |e| InitError::io(what, path, e)
+}
+
+/// The marker of `dir`, if any and readable.
+pub fn read_marker(dir: &Path) -> Option<Marker> {
+    serde_json::from_slice(&std::fs::read(dir.join(MARKER)).ok()?).ok()
+}
+
+fn done(cfg: &Config) -> bool {
+    read_marker(&cfg.output).is_some_and(|m| m.uri == cfg.uri && m.revision.as_deref() == cfg.revision())
+}
+
+/// Write `path` via a temporary name in the same directory and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), InitError> {
+    let tmp = partial_name(path);
+    std::fs::write(&tmp, bytes).map_err(io("cannot write", &tmp))?;
+    std::fs::rename(&tmp, path).map_err(io("cannot publish", path))
+}
+
+/// The temporary name a file is written under before its rename: hidden,
+/// so nothing reading the directory mistakes it for the real file.
+pub fn partial_name(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.trainlet-part"))
+}
+
+/// The held lock; dropping it stops the heartbeat and removes the file.
+#[derive(Debug)]
+struct Lock {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    beat: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(b) = self.beat.take() {
+            let _ = b.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+enum Try {
+    Got(Lock),
+    Held { owner: String, age: Duration },
+}
+
+fn try_lock(dir: &Path) -> Result<Try, InitError> {
+    let path = dir.join(LOCK);
+    let me = format!("pid {} on {}", std::process::id(), hostname());
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+        Ok(mut f) => {
+            use std::io::Write;
+            f.write_all(me.as_bytes()).map_err(io("cannot write the lock", &path))?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let (s, p) = (Arc::clone(&stop), path.clone());
+            let beat = std::thread::Builder::new()
+                .name("trainlet-init-heartbeat".into())
+                .spawn(move || {
+                    while !s.load(Ordering::SeqCst) {
+                        let tick = std::time::Instant::now();
+                        while tick.elapsed() < HEARTBEAT && !s.load(Ordering::SeqCst) {
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                        if let Ok(f) = std::fs::File::options().write(true).open(&p) {
+                            let _ = f.set_modified(SystemTime::now());
+                        }
+                    }
+                })
+                .map_err(io("cannot start the heartbeat for", &path))?;
+            Ok(Try::Got(Lock { path, stop, beat: Some(beat) }))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let owner = std::fs::read_to_string(&path).unwrap_or_default();
+            let age = std::fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| SystemTime::now().duration_since(t).ok())
+                .unwrap_or_default();
+            Ok(Try::Held { owner, age })
+        }
+        Err(e) => Err(InitError::io("cannot create the lock", &path, e)),
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
+}
+
+fn stale_after() -> Duration {
+    std::env::var("TRAINLET_INIT_STALE_SECS")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map_or(Duration::from_secs(30), Duration::from_secs_f64)
+}
+
+/// Run `fetch` once for this volume: skip it when the marker says the URI
+/// is already in place, wait while another process holds the lock, take
+/// over from a dead one, and write the marker only after `fetch` succeeds.
+pub fn exactly_once(
+    cfg: &Config,
+    fetch: impl FnOnce() -> Result<Vec<FileEntry>, InitError>,
+) -> Result<Outcome, InitError> {
+    std::fs::create_dir_all(&cfg.output).map_err(io("cannot create the output directory", &cfg.output))?;
+    let stale = stale_after();
+    let mut told = false;
+    let lock = loop {
+        if done(cfg) {
+            return Ok(Outcome::AlreadyDone);
+        }
+        match try_lock(&cfg.output)? {
+            Try::Got(l) => break l,
+            Try::Held { owner, age } if age > stale => {
+                tracing::warn!(%owner, silent = ?age, "the initializer holding this volume stopped; taking over");
+                let lock = cfg.output.join(LOCK);
+                let _ = std::fs::rename(&lock, cfg.output.join(format!("{LOCK}.stale.{}", std::process::id())))
+                    .and_then(|()| {
+                        std::fs::remove_file(cfg.output.join(format!("{LOCK}.stale.{}", std::process::id())))
+                    });
+            }
+            Try::Held { owner, .. } => {
+                if !told {
+                    tracing::info!(%owner, output = %cfg.output.display(), "another initializer is filling this volume; waiting for it");
+                    told = true;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+    };
+    if done(cfg) {
+        return Ok(Outcome::AlreadyDone);
+    }
+    // A marker for another URI or revision: this run replaces it.
+    let _ = std::fs::remove_file(cfg.output.join(MARKER));
+    let files = fetch()?;
+    let bytes = files.iter().map(|f| f.size).sum();
+    let marker = Marker { uri: cfg.uri.clone(), revision: cfg.revision().map(str::to_string), files };
+    let text = serde_json::to_vec_pretty(&marker).map_err(|e| InitError::Config(e.to_string()))?;
+    write_atomic(&cfg.output.join(MARKER), &text)?;
+    drop(lock);
+    Ok(Outcome::Fetched { files: marker.files.len(), bytes })
+}
