@@ -26,29 +26,6 @@ use crate::gpu::Gpu;
 use crate::gpu::nvml::{Probe, Report};
 use crate::supervise::spawn::Spawner;
 
-/// Store commands counted by name (see `store::server`).
-const STORE_OPS: [&str; 19] = [
-    "VALIDATE(wrong magic)",
-    "SET",
-    "COMPARE_SET",
-    "GET",
-    "ADD",
-    "CHECK",
-    "WAIT",
-    "GETNUMKEYS",
-    "DELETE_KEY",
-    "APPEND",
-    "MULTI_GET",
-    "MULTI_SET",
-    "CANCEL_WAIT",
-    "PING",
-    "QUEUE_PUSH",
-    "QUEUE_POP",
-    "QUEUE_LEN",
-    "LIST_KEYS",
-    "BARRIER",
-];
-
 /// Why metrics cannot be served.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
@@ -77,7 +54,8 @@ pub struct Metrics {
     pub rendezvous: Histogram,
     /// Store connections accepted.
     pub store_connections: IntCounter,
-    store_ops: HashMap<&'static str, IntCounter>,
+    /// By position in [`crate::store::COMMAND_NAMES`].
+    store_ops: Vec<IntCounter>,
     nvml_up: IntGauge,
     utilization: GaugeVec,
     memory_used: GaugeVec,
@@ -108,9 +86,9 @@ fn build() -> Result<Metrics, prometheus::Error> {
                 .buckets(vec![0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0]),
         )?,
         store_connections: counter("trainlet_store_connections_total", "Store connections accepted.")?,
-        store_ops: STORE_OPS
+        store_ops: crate::store::COMMAND_NAMES
             .iter()
-            .map(|op| Ok((*op, ops.get_metric_with_label_values(&[op])?)))
+            .map(|op| ops.get_metric_with_label_values(&[op]))
             .collect::<Result<_, prometheus::Error>>()?,
         nvml_up: IntGauge::new("trainlet_gpu_nvml_up", "1 while the NVML sampling child reports, else 0.")?,
         utilization: gauge_vec("trainlet_gpu_utilization_ratio", "Fraction of the last sample period a kernel ran.")?,
@@ -148,9 +126,10 @@ pub fn global() -> &'static Metrics {
 }
 
 impl Metrics {
-    /// Count one store request (`name` from the store's command names).
-    pub fn store_op(&self, name: &'static str) {
-        if let Some(c) = self.store_ops.get(name) {
+    /// Count one store request, by its position in
+    /// [`crate::store::COMMAND_NAMES`].
+    pub fn store_op(&self, index: usize) {
+        if let Some(c) = self.store_ops.get(index) {
             c.inc();
         }
     }
@@ -343,7 +322,7 @@ mod tests {
         let m = global();
         m.workers_started.inc();
         m.worker_exited(crate::sys::Exit::Code(0));
-        m.store_op("SET");
+        m.store_op(1);
         let text = m.render();
         for family in [
             "trainlet_workers_started_total",

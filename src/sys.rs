@@ -221,10 +221,18 @@ pub fn cpu_mask(ids: impl IntoIterator<Item = u32>) -> Vec<libc::c_ulong> {
     mask
 }
 
+/// The numbers set in a kernel bitmask (the inverse of [`cpu_mask`]).
+pub fn mask_ids(mask: &[libc::c_ulong]) -> Vec<u32> {
+    let bits = libc::c_ulong::BITS;
+    (0u32..)
+        .zip(mask)
+        .flat_map(|(w, word)| (0..bits).filter(move |b| word & (1 << b) != 0).map(move |b| w * bits + b))
+        .collect()
+}
+
 /// The CPUs this process may run on (`sched_getaffinity`: the pod's cpuset),
 /// read with a buffer that grows past glibc's 1024-CPU `cpu_set_t`.
 pub fn allowed_cpus() -> Vec<u32> {
-    let bits = libc::c_ulong::BITS;
     let mut words = 16usize;
     loop {
         let mut mask: Vec<libc::c_ulong> = vec![0; words];
@@ -234,9 +242,7 @@ pub fn allowed_cpus() -> Vec<u32> {
             libc::syscall(libc::SYS_sched_getaffinity, 0, std::mem::size_of_val(mask.as_slice()), mask.as_mut_ptr())
         };
         if rc > 0 {
-            return (0..u32::try_from(words).unwrap_or(u32::MAX) * bits)
-                .filter(|c| mask[(c / bits) as usize] & (1 << (c % bits)) != 0)
-                .collect();
+            return mask_ids(&mask);
         }
         if Errno::last() != Errno::EINVAL || words >= 1 << 16 {
             return Vec::new();
@@ -264,9 +270,7 @@ pub fn set_preferred_node(node: Option<u32>) -> std::io::Result<()> {
 
 /// Number of CPUs this process may run on (the container's cpuset).
 pub fn cpu_count() -> usize {
-    nix::sched::sched_getaffinity(Pid::from_raw(0))
-        .map(|set| (0..nix::sched::CpuSet::count()).filter(|&i| set.is_set(i).unwrap_or(false)).count())
-        .ok()
+    Some(allowed_cpus().len())
         .filter(|&n| n > 0)
         .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
         .unwrap_or(1)

@@ -305,7 +305,7 @@ impl Plan {
         prov.push((
             "gpus",
             gpus.len().to_string(),
-            Source::Derived(format!("{}proc/driver/nvidia/gpus and sysfs", root.display())),
+            Source::Derived(format!("{} and sysfs", root.join("proc/driver/nvidia/gpus").display())),
         ));
 
         // nproc per node.
@@ -678,7 +678,7 @@ fn resolve_gpu(
             (PinMode::parse(v).ok_or_else(|| invalid(&l.origin(), v, "none, gpu, cpu, numa or auto"))?, l.source)
         }
     };
-    prov.push(("pin", format!("{:?}", pin.0).to_lowercase(), pin.1));
+    prov.push(("pin", pin.0.to_string(), pin.1));
     let l = lookup(args.gpu_visibility.as_deref(), "--gpu-visibility", env, &[env::TRAINLET_GPU_VISIBILITY]);
     let visibility = match (l.value.map(str::trim), args.virtual_local_rank) {
         (None, true) => Visibility::Single,
@@ -687,7 +687,7 @@ fn resolve_gpu(
         (Some(v), _) => return Err(invalid(&l.origin(), v, "all or single")),
     };
     if !gpus.is_empty() {
-        prov.push(("gpu visibility", format!("{visibility:?}").to_lowercase(), l.source));
+        prov.push(("gpu visibility", visibility.to_string(), l.source));
     }
     let l = lookup(args.preflight.as_deref(), "--preflight", env, &[env::TRAINLET_PREFLIGHT]);
     let checks = Check::parse_list(l.value.unwrap_or("all")).map_err(|bad| {

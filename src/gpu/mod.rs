@@ -80,13 +80,17 @@ pub struct Fake(pub Vec<Gpu>);
 
 impl Inventory for Fake {
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
-        let mut g = self.0.clone();
-        g.sort_by(|a, b| a.bus_id.cmp(&b.bus_id));
-        for (i, gpu) in g.iter_mut().enumerate() {
-            gpu.ordinal = u32::try_from(i).unwrap_or(u32::MAX);
-        }
-        Ok(g)
+        Ok(in_bus_order(self.0.clone()))
     }
+}
+
+/// Sort by PCI bus id and number the GPUs in that order ([`Gpu::ordinal`]).
+fn in_bus_order(mut gpus: Vec<Gpu>) -> Vec<Gpu> {
+    gpus.sort_by(|a, b| a.bus_id.cmp(&b.bus_id));
+    for (i, g) in gpus.iter_mut().enumerate() {
+        g.ordinal = u32::try_from(i).unwrap_or(u32::MAX);
+    }
+    gpus
 }
 
 /// Where the inventory reads sysfs, procfs and /dev: `/`, or

@@ -101,6 +101,9 @@ pub fn probe_main(lib: Option<&Path>, every: Option<Duration>) -> Result<(), Str
 fn sample(nvml: &Nvml) -> Result<Report, NvmlError> {
     let driver = nvml.sys_driver_version().ok();
     let count = nvml.device_count()?;
+    // Affinity mask words: enough for every CPU this process may use, and
+    // at least glibc's 1024.
+    let words = crate::sys::allowed_cpus().last().map_or(1, |c| *c as usize / 64 + 1).max(16);
     let mut gpus = Vec::new();
     for index in 0..count {
         let dev = match nvml.device_by_index(index) {
@@ -142,13 +145,8 @@ fn sample(nvml: &Nvml) -> Result<Report, NvmlError> {
         g.utilization = ok(dev.utilization_rates(), &mut lost).map(|u| u.gpu);
         g.temperature = ok(dev.temperature(TemperatureSensor::Gpu), &mut lost);
         g.numa_node = ok(dev.numa_node_id(), &mut lost);
-        let words = crate::sys::allowed_cpus().last().map_or(1, |c| *c as usize / 64 + 1).max(16);
-        g.cpus = ok(dev.cpu_affinity(words), &mut lost).map(|mask| {
-            let ids = mask.iter().enumerate().flat_map(|(w, bits)| {
-                (0..64u32).filter(move |b| bits & (1 << b) != 0).map(move |b| u32::try_from(w).unwrap_or(0) * 64 + b)
-            });
-            super::CpuSet::of(ids).to_string()
-        });
+        g.cpus = ok(dev.cpu_affinity(words), &mut lost)
+            .map(|mask| super::CpuSet::of(crate::sys::mask_ids(&mask)).to_string());
         g.error = g.error.or(gone);
         gpus.push(g);
     }

@@ -44,6 +44,18 @@ impl PinMode {
     }
 }
 
+impl std::fmt::Display for PinMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::None => "none",
+            Self::Gpu => "gpu",
+            Self::Cpu => "cpu",
+            Self::Numa => "numa",
+            Self::Auto => "auto",
+        })
+    }
+}
+
 /// `--gpu-visibility`: what CUDA_VISIBLE_DEVICES a worker with a GPU sees.
 ///
 /// `All` is the default because it is torchrun's: scripts call
@@ -58,6 +70,15 @@ pub enum Visibility {
     All,
     /// Each worker sees only its GPU.
     Single,
+}
+
+impl std::fmt::Display for Visibility {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::All => "all",
+            Self::Single => "single",
+        })
+    }
 }
 
 /// Variables a worker gets for its placement: CUDA_DEVICE_ORDER=PCI_BUS_ID

@@ -65,7 +65,7 @@ impl Check {
     }
 
     /// Whether it needs NVML (only `count` works from sysfs alone).
-    fn needs_nvml(self) -> bool {
+    pub fn needs_nvml(self) -> bool {
         self != Check::Count
     }
 }

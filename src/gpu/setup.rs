@@ -15,16 +15,16 @@ use crate::supervise::spawn::Spawner;
 /// is none). The probe runs only when there are GPUs and a check needs it.
 /// Blocking: call from a blocking task.
 pub fn preflight(g: &GpuPlan, spawner: &Spawner) -> (Vec<Verdict>, Result<Report, String>) {
-    let report = if g.gpus.is_empty() {
-        Err("no GPU".to_string())
-    } else if g.checks.iter().all(|c| *c == preflight::Check::Count) {
-        Err("not needed".to_string())
-    } else {
+    let need = !g.gpus.is_empty() && g.checks.iter().any(|c| c.needs_nvml());
+    let report = if need {
         nvml::probe(spawner, g.nvml_timeout)
+    } else if g.gpus.is_empty() {
+        Err("no GPU".to_string())
+    } else {
+        Err("no check needs it".to_string())
     };
     if let Err(e) = &report
-        && !g.gpus.is_empty()
-        && e != "not needed"
+        && need
     {
         tracing::warn!(
             error = %e,
@@ -137,12 +137,7 @@ pub fn describe(
     if let Some(t) = topo {
         let _ = writeln!(s, "  agent cpus {} (sched_getaffinity), numa nodes {}", t.allowed, t.nodes.len());
     }
-    let _ = writeln!(
-        s,
-        "  pin {}, visibility {}",
-        format!("{:?}", g.pin).to_lowercase(),
-        format!("{:?}", g.visibility).to_lowercase()
-    );
+    let _ = writeln!(s, "  pin {}, visibility {}", g.pin, g.visibility);
     match report {
         Ok(r) => {
             let _ = writeln!(s, "nvml: driver {}, {} GPUs", r.driver.as_deref().unwrap_or("?"), r.gpus.len());

@@ -150,7 +150,7 @@ impl Inventory for Sysfs {
             let local_cpus = CpuSet::parse(&field("local_cpulist"))
                 .map_err(|err| GpuError::Invalid { path: dev.join("local_cpulist"), what: err.to_string() })?;
             gpus.push(Gpu {
-                ordinal: 0,
+                ordinal: 0, // numbered by in_bus_order
                 bus_id,
                 uuid: info.get("GPU UUID").cloned(),
                 model: info.get("Model").cloned(),
@@ -159,11 +159,7 @@ impl Inventory for Sysfs {
                 local_cpus,
             });
         }
-        gpus.sort_by(|a, b| a.bus_id.cmp(&b.bus_id));
-        for (i, g) in gpus.iter_mut().enumerate() {
-            g.ordinal = u32::try_from(i).unwrap_or(u32::MAX);
-        }
-        Ok(gpus)
+        Ok(super::in_bus_order(gpus))
     }
 }
 

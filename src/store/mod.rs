@@ -27,6 +27,6 @@ mod state;
 mod wire;
 
 pub use client::{Client, ClientError, Endpoint, connect_with_retry, error_chain};
-pub use server::{ServerError, StoreLoop, StoreServer, bind_listener};
+pub use server::{COMMAND_NAMES, ServerError, StoreLoop, StoreServer, bind_listener};
 pub use state::State;
 pub use wire::{Command, DecodeError, Invalid, MAGIC, MAX_KEY_COUNT, MAX_KEY_LEN, MAX_VALUE_LEN};

@@ -235,7 +235,7 @@ async fn serve_conn(stream: TcpStream, peer: SocketAddr, state: Arc<State>, canc
                                 tracing::warn!(%peer, first = ?short(&cmd), "store connection did not start with VALIDATE; closing");
                                 return;
                             }
-                            crate::metrics::global().store_op(short(&cmd));
+                            crate::metrics::global().store_op(command_index(&cmd));
                             if let Err(e) = state.apply(id, cmd, &mut out) {
                                 tracing::warn!(%peer, error = %e, "store request failed; closing connection");
                                 let _ = wr.write_all(&out).await;
@@ -258,27 +258,55 @@ async fn serve_conn(stream: TcpStream, peer: SocketAddr, state: Arc<State>, canc
     }
 }
 
+/// Every name [`short`] gives, in one place (metrics label by them).
+pub const COMMAND_NAMES: [&str; 19] = [
+    "VALIDATE(wrong magic)",
+    "SET",
+    "COMPARE_SET",
+    "GET",
+    "ADD",
+    "CHECK",
+    "WAIT",
+    "GETNUMKEYS",
+    "DELETE_KEY",
+    "APPEND",
+    "MULTI_GET",
+    "MULTI_SET",
+    "CANCEL_WAIT",
+    "PING",
+    "QUEUE_PUSH",
+    "QUEUE_POP",
+    "QUEUE_LEN",
+    "LIST_KEYS",
+    "BARRIER",
+];
+
 /// A log-friendly name for a command (never its payload).
 fn short(cmd: &Command) -> &'static str {
+    COMMAND_NAMES[command_index(cmd)]
+}
+
+/// The command's position in [`COMMAND_NAMES`].
+fn command_index(cmd: &Command) -> usize {
     match cmd {
-        Command::Validate(_) => "VALIDATE(wrong magic)",
-        Command::Set { .. } => "SET",
-        Command::CompareSet { .. } => "COMPARE_SET",
-        Command::Get(_) => "GET",
-        Command::Add { .. } => "ADD",
-        Command::Check(_) => "CHECK",
-        Command::Wait(_) => "WAIT",
-        Command::GetNumKeys => "GETNUMKEYS",
-        Command::DeleteKey(_) => "DELETE_KEY",
-        Command::Append { .. } => "APPEND",
-        Command::MultiGet(_) => "MULTI_GET",
-        Command::MultiSet(_) => "MULTI_SET",
-        Command::CancelWait => "CANCEL_WAIT",
-        Command::Ping(_) => "PING",
-        Command::QueuePush { .. } => "QUEUE_PUSH",
-        Command::QueuePop(_) => "QUEUE_POP",
-        Command::QueueLen(_) => "QUEUE_LEN",
-        Command::ListKeys => "LIST_KEYS",
-        Command::Barrier { .. } => "BARRIER",
+        Command::Validate(_) => 0,
+        Command::Set { .. } => 1,
+        Command::CompareSet { .. } => 2,
+        Command::Get(_) => 3,
+        Command::Add { .. } => 4,
+        Command::Check(_) => 5,
+        Command::Wait(_) => 6,
+        Command::GetNumKeys => 7,
+        Command::DeleteKey(_) => 8,
+        Command::Append { .. } => 9,
+        Command::MultiGet(_) => 10,
+        Command::MultiSet(_) => 11,
+        Command::CancelWait => 12,
+        Command::Ping(_) => 13,
+        Command::QueuePush { .. } => 14,
+        Command::QueuePop(_) => 15,
+        Command::QueueLen(_) => 16,
+        Command::ListKeys => 17,
+        Command::Barrier { .. } => 18,
     }
 }

@@ -114,16 +114,18 @@ impl Spawner {
     /// Start one process from outside the async runtime (or a blocking
     /// task); must not be called on a runtime worker thread.
     pub fn spawn_blocking(&self, spec: WorkerSpec) -> Result<Spawned, SpawnError> {
+        self.request(spec)?.blocking_recv().map_err(|_| SpawnError::Gone)?
+    }
+
+    fn request(&self, spec: WorkerSpec) -> Result<oneshot::Receiver<Result<Spawned, SpawnError>>, SpawnError> {
         let (reply, rx) = oneshot::channel();
         self.tx.send((spec, reply)).map_err(|_| SpawnError::Gone)?;
-        rx.blocking_recv().map_err(|_| SpawnError::Gone)?
+        Ok(rx)
     }
 
     /// Start one worker.
     pub async fn spawn(&self, spec: WorkerSpec) -> Result<Spawned, SpawnError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send((spec, reply)).map_err(|_| SpawnError::Gone)?;
-        rx.await.map_err(|_| SpawnError::Gone)?
+        self.request(spec)?.await.map_err(|_| SpawnError::Gone)?
     }
 }
 
