@@ -61,6 +61,24 @@ pub struct InitArgs {
     /// Output directory (default /workspace/dataset or /workspace/model).
     #[arg(long, value_name = "DIR")]
     pub output: Option<PathBuf>,
+    /// Ranged reads in flight at once, over all files.
+    #[arg(long, env = "TRAINLET_INIT_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024), value_name = "N")]
+    pub concurrency: u16,
+    /// Size of each ranged read of a large file, in MiB (smaller files are one read).
+    #[arg(long = "chunk-size", env = "TRAINLET_INIT_CHUNK_MIB", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096), value_name = "MIB")]
+    pub chunk_mib: u32,
+    /// Retries of one read after transient failures (progress resets the count).
+    #[arg(long, env = "TRAINLET_INIT_RETRIES", default_value_t = 5, value_name = "N")]
+    pub retries: u32,
+    /// A read that receives nothing for this long is dropped and retried.
+    #[arg(long = "stall-timeout", env = "TRAINLET_INIT_STALL_TIMEOUT", default_value = "60", value_parser = seconds, value_name = "SECS")]
+    pub stall: std::time::Duration,
+    /// How often the progress line is logged.
+    #[arg(long = "progress-interval", env = "TRAINLET_INIT_PROGRESS_INTERVAL", default_value = "10", value_parser = seconds, value_name = "SECS")]
+    pub progress_every: std::time::Duration,
+    /// Serve the progress as Prometheus metrics at http://ADDR/metrics.
+    #[arg(long = "metrics-addr", env = "TRAINLET_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// `trainlet init` kinds.

@@ -268,6 +268,38 @@ fn doctor(args: &RunArgs) -> u8 {
     preflight::first_failure(&verdicts).map_or(exit::SUCCESS, |(code, _)| code)
 }
 
+/// Stops the metrics thread of `trainlet init` when dropped.
+struct InitMetrics {
+    cancel: tokio_util::sync::CancellationToken,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for InitMetrics {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Serve `progress` at `addr` from a small runtime of its own.
+fn init_metrics(
+    addr: std::net::SocketAddr,
+    progress: &std::sync::Arc<initializers::progress::Progress>,
+) -> Result<InitMetrics, String> {
+    trainlet::metrics::global().watch_init(std::sync::Arc::clone(progress)).map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    rt.block_on(trainlet::metrics::serve(addr, cancel.clone())).map_err(|e| error_chain(&e))?;
+    let c = cancel.clone();
+    let thread = std::thread::Builder::new()
+        .name("trainlet-metrics".into())
+        .spawn(move || rt.block_on(c.cancelled()))
+        .map_err(|e| e.to_string())?;
+    Ok(InitMetrics { cancel, thread: Some(thread) })
+}
+
 /// `trainlet init dataset|model`.
 fn init(args: &trainlet::cli::InitArgs) -> u8 {
     use initializers::{Config, Kind, Outcome};
@@ -282,7 +314,22 @@ fn init(args: &trainlet::cli::InitArgs) -> u8 {
             return e.exit_code();
         }
     };
-    match initializers::run(&cfg) {
+    let opts = initializers::fetch::Options {
+        concurrency: usize::from(args.concurrency),
+        chunk: u64::from(args.chunk_mib) << 20,
+        retries: args.retries,
+        stall: args.stall,
+        progress_every: args.progress_every,
+    };
+    let progress = std::sync::Arc::new(initializers::progress::Progress::default());
+    let _metrics = match args.metrics_addr.map(|addr| init_metrics(addr, &progress)).transpose() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("trainlet init: error: {e}");
+            return exit::CONFIG;
+        }
+    };
+    match initializers::run(&cfg, &opts, &progress) {
         Ok(Outcome::Fetched { files, bytes }) => {
             tracing::info!(uri = %cfg.uri, output = %cfg.output.display(), files, bytes, "initializer done");
             initializers::exit::SUCCESS

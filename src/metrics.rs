@@ -63,6 +63,20 @@ pub struct Metrics {
     temperature: GaugeVec,
     ecc: IntCounterVec,
     ecc_seen: Mutex<HashMap<(String, &'static str), u64>>,
+    init: Mutex<Option<InitGauges>>,
+}
+
+/// `trainlet init`'s figures, read from its counters at scrape time.
+#[derive(Debug)]
+struct InitGauges {
+    progress: Arc<initializers::progress::Progress>,
+    files_total: IntGauge,
+    files_done: IntGauge,
+    bytes_total: IntGauge,
+    bytes_done: IntGauge,
+    rate: prometheus::Gauge,
+    eta: prometheus::Gauge,
+    retries: IntCounter,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -100,6 +114,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
             &["gpu", "bus_id", "uuid", "type"],
         )?,
         ecc_seen: Mutex::new(HashMap::new()),
+        init: Mutex::new(None),
         registry,
     };
     let r = &m.registry;
@@ -143,8 +158,53 @@ impl Metrics {
         self.worker_exits.with_label_values(&[&code]).inc();
     }
 
+    /// Serve `trainlet init`'s progress too: `trainlet_init_files_total`,
+    /// `trainlet_init_files_done`, `trainlet_init_bytes_total`,
+    /// `trainlet_init_bytes_done`, `trainlet_init_rate_bytes_per_second`,
+    /// `trainlet_init_eta_seconds`, `trainlet_init_retries_total`.
+    pub fn watch_init(&self, progress: Arc<initializers::progress::Progress>) -> Result<(), prometheus::Error> {
+        let g = |n: &str, h: &str| IntGauge::new(n, h);
+        let gauges = InitGauges {
+            progress,
+            files_total: g("trainlet_init_files_total", "Files the initializer puts in place.")?,
+            files_done: g("trainlet_init_files_done", "Files verified and in place.")?,
+            bytes_total: g("trainlet_init_bytes_total", "Bytes of all files.")?,
+            bytes_done: g("trainlet_init_bytes_done", "Bytes in place (published, resumed or received).")?,
+            rate: prometheus::Gauge::new("trainlet_init_rate_bytes_per_second", "Receive rate of this run.")?,
+            eta: prometheus::Gauge::new(
+                "trainlet_init_eta_seconds",
+                "Seconds left at the current rate (-1: unknown).",
+            )?,
+            retries: IntCounter::new("trainlet_init_retries_total", "Reads retried after a transient failure.")?,
+        };
+        let r = &self.registry;
+        for c in [&gauges.files_total, &gauges.files_done, &gauges.bytes_total, &gauges.bytes_done] {
+            r.register(Box::new(c.clone()))?;
+        }
+        r.register(Box::new(gauges.rate.clone()))?;
+        r.register(Box::new(gauges.eta.clone()))?;
+        r.register(Box::new(gauges.retries.clone()))?;
+        *self.init.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(gauges);
+        Ok(())
+    }
+
+    fn refresh_init(&self) {
+        let guard = self.init.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(g) = guard.as_ref() else { return };
+        let s = g.progress.snapshot();
+        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        g.files_total.set(int(s.files_total));
+        g.files_done.set(int(s.files_done));
+        g.bytes_total.set(int(s.bytes_total));
+        g.bytes_done.set(int(s.bytes_done));
+        g.rate.set(s.rate);
+        g.eta.set(s.eta.unwrap_or(-1.0));
+        g.retries.inc_by(s.retries.saturating_sub(g.retries.get()));
+    }
+
     /// The text exposition of everything.
     pub fn render(&self) -> String {
+        self.refresh_init();
         let mut buf = Vec::new();
         // Encoding into a Vec only fails on invalid metric data, which the
         // constants above rule out; an empty page is the safe answer.

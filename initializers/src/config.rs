@@ -124,7 +124,7 @@ impl std::fmt::Debug for Secret {
 pub struct Config {
     /// Dataset or model.
     pub kind: Kind,
-    /// The storage URI as given.
+    /// The storage URI as given (for http(s), without its query string).
     pub uri: String,
     /// Parsed.
     pub source: Source,
@@ -182,7 +182,12 @@ impl Config {
         };
         Ok(Config {
             kind,
-            uri: uri.trim().to_string(),
+            // A presigned URL's query is a credential: kept in the source,
+            // never in messages or the marker.
+            uri: match &source {
+                Source::Http(_) => uri.trim().split(['?', '#']).next().unwrap_or_default().to_string(),
+                _ => uri.trim().to_string(),
+            },
             source,
             filter: Filter { allow, ignore },
             output: output.unwrap_or_else(|| kind.default_output()),

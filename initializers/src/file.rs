@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use crate::fetch::Fetched;
 use crate::volume::{FileEntry, partial_name};
 use crate::{Config, InitError};
 
@@ -36,7 +37,7 @@ fn walk(root: &Path) -> Result<Vec<(String, std::path::PathBuf)>, InitError> {
 }
 
 /// Fetch `root` into `cfg.output`.
-pub fn fetch(cfg: &Config, root: &Path) -> Result<Vec<FileEntry>, InitError> {
+pub fn fetch(cfg: &Config, root: &Path) -> Result<Fetched, InitError> {
     if !root.exists() {
         return Err(InitError::NotFound { uri: cfg.uri.clone(), what: format!("{} does not exist", root.display()) });
     }
@@ -70,9 +71,9 @@ pub fn fetch(cfg: &Config, root: &Path) -> Result<Vec<FileEntry>, InitError> {
             });
         }
         std::fs::rename(&tmp, &dest).map_err(|e| InitError::io("cannot publish", &dest, e))?;
-        entries.push(FileEntry { path: rel, size });
+        entries.push(FileEntry { path: rel, size, check: None });
     }
-    Ok(entries)
+    Ok(Fetched { files: entries, commit: None })
 }
 
 /// Stream `src` into a new `dst`, synced before it is renamed.

@@ -8,14 +8,24 @@
 //! one volume: one holds a heartbeat lock file and downloads, the others
 //! wait for the marker, or take over when the heartbeat stops.
 //!
-//! Sources in this build: `file://` (hard links on the same filesystem,
-//! else streamed copies). `hf://`, `s3://` and `http(s)://` are recognised
-//! and refused with a clear error until their backends land (issue 6).
+//! Sources: `hf://` ([`hub`], the Hub's REST API over reqwest), `s3://`
+//! ([`s3`], Apache OpenDAL), `http(s)://` ([`http`], one file), all through
+//! one engine ([`fetch`]: concurrent ranged reads, verification, resume),
+//! and `file://` ([`file`]: hard links on the same filesystem, else
+//! streamed copies).
 
 pub mod config;
+pub mod fetch;
 pub mod file;
+pub mod http;
+pub mod hub;
 pub mod pattern;
+pub mod progress;
+pub mod remote;
+pub mod s3;
 pub mod volume;
+
+use std::sync::Arc;
 
 pub use config::{Config, Kind, Source};
 
@@ -31,8 +41,18 @@ pub mod exit {
     pub const NOT_FOUND: u8 = 221;
     /// The source has no file left after the allow and ignore patterns.
     pub const NO_FILES: u8 = 222;
-    /// The output volume is full; partial files are removed.
+    /// A file did not match the checksum or size the source publishes; it
+    /// was not published.
+    pub const CHECKSUM: u8 = 223;
+    /// The output volume is full, or too small for what is left to fetch;
+    /// partial files are removed.
     pub const NO_SPACE: u8 = 224;
+    /// The source refused the credentials (401/403, a gated repo), or needs some.
+    pub const DENIED: u8 = 225;
+    /// The source kept failing (unreachable, 5xx, dropped connections past
+    /// the retries) or answered something unusable; partial files stay for
+    /// the next run to resume.
+    pub const UNAVAILABLE: u8 = 226;
 }
 
 /// Why an initializer failed. Messages name the URI, never a credential.
@@ -56,6 +76,50 @@ pub enum InitError {
         uri: String,
         /// The patterns in force.
         filter: String,
+    },
+    /// The source refused the credentials.
+    #[error("{uri}: {what}")]
+    Denied {
+        /// The storage URI.
+        uri: String,
+        /// What was refused, and what to do.
+        what: String,
+    },
+    /// The source failed or answered something unusable.
+    #[error("{uri}: {what}")]
+    Source {
+        /// The storage URI.
+        uri: String,
+        /// What went wrong.
+        what: String,
+    },
+    /// A downloaded file is not what the source publishes.
+    #[error("{uri}: {path} does not match the source (expected {want}, got {got}); it was not published")]
+    Checksum {
+        /// The storage URI.
+        uri: String,
+        /// The file, relative to the output.
+        path: String,
+        /// What the source publishes.
+        want: String,
+        /// What arrived.
+        got: String,
+    },
+    /// The volume cannot hold what is left to fetch.
+    #[error("{}: {} left to fetch but {} free; nothing was written, the marker was not written", output.display(), progress::bytes(*need), progress::bytes(*free))]
+    TooBig {
+        /// The output directory.
+        output: std::path::PathBuf,
+        /// Bytes to fetch.
+        need: u64,
+        /// Bytes free.
+        free: u64,
+    },
+    /// Stopped by a signal; partial files stay for the next run.
+    #[error("stopped by signal {signal}; partial files were kept for the next run to resume")]
+    Terminated {
+        /// The signal.
+        signal: i32,
     },
     /// The output ran out of space.
     #[error("out of disk space writing {path}; partial files were removed, the marker was not written")]
@@ -83,8 +147,12 @@ impl InitError {
             InitError::Config(_) => exit::CONFIG,
             InitError::NotFound { .. } => exit::NOT_FOUND,
             InitError::NoFiles { .. } => exit::NO_FILES,
-            InitError::NoSpace { .. } => exit::NO_SPACE,
+            InitError::NoSpace { .. } | InitError::TooBig { .. } => exit::NO_SPACE,
             InitError::Io { .. } => exit::IO,
+            InitError::Denied { .. } => exit::DENIED,
+            InitError::Source { .. } => exit::UNAVAILABLE,
+            InitError::Checksum { .. } => exit::CHECKSUM,
+            InitError::Terminated { signal } => u8::try_from(128 + signal).unwrap_or(255),
         }
     }
 
@@ -113,14 +181,10 @@ pub enum Outcome {
 }
 
 /// Run the initializer: take the volume's lock (or wait for whoever holds
-/// it), fetch, publish the marker.
-pub fn run(cfg: &Config) -> Result<Outcome, InitError> {
+/// it), fetch, publish the marker. `progress` is updated as files arrive.
+pub fn run(cfg: &Config, opts: &fetch::Options, progress: &Arc<progress::Progress>) -> Result<Outcome, InitError> {
     volume::exactly_once(cfg, || match &cfg.source {
         Source::File(path) => file::fetch(cfg, path),
-        other => Err(InitError::Config(format!(
-            "{}: the {} source is not supported by this trainlet build yet; file:// is",
-            cfg.uri,
-            other.scheme()
-        ))),
+        _ => fetch::remote(cfg, opts, progress),
     })
 }

@@ -16,12 +16,17 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use crate::fetch::Fetched;
 use crate::{Config, InitError, Outcome};
 
 /// The completion marker, in the output directory.
 pub const MARKER: &str = ".trainlet-complete.json";
 /// The lock file, in the output directory.
 pub const LOCK: &str = ".trainlet-init.lock";
+/// Files verified and published by runs that have not finished yet (JSON
+/// lines: path, size, check), so a rerun skips them; removed with the
+/// marker's arrival.
+pub const JOURNAL: &str = ".trainlet-init.journal";
 /// How often the lock holder proves it is alive.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
 
@@ -32,6 +37,9 @@ pub struct FileEntry {
     pub path: String,
     /// Size in bytes.
     pub size: u64,
+    /// What it was verified against (`sha256:...`, `md5:...`, `etag:...`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<String>,
 }
 
 /// What the marker records.
@@ -39,8 +47,11 @@ pub struct FileEntry {
 pub struct Marker {
     /// The storage URI.
     pub uri: String,
-    /// The revision, where the source has one.
+    /// The revision asked for, where the source has one.
     pub revision: Option<String>,
+    /// The commit it resolved to (the Hub).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
     /// Every file, as published.
     pub files: Vec<FileEntry>,
 }
@@ -58,11 +69,29 @@ fn done(cfg: &Config) -> bool {
     read_marker(&cfg.output).is_some_and(|m| m.uri == cfg.uri && m.revision.as_deref() == cfg.revision())
 }
 
-/// Write `path` via a temporary name in the same directory and a rename.
+/// Write `path` via a temporary name in the same directory, synced, and a
+/// rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), InitError> {
+    use std::io::Write;
     let tmp = partial_name(path);
-    std::fs::write(&tmp, bytes).map_err(io("cannot write", &tmp))?;
+    let mut f = std::fs::File::create(&tmp).map_err(io("cannot write", &tmp))?;
+    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(io("cannot write", &tmp))?;
     std::fs::rename(&tmp, path).map_err(io("cannot publish", path))
+}
+
+/// Remove partial and state files left under `dir` by runs of other
+/// sources: once the marker is written nothing can resume them.
+fn sweep(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Ok(kind) = e.file_type() else { continue };
+        if kind.is_dir() {
+            sweep(&e.path());
+        } else if name.starts_with('.') && (name.ends_with(".trainlet-part") || name.ends_with(".trainlet-state")) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// The temporary name a file is written under before its rename: hidden,
@@ -148,10 +177,7 @@ fn stale_after() -> Duration {
 /// Run `fetch` once for this volume: skip it when the marker says the URI
 /// is already in place, wait while another process holds the lock, take
 /// over from a dead one, and write the marker only after `fetch` succeeds.
-pub fn exactly_once(
-    cfg: &Config,
-    fetch: impl FnOnce() -> Result<Vec<FileEntry>, InitError>,
-) -> Result<Outcome, InitError> {
+pub fn exactly_once(cfg: &Config, fetch: impl FnOnce() -> Result<Fetched, InitError>) -> Result<Outcome, InitError> {
     std::fs::create_dir_all(&cfg.output).map_err(io("cannot create the output directory", &cfg.output))?;
     let stale = stale_after();
     let mut told = false;
@@ -183,11 +209,13 @@ pub fn exactly_once(
     }
     // A marker for another URI or revision: this run replaces it.
     let _ = std::fs::remove_file(cfg.output.join(MARKER));
-    let files = fetch()?;
+    let Fetched { files, commit } = fetch()?;
     let bytes = files.iter().map(|f| f.size).sum();
-    let marker = Marker { uri: cfg.uri.clone(), revision: cfg.revision().map(str::to_string), files };
+    let marker = Marker { uri: cfg.uri.clone(), revision: cfg.revision().map(str::to_string), commit, files };
     let text = serde_json::to_vec_pretty(&marker).map_err(|e| InitError::Config(e.to_string()))?;
     write_atomic(&cfg.output.join(MARKER), &text)?;
+    let _ = std::fs::remove_file(cfg.output.join(JOURNAL));
+    sweep(&cfg.output);
     drop(lock);
     Ok(Outcome::Fetched { files: marker.files.len(), bytes })
 }

@@ -1,0 +1,690 @@
+//! The download engine for remote sources: many files at once and large
+//! files in parallel byte ranges, streamed to disk (memory is bounded by
+//! `concurrency` x [`FLUSH`], never a whole file), each file verified
+//! against what the source publishes before it is renamed into place.
+//!
+//! On the volume, next to each file being fetched:
+//! - `.NAME.trainlet-part`: the data, preallocated to the full size;
+//! - `.NAME.trainlet-state`: a header line (size, check, range size), then
+//!   the index of each range written, appended once its bytes are in the
+//!   part file. A rerun keeps the ranges listed there and fetches the rest.
+//!
+//! Each published file is appended to the journal
+//! ([`crate::volume::JOURNAL`]) with its size and check, so a rerun skips
+//! files already verified instead of fetching them again. A transient
+//! failure (dropped connection, 5xx, stall) resumes the range from the
+//! last byte written, with backoff; a checksum mismatch removes the file's
+//! partial state and fails the run (exit 223); a full disk removes every
+//! partial file of the run (exit 224).
+
+use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::progress::Progress;
+use crate::remote::{Check, Client, Failure, Remote, RemoteFile, safe_rel};
+use crate::volume::{FileEntry, JOURNAL, partial_name};
+use crate::{Config, InitError};
+
+/// Bytes gathered from the network before one positioned write.
+pub const FLUSH: usize = 1 << 20;
+
+/// Tuning, from the command line (`trainlet init --help`).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Ranged reads in flight at once, over all files.
+    pub concurrency: usize,
+    /// Bytes per ranged read; smaller files are one read.
+    pub chunk: u64,
+    /// Retries of one range after transient failures (progress resets it).
+    pub retries: u32,
+    /// No byte for this long: the connection is dropped and the range retried.
+    pub stall: Duration,
+    /// How often the progress line is logged.
+    pub progress_every: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            concurrency: 16,
+            chunk: 32 << 20,
+            retries: 5,
+            stall: Duration::from_secs(60),
+            progress_every: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What a remote fetch published.
+#[derive(Debug)]
+pub struct Fetched {
+    /// Every file, as in the marker.
+    pub files: Vec<FileEntry>,
+    /// The commit, for the Hub.
+    pub commit: Option<String>,
+}
+
+/// The state file's first line.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+struct Header {
+    size: u64,
+    check: String,
+    chunk: u64,
+}
+
+/// One journal line.
+#[derive(Debug, Serialize, Deserialize)]
+struct Journaled {
+    path: String,
+    size: u64,
+    check: String,
+}
+
+/// One file being fetched.
+#[derive(Debug)]
+struct Job {
+    file: RemoteFile,
+    dest: PathBuf,
+    part: PathBuf,
+    state_path: PathBuf,
+    data: std::fs::File,
+    state: Mutex<std::fs::File>,
+    ranges: Vec<Range<u64>>,
+    left: AtomicUsize,
+}
+
+fn state_name(dest: &Path) -> PathBuf {
+    let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    dest.with_file_name(format!(".{name}.trainlet-state"))
+}
+
+fn split(size: u64, chunk: u64, ranges: bool) -> Vec<Range<u64>> {
+    if size == 0 {
+        return Vec::new();
+    }
+    if !ranges {
+        return std::iter::once(0..size).collect();
+    }
+    (0..size.div_ceil(chunk)).map(|i| i * chunk..((i + 1) * chunk).min(size)).collect()
+}
+
+/// Ranges already written by an earlier run, if its state matches `header`.
+fn resumed(state: &Path, part: &Path, header: &Header) -> Option<Vec<usize>> {
+    let text = std::fs::read_to_string(state).ok()?;
+    let mut lines = text.split_inclusive('\n');
+    let first: Header = serde_json::from_str(lines.next()?.trim()).ok()?;
+    if first != *header || std::fs::metadata(part).ok()?.len() != header.size {
+        return None;
+    }
+    // A line cut short by a kill has no newline: not counted.
+    Some(lines.filter(|l| l.ends_with('\n')).filter_map(|l| l.trim().parse().ok()).collect())
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> InitError + 'a {
+    move |e| InitError::io(what, path, e)
+}
+
+/// Reserve `size` bytes for `f`: a full volume fails now, not mid-way.
+fn preallocate(f: &std::fs::File, path: &Path, size: u64) -> Result<(), InitError> {
+    use std::os::fd::AsRawFd;
+    let len =
+        i64::try_from(size).map_err(|_| InitError::Config(format!("{}: size {size} too large", path.display())))?;
+    match nix::fcntl::posix_fallocate(f.as_raw_fd(), 0, len) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::ENOSPC) => {
+            Err(InitError::io("cannot reserve space for", path, std::io::Error::from_raw_os_error(libc::ENOSPC)))
+        }
+        // NFS and others without fallocate: a sparse file of the right size.
+        Err(_) => f.set_len(size).map_err(io("cannot size", path)),
+    }
+}
+
+impl Job {
+    fn open(output: &Path, file: RemoteFile, chunk: u64) -> Result<(Job, Vec<usize>), InitError> {
+        let dest = output.join(&file.rel);
+        if let Some(dir) = dest.parent() {
+            std::fs::create_dir_all(dir).map_err(io("cannot create", dir))?;
+        }
+        let (part, state_path) = (partial_name(&dest), state_name(&dest));
+        let header = Header { size: file.size, check: file.check.label(), chunk: if file.ranges { chunk } else { 0 } };
+        let done = if file.ranges { resumed(&state_path, &part, &header) } else { None };
+        let data = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&part)
+            .map_err(io("cannot create", &part))?;
+        let state = if let Some(d) = &done {
+            let _ = d;
+            std::fs::OpenOptions::new().append(true).open(&state_path).map_err(io("cannot open", &state_path))?
+        } else {
+            data.set_len(0).map_err(io("cannot truncate", &part))?;
+            preallocate(&data, &part, file.size)?;
+            let mut s = std::fs::File::create(&state_path).map_err(io("cannot create", &state_path))?;
+            let mut line = serde_json::to_vec(&header).map_err(|e| InitError::Config(e.to_string()))?;
+            line.push(b'\n');
+            s.write_all(&line).map_err(io("cannot write", &state_path))?;
+            s
+        };
+        let ranges = split(file.size, chunk, file.ranges);
+        let done: Vec<usize> = done.unwrap_or_default().into_iter().filter(|i| *i < ranges.len()).collect();
+        let left = ranges.len() - done.iter().collect::<std::collections::HashSet<_>>().len();
+        Ok((
+            Job { file, dest, part, state_path, data, state: Mutex::new(state), ranges, left: AtomicUsize::new(left) },
+            done,
+        ))
+    }
+
+    fn forget(&self) {
+        let _ = std::fs::remove_file(&self.part);
+        let _ = std::fs::remove_file(&self.state_path);
+    }
+}
+
+/// Everything the workers share.
+#[derive(Debug)]
+struct Shared {
+    uri: String,
+    remote: Remote,
+    jobs: Vec<Job>,
+    queue: Mutex<VecDeque<(usize, usize)>>,
+    journal: Mutex<std::fs::File>,
+    journal_path: PathBuf,
+    progress: Arc<Progress>,
+    opts: Options,
+    cancel: CancellationToken,
+}
+
+/// List the source, skip what is already verified in place, fetch the
+/// rest, verify and publish each file. Runs on its own tokio runtime.
+pub fn remote(cfg: &Config, opts: &Options, progress: &Arc<Progress>) -> Result<Fetched, InitError> {
+    let threads = std::thread::available_parallelism().map_or(2, std::num::NonZero::get).clamp(2, 8);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("trainlet-init")
+        .enable_all()
+        .build()
+        .map_err(io("cannot start the runtime in", &cfg.output))?;
+    rt.block_on(run(cfg, opts, progress))
+}
+
+async fn run(cfg: &Config, opts: &Options, progress: &Arc<Progress>) -> Result<Fetched, InitError> {
+    let client = Client::new()?;
+    let remote = Remote::new(cfg, &client)?;
+    let cancel = CancellationToken::new();
+    let signals = tokio::spawn(on_signal(cancel.clone()));
+    let result = tokio::select! {
+        r = fetch(cfg, opts, progress, remote, cancel.clone()) => r,
+        () = cancel.cancelled() => Err(InitError::Terminated { signal: TERMINATED.load(Ordering::SeqCst) }),
+    };
+    signals.abort();
+    result
+}
+
+static TERMINATED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// SIGTERM (the pod is deleted) or SIGINT: stop, keep the partial files
+/// for the next run, release the lock.
+async fn on_signal(cancel: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return;
+    };
+    let sig = tokio::select! {
+        _ = term.recv() => libc::SIGTERM,
+        _ = int.recv() => libc::SIGINT,
+    };
+    TERMINATED.store(sig, Ordering::SeqCst);
+    tracing::warn!(signal = sig, "stopping; partial files stay for the next run to resume");
+    cancel.cancel();
+}
+
+fn read_journal(path: &Path) -> HashMap<String, (u64, String)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Journaled>(l).ok())
+        .map(|j| (j.path, (j.size, j.check)))
+        .collect()
+}
+
+async fn fetch(
+    cfg: &Config,
+    opts: &Options,
+    progress: &Arc<Progress>,
+    remote: Remote,
+    cancel: CancellationToken,
+) -> Result<Fetched, InitError> {
+    let listing = remote.list().await?;
+    let mut files = Vec::new();
+    for f in listing.files {
+        if !safe_rel(&f.rel) {
+            tracing::warn!(uri = %cfg.uri, path = %f.rel, "skipping a file whose path would leave the output directory");
+        } else if cfg.filter.keeps(&f.rel) {
+            files.push(f);
+        }
+    }
+    if files.is_empty() {
+        return Err(InitError::NoFiles { uri: cfg.uri.clone(), filter: cfg.filter.describe() });
+    }
+    let entries: Vec<FileEntry> =
+        files.iter().map(|f| FileEntry { path: f.rel.clone(), size: f.size, check: Some(f.check.label()) }).collect();
+
+    let journal_path = cfg.output.join(JOURNAL);
+    let journal = read_journal(&journal_path);
+    let in_place = |f: &RemoteFile| {
+        f.check.identifies()
+            && journal.get(&f.rel) == Some(&(f.size, f.check.label()))
+            && std::fs::metadata(cfg.output.join(&f.rel)).is_ok_and(|m| m.is_file() && m.len() == f.size)
+    };
+    let (skip, todo): (Vec<RemoteFile>, Vec<RemoteFile>) = files.into_iter().partition(in_place);
+    let total: u64 = entries.iter().map(|e| e.size).sum();
+    let need: u64 = todo.iter().map(|f| f.size).sum();
+    check_space(&cfg.output, need)?;
+
+    let mut jobs = Vec::with_capacity(todo.len());
+    let mut queue = VecDeque::new();
+    let mut resumed_bytes = 0;
+    let mut todo = todo;
+    // Largest first: its ranges start early and the tail is small files.
+    todo.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.rel.cmp(&b.rel)));
+    for f in todo {
+        let (job, done) = Job::open(&cfg.output, f, opts.chunk.max(1)).inspect_err(|_| forget_all(&jobs))?;
+        for (i, r) in job.ranges.iter().enumerate() {
+            if done.contains(&i) {
+                resumed_bytes += r.end - r.start;
+            } else {
+                queue.push_back((jobs.len(), i));
+            }
+        }
+        jobs.push(job);
+    }
+    let skipped = u64::try_from(skip.len()).unwrap_or(u64::MAX);
+    let skip_bytes: u64 = skip.iter().map(|f| f.size).sum();
+    progress.plan(u64::try_from(entries.len()).unwrap_or(u64::MAX), total, skipped, skip_bytes + resumed_bytes);
+    if skipped > 0 || resumed_bytes > 0 {
+        tracing::info!(
+            uri = %cfg.uri,
+            "resuming: {skipped} files already verified in place, {} of partial files kept",
+            crate::progress::bytes(resumed_bytes)
+        );
+    }
+    tracing::info!(uri = %cfg.uri, output = %cfg.output.display(), "fetching {}", progress.snapshot());
+
+    let journal_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&journal_path)
+        .map_err(io("cannot open", &journal_path))?;
+    let shared = Arc::new(Shared {
+        uri: cfg.uri.clone(),
+        remote,
+        jobs,
+        queue: Mutex::new(queue),
+        journal: Mutex::new(journal_file),
+        journal_path,
+        progress: Arc::clone(progress),
+        opts: opts.clone(),
+        cancel: cancel.child_token(),
+    });
+    // Files whose every range is already written (or that are empty).
+    for i in 0..shared.jobs.len() {
+        if shared.jobs[i].left.load(Ordering::SeqCst) == 0 {
+            finish(&shared, i).await.inspect_err(|e| fail(&shared, e))?;
+        }
+    }
+    let ticker = tokio::spawn(report(Arc::clone(progress), opts.progress_every, shared.cancel.clone()));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..opts.concurrency.max(1) {
+        workers.spawn(worker(Arc::clone(&shared)));
+    }
+    let mut first: Option<InitError> = None;
+    while let Some(r) = workers.join_next().await {
+        let r = r.unwrap_or_else(|e| {
+            Err(InitError::Source { uri: shared.uri.clone(), what: format!("a download task failed: {e}") })
+        });
+        if let Err(e) = r
+            && first.is_none()
+        {
+            fail(&shared, &e);
+            first = Some(e);
+        }
+    }
+    shared.cancel.cancel();
+    let _ = ticker.await;
+    if let Some(e) = first {
+        return Err(e);
+    }
+    if cancel.is_cancelled() {
+        return Err(InitError::Terminated { signal: TERMINATED.load(Ordering::SeqCst) });
+    }
+    tracing::info!(uri = %cfg.uri, "fetched: {}", progress.snapshot());
+    let _ = &shared.journal_path;
+    Ok(Fetched { files: entries, commit: listing.commit })
+}
+
+/// Stop the others after `e`; a full disk also removes every partial file.
+fn fail(shared: &Shared, e: &InitError) {
+    shared.cancel.cancel();
+    if matches!(e, InitError::NoSpace { .. }) {
+        forget_all(&shared.jobs);
+    }
+}
+
+fn forget_all(jobs: &[Job]) {
+    for j in jobs {
+        j.forget();
+    }
+}
+
+/// Refuse up front when the volume cannot hold what is left to fetch.
+fn check_space(output: &Path, need: u64) -> Result<(), InitError> {
+    let Ok(st) = nix::sys::statvfs::statvfs(output) else { return Ok(()) };
+    #[allow(clippy::useless_conversion)]
+    let free = u64::from(st.blocks_available()).saturating_mul(u64::from(st.fragment_size()));
+    if need > free {
+        return Err(InitError::TooBig { output: output.to_path_buf(), need, free });
+    }
+    Ok(())
+}
+
+async fn report(progress: Arc<Progress>, every: Duration, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => tracing::info!("progress: {}", progress.snapshot()),
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+async fn worker(shared: Arc<Shared>) -> Result<(), InitError> {
+    loop {
+        if shared.cancel.is_cancelled() {
+            return Ok(());
+        }
+        let next = shared.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop_front();
+        let Some((j, i)) = next else { return Ok(()) };
+        let got = tokio::select! {
+            r = range(&shared, j, i) => r,
+            () = shared.cancel.cancelled() => return Ok(()),
+        };
+        got?;
+        let job = &shared.jobs[j];
+        {
+            let mut s = job.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            s.write_all(format!("{i}\n").as_bytes()).map_err(io("cannot write", &job.state_path))?;
+        }
+        if job.left.fetch_sub(1, Ordering::SeqCst) == 1 {
+            finish(&shared, j).await?;
+        }
+    }
+}
+
+/// Fetch range `i` of job `j` into its part file, resuming after
+/// transient failures from the last byte written.
+async fn range(shared: &Shared, j: usize, i: usize) -> Result<(), InitError> {
+    let job = &shared.jobs[j];
+    let want = job.ranges[i].clone();
+    let mut at = want.start;
+    let mut tries = 0u32;
+    loop {
+        let failure = match shared.remote.open(&job.file, at..want.end).await {
+            Ok(mut body) => {
+                let since = at;
+                match stream(shared, job, &mut body, &mut at, want.end).await {
+                    Ok(()) => return Ok(()),
+                    Err(f) => {
+                        if at - since >= FLUSH as u64 {
+                            tries = 0;
+                        }
+                        f
+                    }
+                }
+            }
+            Err(f) => f,
+        };
+        let why = match failure {
+            Failure::Fatal(e) => return Err(e),
+            Failure::Retry(why) => why,
+        };
+        tries += 1;
+        if tries > shared.opts.retries {
+            return Err(InitError::Source {
+                uri: shared.uri.clone(),
+                what: format!("{}: {why} ({} tries)", job.file.rel, tries),
+            });
+        }
+        shared.progress.retried();
+        if !job.file.ranges {
+            shared.progress.discarded(at - want.start);
+            at = want.start;
+        }
+        let wait = Duration::from_millis(200u64 << tries.min(6));
+        tracing::warn!(uri = %shared.uri, file = %job.file.rel, offset = at, %why, "read failed; retrying in {wait:?}");
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// Copy `body` to the part file at `*at` until `end`.
+async fn stream(
+    shared: &Shared,
+    job: &Job,
+    body: &mut crate::remote::Body,
+    at: &mut u64,
+    end: u64,
+) -> Result<(), Failure> {
+    let mut pending: Vec<Bytes> = Vec::new();
+    let mut pending_len = 0usize;
+    let flush = |pending: &mut Vec<Bytes>, pending_len: &mut usize, at: &mut u64| -> Result<(), Failure> {
+        let mut off = *at;
+        let r = tokio::task::block_in_place(|| {
+            for b in pending.iter() {
+                job.data.write_all_at(b, off)?;
+                off += b.len() as u64;
+            }
+            Ok::<_, std::io::Error>(())
+        });
+        r.map_err(|e| Failure::Fatal(InitError::io("cannot write", &job.part, e)))?;
+        shared.progress.received(off - *at);
+        *at = off;
+        pending.clear();
+        *pending_len = 0;
+        Ok(())
+    };
+    loop {
+        let next = body.chunk(shared.opts.stall).await;
+        let chunk = match next {
+            Ok(c) => c,
+            Err(f) => {
+                flush(&mut pending, &mut pending_len, at)?;
+                return Err(f);
+            }
+        };
+        let Some(mut chunk) = chunk else {
+            flush(&mut pending, &mut pending_len, at)?;
+            return if *at == end {
+                Ok(())
+            } else {
+                Err(Failure::Retry(format!("connection closed at byte {at} of {end}")))
+            };
+        };
+        let room = end - *at - pending_len as u64;
+        if chunk.len() as u64 > room {
+            // More than asked for (a server ignoring the range's end).
+            chunk.truncate(usize::try_from(room).unwrap_or(usize::MAX));
+        }
+        pending_len += chunk.len();
+        pending.push(chunk);
+        if pending_len >= FLUSH || *at + pending_len as u64 == end {
+            flush(&mut pending, &mut pending_len, at)?;
+            if *at == end {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Every range of job `j` is written: verify, sync, rename into place,
+/// journal it.
+async fn finish(shared: &Shared, j: usize) -> Result<(), InitError> {
+    let job = &shared.jobs[j];
+    let (data, part, size, check) = (
+        job.data.try_clone().map_err(io("cannot reopen", &job.part))?,
+        job.part.clone(),
+        job.file.size,
+        job.file.check.clone(),
+    );
+    let got = tokio::task::spawn_blocking(move || verify(&data, &part, size, &check))
+        .await
+        .map_err(|e| InitError::Source { uri: shared.uri.clone(), what: format!("verification task failed: {e}") })??;
+    if let Some((want, got)) = got {
+        job.forget();
+        return Err(InitError::Checksum { uri: shared.uri.clone(), path: job.file.rel.clone(), want, got });
+    }
+    std::fs::rename(&job.part, &job.dest).map_err(io("cannot publish", &job.dest))?;
+    let _ = std::fs::remove_file(&job.state_path);
+    let mut line = serde_json::to_vec(&Journaled {
+        path: job.file.rel.clone(),
+        size: job.file.size,
+        check: job.file.check.label(),
+    })
+    .map_err(|e| InitError::Config(e.to_string()))?;
+    line.push(b'\n');
+    shared
+        .journal
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .write_all(&line)
+        .map_err(io("cannot write", &shared.journal_path))?;
+    shared.progress.file_done();
+    tracing::debug!(file = %job.file.rel, "verified and published");
+    Ok(())
+}
+
+/// Hash the part file, sync it; `Some((want, got))` on a mismatch.
+fn verify(data: &std::fs::File, part: &Path, size: u64, check: &Check) -> Result<Option<(String, String)>, InitError> {
+    let len = data.metadata().map_err(io("cannot read", part))?.len();
+    if len != size {
+        return Ok(Some((format!("{size} bytes"), format!("{len} bytes"))));
+    }
+    enum Digest {
+        Ring(ring::digest::Context),
+        Md5(md5::Md5),
+        None,
+    }
+    use md5::Digest as _;
+    let mut d = match check {
+        Check::Sha256(_) => Digest::Ring(ring::digest::Context::new(&ring::digest::SHA256)),
+        Check::GitSha1(_) => {
+            let mut c = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
+            c.update(format!("blob {size}\0").as_bytes());
+            Digest::Ring(c)
+        }
+        Check::Md5(_) => Digest::Md5(md5::Md5::new()),
+        Check::Size(_) => Digest::None,
+    };
+    if !matches!(d, Digest::None) {
+        let mut buf = vec![0u8; 4 << 20];
+        let mut off = 0u64;
+        while off < size {
+            let n = data.read_at(&mut buf, off).map_err(io("cannot read", part))?;
+            if n == 0 {
+                break;
+            }
+            match &mut d {
+                Digest::Ring(c) => c.update(&buf[..n]),
+                Digest::Md5(m) => m.update(&buf[..n]),
+                Digest::None => {}
+            }
+            off += n as u64;
+        }
+    }
+    let hex = |b: &[u8]| data_encoding::HEXLOWER.encode(b);
+    let got = match d {
+        Digest::Ring(c) => Some(hex(c.finish().as_ref())),
+        Digest::Md5(m) => Some(hex(&m.finalize())),
+        Digest::None => None,
+    };
+    let want = match check {
+        Check::Sha256(h) | Check::GitSha1(h) | Check::Md5(h) => Some(h.clone()),
+        Check::Size(_) => None,
+    };
+    if let (Some(want), Some(got)) = (&want, &got)
+        && want != got
+    {
+        return Ok(Some((format!("{} {want}", kind(check)), got.clone())));
+    }
+    data.sync_data().map_err(io("cannot sync", part))?;
+    Ok(None)
+}
+
+fn kind(c: &Check) -> &'static str {
+    match c {
+        Check::Sha256(_) => "sha256",
+        Check::GitSha1(_) => "git-sha1",
+        Check::Md5(_) => "md5",
+        Check::Size(_) => "size",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_split_into_ranges() {
+        assert_eq!(split(0, 10, true), Vec::<Range<u64>>::new());
+        assert_eq!(split(25, 10, true), vec![0..10, 10..20, 20..25]);
+        assert_eq!(split(20, 10, true), vec![0..10, 10..20]);
+        assert_eq!(split(25, 10, false), vec![0..25]);
+    }
+
+    #[test]
+    fn state_files_resume_only_what_they_describe() {
+        let d = tempfile::tempdir().expect("tmp");
+        let (state, part) = (d.path().join("s"), d.path().join("p"));
+        std::fs::write(&part, vec![0u8; 30]).expect("part");
+        let h = Header { size: 30, check: "sha256:ab".into(), chunk: 10 };
+        std::fs::write(&state, format!("{}\n0\n2\n1", serde_json::to_string(&h).expect("json"))).expect("state");
+        assert_eq!(resumed(&state, &part, &h), Some(vec![0, 2]), "a line without its newline is not counted");
+        let other = Header { check: "sha256:cd".into(), ..h };
+        assert_eq!(resumed(&state, &part, &other), None, "another version of the file starts over");
+        std::fs::write(&part, vec![0u8; 10]).expect("part");
+        let h = Header { size: 30, check: "sha256:ab".into(), chunk: 10 };
+        assert_eq!(resumed(&state, &part, &h), None, "a part file of the wrong size starts over");
+    }
+
+    #[test]
+    fn verification_computes_what_sources_publish() {
+        let d = tempfile::tempdir().expect("tmp");
+        let p = d.path().join("f");
+        std::fs::write(&p, b"hello\n").expect("write");
+        let f = std::fs::File::open(&p).expect("open");
+        // `git hash-object`, `sha256sum`, `md5sum` of "hello\n".
+        let cases = [
+            Check::GitSha1("ce013625030ba8dba906f756967f9e9ca394464a".into()),
+            Check::Sha256("5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03".into()),
+            Check::Md5("b1946ac92492d2347c6235b4d2611184".into()),
+            Check::Size(None),
+        ];
+        for c in &cases {
+            assert_eq!(verify(&f, &p, 6, c).expect("verify"), None, "{c:?}");
+        }
+        let bad = verify(&f, &p, 6, &Check::Md5("00".into())).expect("verify").expect("mismatch");
+        assert_eq!(bad, ("md5 00".to_string(), "b1946ac92492d2347c6235b4d2611184".to_string()));
+        assert!(verify(&f, &p, 7, &Check::Size(None)).expect("verify").is_some(), "a short file fails");
+    }
+}
