@@ -137,7 +137,7 @@ impl Remote {
     pub fn new(cfg: &Config, client: &Client) -> Result<Self, InitError> {
         match &cfg.source {
             Source::Hf { repo, revision } => Ok(Remote::Hub(crate::hub::Hub::new(cfg, client, repo, revision))),
-            Source::S3 { bucket, prefix } => Ok(Remote::S3(crate::s3::S3::new(cfg, bucket, prefix)?)),
+            Source::S3 { bucket, prefix } => Ok(Remote::S3(crate::s3::S3::new(cfg, client, bucket, prefix)?)),
             Source::Http(url) => Ok(Remote::Http(crate::http::Http::new(cfg, client, url))),
             Source::File(_) => Err(InitError::Config(format!("{}: file:// is not a remote source", cfg.uri))),
         }

@@ -11,9 +11,10 @@
 use std::ops::Range;
 
 use futures_util::TryStreamExt;
-use opendal::{ErrorKind, Operator, services};
+use opendal::{ErrorKind, HttpTransporter, OperationContext, Operator, services};
+use opendal_http_transport_reqwest::ReqwestTransport;
 
-use crate::remote::{Body, Check, Failure, Listing, RemoteFile};
+use crate::remote::{Body, Check, Client, Failure, Listing, RemoteFile};
 use crate::{Config, InitError};
 
 /// A bucket and key prefix.
@@ -25,12 +26,13 @@ pub struct S3 {
     endpoint: Option<String>,
     region: String,
     creds: Option<(String, String)>,
+    client: Client,
     op: tokio::sync::OnceCell<Operator>,
 }
 
 impl S3 {
     /// From cfg's settings; a half-given credential is refused here.
-    pub fn new(cfg: &Config, bucket: &str, prefix: &str) -> Result<Self, InitError> {
+    pub fn new(cfg: &Config, client: &Client, bucket: &str, prefix: &str) -> Result<Self, InitError> {
         let creds = match (&cfg.access_key_id, &cfg.secret_access_key) {
             (Some(id), Some(secret)) => Some((id.0.clone(), secret.0.clone())),
             (None, None) => None,
@@ -54,6 +56,7 @@ impl S3 {
             endpoint: cfg.endpoint.clone(),
             region: cfg.region.clone(),
             creds,
+            client: client.clone(),
             op: tokio::sync::OnceCell::new(),
         })
     }
@@ -61,7 +64,6 @@ impl S3 {
     async fn operator(&self) -> Result<&Operator, InitError> {
         self.op
             .get_or_try_init(|| async {
-                crate::remote::install_crypto();
                 let mut b =
                     services::S3::default().bucket(&self.bucket).root("/").disable_config_load().disable_ec2_metadata();
                 let region = match (&self.endpoint, self.region.as_str()) {
@@ -82,14 +84,24 @@ impl S3 {
                         b.skip_signature()
                     }
                 };
-                Operator::new(b)
-                    .map_err(|e| InitError::Config(format!("{}: cannot configure S3: {}", self.uri, e.message())))
+                let op = Operator::new(b)
+                    .map_err(|e| InitError::Config(format!("{}: cannot configure S3: {}", self.uri, e.message())))?;
+                // Requests go through the client the other sources use: one
+                // TLS setup (rustls, ring), one connection pool.
+                let transport = HttpTransporter::new(Canonical(ReqwestTransport::new(self.client.inner().clone())));
+                Ok(op.with_context(OperationContext::new().with_http_transport(transport)))
             })
             .await
     }
 
     fn fatal(&self, e: &opendal::Error, what: &str) -> InitError {
         let detail = e.to_string();
+        if detail.contains("\"NoSuchBucket\"") {
+            return InitError::NotFound {
+                uri: self.uri.clone(),
+                what: format!("bucket {:?} does not exist", self.bucket),
+            };
+        }
         match e.kind() {
             ErrorKind::NotFound if detail.contains("NoSuchBucket") => {
                 InitError::NotFound { uri: self.uri.clone(), what: format!("bucket {:?} does not exist", self.bucket) }
@@ -186,11 +198,37 @@ impl S3 {
     }
 }
 
+/// OpenDAL's reqwest transport, sending each query string in the form it
+/// is signed in: `/` in a value as `%2F`, as SigV4's canonical request
+/// has it. AWS accepts either form, but S3-compatible servers that check
+/// the signature against the query as received (moto, some gateways)
+/// refuse a raw `/` in `prefix=a/b/`.
+struct Canonical(ReqwestTransport);
+
+impl opendal::HttpTransport for Canonical {
+    async fn fetch(
+        &self,
+        mut req: http::Request<opendal::Buffer>,
+    ) -> opendal::Result<http::Response<opendal::HttpBody>> {
+        if let Some(q) = req.uri().query().filter(|q| q.contains('/')) {
+            let fixed = format!("{}?{}", req.uri().path(), q.replace('/', "%2F"));
+            let mut parts = req.uri().clone().into_parts();
+            if let Ok(pq) = fixed.parse() {
+                parts.path_and_query = Some(pq);
+                if let Ok(uri) = http::Uri::from_parts(parts) {
+                    *req.uri_mut() = uri;
+                }
+            }
+        }
+        self.0.fetch(req).await
+    }
+}
+
 /// The S3 error code (`InvalidAccessKeyId`, `SignatureDoesNotMatch`, ...)
 /// in OpenDAL's error text, if any.
 fn s3_code(detail: &str) -> Option<&str> {
-    let at = detail.find("<Code>")? + "<Code>".len();
-    let end = detail[at..].find("</Code>")?;
+    let at = detail.find("code: \"")? + "code: \"".len();
+    let end = detail[at..].find('"')?;
     Some(&detail[at..at + end])
 }
 
@@ -200,7 +238,10 @@ mod tests {
 
     #[test]
     fn s3_error_codes_are_named() {
-        assert_eq!(s3_code("... <Error><Code>InvalidAccessKeyId</Code><Message>x"), Some("InvalidAccessKeyId"));
+        assert_eq!(
+            s3_code(r#"... => S3Error { code: "InvalidAccessKeyId", message: "x" }"#),
+            Some("InvalidAccessKeyId")
+        );
         assert_eq!(s3_code("nothing"), None);
     }
 }
