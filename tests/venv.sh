@@ -3,16 +3,22 @@
 # already there. Used by the main job, the tests and the benchmarks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+init_packages="huggingface_hub moto[server] boto3 opendal"
 if .venv/bin/python -c "import yaml, torch.distributed as d; assert d.is_gloo_available()" 2>/dev/null; then
   # prometheus_client (the metrics test's parser) came later: add it to an
   # existing venv instead of rebuilding it.
   .venv/bin/python -c "import prometheus_client" 2>/dev/null ||
     .venv/bin/python -m pip install --quiet --disable-pip-version-check prometheus_client
+  # The initializer tests' peers came later still: the reference Hub
+  # client, moto's S3 server, boto3 and OpenDAL's Python binding (what
+  # Trainer's initializers run).
+  .venv/bin/python -c "import huggingface_hub, moto.server, boto3, opendal" 2>/dev/null ||
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check $init_packages
   exit 0
 fi
 python=${PYTHON:-python3}
 echo "installing torch into .venv (about a minute) ..." >&2
 rm -rf .venv
 "$python" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check torch numpy pyyaml prometheus_client
+.venv/bin/python -m pip install --quiet --disable-pip-version-check torch numpy pyyaml prometheus_client $init_packages
 .venv/bin/python -c "import torch; print('torch', torch.__version__, 'ready in .venv')" >&2

@@ -208,7 +208,12 @@ struct Shared {
 
 /// List the source, skip what is already verified in place, fetch the
 /// rest, verify and publish each file. Runs on its own tokio runtime.
-pub fn remote(cfg: &Config, opts: &Options, progress: &Arc<Progress>) -> Result<Fetched, InitError> {
+pub fn remote(
+    cfg: &Config,
+    opts: &Options,
+    progress: &Arc<Progress>,
+    lost: &Arc<std::sync::atomic::AtomicBool>,
+) -> Result<Fetched, InitError> {
     let threads = std::thread::available_parallelism().map_or(2, std::num::NonZero::get).clamp(2, 8);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
@@ -216,17 +221,28 @@ pub fn remote(cfg: &Config, opts: &Options, progress: &Arc<Progress>) -> Result<
         .enable_all()
         .build()
         .map_err(io("cannot start the runtime in", &cfg.output))?;
-    rt.block_on(run(cfg, opts, progress))
+    rt.block_on(run(cfg, opts, progress, lost))
 }
 
-async fn run(cfg: &Config, opts: &Options, progress: &Arc<Progress>) -> Result<Fetched, InitError> {
+async fn run(
+    cfg: &Config,
+    opts: &Options,
+    progress: &Arc<Progress>,
+    lost: &Arc<std::sync::atomic::AtomicBool>,
+) -> Result<Fetched, InitError> {
     let client = Client::new()?;
     let remote = Remote::new(cfg, &client)?;
     let cancel = CancellationToken::new();
     let signals = tokio::spawn(on_signal(cancel.clone()));
+    let taken = async {
+        while !lost.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
     let result = tokio::select! {
         r = fetch(cfg, opts, progress, remote, cancel.clone()) => r,
         () = cancel.cancelled() => Err(InitError::Terminated { signal: TERMINATED.load(Ordering::SeqCst) }),
+        () = taken => Err(InitError::LockLost { output: cfg.output.clone() }),
     };
     signals.abort();
     result
@@ -369,7 +385,8 @@ async fn fetch(
     if cancel.is_cancelled() {
         return Err(InitError::Terminated { signal: TERMINATED.load(Ordering::SeqCst) });
     }
-    tracing::info!(uri = %cfg.uri, "fetched: {}", progress.snapshot());
+    let done = progress.snapshot();
+    tracing::info!(uri = %cfg.uri, received = done.bytes_fetched, "fetched: {done}");
     let _ = &shared.journal_path;
     Ok(Fetched { files: entries, commit: listing.commit })
 }
@@ -440,6 +457,7 @@ async fn range(shared: &Shared, j: usize, i: usize) -> Result<(), InitError> {
     let want = job.ranges[i].clone();
     let mut at = want.start;
     let mut tries = 0u32;
+    tracing::debug!(file = %job.file.rel, start = want.start, end = want.end, "reading range");
     loop {
         let failure = match shared.remote.open(&job.file, at..want.end).await {
             Ok(mut body) => {

@@ -115,6 +115,12 @@ pub enum InitError {
         /// Bytes free.
         free: u64,
     },
+    /// Another process took the volume's lock over while this one stalled.
+    #[error("{}: another initializer took this volume over (this one's heartbeat stalled past TRAINLET_INIT_STALE_SECS); stopped without writing the marker", output.display())]
+    LockLost {
+        /// The output directory.
+        output: std::path::PathBuf,
+    },
     /// Stopped by a signal; partial files stay for the next run.
     #[error("stopped by signal {signal}; partial files were kept for the next run to resume")]
     Terminated {
@@ -148,7 +154,7 @@ impl InitError {
             InitError::NotFound { .. } => exit::NOT_FOUND,
             InitError::NoFiles { .. } => exit::NO_FILES,
             InitError::NoSpace { .. } | InitError::TooBig { .. } => exit::NO_SPACE,
-            InitError::Io { .. } => exit::IO,
+            InitError::Io { .. } | InitError::LockLost { .. } => exit::IO,
             InitError::Denied { .. } => exit::DENIED,
             InitError::Source { .. } => exit::UNAVAILABLE,
             InitError::Checksum { .. } => exit::CHECKSUM,
@@ -183,8 +189,8 @@ pub enum Outcome {
 /// Run the initializer: take the volume's lock (or wait for whoever holds
 /// it), fetch, publish the marker. `progress` is updated as files arrive.
 pub fn run(cfg: &Config, opts: &fetch::Options, progress: &Arc<progress::Progress>) -> Result<Outcome, InitError> {
-    volume::exactly_once(cfg, || match &cfg.source {
+    volume::exactly_once(cfg, |lost| match &cfg.source {
         Source::File(path) => file::fetch(cfg, path),
-        _ => fetch::remote(cfg, opts, progress),
+        _ => fetch::remote(cfg, opts, progress, lost),
     })
 }

@@ -2,8 +2,10 @@
 //! atomic publication of files.
 //!
 //! The lock is a file created with O_EXCL (atomic on NFS v3+ and local
-//! filesystems alike, unlike flock) whose mtime the holder refreshes every
-//! [`HEARTBEAT`]. A waiter that sees it unchanged for the stale time
+//! filesystems alike, unlike flock) naming its holder, whose mtime the
+//! holder refreshes every [`HEARTBEAT`] (or a quarter of the stale time,
+//! if shorter). A holder that finds its name gone from the file was taken
+//! over while stalled and stops without writing the marker. A waiter that sees it unchanged for the stale time
 //! (`TRAINLET_INIT_STALE_SECS`, default 30 s) renames it away (only one
 //! rename of a name can succeed) and takes over; partial files are resumed
 //! or replaced, never mistaken for complete, because only the marker says
@@ -101,11 +103,14 @@ pub fn partial_name(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.trainlet-part"))
 }
 
-/// The held lock; dropping it stops the heartbeat and removes the file.
+/// The held lock; dropping it stops the heartbeat and removes the file
+/// (if it is still this process's).
 #[derive(Debug)]
 struct Lock {
     path: PathBuf,
+    me: String,
     stop: Arc<AtomicBool>,
+    lost: Arc<AtomicBool>,
     beat: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -115,8 +120,21 @@ impl Drop for Lock {
         if let Some(b) = self.beat.take() {
             let _ = b.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        if owns(&self.path, &self.me) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
+}
+
+/// Whether the lock file at `path` is still `me`'s.
+fn owns(path: &Path, me: &str) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|s| s == me)
+}
+
+/// How often the holder refreshes the lock: at most [`HEARTBEAT`], and
+/// several times within the stale time, so a live holder never looks dead.
+fn beat_every(stale: Duration) -> Duration {
+    (stale / 4).clamp(Duration::from_millis(100), HEARTBEAT)
 }
 
 enum Try {
@@ -124,22 +142,30 @@ enum Try {
     Held { owner: String, age: Duration },
 }
 
-fn try_lock(dir: &Path) -> Result<Try, InitError> {
+fn try_lock(dir: &Path, stale: Duration) -> Result<Try, InitError> {
     let path = dir.join(LOCK);
-    let me = format!("pid {} on {}", std::process::id(), hostname());
+    let nonce = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let me = format!("pid {} on {} ({nonce:x})", std::process::id(), hostname());
     match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
         Ok(mut f) => {
             use std::io::Write;
             f.write_all(me.as_bytes()).map_err(io("cannot write the lock", &path))?;
-            let stop = Arc::new(AtomicBool::new(false));
-            let (s, p) = (Arc::clone(&stop), path.clone());
+            let (stop, lost) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+            let (s, l, p, m) = (Arc::clone(&stop), Arc::clone(&lost), path.clone(), me.clone());
+            let every = beat_every(stale);
             let beat = std::thread::Builder::new()
                 .name("trainlet-init-heartbeat".into())
                 .spawn(move || {
                     while !s.load(Ordering::SeqCst) {
                         let tick = std::time::Instant::now();
-                        while tick.elapsed() < HEARTBEAT && !s.load(Ordering::SeqCst) {
-                            std::thread::sleep(Duration::from_millis(50));
+                        while tick.elapsed() < every && !s.load(Ordering::SeqCst) {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        // Taken over (this process looked dead): stop
+                        // beating on someone else's lock and say so.
+                        if !owns(&p, &m) {
+                            l.store(true, Ordering::SeqCst);
+                            return;
                         }
                         if let Ok(f) = std::fs::File::options().write(true).open(&p) {
                             let _ = f.set_modified(SystemTime::now());
@@ -147,7 +173,7 @@ fn try_lock(dir: &Path) -> Result<Try, InitError> {
                     }
                 })
                 .map_err(io("cannot start the heartbeat for", &path))?;
-            Ok(Try::Got(Lock { path, stop, beat: Some(beat) }))
+            Ok(Try::Got(Lock { path, me, stop, lost, beat: Some(beat) }))
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             let owner = std::fs::read_to_string(&path).unwrap_or_default();
@@ -177,7 +203,12 @@ fn stale_after() -> Duration {
 /// Run `fetch` once for this volume: skip it when the marker says the URI
 /// is already in place, wait while another process holds the lock, take
 /// over from a dead one, and write the marker only after `fetch` succeeds.
-pub fn exactly_once(cfg: &Config, fetch: impl FnOnce() -> Result<Fetched, InitError>) -> Result<Outcome, InitError> {
+/// `fetch` gets a flag that turns true if another process takes the lock
+/// over (this one stalled past the stale time); it must stop then.
+pub fn exactly_once(
+    cfg: &Config,
+    fetch: impl FnOnce(&Arc<AtomicBool>) -> Result<Fetched, InitError>,
+) -> Result<Outcome, InitError> {
     std::fs::create_dir_all(&cfg.output).map_err(io("cannot create the output directory", &cfg.output))?;
     let stale = stale_after();
     let mut told = false;
@@ -185,7 +216,7 @@ pub fn exactly_once(cfg: &Config, fetch: impl FnOnce() -> Result<Fetched, InitEr
         if done(cfg) {
             return Ok(Outcome::AlreadyDone);
         }
-        match try_lock(&cfg.output)? {
+        match try_lock(&cfg.output, stale)? {
             Try::Got(l) => break l,
             Try::Held { owner, age } if age > stale => {
                 tracing::warn!(%owner, silent = ?age, "the initializer holding this volume stopped; taking over");
@@ -209,7 +240,10 @@ pub fn exactly_once(cfg: &Config, fetch: impl FnOnce() -> Result<Fetched, InitEr
     }
     // A marker for another URI or revision: this run replaces it.
     let _ = std::fs::remove_file(cfg.output.join(MARKER));
-    let Fetched { files, commit } = fetch()?;
+    let Fetched { files, commit } = fetch(&lock.lost)?;
+    if lock.lost.load(Ordering::SeqCst) || !owns(&lock.path, &lock.me) {
+        return Err(InitError::LockLost { output: cfg.output.clone() });
+    }
     let bytes = files.iter().map(|f| f.size).sum();
     let marker = Marker { uri: cfg.uri.clone(), revision: cfg.revision().map(str::to_string), commit, files };
     let text = serde_json::to_vec_pretty(&marker).map_err(|e| InitError::Config(e.to_string()))?;

@@ -110,9 +110,9 @@ fn each_error_names_the_uri_and_exits_with_its_code() {
         ("model", vec![], 200, "no storage URI: set STORAGE_URI".into()),
         (
             "model",
-            vec![("STORAGE_URI", "s3://bucket/p")],
+            vec![("STORAGE_URI", "s3://bucket/p"), ("ACCESS_KEY_ID", "AKIAEXAMPLE")],
             200,
-            "s3://bucket/p: the s3:// source is not supported by this trainlet build yet".into(),
+            "s3://bucket/p: ACCESS_KEY_ID is set but SECRET_ACCESS_KEY is not".into(),
         ),
         ("dataset", vec![("STORAGE_URI", &missing)], 221, format!("{missing}: ")),
         (

@@ -9,6 +9,7 @@ mod cli;
 mod fault;
 mod gpu;
 mod init;
+mod init_remote;
 mod mpi;
 mod rendezvous;
 mod runtimes;
