@@ -48,6 +48,64 @@ fn the_mpi_runtime_is_valid_and_runs_trainlet_on_both_ends() {
 }
 
 #[test]
+fn the_initializer_runtime_wires_trainlet_init_as_trainer_expects() {
+    let file = repo().join("runtimes/torch-with-initializers.yaml");
+    let example = repo().join("examples/trainjob-with-initializers.yaml");
+    let (ok, out) = validate(&[file.clone(), example]);
+    assert!(ok, "{out}");
+    assert!(out.contains("ClusterTrainingRuntime trainlet-torch-with-initializers valid"), "{out}");
+    assert!(out.contains("TrainJob llama-finetune valid"), "{out}");
+    // Each replicated job as JSON: name, container, command, mounts,
+    // FailJob exit codes, dependsOn.
+    let script = r#"
+import json, sys, yaml
+doc = yaml.safe_load(open(sys.argv[1]))
+out = []
+for j in doc["spec"]["template"]["spec"]["replicatedJobs"]:
+    spec = j["template"]["spec"]
+    c = spec["template"]["spec"]["containers"][0]
+    fail = [r["onExitCodes"]["values"] for r in spec.get("podFailurePolicy", {}).get("rules", [])
+            if r["action"] == "FailJob" and "onExitCodes" in r]
+    out.append({"name": j["name"], "container": c["name"], "command": c.get("command", []),
+                "mounts": [[m["name"], m["mountPath"]] for m in c.get("volumeMounts", [])],
+                "fail": fail[0] if fail else [],
+                "depends": ["%s:%s" % (d["name"], d["status"]) for d in j.get("dependsOn", [])]})
+print(json.dumps(out))
+"#;
+    let out = Command::new(python()).args(["-c", script]).arg(&file).output().expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let jobs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    let job =
+        |name: &str| jobs.iter().find(|j| j["name"] == name).unwrap_or_else(|| panic!("{name} missing: {jobs:?}"));
+    let mounted = |j: &serde_json::Value| {
+        j["mounts"].as_array().is_some_and(|m| m.contains(&serde_json::json!(["initializer", "/workspace"])))
+    };
+    // Trainer finds the initializers by these names: a container of the same
+    // name with a volumeMount named `initializer` (reference/kubeflow.md 4.1).
+    for (name, kind) in [("dataset-initializer", "dataset"), ("model-initializer", "model")] {
+        let j = job(name);
+        assert_eq!(j["container"], name, "{j}");
+        assert_eq!(j["command"], serde_json::json!(["trainlet", "init", kind]), "{j}");
+        assert!(mounted(j), "{j}");
+        assert_eq!(j["fail"], serde_json::json!([200, 221, 222, 224, 225]), "{j}");
+    }
+    let node = job("node");
+    assert_eq!(node["depends"], serde_json::json!(["dataset-initializer:Complete", "model-initializer:Complete"]));
+    assert!(mounted(node), "{node}");
+    // The FailJob codes are the documented initializer codes.
+    for code in [200, 221, 222, 224, 225] {
+        assert!(u8::try_from(code).is_ok_and(|c| initializer_codes().contains(&c)), "{code}");
+    }
+}
+
+/// The codes in initializers' exit module (the README table is checked
+/// against it in the cli tests).
+fn initializer_codes() -> Vec<u8> {
+    use initializers::exit::*;
+    vec![SUCCESS, CONFIG, IO, NOT_FOUND, NO_FILES, CHECKSUM, NO_SPACE, DENIED, UNAVAILABLE]
+}
+
+#[test]
 fn the_validator_rejects_a_broken_runtime_by_path() {
     let text = std::fs::read_to_string(repo().join("runtimes/torch-distributed.yaml")).expect("read");
     let broken = text.replace("backoffLimit: 4", "backoffLimit: four\n              bogusField: 1");
