@@ -268,6 +268,43 @@ fn doctor(args: &RunArgs) -> u8 {
     preflight::first_failure(&verdicts).map_or(exit::SUCCESS, |(code, _)| code)
 }
 
+/// `trainlet init`'s signal thread: SIGTERM or SIGINT (blocked in every
+/// thread since `main`) becomes the run's stop request.
+struct InitSignals {
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl InitSignals {
+    fn start(ctl: &initializers::Control) -> Self {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (d, stop) = (std::sync::Arc::clone(&done), std::sync::Arc::clone(&ctl.stop));
+        let thread = std::thread::Builder::new()
+            .name("trainlet-signals".into())
+            .spawn(move || {
+                while !d.load(std::sync::atomic::Ordering::SeqCst) {
+                    if let Some(sig) = sys::wait_signal(std::time::Duration::from_millis(200))
+                        && (sig == libc::SIGTERM || sig == libc::SIGINT)
+                    {
+                        stop.store(sig, std::sync::atomic::Ordering::SeqCst);
+                        return;
+                    }
+                }
+            })
+            .ok();
+        InitSignals { done, thread }
+    }
+}
+
+impl Drop for InitSignals {
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Stops the metrics thread of `trainlet init` when dropped.
 struct InitMetrics {
     cancel: tokio_util::sync::CancellationToken,
@@ -321,15 +358,16 @@ fn init(args: &trainlet::cli::InitArgs) -> u8 {
         stall: args.stall,
         progress_every: args.progress_every,
     };
-    let progress = std::sync::Arc::new(initializers::progress::Progress::default());
-    let _metrics = match args.metrics_addr.map(|addr| init_metrics(addr, &progress)).transpose() {
+    let ctl = initializers::Control::default();
+    let _metrics = match args.metrics_addr.map(|addr| init_metrics(addr, &ctl.progress)).transpose() {
         Ok(m) => m,
         Err(e) => {
             eprintln!("trainlet init: error: {e}");
             return exit::CONFIG;
         }
     };
-    match initializers::run(&cfg, &opts, &progress) {
+    let _signals = InitSignals::start(&ctl);
+    match initializers::run(&cfg, &opts, &ctl) {
         Ok(Outcome::Fetched { files, bytes }) => {
             tracing::info!(uri = %cfg.uri, output = %cfg.output.display(), files, bytes, "initializer done");
             initializers::exit::SUCCESS

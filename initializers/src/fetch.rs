@@ -30,6 +30,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use crate::Control;
 use crate::progress::Progress;
 use crate::remote::{Check, Client, Failure, Remote, RemoteFile, safe_rel};
 use crate::volume::{FileEntry, JOURNAL, partial_name};
@@ -211,7 +212,7 @@ struct Shared {
 pub fn remote(
     cfg: &Config,
     opts: &Options,
-    progress: &Arc<Progress>,
+    ctl: &Control,
     lost: &Arc<std::sync::atomic::AtomicBool>,
 ) -> Result<Fetched, InitError> {
     let threads = std::thread::available_parallelism().map_or(2, std::num::NonZero::get).clamp(2, 8);
@@ -221,49 +222,41 @@ pub fn remote(
         .enable_all()
         .build()
         .map_err(io("cannot start the runtime in", &cfg.output))?;
-    rt.block_on(run(cfg, opts, progress, lost))
+    rt.block_on(run(cfg, opts, ctl, lost))
 }
 
 async fn run(
     cfg: &Config,
     opts: &Options,
-    progress: &Arc<Progress>,
+    ctl: &Control,
     lost: &Arc<std::sync::atomic::AtomicBool>,
 ) -> Result<Fetched, InitError> {
     let client = Client::new()?;
     let remote = Remote::new(cfg, &client)?;
     let cancel = CancellationToken::new();
-    let signals = tokio::spawn(on_signal(cancel.clone()));
-    let taken = async {
-        while !lost.load(Ordering::SeqCst) {
+    // Polled, not awaited: the stop request comes from the agent's signal
+    // thread (signals are blocked in every thread, reference/gpu-pid1.md),
+    // and a takeover from the heartbeat thread.
+    let watch = async {
+        loop {
+            if let Some(signal) = ctl.stopped() {
+                tracing::warn!(signal, "stopping; partial files stay for the next run to resume");
+                return InitError::Terminated { signal };
+            }
+            if lost.load(Ordering::SeqCst) {
+                return InitError::LockLost { output: cfg.output.clone() };
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
-    let result = tokio::select! {
+    let progress = &ctl.progress;
+    tokio::select! {
         r = fetch(cfg, opts, progress, remote, cancel.clone()) => r,
-        () = cancel.cancelled() => Err(InitError::Terminated { signal: TERMINATED.load(Ordering::SeqCst) }),
-        () = taken => Err(InitError::LockLost { output: cfg.output.clone() }),
-    };
-    signals.abort();
-    result
-}
-
-static TERMINATED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
-/// SIGTERM (the pod is deleted) or SIGINT: stop, keep the partial files
-/// for the next run, release the lock.
-async fn on_signal(cancel: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        return;
-    };
-    let sig = tokio::select! {
-        _ = term.recv() => libc::SIGTERM,
-        _ = int.recv() => libc::SIGINT,
-    };
-    TERMINATED.store(sig, Ordering::SeqCst);
-    tracing::warn!(signal = sig, "stopping; partial files stay for the next run to resume");
-    cancel.cancel();
+        e = watch => {
+            cancel.cancel();
+            Err(e)
+        }
+    }
 }
 
 fn read_journal(path: &Path) -> HashMap<String, (u64, String)> {
@@ -381,9 +374,6 @@ async fn fetch(
     let _ = ticker.await;
     if let Some(e) = first {
         return Err(e);
-    }
-    if cancel.is_cancelled() {
-        return Err(InitError::Terminated { signal: TERMINATED.load(Ordering::SeqCst) });
     }
     let done = progress.snapshot();
     tracing::info!(uri = %cfg.uri, received = done.bytes_fetched, "fetched: {done}");

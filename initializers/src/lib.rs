@@ -26,6 +26,7 @@ pub mod s3;
 pub mod volume;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 pub use config::{Config, Kind, Source};
 
@@ -186,11 +187,29 @@ pub enum Outcome {
     AlreadyDone,
 }
 
+/// What the caller shares with a run: the progress counters it reads, and
+/// the stop request it sets (a signal number; 0 for none). The library
+/// installs no signal handler: the agent collects signals in one place.
+#[derive(Debug, Default, Clone)]
+pub struct Control {
+    /// Updated as files arrive.
+    pub progress: Arc<progress::Progress>,
+    /// Set to SIGTERM or SIGINT to stop; partial files are kept.
+    pub stop: Arc<AtomicI32>,
+}
+
+impl Control {
+    /// The signal that asked this run to stop, if any.
+    pub fn stopped(&self) -> Option<i32> {
+        Some(self.stop.load(Ordering::SeqCst)).filter(|s| *s != 0)
+    }
+}
+
 /// Run the initializer: take the volume's lock (or wait for whoever holds
-/// it), fetch, publish the marker. `progress` is updated as files arrive.
-pub fn run(cfg: &Config, opts: &fetch::Options, progress: &Arc<progress::Progress>) -> Result<Outcome, InitError> {
-    volume::exactly_once(cfg, |lost| match &cfg.source {
+/// it), fetch, publish the marker.
+pub fn run(cfg: &Config, opts: &fetch::Options, ctl: &Control) -> Result<Outcome, InitError> {
+    volume::exactly_once(cfg, ctl, |lost| match &cfg.source {
         Source::File(path) => file::fetch(cfg, path),
-        _ => fetch::remote(cfg, opts, progress, lost),
+        _ => fetch::remote(cfg, opts, ctl, lost),
     })
 }

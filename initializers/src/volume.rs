@@ -207,6 +207,7 @@ fn stale_after() -> Duration {
 /// over (this one stalled past the stale time); it must stop then.
 pub fn exactly_once(
     cfg: &Config,
+    ctl: &crate::Control,
     fetch: impl FnOnce(&Arc<AtomicBool>) -> Result<Fetched, InitError>,
 ) -> Result<Outcome, InitError> {
     std::fs::create_dir_all(&cfg.output).map_err(io("cannot create the output directory", &cfg.output))?;
@@ -215,6 +216,9 @@ pub fn exactly_once(
     let lock = loop {
         if done(cfg) {
             return Ok(Outcome::AlreadyDone);
+        }
+        if let Some(signal) = ctl.stopped() {
+            return Err(InitError::Terminated { signal });
         }
         match try_lock(&cfg.output, stale)? {
             Try::Got(l) => break l,

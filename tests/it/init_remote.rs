@@ -628,3 +628,36 @@ fn http_and_https_files_in_ranges_with_the_query_kept_out_of_logs() {
     assert_eq!(pod.code(Duration::from_secs(30)), 226, "{}", pod.stderr());
     assert!(pod.stderr().contains("certificate"), "{}", pod.stderr());
 }
+
+#[test]
+fn sigterm_stops_at_once_keeps_partial_files_and_releases_the_lock() {
+    let (_root, _hub, endpoint) = slow_repo();
+    let out = tempfile::tempdir().expect("tmp");
+    let env = [("ENDPOINT", endpoint.as_str()), ("STORAGE_URI", "hf://org/slow")];
+    let mut pod = init("model", out.path(), &["--chunk-size", "4", "--concurrency", "2"], &env);
+    let start = Instant::now();
+    while state_lines(out.path(), "weights.safetensors") < 2 {
+        assert!(start.elapsed() < LIMIT, "no progress:\n{}", pod.stderr());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stopping = Instant::now();
+    pod.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(pod.code(LIMIT), 143, "{}", pod.stderr());
+    assert!(stopping.elapsed() < Duration::from_secs(5), "stopped at once, not after the download");
+    assert!(pod.stderr().contains("partial files were kept for the next run to resume"), "{}", pod.stderr());
+    assert!(!out.path().join(".trainlet-init.lock").exists(), "the lock is released for the next pod");
+    assert!(out.path().join(".weights.safetensors.trainlet-part").exists() && !out.path().join(MARKER).exists());
+}
+
+#[test]
+fn the_readme_lists_every_initializer_exit_code() {
+    let readme = std::fs::read_to_string(crate::util::repo().join("README.md")).expect("README");
+    let section = readme.split("## Initializers: trainlet init").nth(1).expect("section");
+    let section = section.split("\n## ").next().expect("section end");
+    let listed: Vec<u8> =
+        section.lines().filter_map(|l| l.strip_prefix("| ")?.split(" |").next()?.trim().parse().ok()).collect();
+    use initializers::exit::*;
+    let mut want = vec![SUCCESS, 143, CONFIG, IO, NOT_FOUND, NO_FILES, CHECKSUM, NO_SPACE, DENIED, UNAVAILABLE];
+    want.sort_unstable();
+    assert_eq!(listed, want, "README's initializer exit table and initializers::exit agree");
+}
