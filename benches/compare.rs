@@ -5,7 +5,9 @@
 //!
 //! Run: `cargo bench --bench compare [-- NAME...]` with torch in `.venv`
 //! (or `$TRAINLET_TEST_PYTHON`). NAME filters: overhead, start, rss, store,
-//! init, restart, scale, mpi, sshd, pin (GPU pinning against no pinning). Results are also written to
+//! init, restart, scale, mpi, sshd, pin (GPU pinning against no pinning),
+//! hub and s3 (`trainlet init` against huggingface_hub, Python OpenDAL and
+//! boto3: `init_bench.rs`). Results are also written to
 //! `target/bench-compare.md`. `mpi` and `sshd` compare against OpenSSH
 //! (`mpi_bench.rs`).
 
@@ -17,6 +19,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+#[path = "init_bench.rs"]
+mod init_bench;
 #[path = "mpi_bench.rs"]
 mod mpi_bench;
 
@@ -624,6 +628,14 @@ fn main() {
     }
     if on("scale") {
         rendezvous_scale(&mut rows);
+        progress(&rows);
+    }
+    if on("hub") {
+        init_bench::hub(&mut rows);
+        progress(&rows);
+    }
+    if on("s3") {
+        init_bench::s3(&mut rows);
         progress(&rows);
     }
     if on("mpi") {

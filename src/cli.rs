@@ -76,6 +76,11 @@ pub struct InitArgs {
     /// How often the progress line is logged.
     #[arg(long = "progress-interval", env = "TRAINLET_INIT_PROGRESS_INTERVAL", default_value = "10", value_parser = seconds, value_name = "SECS")]
     pub progress_every: std::time::Duration,
+    /// `full`: check each file's content hash where the source publishes one
+    /// (SHA-256, git SHA-1, MD5); `size`: sizes and version tags only (MD5
+    /// costs about a core-second per GiB).
+    #[arg(long, env = "TRAINLET_INIT_VERIFY", default_value = "full", value_parser = ["full", "size"], value_name = "full|size")]
+    pub verify: String,
     /// Serve the progress as Prometheus metrics at http://ADDR/metrics.
     #[arg(long = "metrics-addr", env = "TRAINLET_METRICS_ADDR", value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,

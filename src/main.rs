@@ -269,39 +269,33 @@ fn doctor(args: &RunArgs) -> u8 {
 }
 
 /// `trainlet init`'s signal thread: SIGTERM or SIGINT (blocked in every
-/// thread since `main`) becomes the run's stop request.
+/// thread since `main`) becomes the run's stop request. It holds nothing, so
+/// it is not joined: the process exits as soon as the run is over.
 struct InitSignals {
     done: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl InitSignals {
     fn start(ctl: &initializers::Control) -> Self {
         let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (d, stop) = (std::sync::Arc::clone(&done), std::sync::Arc::clone(&ctl.stop));
-        let thread = std::thread::Builder::new()
-            .name("trainlet-signals".into())
-            .spawn(move || {
-                while !d.load(std::sync::atomic::Ordering::SeqCst) {
-                    if let Some(sig) = sys::wait_signal(std::time::Duration::from_millis(200))
-                        && (sig == libc::SIGTERM || sig == libc::SIGINT)
-                    {
-                        stop.store(sig, std::sync::atomic::Ordering::SeqCst);
-                        return;
-                    }
+        let _ = std::thread::Builder::new().name("trainlet-signals".into()).spawn(move || {
+            while !d.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Some(sig) = sys::wait_signal(std::time::Duration::from_millis(200))
+                    && (sig == libc::SIGTERM || sig == libc::SIGINT)
+                {
+                    stop.store(sig, std::sync::atomic::Ordering::SeqCst);
+                    return;
                 }
-            })
-            .ok();
-        InitSignals { done, thread }
+            }
+        });
+        InitSignals { done }
     }
 }
 
 impl Drop for InitSignals {
     fn drop(&mut self) {
         self.done.store(true, std::sync::atomic::Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 
@@ -357,6 +351,7 @@ fn init(args: &trainlet::cli::InitArgs) -> u8 {
         retries: args.retries,
         stall: args.stall,
         progress_every: args.progress_every,
+        verify_content: args.verify == "full",
     };
     let ctl = initializers::Control::default();
     let _metrics = match args.metrics_addr.map(|addr| init_metrics(addr, &ctl.progress)).transpose() {

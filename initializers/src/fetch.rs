@@ -52,6 +52,9 @@ pub struct Options {
     pub stall: Duration,
     /// How often the progress line is logged.
     pub progress_every: Duration,
+    /// Check content hashes where the source publishes them (`true`), or
+    /// sizes and version tags only.
+    pub verify_content: bool,
 }
 
 impl Default for Options {
@@ -62,6 +65,7 @@ impl Default for Options {
             retries: 5,
             stall: Duration::from_secs(60),
             progress_every: Duration::from_secs(10),
+            verify_content: true,
         }
     }
 }
@@ -73,6 +77,8 @@ pub struct Fetched {
     pub files: Vec<FileEntry>,
     /// The commit, for the Hub.
     pub commit: Option<String>,
+    /// `size` when content hashes were not checked (`--verify size`).
+    pub verified: Option<String>,
 }
 
 /// The state file's first line.
@@ -102,6 +108,94 @@ struct Job {
     state: Mutex<std::fs::File>,
     ranges: Vec<Range<u64>>,
     left: AtomicUsize,
+    /// Which ranges are written (resumed ones included).
+    written: Mutex<Vec<bool>>,
+    /// The digest, over the part file's bytes `0..upto`.
+    hash: Mutex<Hashing>,
+    /// A background catch-up of `hash` is running.
+    hashing: std::sync::atomic::AtomicBool,
+}
+
+/// A digest that follows the written prefix of a part file, so verifying a
+/// large file overlaps its download instead of rereading it all at the end.
+#[derive(Debug)]
+struct Hashing {
+    digest: Digest,
+    upto: u64,
+}
+
+/// The running digest of one check.
+#[derive(Clone)]
+enum Digest {
+    Ring(ring::digest::Context),
+    Md5(md5::Md5),
+    None,
+}
+
+impl std::fmt::Debug for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Digest::Ring(_) => "Digest::Ring",
+            Digest::Md5(_) => "Digest::Md5",
+            Digest::None => "Digest::None",
+        })
+    }
+}
+
+impl Digest {
+    fn new(check: &Check, size: u64) -> Self {
+        use md5::Digest as _;
+        match check {
+            Check::Sha256(_) => Digest::Ring(ring::digest::Context::new(&ring::digest::SHA256)),
+            Check::GitSha1(_) => {
+                let mut c = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
+                c.update(format!("blob {size}\0").as_bytes());
+                Digest::Ring(c)
+            }
+            Check::Md5(_) => Digest::Md5(md5::Md5::new()),
+            Check::Size(_) => Digest::None,
+        }
+    }
+
+    fn update(&mut self, b: &[u8]) {
+        use md5::Digest as _;
+        match self {
+            Digest::Ring(c) => c.update(b),
+            Digest::Md5(m) => m.update(b),
+            Digest::None => {}
+        }
+    }
+
+    fn hex(self) -> Option<String> {
+        use md5::Digest as _;
+        let hex = |b: &[u8]| data_encoding::HEXLOWER.encode(b);
+        match self {
+            Digest::Ring(c) => Some(hex(c.finish().as_ref())),
+            Digest::Md5(m) => Some(hex(&m.finalize())),
+            Digest::None => None,
+        }
+    }
+}
+
+impl Hashing {
+    /// Hash the part file's bytes from `upto` to `to`.
+    fn advance(&mut self, data: &std::fs::File, part: &Path, to: u64) -> Result<(), InitError> {
+        if matches!(self.digest, Digest::None) {
+            self.upto = self.upto.max(to);
+            return Ok(());
+        }
+        let mut buf = vec![0u8; usize::try_from((to - self.upto.min(to)).min(4 << 20)).unwrap_or(4 << 20)];
+        while self.upto < to {
+            let want = usize::try_from((to - self.upto).min(buf.len() as u64)).unwrap_or(buf.len());
+            let n = data.read_at(&mut buf[..want], self.upto).map_err(io("cannot read", part))?;
+            if n == 0 {
+                break;
+            }
+            self.digest.update(&buf[..n]);
+            self.upto += n as u64;
+        }
+        Ok(())
+    }
 }
 
 fn state_name(dest: &Path) -> PathBuf {
@@ -151,7 +245,7 @@ fn preallocate(f: &std::fs::File, path: &Path, size: u64) -> Result<(), InitErro
 }
 
 impl Job {
-    fn open(output: &Path, file: RemoteFile, chunk: u64) -> Result<(Job, Vec<usize>), InitError> {
+    fn open(output: &Path, file: RemoteFile, chunk: u64, content: bool) -> Result<(Job, Vec<usize>), InitError> {
         let dest = output.join(&file.rel);
         if let Some(dir) = dest.parent() {
             std::fs::create_dir_all(dir).map_err(io("cannot create", dir))?;
@@ -180,9 +274,27 @@ impl Job {
         };
         let ranges = split(file.size, chunk, file.ranges);
         let done: Vec<usize> = done.unwrap_or_default().into_iter().filter(|i| *i < ranges.len()).collect();
-        let left = ranges.len() - done.iter().collect::<std::collections::HashSet<_>>().len();
+        let mut written = vec![false; ranges.len()];
+        for i in &done {
+            written[*i] = true;
+        }
+        let left = written.iter().filter(|w| !**w).count();
+        let digest = if content { Digest::new(&file.check, file.size) } else { Digest::None };
+        let hash = Hashing { digest, upto: 0 };
         Ok((
-            Job { file, dest, part, state_path, data, state: Mutex::new(state), ranges, left: AtomicUsize::new(left) },
+            Job {
+                file,
+                dest,
+                part,
+                state_path,
+                data,
+                state: Mutex::new(state),
+                ranges,
+                left: AtomicUsize::new(left),
+                written: Mutex::new(written),
+                hash: Mutex::new(hash),
+                hashing: std::sync::atomic::AtomicBool::new(false),
+            },
             done,
         ))
     }
@@ -309,7 +421,8 @@ async fn fetch(
     // Largest first: its ranges start early and the tail is small files.
     todo.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.rel.cmp(&b.rel)));
     for f in todo {
-        let (job, done) = Job::open(&cfg.output, f, opts.chunk.max(1)).inspect_err(|_| forget_all(&jobs))?;
+        let (job, done) =
+            Job::open(&cfg.output, f, opts.chunk.max(1), opts.verify_content).inspect_err(|_| forget_all(&jobs))?;
         for (i, r) in job.ranges.iter().enumerate() {
             if done.contains(&i) {
                 resumed_bytes += r.end - r.start;
@@ -378,7 +491,7 @@ async fn fetch(
     let done = progress.snapshot();
     tracing::info!(uri = %cfg.uri, received = done.bytes_fetched, "fetched: {done}");
     let _ = &shared.journal_path;
-    Ok(Fetched { files: entries, commit: listing.commit })
+    Ok(Fetched { files: entries, commit: listing.commit, verified: (!opts.verify_content).then(|| "size".into()) })
 }
 
 /// Stop the others after `e`; a full disk also removes every partial file.
@@ -434,8 +547,26 @@ async fn worker(shared: Arc<Shared>) -> Result<(), InitError> {
             let mut s = job.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             s.write_all(format!("{i}\n").as_bytes()).map_err(io("cannot write", &job.state_path))?;
         }
+        let prefix = {
+            let mut w = job.written.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            w[i] = true;
+            w.iter().position(|d| !*d).map_or(job.file.size, |k| job.ranges[k].start)
+        };
         if job.left.fetch_sub(1, Ordering::SeqCst) == 1 {
             finish(&shared, j).await?;
+        } else if !job.hashing.swap(true, Ordering::SeqCst) {
+            // Hash the newly contiguous bytes now, beside the downloads.
+            let sh = Arc::clone(&shared);
+            tokio::task::spawn_blocking(move || {
+                let job = &sh.jobs[j];
+                let r = job
+                    .hash
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .advance(&job.data, &job.part, prefix);
+                job.hashing.store(false, Ordering::SeqCst);
+                r
+            });
         }
     }
 }
@@ -503,6 +634,16 @@ async fn stream(
                 job.data.write_all_at(b, off)?;
                 off += b.len() as u64;
             }
+            // Bytes that continue the hashed prefix are hashed from memory
+            // (no read-back); others wait for the catch-up.
+            if let Ok(mut h) = job.hash.try_lock()
+                && h.upto == *at
+            {
+                for b in pending.iter() {
+                    h.digest.update(b);
+                }
+                h.upto = off;
+            }
             Ok::<_, std::io::Error>(())
         });
         r.map_err(|e| Failure::Fatal(InitError::io("cannot write", &job.part, e)))?;
@@ -555,7 +696,12 @@ async fn finish(shared: &Shared, j: usize) -> Result<(), InitError> {
         job.file.size,
         job.file.check.clone(),
     );
-    let got = tokio::task::spawn_blocking(move || verify(&data, &part, size, &check))
+    // The digest so far (a background catch-up may still hold it: wait).
+    let hashing = {
+        let mut h = job.hash.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::mem::replace(&mut *h, Hashing { digest: Digest::None, upto: 0 })
+    };
+    let got = tokio::task::spawn_blocking(move || verify(&data, &part, size, &check, hashing))
         .await
         .map_err(|e| InitError::Source { uri: shared.uri.clone(), what: format!("verification task failed: {e}") })??;
     if let Some((want, got)) = got {
@@ -582,58 +728,29 @@ async fn finish(shared: &Shared, j: usize) -> Result<(), InitError> {
     Ok(())
 }
 
-/// Hash the part file, sync it; `Some((want, got))` on a mismatch.
-fn verify(data: &std::fs::File, part: &Path, size: u64, check: &Check) -> Result<Option<(String, String)>, InitError> {
+/// Finish hashing the part file (from where `hashing` stopped), sync it;
+/// `Some((want, got))` on a mismatch.
+fn verify(
+    data: &std::fs::File,
+    part: &Path,
+    size: u64,
+    check: &Check,
+    mut hashing: Hashing,
+) -> Result<Option<(String, String)>, InitError> {
     let len = data.metadata().map_err(io("cannot read", part))?.len();
     if len != size {
         return Ok(Some((format!("{size} bytes"), format!("{len} bytes"))));
     }
-    enum Digest {
-        Ring(ring::digest::Context),
-        Md5(md5::Md5),
-        None,
-    }
-    use md5::Digest as _;
-    let mut d = match check {
-        Check::Sha256(_) => Digest::Ring(ring::digest::Context::new(&ring::digest::SHA256)),
-        Check::GitSha1(_) => {
-            let mut c = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
-            c.update(format!("blob {size}\0").as_bytes());
-            Digest::Ring(c)
-        }
-        Check::Md5(_) => Digest::Md5(md5::Md5::new()),
-        Check::Size(_) => Digest::None,
-    };
-    if !matches!(d, Digest::None) {
-        let mut buf = vec![0u8; 4 << 20];
-        let mut off = 0u64;
-        while off < size {
-            let n = data.read_at(&mut buf, off).map_err(io("cannot read", part))?;
-            if n == 0 {
-                break;
-            }
-            match &mut d {
-                Digest::Ring(c) => c.update(&buf[..n]),
-                Digest::Md5(m) => m.update(&buf[..n]),
-                Digest::None => {}
-            }
-            off += n as u64;
-        }
-    }
-    let hex = |b: &[u8]| data_encoding::HEXLOWER.encode(b);
-    let got = match d {
-        Digest::Ring(c) => Some(hex(c.finish().as_ref())),
-        Digest::Md5(m) => Some(hex(&m.finalize())),
-        Digest::None => None,
-    };
+    hashing.advance(data, part, size)?;
     let want = match check {
         Check::Sha256(h) | Check::GitSha1(h) | Check::Md5(h) => Some(h.clone()),
         Check::Size(_) => None,
     };
-    if let (Some(want), Some(got)) = (&want, &got)
+    // No digest (`--verify size`): the size above was the check.
+    if let (Some(want), Some(got)) = (want, hashing.digest.hex())
         && want != got
     {
-        return Ok(Some((format!("{} {want}", kind(check)), got.clone())));
+        return Ok(Some((format!("{} {want}", kind(check)), got)));
     }
     data.sync_data().map_err(io("cannot sync", part))?;
     Ok(None)
@@ -688,11 +805,20 @@ mod tests {
             Check::Md5("b1946ac92492d2347c6235b4d2611184".into()),
             Check::Size(None),
         ];
+        let fresh = |c: &Check| Hashing { digest: Digest::new(c, 6), upto: 0 };
         for c in &cases {
-            assert_eq!(verify(&f, &p, 6, c).expect("verify"), None, "{c:?}");
+            assert_eq!(verify(&f, &p, 6, c, fresh(c)).expect("verify"), None, "{c:?}");
+            // Hashed in two steps (a prefix while downloading, the rest at
+            // the end): the same digest.
+            let mut h = fresh(c);
+            h.advance(&f, &p, 2).expect("advance");
+            assert_eq!(h.upto, 2);
+            assert_eq!(verify(&f, &p, 6, c, h).expect("verify"), None, "{c:?} in steps");
         }
-        let bad = verify(&f, &p, 6, &Check::Md5("00".into())).expect("verify").expect("mismatch");
+        let md5 = Check::Md5("00".into());
+        let bad = verify(&f, &p, 6, &md5, fresh(&md5)).expect("verify").expect("mismatch");
         assert_eq!(bad, ("md5 00".to_string(), "b1946ac92492d2347c6235b4d2611184".to_string()));
-        assert!(verify(&f, &p, 7, &Check::Size(None)).expect("verify").is_some(), "a short file fails");
+        let size = Check::Size(None);
+        assert!(verify(&f, &p, 7, &size, fresh(&size)).expect("verify").is_some(), "a short file fails");
     }
 }

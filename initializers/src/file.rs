@@ -73,7 +73,7 @@ pub fn fetch(cfg: &Config, root: &Path) -> Result<Fetched, InitError> {
         std::fs::rename(&tmp, &dest).map_err(|e| InitError::io("cannot publish", &dest, e))?;
         entries.push(FileEntry { path: rel, size, check: None });
     }
-    Ok(Fetched { files: entries, commit: None })
+    Ok(Fetched { files: entries, commit: None, verified: None })
 }
 
 /// Stream `src` into a new `dst`, synced before it is renamed.

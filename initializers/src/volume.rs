@@ -54,6 +54,9 @@ pub struct Marker {
     /// The commit it resolved to (the Hub).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit: Option<String>,
+    /// `size` when content hashes were not checked (`--verify size`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<String>,
     /// Every file, as published.
     pub files: Vec<FileEntry>,
 }
@@ -244,12 +247,12 @@ pub fn exactly_once(
     }
     // A marker for another URI or revision: this run replaces it.
     let _ = std::fs::remove_file(cfg.output.join(MARKER));
-    let Fetched { files, commit } = fetch(&lock.lost)?;
+    let Fetched { files, commit, verified } = fetch(&lock.lost)?;
     if lock.lost.load(Ordering::SeqCst) || !owns(&lock.path, &lock.me) {
         return Err(InitError::LockLost { output: cfg.output.clone() });
     }
     let bytes = files.iter().map(|f| f.size).sum();
-    let marker = Marker { uri: cfg.uri.clone(), revision: cfg.revision().map(str::to_string), commit, files };
+    let marker = Marker { uri: cfg.uri.clone(), revision: cfg.revision().map(str::to_string), commit, verified, files };
     let text = serde_json::to_vec_pretty(&marker).map_err(|e| InitError::Config(e.to_string()))?;
     write_atomic(&cfg.output.join(MARKER), &text)?;
     let _ = std::fs::remove_file(cfg.output.join(JOURNAL));

@@ -418,6 +418,11 @@ fn a_dropped_connection_resumes_by_range_and_a_corrupt_byte_is_never_published()
     );
     assert!(!out.path().join("bad.safetensors").exists() && !out.path().join(MARKER).exists());
     assert!(leftovers(out.path()).iter().all(|n| !n.contains("bad.safetensors")), "{:?}", leftovers(out.path()));
+    // `--verify size` trades the hash for speed: the same bytes pass, and
+    // the marker says only sizes were checked.
+    let mut pod = init("model", out.path(), &["--verify", "size"], &[ep, ("STORAGE_URI", "hf://org/bad")]);
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    assert_eq!(marker(out.path())["verified"], "size");
 }
 
 /// `GET /metrics` from the agent.
