@@ -252,7 +252,9 @@ impl Job {
         }
         let (part, state_path) = (partial_name(&dest), state_name(&dest));
         let header = Header { size: file.size, check: file.check.label(), chunk: if file.ranges { chunk } else { 0 } };
-        let done = if file.ranges { resumed(&state_path, &part, &header) } else { None };
+        // Only a source that identifies the version (a hash or an ETag) can
+        // be resumed: else the ranges kept could be of an older file.
+        let done = if file.ranges && file.check.identifies() { resumed(&state_path, &part, &header) } else { None };
         let data = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -411,7 +413,15 @@ async fn fetch(
     };
     let (skip, todo): (Vec<RemoteFile>, Vec<RemoteFile>) = files.into_iter().partition(in_place);
     let total: u64 = entries.iter().map(|e| e.size).sum();
-    let need: u64 = todo.iter().map(|f| f.size).sum();
+    // Space the partial files of an earlier run hold already counts as had.
+    let need: u64 = todo
+        .iter()
+        .map(|f| {
+            use std::os::unix::fs::MetadataExt;
+            let held = std::fs::metadata(partial_name(&cfg.output.join(&f.rel))).map_or(0, |m| m.blocks() * 512);
+            f.size.saturating_sub(held)
+        })
+        .sum();
     check_space(&cfg.output, need)?;
 
     let mut jobs = Vec::with_capacity(todo.len());
@@ -490,7 +500,6 @@ async fn fetch(
     }
     let done = progress.snapshot();
     tracing::info!(uri = %cfg.uri, received = done.bytes_fetched, "fetched: {done}");
-    let _ = &shared.journal_path;
     Ok(Fetched { files: entries, commit: listing.commit, verified: (!opts.verify_content).then(|| "size".into()) })
 }
 
