@@ -73,7 +73,9 @@ fn open_mpi_and_mpi4py_over_four_hosts_with_no_openssh() {
     let before = openssh_processes();
     let mut job = launcher(&args, &env, &Wrap::without_openssh(&empty));
     let mut seen_openssh = Vec::new();
+    let started = std::time::Instant::now();
     while job.child.try_wait().expect("try_wait").is_none() {
+        assert!(started.elapsed() < LIMIT, "the job did not end within {LIMIT:?}:\n{}", job.stderr());
         seen_openssh.extend(openssh_processes().into_iter().filter(|p| !before.contains(p)));
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -112,7 +112,17 @@ impl Wrap {
 
 /// `trainlet sshd` on `addr`, started through `wrap`; returns once it listens.
 pub fn sshd(addr: &str, env: &[(String, String)], wrap: &Wrap) -> Pod {
-    let mut pod = wrap.trainlet(&["sshd", &format!("--listen={addr}")], env);
+    // Each simulated host gets its own TMPDIR, as each pod has its own /tmp:
+    // Open MPI's daemons keep their session directories there, and all
+    // simulated hosts share one hostname, so in one /tmp the daemons of one
+    // job create and remove the same tree at once.
+    let host = addr.split(':').next().unwrap_or(addr);
+    let tmp = std::env::temp_dir().join(format!("tl-{host}"));
+    std::fs::create_dir_all(&tmp).expect("host tmpdir");
+    let mut env = env.to_vec();
+    env.retain(|(k, _)| k != "TMPDIR");
+    env.push(("TMPDIR".into(), tmp.display().to_string()));
+    let mut pod = wrap.trainlet(&["sshd", &format!("--listen={addr}")], &env);
     pod.wait_for_output("trainlet sshd listening on", Duration::from_secs(20));
     pod
 }
