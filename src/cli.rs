@@ -61,6 +61,9 @@ pub struct InitArgs {
     /// Output directory (default /workspace/dataset or /workspace/model).
     #[arg(long, value_name = "DIR")]
     pub output: Option<PathBuf>,
+    /// Hub revision (branch, tag or commit), instead of the URI's @REV.
+    #[arg(long, env = "TRAINLET_INIT_REVISION", value_name = "REV")]
+    pub revision: Option<String>,
     /// Ranged reads in flight at once, over all files.
     #[arg(long, env = "TRAINLET_INIT_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024), value_name = "N")]
     pub concurrency: u16,

@@ -338,7 +338,9 @@ fn init(args: &trainlet::cli::InitArgs) -> u8 {
         trainlet::cli::InitKind::Dataset => Kind::Dataset,
         trainlet::cli::InitKind::Model => Kind::Model,
     };
-    let cfg = match Config::resolve(kind, args.storage_uri.as_deref(), args.output.clone(), |k| std::env::var(k).ok()) {
+    let cfg = match Config::resolve(kind, args.storage_uri.as_deref(), args.output.clone(), |k| std::env::var(k).ok())
+        .and_then(|c| c.with_revision(args.revision.as_deref()))
+    {
         Ok(c) => c,
         Err(e) => {
             eprintln!("trainlet init: error: {}", error_chain(&e));

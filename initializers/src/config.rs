@@ -199,6 +199,29 @@ impl Config {
         })
     }
 
+    /// Take the Hub revision from an option (`--revision`) instead of the
+    /// URI's `@REV`; both given and different is an error, as is a revision
+    /// for a source that has none.
+    pub fn with_revision(mut self, rev: Option<&str>) -> Result<Self, InitError> {
+        let Some(rev) = rev.map(str::trim).filter(|r| !r.is_empty()) else { return Ok(self) };
+        let in_uri = self.uri.rsplit_once('@').is_some_and(|(_, r)| !r.contains('/'));
+        match &mut self.source {
+            Source::Hf { revision, .. } if in_uri && revision != rev => Err(InitError::Config(format!(
+                "{}: the URI names revision {revision:?} and --revision {rev:?}; give one",
+                self.uri
+            ))),
+            Source::Hf { revision, .. } => {
+                *revision = rev.to_string();
+                Ok(self)
+            }
+            other => Err(InitError::Config(format!(
+                "{}: --revision applies to hf:// sources, not {}",
+                self.uri,
+                other.scheme()
+            ))),
+        }
+    }
+
     /// The revision recorded in the marker.
     pub fn revision(&self) -> Option<&str> {
         match &self.source {
@@ -232,6 +255,19 @@ mod tests {
     fn bad_uris_name_the_uri(uri: &str, want: &str) {
         let e = Source::parse(uri, Kind::Model).expect_err("refused").to_string();
         assert!(e.contains(&format!("{uri:?}")) && e.contains(want), "{e}");
+    }
+
+    #[test]
+    fn a_revision_comes_from_the_uri_or_the_option_not_both() {
+        let env = |_: &str| None;
+        let c = Config::resolve(Kind::Model, Some("hf://o/m"), None, env).expect("cfg");
+        assert_eq!(c.with_revision(Some("v2")).expect("rev").revision(), Some("v2"));
+        let c = Config::resolve(Kind::Model, Some("hf://o/m@v1"), None, env).expect("cfg");
+        assert_eq!(c.clone().with_revision(Some("v1")).expect("same").revision(), Some("v1"));
+        let e = c.with_revision(Some("v2")).expect_err("conflict").to_string();
+        assert!(e.contains("names revision \"v1\" and --revision \"v2\""), "{e}");
+        let c = Config::resolve(Kind::Model, Some("s3://b/p"), None, env).expect("cfg");
+        assert!(c.with_revision(Some("v1")).expect_err("s3").to_string().contains("applies to hf://"));
     }
 
     #[test]

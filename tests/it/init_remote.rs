@@ -294,6 +294,10 @@ fn hub_errors_name_the_repo_and_a_token_is_never_printed_nor_sent_to_the_cdn() {
         assert!(!err.contains("WrongSecret"), "a token is never printed");
         assert!(!out.path().join(MARKER).exists(), "no marker after a failure");
     }
+    // The revision as an option instead of @REV.
+    let mut pod = init("model", out.path(), &["--revision", "v9"], &[ep, ("STORAGE_URI", "hf://org/gated")]);
+    assert_eq!(pod.code(LIMIT), 221, "{}", pod.stderr());
+    assert!(pod.stderr().contains("hf://org/gated: revision \"v9\" not found in org/gated"), "{}", pod.stderr());
     // HF_TOKEN works too. The CDN refuses requests that carry an
     // Authorization header (as presigned URLs do): success means the token
     // stayed on the Hub's host.
