@@ -82,11 +82,20 @@ pub struct InitArgs {
     /// `full`: check each file's content hash where the source publishes one
     /// (SHA-256, git SHA-1, MD5); `size`: sizes and version tags only (MD5
     /// costs about a core-second per GiB).
-    #[arg(long, env = "TRAINLET_INIT_VERIFY", default_value = "full", value_parser = ["full", "size"], value_name = "full|size")]
-    pub verify: String,
+    #[arg(long, env = "TRAINLET_INIT_VERIFY", value_enum, default_value_t = InitVerify::Full)]
+    pub verify: InitVerify,
     /// Serve the progress as Prometheus metrics at http://ADDR/metrics.
     #[arg(long = "metrics-addr", env = "TRAINLET_METRICS_ADDR", value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+}
+
+/// What `trainlet init` checks each file against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum InitVerify {
+    /// The content hash the source publishes, where it publishes one.
+    Full,
+    /// Sizes and version tags only.
+    Size,
 }
 
 /// `trainlet init` kinds.

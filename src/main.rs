@@ -268,35 +268,22 @@ fn doctor(args: &RunArgs) -> u8 {
     preflight::first_failure(&verdicts).map_or(exit::SUCCESS, |(code, _)| code)
 }
 
-/// `trainlet init`'s signal thread: SIGTERM or SIGINT (blocked in every
-/// thread since `main`) becomes the run's stop request. It holds nothing, so
-/// it is not joined: the process exits as soon as the run is over.
-struct InitSignals {
-    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl InitSignals {
-    fn start(ctl: &initializers::Control) -> Self {
-        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (d, stop) = (std::sync::Arc::clone(&done), std::sync::Arc::clone(&ctl.stop));
-        let _ = std::thread::Builder::new().name("trainlet-signals".into()).spawn(move || {
-            while !d.load(std::sync::atomic::Ordering::SeqCst) {
-                if let Some(sig) = sys::wait_signal(std::time::Duration::from_millis(200))
-                    && (sig == libc::SIGTERM || sig == libc::SIGINT)
-                {
-                    stop.store(sig, std::sync::atomic::Ordering::SeqCst);
-                    return;
-                }
+/// SIGTERM or SIGINT, collected by the one signal thread
+/// ([`signals::start`]), become the run's stop request. The forwarding
+/// thread holds nothing and is not joined: the process exits when the run
+/// is over.
+fn stop_init_on_signals(ctl: &initializers::Control) -> std::io::Result<()> {
+    let mut events = signals::start()?;
+    let stop = std::sync::Arc::clone(&ctl.stop);
+    std::thread::Builder::new().name("trainlet-init-stop".into()).spawn(move || {
+        while let Some(ev) = events.blocking_recv() {
+            if let SysEvent::Signal(sig @ (libc::SIGTERM | libc::SIGINT)) = ev {
+                stop.store(sig, std::sync::atomic::Ordering::SeqCst);
+                return;
             }
-        });
-        InitSignals { done }
-    }
-}
-
-impl Drop for InitSignals {
-    fn drop(&mut self) {
-        self.done.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
+        }
+    })?;
+    Ok(())
 }
 
 /// Stops the metrics thread of `trainlet init` when dropped.
@@ -353,7 +340,7 @@ fn init(args: &trainlet::cli::InitArgs) -> u8 {
         retries: args.retries,
         stall: args.stall,
         progress_every: args.progress_every,
-        verify_content: args.verify == "full",
+        verify_content: args.verify == trainlet::cli::InitVerify::Full,
     };
     let ctl = initializers::Control::default();
     let _metrics = match args.metrics_addr.map(|addr| init_metrics(addr, &ctl.progress)).transpose() {
@@ -363,7 +350,10 @@ fn init(args: &trainlet::cli::InitArgs) -> u8 {
             return exit::CONFIG;
         }
     };
-    let _signals = InitSignals::start(&ctl);
+    if let Err(e) = stop_init_on_signals(&ctl) {
+        eprintln!("trainlet init: error: cannot start the signal thread: {e}");
+        return exit::INTERNAL;
+    }
     match initializers::run(&cfg, &opts, &ctl) {
         Ok(Outcome::Fetched { files, bytes }) => {
             tracing::info!(uri = %cfg.uri, output = %cfg.output.display(), files, bytes, "initializer done");

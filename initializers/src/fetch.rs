@@ -39,7 +39,7 @@ use crate::{Config, InitError};
 /// Bytes gathered from the network before one positioned write.
 pub const FLUSH: usize = 1 << 20;
 
-/// Tuning, from the command line (`trainlet init --help`).
+/// Tuning, from the command line (`trainlet init --help` has the defaults).
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Ranged reads in flight at once, over all files.
@@ -55,19 +55,6 @@ pub struct Options {
     /// Check content hashes where the source publishes them (`true`), or
     /// sizes and version tags only.
     pub verify_content: bool,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            concurrency: 16,
-            chunk: 32 << 20,
-            retries: 5,
-            stall: Duration::from_secs(60),
-            progress_every: Duration::from_secs(10),
-            verify_content: true,
-        }
-    }
 }
 
 /// What a remote fetch published.
@@ -187,7 +174,7 @@ impl Hashing {
         let mut buf = vec![0u8; usize::try_from((to - self.upto.min(to)).min(4 << 20)).unwrap_or(4 << 20)];
         while self.upto < to {
             let want = usize::try_from((to - self.upto).min(buf.len() as u64)).unwrap_or(buf.len());
-            let n = data.read_at(&mut buf[..want], self.upto).map_err(io("cannot read", part))?;
+            let n = data.read_at(&mut buf[..want], self.upto).map_err(InitError::at("cannot read", part))?;
             if n == 0 {
                 break;
             }
@@ -199,8 +186,7 @@ impl Hashing {
 }
 
 fn state_name(dest: &Path) -> PathBuf {
-    let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    dest.with_file_name(format!(".{name}.trainlet-state"))
+    crate::volume::temp_name(dest, crate::volume::STATE)
 }
 
 fn split(size: u64, chunk: u64, ranges: bool) -> Vec<Range<u64>> {
@@ -225,10 +211,6 @@ fn resumed(state: &Path, part: &Path, header: &Header) -> Option<Vec<usize>> {
     Some(lines.filter(|l| l.ends_with('\n')).filter_map(|l| l.trim().parse().ok()).collect())
 }
 
-fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> InitError + 'a {
-    move |e| InitError::io(what, path, e)
-}
-
 /// Reserve `size` bytes for `f`: a full volume fails now, not mid-way.
 fn preallocate(f: &std::fs::File, path: &Path, size: u64) -> Result<(), InitError> {
     use std::os::fd::AsRawFd;
@@ -240,7 +222,7 @@ fn preallocate(f: &std::fs::File, path: &Path, size: u64) -> Result<(), InitErro
             Err(InitError::io("cannot reserve space for", path, std::io::Error::from_raw_os_error(libc::ENOSPC)))
         }
         // NFS and others without fallocate: a sparse file of the right size.
-        Err(_) => f.set_len(size).map_err(io("cannot size", path)),
+        Err(_) => f.set_len(size).map_err(InitError::at("cannot size", path)),
     }
 }
 
@@ -248,7 +230,7 @@ impl Job {
     fn open(output: &Path, file: RemoteFile, chunk: u64, content: bool) -> Result<(Job, Vec<usize>), InitError> {
         let dest = output.join(&file.rel);
         if let Some(dir) = dest.parent() {
-            std::fs::create_dir_all(dir).map_err(io("cannot create", dir))?;
+            std::fs::create_dir_all(dir).map_err(InitError::at("cannot create", dir))?;
         }
         let (part, state_path) = (partial_name(&dest), state_name(&dest));
         let header = Header { size: file.size, check: file.check.label(), chunk: if file.ranges { chunk } else { 0 } };
@@ -261,17 +243,20 @@ impl Job {
             .create(true)
             .truncate(false)
             .open(&part)
-            .map_err(io("cannot create", &part))?;
+            .map_err(InitError::at("cannot create", &part))?;
         let state = if let Some(d) = &done {
             let _ = d;
-            std::fs::OpenOptions::new().append(true).open(&state_path).map_err(io("cannot open", &state_path))?
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(&state_path)
+                .map_err(InitError::at("cannot open", &state_path))?
         } else {
-            data.set_len(0).map_err(io("cannot truncate", &part))?;
+            data.set_len(0).map_err(InitError::at("cannot truncate", &part))?;
             preallocate(&data, &part, file.size)?;
-            let mut s = std::fs::File::create(&state_path).map_err(io("cannot create", &state_path))?;
+            let mut s = std::fs::File::create(&state_path).map_err(InitError::at("cannot create", &state_path))?;
             let mut line = serde_json::to_vec(&header).map_err(|e| InitError::Config(e.to_string()))?;
             line.push(b'\n');
-            s.write_all(&line).map_err(io("cannot write", &state_path))?;
+            s.write_all(&line).map_err(InitError::at("cannot write", &state_path))?;
             s
         };
         let ranges = split(file.size, chunk, file.ranges);
@@ -335,7 +320,7 @@ pub fn remote(
         .thread_name("trainlet-init")
         .enable_all()
         .build()
-        .map_err(io("cannot start the runtime in", &cfg.output))?;
+        .map_err(InitError::at("cannot start the runtime in", &cfg.output))?;
     rt.block_on(run(cfg, opts, ctl, lost))
 }
 
@@ -458,7 +443,7 @@ async fn fetch(
         .create(true)
         .append(true)
         .open(&journal_path)
-        .map_err(io("cannot open", &journal_path))?;
+        .map_err(InitError::at("cannot open", &journal_path))?;
     let shared = Arc::new(Shared {
         uri: cfg.uri.clone(),
         remote,
@@ -554,7 +539,7 @@ async fn worker(shared: Arc<Shared>) -> Result<(), InitError> {
         let job = &shared.jobs[j];
         {
             let mut s = job.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            s.write_all(format!("{i}\n").as_bytes()).map_err(io("cannot write", &job.state_path))?;
+            s.write_all(format!("{i}\n").as_bytes()).map_err(InitError::at("cannot write", &job.state_path))?;
         }
         let prefix = {
             let mut w = job.written.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -700,7 +685,7 @@ async fn stream(
 async fn finish(shared: &Shared, j: usize) -> Result<(), InitError> {
     let job = &shared.jobs[j];
     let (data, part, size, check) = (
-        job.data.try_clone().map_err(io("cannot reopen", &job.part))?,
+        job.data.try_clone().map_err(InitError::at("cannot reopen", &job.part))?,
         job.part.clone(),
         job.file.size,
         job.file.check.clone(),
@@ -717,7 +702,7 @@ async fn finish(shared: &Shared, j: usize) -> Result<(), InitError> {
         job.forget();
         return Err(InitError::Checksum { uri: shared.uri.clone(), path: job.file.rel.clone(), want, got });
     }
-    std::fs::rename(&job.part, &job.dest).map_err(io("cannot publish", &job.dest))?;
+    std::fs::rename(&job.part, &job.dest).map_err(InitError::at("cannot publish", &job.dest))?;
     let _ = std::fs::remove_file(&job.state_path);
     let mut line = serde_json::to_vec(&Journaled {
         path: job.file.rel.clone(),
@@ -731,7 +716,7 @@ async fn finish(shared: &Shared, j: usize) -> Result<(), InitError> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .write_all(&line)
-        .map_err(io("cannot write", &shared.journal_path))?;
+        .map_err(InitError::at("cannot write", &shared.journal_path))?;
     shared.progress.file_done();
     tracing::debug!(file = %job.file.rel, "verified and published");
     Ok(())
@@ -746,32 +731,19 @@ fn verify(
     check: &Check,
     mut hashing: Hashing,
 ) -> Result<Option<(String, String)>, InitError> {
-    let len = data.metadata().map_err(io("cannot read", part))?.len();
+    let len = data.metadata().map_err(InitError::at("cannot read", part))?.len();
     if len != size {
         return Ok(Some((format!("{size} bytes"), format!("{len} bytes"))));
     }
     hashing.advance(data, part, size)?;
-    let want = match check {
-        Check::Sha256(h) | Check::GitSha1(h) | Check::Md5(h) => Some(h.clone()),
-        Check::Size(_) => None,
-    };
     // No digest (`--verify size`): the size above was the check.
-    if let (Some(want), Some(got)) = (want, hashing.digest.hex())
+    if let (Some((algorithm, want)), Some(got)) = (check.digest(), hashing.digest.hex())
         && want != got
     {
-        return Ok(Some((format!("{} {want}", kind(check)), got)));
+        return Ok(Some((format!("{algorithm} {want}"), got)));
     }
-    data.sync_data().map_err(io("cannot sync", part))?;
+    data.sync_data().map_err(InitError::at("cannot sync", part))?;
     Ok(None)
-}
-
-fn kind(c: &Check) -> &'static str {
-    match c {
-        Check::Sha256(_) => "sha256",
-        Check::GitSha1(_) => "git-sha1",
-        Check::Md5(_) => "md5",
-        Check::Size(_) => "size",
-    }
 }
 
 #[cfg(test)]

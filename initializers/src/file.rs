@@ -11,7 +11,7 @@ use crate::{Config, InitError};
 /// Every regular file under `root` (itself when it is a file), with its
 /// `/`-separated path relative to `root`.
 fn walk(root: &Path) -> Result<Vec<(String, std::path::PathBuf)>, InitError> {
-    let meta = std::fs::metadata(root).map_err(|e| InitError::io("cannot read", root, e))?;
+    let meta = std::fs::metadata(root).map_err(InitError::at("cannot read", root))?;
     if meta.is_file() {
         let name = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         return Ok(vec![(name, root.to_path_buf())]);
@@ -19,12 +19,12 @@ fn walk(root: &Path) -> Result<Vec<(String, std::path::PathBuf)>, InitError> {
     let mut out = Vec::new();
     let mut stack = vec![(String::new(), root.to_path_buf())];
     while let Some((rel, dir)) = stack.pop() {
-        for e in std::fs::read_dir(&dir).map_err(|e| InitError::io("cannot list", &dir, e))? {
-            let e = e.map_err(|e| InitError::io("cannot list", &dir, e))?;
+        for e in std::fs::read_dir(&dir).map_err(InitError::at("cannot list", &dir))? {
+            let e = e.map_err(InitError::at("cannot list", &dir))?;
             let name = e.file_name().to_string_lossy().into_owned();
             let path = e.path();
             let rel = if rel.is_empty() { name } else { format!("{rel}/{name}") };
-            let m = std::fs::metadata(&path).map_err(|e| InitError::io("cannot read", &path, e))?;
+            let m = std::fs::metadata(&path).map_err(InitError::at("cannot read", &path))?;
             if m.is_dir() {
                 stack.push((rel, path));
             } else if m.is_file() {
@@ -49,11 +49,11 @@ pub fn fetch(cfg: &Config, root: &Path) -> Result<Fetched, InitError> {
     for (rel, src) in files {
         let dest = cfg.output.join(&rel);
         if let Some(dir) = dest.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| InitError::io("cannot create", dir, e))?;
+            std::fs::create_dir_all(dir).map_err(InitError::at("cannot create", dir))?;
         }
         let tmp = partial_name(&dest);
         let _ = std::fs::remove_file(&tmp);
-        let size = std::fs::metadata(&src).map_err(|e| InitError::io("cannot read", &src, e))?.len();
+        let size = std::fs::metadata(&src).map_err(InitError::at("cannot read", &src))?.len();
         // Same filesystem: a hard link, no bytes copied; else a streamed copy.
         if std::fs::hard_link(&src, &tmp).is_err()
             && let Err(e) = copy(&src, &tmp)
@@ -61,7 +61,7 @@ pub fn fetch(cfg: &Config, root: &Path) -> Result<Fetched, InitError> {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
         }
-        let got = std::fs::metadata(&tmp).map_err(|e| InitError::io("cannot read", &tmp, e))?.len();
+        let got = std::fs::metadata(&tmp).map_err(InitError::at("cannot read", &tmp))?.len();
         if got != size {
             let _ = std::fs::remove_file(&tmp);
             return Err(InitError::Io {
@@ -70,7 +70,7 @@ pub fn fetch(cfg: &Config, root: &Path) -> Result<Fetched, InitError> {
                 source: std::io::Error::other(format!("{size} bytes listed, {got} written")),
             });
         }
-        std::fs::rename(&tmp, &dest).map_err(|e| InitError::io("cannot publish", &dest, e))?;
+        std::fs::rename(&tmp, &dest).map_err(InitError::at("cannot publish", &dest))?;
         entries.push(FileEntry { path: rel, size, check: None });
     }
     Ok(Fetched { files: entries, commit: None, verified: None })
@@ -78,8 +78,8 @@ pub fn fetch(cfg: &Config, root: &Path) -> Result<Fetched, InitError> {
 
 /// Stream `src` into a new `dst`, synced before it is renamed.
 fn copy(src: &Path, dst: &Path) -> Result<(), InitError> {
-    let mut r = std::fs::File::open(src).map_err(|e| InitError::io("cannot open", src, e))?;
-    let mut w = std::fs::File::create(dst).map_err(|e| InitError::io("cannot create", dst, e))?;
-    std::io::copy(&mut r, &mut w).map_err(|e| InitError::io("cannot write", dst, e))?;
-    w.sync_all().map_err(|e| InitError::io("cannot sync", dst, e))
+    let mut r = std::fs::File::open(src).map_err(InitError::at("cannot open", src))?;
+    let mut w = std::fs::File::create(dst).map_err(InitError::at("cannot create", dst))?;
+    std::io::copy(&mut r, &mut w).map_err(InitError::at("cannot write", dst))?;
+    w.sync_all().map_err(InitError::at("cannot sync", dst))
 }

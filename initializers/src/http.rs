@@ -14,6 +14,8 @@ use crate::{Config, InitError};
 /// One URL.
 #[derive(Debug)]
 pub struct Http {
+    /// The URL without its query (cfg.uri), for messages.
+    uri: String,
     client: Client,
     url: String,
     token: Option<Secret>,
@@ -22,15 +24,11 @@ pub struct Http {
 impl Http {
     /// `url`, with cfg's token (ACCESS_TOKEN) as a bearer token if set.
     pub fn new(cfg: &Config, client: &Client, url: &str) -> Self {
-        Http { client: client.clone(), url: url.to_string(), token: cfg.token.clone() }
-    }
-
-    fn shown(&self) -> &str {
-        self.url.split('?').next().unwrap_or(&self.url)
+        Http { uri: cfg.uri.clone(), client: client.clone(), url: url.to_string(), token: cfg.token.clone() }
     }
 
     fn name(&self) -> Result<String, InitError> {
-        let path = self.shown().split_once("://").map_or("", |(_, rest)| rest);
+        let path = self.uri.split_once("://").map_or("", |(_, rest)| rest);
         let last = path.split_once('/').map_or("", |(_, p)| p).rsplit('/').next().unwrap_or_default();
         let name = percent_encoding::percent_decode_str(last).decode_utf8_lossy().into_owned();
         if safe_rel(&name) && !name.contains('/') {
@@ -38,7 +36,7 @@ impl Http {
         } else {
             Err(InitError::Config(format!(
                 "{}: cannot name the file from the URL (its path must end with a file name, not {last:?})",
-                self.shown()
+                self.uri
             )))
         }
     }
@@ -52,7 +50,7 @@ impl Http {
         if let Some(t) = &self.token {
             req = req.bearer_auth(&t.0);
         }
-        req.send().await.map_err(|e| InitError::Source { uri: self.shown().to_string(), what: describe(&e) })
+        req.send().await.map_err(|e| InitError::Source { uri: self.uri.clone(), what: describe(&e) })
     }
 
     /// The one file: its size, ETag and whether ranges work.
@@ -64,9 +62,9 @@ impl Http {
         }
         let status = resp.status();
         if !status.is_success() {
-            return Err(match status_failure(self.shown(), self.shown(), status, resp.headers()) {
+            return Err(match status_failure(&self.uri, &self.uri, status, resp.headers()) {
                 Failure::Fatal(e) => e,
-                Failure::Retry(why) => InitError::Source { uri: self.shown().to_string(), what: why },
+                Failure::Retry(why) => InitError::Source { uri: self.uri.clone(), what: why },
             });
         }
         let h = resp.headers();
@@ -78,7 +76,7 @@ impl Http {
             _ => header(reqwest::header::CONTENT_LENGTH).and_then(|l| l.parse::<u64>().ok()),
         };
         let size = size.ok_or_else(|| InitError::Source {
-            uri: self.shown().to_string(),
+            uri: self.uri.clone(),
             what: "the server does not give the file's size (no Content-Length); cannot verify a download".into(),
         })?;
         let ranges = status.as_u16() == 206
@@ -94,8 +92,6 @@ impl Http {
 
     /// Read `range` of the file.
     pub async fn open(&self, file: &RemoteFile, range: Range<u64>) -> Result<Body, Failure> {
-        self.client
-            .get(self.shown(), &file.locator, range, file.size, self.token.as_ref(), file.version.as_deref())
-            .await
+        self.client.get(&self.uri, &file.locator, range, file.size, self.token.as_ref(), file.version.as_deref()).await
     }
 }

@@ -163,6 +163,11 @@ impl InitError {
         }
     }
 
+    /// `map_err` adapter for [`InitError::io`]: `.map_err(InitError::at("cannot write", &p))`.
+    pub fn at<'a>(what: &'static str, path: &'a std::path::Path) -> impl FnOnce(std::io::Error) -> Self + 'a {
+        move |e| InitError::io(what, path, e)
+    }
+
     /// An I/O error on `path`; ENOSPC becomes [`InitError::NoSpace`].
     pub fn io(what: &'static str, path: &std::path::Path, source: std::io::Error) -> Self {
         if source.raw_os_error() == Some(libc::ENOSPC) {

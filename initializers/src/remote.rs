@@ -36,12 +36,20 @@ impl Check {
     /// `sha256:...`, `git-sha1:...`, `md5:...`, `etag:...` or `size`: how the
     /// marker and the journal record it.
     pub fn label(&self) -> String {
+        match (self.digest(), self) {
+            (Some((algorithm, hex)), _) => format!("{algorithm}:{hex}"),
+            (None, Check::Size(Some(t))) => format!("etag:{t}"),
+            (None, _) => "size".into(),
+        }
+    }
+
+    /// The content digest the source publishes: algorithm name and hex.
+    pub fn digest(&self) -> Option<(&'static str, &str)> {
         match self {
-            Check::Sha256(h) => format!("sha256:{h}"),
-            Check::GitSha1(h) => format!("git-sha1:{h}"),
-            Check::Md5(h) => format!("md5:{h}"),
-            Check::Size(Some(t)) => format!("etag:{t}"),
-            Check::Size(None) => "size".into(),
+            Check::Sha256(h) => Some(("sha256", h)),
+            Check::GitSha1(h) => Some(("git-sha1", h)),
+            Check::Md5(h) => Some(("md5", h)),
+            Check::Size(_) => None,
         }
     }
 
@@ -306,9 +314,7 @@ pub fn safe_rel(rel: &str) -> bool {
         && !rel.starts_with('/')
         && !rel.contains('\0')
         && rel.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
-        && !rel
-            .split('/')
-            .any(|c| c.starts_with(".trainlet-") || c.ends_with(".trainlet-part") || c.ends_with(".trainlet-state"))
+        && !rel.split('/').any(|c| c.starts_with(".trainlet-") || crate::volume::is_temp(c))
 }
 
 #[cfg(test)]

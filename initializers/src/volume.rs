@@ -61,10 +61,6 @@ pub struct Marker {
     pub files: Vec<FileEntry>,
 }
 
-fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> InitError + 'a {
-    move |e| InitError::io(what, path, e)
-}
-
 /// The marker of `dir`, if any and readable.
 pub fn read_marker(dir: &Path) -> Option<Marker> {
     serde_json::from_slice(&std::fs::read(dir.join(MARKER)).ok()?).ok()
@@ -79,9 +75,9 @@ fn done(cfg: &Config) -> bool {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), InitError> {
     use std::io::Write;
     let tmp = partial_name(path);
-    let mut f = std::fs::File::create(&tmp).map_err(io("cannot write", &tmp))?;
-    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(io("cannot write", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(io("cannot publish", path))
+    let mut f = std::fs::File::create(&tmp).map_err(InitError::at("cannot write", &tmp))?;
+    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(InitError::at("cannot write", &tmp))?;
+    std::fs::rename(&tmp, path).map_err(InitError::at("cannot publish", path))
 }
 
 /// Remove partial and state files left under `dir` by runs of other
@@ -93,17 +89,32 @@ fn sweep(dir: &Path) {
         let Ok(kind) = e.file_type() else { continue };
         if kind.is_dir() {
             sweep(&e.path());
-        } else if name.starts_with('.') && (name.ends_with(".trainlet-part") || name.ends_with(".trainlet-state")) {
+        } else if is_temp(&name) {
             let _ = std::fs::remove_file(e.path());
         }
     }
 }
 
-/// The temporary name a file is written under before its rename: hidden,
-/// so nothing reading the directory mistakes it for the real file.
-pub fn partial_name(path: &Path) -> PathBuf {
+/// Suffix of the name a file is written under before its rename.
+pub const PART: &str = ".trainlet-part";
+/// Suffix of a partial file's range list ([`crate::fetch`]).
+pub const STATE: &str = ".trainlet-state";
+
+/// `.NAME` + `suffix` beside `path`: hidden, so nothing reading the
+/// directory mistakes it for the real file.
+pub fn temp_name(path: &Path, suffix: &str) -> PathBuf {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    path.with_file_name(format!(".{name}.trainlet-part"))
+    path.with_file_name(format!(".{name}{suffix}"))
+}
+
+/// The temporary name a file is written under before its rename.
+pub fn partial_name(path: &Path) -> PathBuf {
+    temp_name(path, PART)
+}
+
+/// Whether a file name is one of trainlet's temporary names.
+pub fn is_temp(name: &str) -> bool {
+    name.starts_with('.') && (name.ends_with(PART) || name.ends_with(STATE))
 }
 
 /// The held lock; dropping it stops the heartbeat and removes the file
@@ -152,7 +163,7 @@ fn try_lock(dir: &Path, stale: Duration) -> Result<Try, InitError> {
     match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
         Ok(mut f) => {
             use std::io::Write;
-            f.write_all(me.as_bytes()).map_err(io("cannot write the lock", &path))?;
+            f.write_all(me.as_bytes()).map_err(InitError::at("cannot write the lock", &path))?;
             let (stop, lost) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
             let (s, l, p, m) = (Arc::clone(&stop), Arc::clone(&lost), path.clone(), me.clone());
             let every = beat_every(stale);
@@ -175,7 +186,7 @@ fn try_lock(dir: &Path, stale: Duration) -> Result<Try, InitError> {
                         }
                     }
                 })
-                .map_err(io("cannot start the heartbeat for", &path))?;
+                .map_err(InitError::at("cannot start the heartbeat for", &path))?;
             Ok(Try::Got(Lock { path, me, stop, lost, beat: Some(beat) }))
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -213,7 +224,7 @@ pub fn exactly_once(
     ctl: &crate::Control,
     fetch: impl FnOnce(&Arc<AtomicBool>) -> Result<Fetched, InitError>,
 ) -> Result<Outcome, InitError> {
-    std::fs::create_dir_all(&cfg.output).map_err(io("cannot create the output directory", &cfg.output))?;
+    std::fs::create_dir_all(&cfg.output).map_err(InitError::at("cannot create the output directory", &cfg.output))?;
     let stale = stale_after();
     let mut told = false;
     let lock = loop {
@@ -227,11 +238,9 @@ pub fn exactly_once(
             Try::Got(l) => break l,
             Try::Held { owner, age } if age > stale => {
                 tracing::warn!(%owner, silent = ?age, "the initializer holding this volume stopped; taking over");
-                let lock = cfg.output.join(LOCK);
-                let _ = std::fs::rename(&lock, cfg.output.join(format!("{LOCK}.stale.{}", std::process::id())))
-                    .and_then(|()| {
-                        std::fs::remove_file(cfg.output.join(format!("{LOCK}.stale.{}", std::process::id())))
-                    });
+                // Only one rename of the name can succeed: one waiter takes over.
+                let aside = cfg.output.join(format!("{LOCK}.stale.{}", std::process::id()));
+                let _ = std::fs::rename(cfg.output.join(LOCK), &aside).and_then(|()| std::fs::remove_file(&aside));
             }
             Try::Held { owner, .. } => {
                 if !told {
