@@ -7,9 +7,8 @@
 //! boto3's transfer manager; and a plain local copy of the same bytes
 //! (`cp -r`, same filesystem) as the floor. Runs are interleaved; medians.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{Row, median, python, trainlet};
@@ -25,42 +24,14 @@ const FILES: [(&str, usize); 5] = [
     ("tokenizer.json", 0),
 ];
 
-struct Server(Child);
+#[path = "../tests/it/fixture_server.rs"]
+mod fixture_server;
+use fixture_server::Server;
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).expect("pid"));
-        let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
-        let _ = self.0.wait();
-    }
-}
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
-}
-
-/// Start a fixture server; its port file's fields.
-fn serve(script: &str, args: &[String], dir: &Path) -> (Server, Vec<String>) {
-    let ports = dir.join(format!("{script}.ports"));
-    let child = Command::new(python())
-        .arg(fixture(script))
-        .args(args)
-        .arg("--port-file")
-        .arg(&ports)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("fixture server");
-    let server = Server(child);
-    let start = Instant::now();
-    while !ports.exists() {
-        assert!(start.elapsed() < Duration::from_secs(600), "{script} did not start");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let fields = std::fs::read_to_string(&ports).expect("ports").split_whitespace().map(str::to_string).collect();
-    (server, fields)
+/// Start a fixture server (seeding 1 GiB into moto takes a while).
+fn serve(script: &str, args: &[String]) -> Server {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(script);
+    Server::start(&python(), &script, args, Duration::from_secs(600))
 }
 
 /// Write the repo's files under `dir` (xorshift bytes: incompressible).
@@ -126,9 +97,8 @@ pub fn hub(rows: &mut Vec<Row>) {
     let dir = tempfile::tempdir_in(std::env::var("TRAINLET_BENCH_DIR").unwrap_or_else(|_| "/tmp".into())).expect("tmp");
     let repo = dir.path().join("root/models/bench/model-1g");
     let bytes = write_repo(&repo);
-    let (_hub, fields) =
-        serve("hub_server.py", &["--root".into(), dir.path().join("root").display().to_string()], dir.path());
-    let endpoint = format!("http://127.0.0.1:{}", fields[0]);
+    let hub = serve("hub_server.py", &["--root".into(), dir.path().join("root").display().to_string()]);
+    let endpoint = format!("http://127.0.0.1:{}", hub.fields[0]);
     let out = dir.path().join("out");
     let ours = || {
         let mut c = Command::new(trainlet());
@@ -173,9 +143,9 @@ pub fn s3(rows: &mut Vec<Row>) {
     let data = dir.path().join("data/model");
     let bytes = write_repo(&data);
     let seed = format!("bench={}", dir.path().join("data").display());
-    let (_s3, fields) = serve("s3_server.py", &["--seed".into(), seed], dir.path());
-    let endpoint = format!("http://127.0.0.1:{}", fields[0]);
-    let (key, secret) = (fields[1].clone(), fields[2].clone());
+    let s3 = serve("s3_server.py", &["--seed".into(), seed]);
+    let endpoint = format!("http://127.0.0.1:{}", s3.fields[0]);
+    let (key, secret) = (s3.fields[1].clone(), s3.fields[2].clone());
     let out = dir.path().join("out");
     let env = |c: &mut Command| {
         c.env("ENDPOINT", &endpoint)

@@ -7,70 +7,25 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::fixture_server::Server;
 use crate::util::{Pod, bin, fixture, free_port, python};
 
 const LIMIT: Duration = Duration::from_secs(180);
 const MARKER: &str = ".trainlet-complete.json";
 
-/// A fixture server (python), killed with its process group on drop.
-struct Server {
-    child: Child,
-    dir: tempfile::TempDir,
-    fields: Vec<String>,
-}
-
-impl Server {
-    fn start(script: &str, args: &[String]) -> Server {
-        let dir = tempfile::tempdir().expect("tmp");
-        let ports = dir.path().join("ports");
-        let log = std::fs::File::create(dir.path().join("log")).expect("log");
-        let child = Command::new(python())
-            .arg(fixture(script))
-            .args(args)
-            .arg("--port-file")
-            .arg(&ports)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .expect("start the fixture server");
-        let mut s = Server { child, dir, fields: Vec::new() };
-        let start = Instant::now();
-        while !ports.exists() {
-            if let Some(st) = s.child.try_wait().expect("try_wait") {
-                panic!("{script} exited ({st:?}):\n{}", s.log());
-            }
-            assert!(start.elapsed() < Duration::from_secs(120), "{script} did not start:\n{}", s.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        s.fields = std::fs::read_to_string(&ports).expect("ports").split_whitespace().map(str::to_string).collect();
-        s
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("pid"));
-        let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
-        let _ = self.child.wait();
-    }
+fn server(script: &str, args: &[String]) -> Server {
+    Server::start(&python(), Path::new(&fixture(script)), args, Duration::from_secs(120))
 }
 
 /// The loopback Hub serving `root`.
 fn hub(root: &Path, extra: &[&str]) -> (Server, String) {
     let mut args = vec!["--root".to_string(), root.display().to_string()];
     args.extend(extra.iter().map(ToString::to_string));
-    let s = Server::start("hub_server.py", &args);
+    let s = server("hub_server.py", &args);
     let endpoint = format!("http://127.0.0.1:{}", s.fields[0]);
     (s, endpoint)
 }
@@ -82,7 +37,7 @@ fn s3(seeds: &[(&str, &Path)]) -> (Server, String, String, String) {
         args.push("--seed".to_string());
         args.push(format!("{b}={}", d.display()));
     }
-    let s = Server::start("s3_server.py", &args);
+    let s = server("s3_server.py", &args);
     let (endpoint, key, secret) =
         (format!("http://127.0.0.1:{}", s.fields[0]), s.fields[1].clone(), s.fields[2].clone());
     (s, endpoint, key, secret)
@@ -153,6 +108,19 @@ fn init(kind: &str, out: &Path, extra: &[&str], env: &[(&str, &str)]) -> Pod {
     let mut args = vec!["init", kind, "--output", out.to_str().expect("utf-8")];
     args.extend_from_slice(extra);
     Pod::start(&args, env)
+}
+
+/// Run an initializer that must fail: its code, `want` in its message,
+/// none of `secrets` printed, and no marker left in `out`.
+fn fails(kind: &str, out: &Path, args: &[&str], env: &[(&str, &str)], code: i32, want: &str, secrets: &[&str]) {
+    let mut pod = init(kind, out, args, env);
+    assert_eq!(pod.code(LIMIT), code, "{env:?}: {}", pod.stderr());
+    let err = pod.stderr();
+    assert!(err.contains(want), "{env:?}: want {want:?} in\n{err}");
+    for s in secrets {
+        assert!(!err.contains(s), "a secret is never printed: {s}");
+    }
+    assert!(!out.join(MARKER).exists(), "no marker after a failure");
 }
 
 fn marker(dir: &Path) -> serde_json::Value {
@@ -287,17 +255,11 @@ fn hub_errors_name_the_repo_and_a_token_is_never_printed_nor_sent_to_the_cdn() {
         ),
     ];
     for (env, code, want) in cases {
-        let mut pod = init("model", out.path(), &[], &env);
-        assert_eq!(pod.code(LIMIT), code, "{env:?}: {}", pod.stderr());
-        let err = pod.stderr();
-        assert!(err.contains(want), "{env:?}: want {want:?} in\n{err}");
-        assert!(!err.contains("WrongSecret"), "a token is never printed");
-        assert!(!out.path().join(MARKER).exists(), "no marker after a failure");
+        fails("model", out.path(), &[], &env, code, want, &["WrongSecret"]);
     }
     // The revision as an option instead of @REV.
-    let mut pod = init("model", out.path(), &["--revision", "v9"], &[ep, ("STORAGE_URI", "hf://org/gated")]);
-    assert_eq!(pod.code(LIMIT), 221, "{}", pod.stderr());
-    assert!(pod.stderr().contains("hf://org/gated: revision \"v9\" not found in org/gated"), "{}", pod.stderr());
+    let want = "hf://org/gated: revision \"v9\" not found in org/gated";
+    fails("model", out.path(), &["--revision", "v9"], &[ep, ("STORAGE_URI", "hf://org/gated")], 221, want, &[]);
     // HF_TOKEN works too. The CDN refuses requests that carry an
     // Authorization header (as presigned URLs do): success means the token
     // stayed on the Hub's host.
@@ -382,12 +344,7 @@ fn s3_prefix_large_object_in_ranges_patterns_and_errors() {
         ),
     ];
     for (env, code, want) in cases {
-        let mut pod = init("dataset", fresh.path(), &[], &env);
-        assert_eq!(pod.code(LIMIT), code, "{env:?}: {}", pod.stderr());
-        let err = pod.stderr();
-        assert!(err.contains(want), "want {want:?} in\n{err}");
-        assert!(!err.contains("WrongSecretKey") && !err.contains(&secret), "a secret is never printed");
-        assert!(!fresh.path().join(MARKER).exists());
+        fails("dataset", fresh.path(), &[], &env, code, want, &["WrongSecretKey", &secret]);
     }
 }
 

@@ -7,6 +7,7 @@
 
 mod cli;
 mod fault;
+mod fixture_server;
 mod gpu;
 mod init;
 mod init_remote;

@@ -1,0 +1,64 @@
+//! A Python fixture server (tests/fixtures/*_server.py) as a child
+//! process: started with `--port-file`, ready once that file appears, its
+//! fields (ports, keys) parsed, its output kept for failure messages, and
+//! killed with its process group on drop. Shared by the integration tests
+//! and the benchmarks (`benches/init_bench.rs` includes this file).
+
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running fixture server.
+pub struct Server {
+    child: Child,
+    dir: tempfile::TempDir,
+    /// The port file's whitespace-separated fields.
+    pub fields: Vec<String>,
+}
+
+impl Server {
+    /// Run `python script args... --port-file F`; panics if it exits or has
+    /// not written F within `limit`.
+    pub fn start(python: &str, script: &Path, args: &[String], limit: Duration) -> Server {
+        let dir = tempfile::tempdir().expect("tmp");
+        let ports = dir.path().join("ports");
+        let log = std::fs::File::create(dir.path().join("log")).expect("log");
+        let child = Command::new(python)
+            .arg(script)
+            .args(args)
+            .arg("--port-file")
+            .arg(&ports)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .expect("start the fixture server");
+        let mut s = Server { child, dir, fields: Vec::new() };
+        let name = script.display();
+        let start = Instant::now();
+        while !ports.exists() {
+            if let Some(st) = s.child.try_wait().expect("try_wait") {
+                panic!("{name} exited ({st:?}):\n{}", s.log());
+            }
+            assert!(start.elapsed() < limit, "{name} did not start:\n{}", s.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        s.fields = std::fs::read_to_string(&ports).expect("ports").split_whitespace().map(str::to_string).collect();
+        s
+    }
+
+    /// What it printed.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("pid"));
+        let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
