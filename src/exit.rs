@@ -4,8 +4,8 @@
 //! | code | meaning |
 //! |---|---|
 //! | 0 | every worker on every pod succeeded |
-//! | 1-127, 210-255 | the root-cause worker's own exit code, passed through, once the restart budget is spent |
-//! | 126 / 127 | a worker could not be executed / was not found |
+//! | 1-127, 211-255 | the root-cause worker's own exit code, passed through, once the restart budget is spent |
+//! | 126 / 127 | a worker could not be executed / was not found (exec's errno, reported by the spawner) |
 //! | 128+N | the first failing worker was killed by signal N, or trainlet itself was stopped by signal N (143 = SIGTERM) |
 //! | 200 | configuration error: a bad flag, env var or world mismatch between pods |
 //! | 201 | rendezvous timeout: the store, a peer pod, or an MPI host's SSH server was not reachable before the deadline |
@@ -16,7 +16,8 @@
 //! | 206 | a worker hung in uninterruptible sleep past `--hung-timeout`, or survived SIGKILL |
 //! | 207 | a GPU pre-flight check found a faulty node: fewer GPUs than `--expect-gpus`, uncorrected ECC errors, remapped rows pending or failed, a pending MIG change, a GPU lost to NVML |
 //! | 208 | a GPU pre-flight check found the job asking for what the pod lacks: more workers than GPUs, or the wrong MIG mode (`--mig`) |
-//! | 209 | a worker exited with a code in trainlet's reserved range 200-209 |
+//! | 209 | a worker exited with a code in trainlet's reserved range 200-210 |
+//! | 210 | a worker could not be started because fork failed (EAGAIN/ENOMEM: the pids cgroup limit or memory), after retrying with backoff for the grace period |
 //!
 //! Kubernetes classes (see `runtimes/`): 205, 208 and 200 are worker/config
 //! bugs (FailJob); 143, 130, 129 and 204 are preemption or stale pods
@@ -47,15 +48,17 @@ pub const WORKER_UNKILLABLE: u8 = 206;
 pub const GPU_FAULT: u8 = 207;
 /// A pre-flight check found the job asking for GPUs or a MIG mode the pod lacks.
 pub const GPU_MISMATCH: u8 = 208;
-/// A worker's own code fell in 200-209 and was remapped to keep this table unambiguous.
+/// A worker's own code fell in 200-210 and was remapped to keep this table unambiguous.
 pub const WORKER_RESERVED: u8 = 209;
+/// fork failed for a worker (pids limit or memory), retried for the grace period.
+pub const FORK_FAILED: u8 = 210;
 
 /// The exit code for a worker that ended with `status`.
 pub fn for_worker(status: crate::sys::Exit) -> u8 {
     match status {
         crate::sys::Exit::Code(c) => {
             let c = u8::try_from(c.clamp(0, 255)).unwrap_or(u8::MAX);
-            if (CONFIG..=WORKER_RESERVED).contains(&c) { WORKER_RESERVED } else { c }
+            if (CONFIG..=FORK_FAILED).contains(&c) { WORKER_RESERVED } else { c }
         }
         crate::sys::Exit::Signal(s) => for_signal(s),
     }
@@ -76,6 +79,8 @@ mod tests {
     #[test_case(Exit::Code(1), 1; "python exception")]
     #[test_case(Exit::Code(255), 255; "top of range")]
     #[test_case(Exit::Code(201), WORKER_RESERVED; "reserved range remapped")]
+    #[test_case(Exit::Code(210), WORKER_RESERVED; "fork-failed code remapped")]
+    #[test_case(Exit::Code(211), 211; "above the reserved range")]
     #[test_case(Exit::Signal(9), 137; "sigkill")]
     #[test_case(Exit::Signal(15), 143; "sigterm")]
     fn worker_codes(status: Exit, want: u8) {

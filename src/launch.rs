@@ -381,10 +381,7 @@ fn fail_code(kind: FailKind, last: &[Failure], history: &[Failure]) -> (u8, Stri
             (exit::WORKER_UNKILLABLE, format!("{what} hung in uninterruptible sleep or survived SIGKILL"))
         }
         FailKind::Budget => match root {
-            Some(f) => (
-                exit::for_worker(f.exit()),
-                format!("worker rank {} failed with {}; no restarts left", f.rank, f.exit()),
-            ),
+            Some(f) => (f.code(), format!("worker rank {} failed with {}; no restarts left", f.rank, f.exit())),
             None => (exit::PEER_LOST, "the job failed on a pod that reported no failure".into()),
         },
         FailKind::Stuck => (exit::PEER_LOST, "a pod neither stopped its workers nor died within the bound".into()),
@@ -470,6 +467,43 @@ struct Worker {
     pid: i32,
     rank: u32,
     error_file: PathBuf,
+    /// The code for a worker that never ran (126, 127, 210).
+    not_started: Option<u8>,
+    /// Why it never ran.
+    why: Option<String>,
+}
+
+/// First and longest pause between spawn attempts after a failed fork.
+const FORK_RETRY: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(2));
+
+/// Spawn, retrying a failed fork (EAGAIN/ENOMEM: the pids limit is often
+/// reached by what an earlier attempt left, which the sweep is removing)
+/// with backoff for up to `budget`; other failures are final at once.
+async fn spawn_retrying(
+    spawner: &Spawner,
+    spec: WorkerSpec,
+    budget: Duration,
+) -> std::result::Result<crate::supervise::spawn::Spawned, crate::supervise::spawn::SpawnError> {
+    let until = Instant::now() + budget;
+    let mut pause = FORK_RETRY.0;
+    let mut tries = 1u32;
+    loop {
+        match spawner.spawn(spec.clone()).await {
+            Err(e) if e.is_fork() && Instant::now() + pause <= until => {
+                tracing::warn!(
+                    program = %spec.program,
+                    tries,
+                    retry_in_ms = pause.as_millis(),
+                    error = %crate::store::error_chain(&e),
+                    "fork failed; retrying"
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(FORK_RETRY.1);
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Spawn this pod's workers for one round and supervise them to the end.
@@ -510,7 +544,7 @@ async fn run_attempt(
         let mut spec = WorkerSpec::piped(plan.entry.program.clone(), substitute(&plan.entry.args, local_rank), wenv);
         spec.cpus = place.and_then(|p| p.cpus.clone());
         spec.mem_node = place.and_then(|p| p.mem_node);
-        match spawner.spawn(spec).await {
+        match spawn_retrying(spawner, spec, plan.grace).await {
             Ok(sp) => {
                 let prefix = output::prefix(&plan.prefix_template, &plan.role, local_rank, rank, &plan.host);
                 let shown = plan.console_ranks.as_ref().is_none_or(|r| r.contains(&local_rank));
@@ -532,19 +566,14 @@ async fn run_attempt(
                 }
                 crate::metrics::global().workers_started.inc();
                 by_pid.insert(sp.pid, local_rank);
-                workers.insert(local_rank, Worker { pid: sp.pid, rank, error_file });
+                workers.insert(local_rank, Worker { pid: sp.pid, rank, error_file, not_started: None, why: None });
             }
             Err(e) => {
-                let code = match &e {
-                    crate::supervise::spawn::SpawnError::Exec { source, .. }
-                        if source.kind() == std::io::ErrorKind::PermissionDenied =>
-                    {
-                        exit::WORKER_NOT_EXECUTABLE
-                    }
-                    _ => exit::WORKER_NOT_FOUND,
-                };
-                tracing::error!(local_rank, error = %crate::store::error_chain(&e), "cannot start worker");
-                workers.insert(local_rank, Worker { pid: 0, rank, error_file });
+                let code = e.exec_code().unwrap_or(exit::FORK_FAILED);
+                let why = crate::store::error_chain(&e);
+                tracing::error!(local_rank, code, error = %why, "cannot start worker");
+                workers
+                    .insert(local_rank, Worker { pid: 0, rank, error_file, not_started: Some(code), why: Some(why) });
                 crate::metrics::global().worker_exited(Exit::Code(i32::from(code)));
                 early.push(Event::WorkerExited { local_rank, exit: Exit::Code(i32::from(code)), at_us: now_us() });
             }
@@ -684,8 +713,12 @@ async fn run_attempt(
             traceback: None,
             action,
             hung,
+            not_started: w.not_started,
         };
         rec.read_error_file(&w.error_file);
+        if rec.message.is_none() {
+            rec.message.clone_from(&w.why);
+        }
         if hung && rec.message.is_none() {
             rec.message = Some(if exit.is_none() {
                 "stuck in uninterruptible sleep (D state) past --hung-timeout".into()

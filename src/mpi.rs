@@ -425,12 +425,13 @@ pub async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Can
         cwd: None,
         cpus: None,
         mem_node: None,
+        oom_score_adj: None,
     };
     let (pid, forked) = match spawner.spawn(spec).await {
         Ok(sp) => (sp.pid, sp.forked),
         Err(e) => {
             eprintln!("trainlet: error: {}", error_chain(&e));
-            return exit::WORKER_NOT_FOUND;
+            return e.exec_code().unwrap_or(exit::FORK_FAILED);
         }
     };
     tracing::info!(pid, command = %args.command[0], tree_spawn = args.tree_spawn, "mpirun started");

@@ -47,9 +47,13 @@ impl Processes for Spawning {
             cwd: Some(req.cwd),
             cpus: None,
             mem_node: None,
+            oom_score_adj: None,
         };
         let sp = self.spawner.spawn(spec).await.map_err(|e| match e {
-            SpawnError::Exec { source, .. } => source,
+            SpawnError::Exec { source, .. }
+            | SpawnError::Fork { source, .. }
+            | SpawnError::Chdir { source, .. }
+            | SpawnError::Prepare { source, .. } => source,
             SpawnError::Gone => std::io::Error::other("spawner thread is gone"),
         })?;
         let exit = self.reaper.watch(sp.pid, sp.forked);

@@ -48,6 +48,10 @@ pub struct Failure {
     /// The worker was stuck in uninterruptible sleep, or survived SIGKILL.
     #[serde(default)]
     pub hung: bool,
+    /// The worker never ran: the code trainlet gives for that (126, 127
+    /// from exec's errno; 210 when fork failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_started: Option<u8>,
 }
 
 fn default_action() -> RuleAction {
@@ -79,6 +83,12 @@ impl Failure {
             (Some(c), None) => Exit::Code(c),
             (None, None) => Exit::Code(1),
         }
+    }
+
+    /// trainlet's exit code for this failure (exit.rs): the spawner's code
+    /// for a worker that never ran, else the worker's own, mapped.
+    pub fn code(&self) -> u8 {
+        self.not_started.unwrap_or_else(|| crate::exit::for_worker(self.exit()))
     }
 
     /// Fill message/traceback from the worker's error file, if it exists.
@@ -225,6 +235,7 @@ mod tests {
             traceback: None,
             action: RuleAction::Restart,
             hung: false,
+            not_started: None,
         }
     }
 

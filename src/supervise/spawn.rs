@@ -8,7 +8,6 @@
 //! reaps it.
 
 use std::os::fd::OwnedFd;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::oneshot;
@@ -19,8 +18,8 @@ use crate::sys;
 /// Why a worker could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
-    /// exec failed (not found, not executable, ...).
-    #[error("cannot start {program}")]
+    /// exec failed (not found, not executable, argument list too long, ...).
+    #[error("cannot execute {program}")]
     Exec {
         /// What we tried to run.
         program: String,
@@ -28,9 +27,63 @@ pub enum SpawnError {
         #[source]
         source: std::io::Error,
     },
+    /// fork failed: no process or memory could be had.
+    #[error(
+        "fork failed starting {program}: the pod's process limit (pids cgroup, RLIMIT_NPROC) or memory is exhausted, \
+         often by processes an earlier attempt left behind"
+    )]
+    Fork {
+        /// What we tried to run.
+        program: String,
+        /// EAGAIN or ENOMEM.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The child could not enter its working directory.
+    #[error("cannot change to the working directory {dir} for {program}")]
+    Chdir {
+        /// What we tried to run.
+        program: String,
+        /// The directory.
+        dir: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The program, an argument or an environment entry holds a NUL byte,
+    /// or pipes could not be made.
+    #[error("cannot prepare {program}")]
+    Prepare {
+        /// What we tried to run.
+        program: String,
+        /// What was wrong.
+        #[source]
+        source: std::io::Error,
+    },
     /// The spawner thread is gone.
     #[error("spawner thread is not running")]
     Gone,
+}
+
+impl SpawnError {
+    /// The exit status a shell would give for this failure: 126 (found but
+    /// not executable), 127 (not found), or None when it is not an exec
+    /// failure (fork: [`crate::exit::FORK_FAILED`]).
+    pub fn exec_code(&self) -> Option<u8> {
+        match self {
+            SpawnError::Exec { source, .. } => Some(match source.raw_os_error() {
+                Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG) => crate::exit::WORKER_NOT_FOUND,
+                _ => crate::exit::WORKER_NOT_EXECUTABLE,
+            }),
+            SpawnError::Chdir { .. } | SpawnError::Prepare { .. } => Some(crate::exit::WORKER_NOT_EXECUTABLE),
+            SpawnError::Fork { .. } | SpawnError::Gone => None,
+        }
+    }
+
+    /// Is this a transient fork failure worth retrying?
+    pub fn is_fork(&self) -> bool {
+        matches!(self, SpawnError::Fork { .. })
+    }
 }
 
 /// A process to start.
@@ -52,12 +105,25 @@ pub struct WorkerSpec {
     pub cpus: Option<crate::gpu::CpuSet>,
     /// NUMA node its memory should come from (MPOL_PREFERRED), best effort.
     pub mem_node: Option<u32>,
+    /// Its `oom_score_adj` (best effort): workers get a higher one than the
+    /// agent so the kernel's OOM killer prefers them.
+    pub oom_score_adj: Option<i32>,
 }
 
 impl WorkerSpec {
     /// A worker the torch way: stdin `/dev/null`, stdout/stderr piped.
     pub fn piped(program: String, args: Vec<String>, env: Vec<(String, String)>) -> Self {
-        Self { program, args, env, unset: Vec::new(), stdio: StdioMode::Piped, cwd: None, cpus: None, mem_node: None }
+        Self {
+            program,
+            args,
+            env,
+            unset: Vec::new(),
+            stdio: StdioMode::Piped,
+            cwd: None,
+            cpus: None,
+            mem_node: None,
+            oom_score_adj: None,
+        }
     }
 }
 
@@ -130,24 +196,7 @@ impl Spawner {
 }
 
 fn spawn_now(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
-    let mut cmd = Command::new(&spec.program);
-    for name in &spec.unset {
-        cmd.env_remove(name);
-    }
-    cmd.args(&spec.args).envs(spec.env.iter().map(|(k, v)| (k, v)));
-    let (stdin, out) = match spec.stdio {
-        StdioMode::Piped => (Stdio::null(), true),
-        StdioMode::AllPiped => (Stdio::piped(), true),
-        StdioMode::Inherit => (Stdio::null(), false),
-    };
-    cmd.stdin(stdin);
-    if out {
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    }
-    if let Some(dir) = &spec.cwd {
-        cmd.current_dir(dir);
-    }
-    sys::prepare_worker(&mut cmd, spec.cpus.as_ref().map(|c| sys::cpu_mask(c.iter())));
+    let plan = exec_plan(spec).map_err(|source| SpawnError::Prepare { program: spec.program.clone(), source })?;
     // The memory policy is set on this thread around the fork, so the child
     // inherits it and a refusal can be logged here (the child cannot log).
     let preferred = spec.mem_node.filter(|_| MEMPOLICY.load(Ordering::Relaxed)).filter(|&node| {
@@ -164,22 +213,97 @@ fn spawn_now(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
             .is_ok()
     });
     let forked = std::time::Instant::now();
-    let child = cmd.spawn();
+    let child = sys::fork_exec(&plan);
     if preferred.is_some() {
         let _ = sys::set_preferred_node(None);
     }
-    let mut child = child.map_err(|source| SpawnError::Exec { program: spec.program.clone(), source })?;
-    let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
-    let spawned = Spawned {
-        pid,
-        forked,
-        stdin: child.stdin.take().map(OwnedFd::from),
-        stdout: child.stdout.take().map(OwnedFd::from),
-        stderr: child.stderr.take().map(OwnedFd::from),
+    let program = || spec.program.clone();
+    let io = |e: nix::errno::Errno| std::io::Error::from_raw_os_error(e as i32);
+    let child = child.map_err(|e| match e {
+        sys::ForkExecError::Fork(errno) => SpawnError::Fork { program: program(), source: io(errno) },
+        sys::ForkExecError::Exec(errno) => SpawnError::Exec { program: program(), source: io(errno) },
+        sys::ForkExecError::Chdir(errno) => SpawnError::Chdir {
+            program: program(),
+            dir: spec.cwd.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
+            source: io(errno),
+        },
+        sys::ForkExecError::Setup(errno) | sys::ForkExecError::Stdio(errno) => {
+            SpawnError::Prepare { program: program(), source: io(errno) }
+        }
+    })?;
+    Ok(Spawned { pid: child.pid, forked, stdin: child.stdin, stdout: child.stdout, stderr: child.stderr })
+}
+
+/// Build the argv, environment and PATH candidates before the fork (the
+/// child may not allocate). The environment is the agent's, less `unset`,
+/// with `env` on top (later entries win), as `Command::envs` does.
+fn exec_plan(spec: &WorkerSpec) -> std::io::Result<sys::ExecPlan> {
+    use std::ffi::{CString, OsStr, OsString};
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let c = |bytes: Vec<u8>| {
+        CString::new(bytes).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL byte in an argument or the environment")
+        })
     };
-    // Dropping `child` neither waits nor kills: the reaper owns its exit.
-    drop(child);
-    Ok(spawned)
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+    env.retain(|(k, _)| !spec.unset.iter().any(|u| OsStr::new(u) == k));
+    for (k, v) in &spec.env {
+        env.retain(|(old, _)| old != OsStr::new(k));
+        env.push((k.into(), v.into()));
+    }
+    let path = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone());
+    let candidates =
+        candidates(&spec.program, path.as_deref()).into_iter().map(|p| c(p.into_vec())).collect::<Result<_, _>>()?;
+    let mut argv = vec![c(spec.program.clone().into_bytes())?];
+    for a in &spec.args {
+        argv.push(c(a.clone().into_bytes())?);
+    }
+    let envp = env
+        .into_iter()
+        .map(|(k, v)| {
+            let mut kv = k.into_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            c(kv)
+        })
+        .collect::<Result<_, _>>()?;
+    let cwd = spec.cwd.as_ref().map(|d| c(d.as_os_str().as_bytes().to_vec())).transpose()?;
+    let stdio = match spec.stdio {
+        StdioMode::Piped => [sys::ChildIo::Null, sys::ChildIo::Pipe, sys::ChildIo::Pipe],
+        StdioMode::AllPiped => [sys::ChildIo::Pipe; 3],
+        StdioMode::Inherit => [sys::ChildIo::Null, sys::ChildIo::Inherit, sys::ChildIo::Inherit],
+    };
+    Ok(sys::ExecPlan {
+        candidates,
+        argv,
+        envp,
+        cwd,
+        stdio,
+        affinity: spec.cpus.as_ref().map(|cpus| sys::cpu_mask(cpus.iter())),
+        oom_score_adj: spec.oom_score_adj,
+    })
+}
+
+/// Paths execvp would try for `program`: itself when it has a slash, else
+/// each PATH entry (the child's PATH; an empty entry is the working
+/// directory; glibc's default when PATH is unset).
+fn candidates(program: &str, path: Option<&std::ffi::OsStr>) -> Vec<std::ffi::OsString> {
+    use std::os::unix::ffi::OsStrExt;
+    if program.contains('/') {
+        return vec![program.into()];
+    }
+    if program.is_empty() {
+        return Vec::new();
+    }
+    let path = path.map_or(b"/bin:/usr/bin".as_slice(), OsStrExt::as_bytes);
+    path.split(|b| *b == b':')
+        .map(|dir| {
+            let dir = if dir.is_empty() { b".".as_slice() } else { dir };
+            let mut p = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(dir));
+            p.push(program);
+            p.into_os_string()
+        })
+        .collect()
 }
 
 /// What one attempt's workers on this pod have in common.

@@ -328,3 +328,30 @@ fn a_link_named_sshd_takes_the_mpi_operator_command_line_and_config() {
     assert_eq!(bad.code(LIMIT), 200);
     assert!(bad.stderr().contains(":1: bad Port \"22x\""), "{}", bad.stderr());
 }
+
+/// A remote command that cannot be exec'd (a 250 KB command line: E2BIG
+/// for `sh -c`) used to abort the server (std's spawn raced the reaper and
+/// panicked). Now each is refused and the server goes on serving.
+#[test]
+fn a_command_that_cannot_be_executed_does_not_take_the_server_down() {
+    let keys = trainer_keys();
+    let agent = tempfile::tempdir().expect("tmp");
+    let env = ssh_env(keys.path(), agent.path());
+    let mut server = sshd("127.0.19.2:2222", &env, &Wrap::default());
+    let key = private_copy(&keys.path().join("id_rsa"), agent.path());
+    // Five 50 KB words: each fits ssh's own argv, their join does not fit
+    // one argument of the remote `sh -c` (MAX_ARG_STRLEN is 128 KiB).
+    let word = format!("echo {}", "x".repeat(50_000));
+    let huge: Vec<&str> = std::iter::once("127.0.19.2").chain(std::iter::repeat_n(word.as_str(), 5)).collect();
+    for i in 0..10 {
+        let out = openssh(&huge, &key, "");
+        assert_ne!(out.status.code(), Some(0), "run {i}: a 250 KB command cannot run");
+        assert!(server.child.try_wait().expect("try_wait").is_none(), "run {i}: sshd died: {}", server.stderr());
+    }
+    let out = openssh(&["127.0.19.2", "echo", "still-serving"], &key, "");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "still-serving", "{}", server.stderr());
+    let log = server.stderr();
+    assert!(log.contains("cannot start the command") && log.contains("Argument list too long"), "{log}");
+    server.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(server.code(LIMIT), 0, "sshd exits 0 on SIGTERM: {}", server.stderr());
+}
