@@ -33,6 +33,7 @@ use crate::supervise::report::{Failure, Report, RoundRecord, fatal_root, root_ca
 use crate::supervise::rules::RuleAction;
 use crate::supervise::signals::{SysEvent, now_us};
 use crate::supervise::spawn::{Spawner, WorkerSpec, WorldView, substitute, worker_env};
+use crate::supervise::sweep;
 use crate::sys::{self, Exit};
 use crate::{Error, Result};
 
@@ -48,6 +49,8 @@ const STOP_SYNC_MARGIN: Duration = Duration::from_secs(10);
 const BACKOFF_CAP: Duration = Duration::from_secs(300);
 /// How often the GPUs are sampled for metrics.
 const METRICS_EVERY: Duration = Duration::from_secs(5);
+/// Bound on killing leftover processes at the end of a round.
+const SWEEP_LIMIT: Duration = Duration::from_secs(5);
 /// How often workers are checked for uninterruptible sleep (with --hung-timeout).
 const HUNG_CHECK: Duration = Duration::from_secs(1);
 
@@ -683,10 +686,14 @@ async fn run_attempt(
         }
     }
 
-    // Processes a worker left in its group (daemons, grandchildren) go too.
+    // Processes a worker left in its group (grandchildren) go too, and so
+    // does every other descendant of the agent (those that called setsid()
+    // or were re-parented to us), before the next round starts.
     for w in workers.values() {
         sys::signal_group(w.pid, libc::SIGKILL);
     }
+    let swept = tokio::task::block_in_place(|| sweep::kill_all(SWEEP_LIMIT));
+    sweep::log(&swept, "end of round");
     if tokio::time::timeout(DRAIN_WAIT, drains.wait()).await.is_err() {
         tracing::warn!("worker output still open after the workers exited; no longer reading it");
     }

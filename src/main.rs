@@ -172,25 +172,13 @@ where
     code
 }
 
-/// SIGTERM whatever is still parented to us (orphans re-parented to the
-/// subreaper), give it a moment, then SIGKILL.
+/// SIGTERM every descendant still alive (orphans re-parented to the
+/// subreaper, daemons that left their process group), give them a moment,
+/// then SIGKILL until none is left (bounded).
 fn kill_leftovers() {
-    let me = std::process::id();
-    let left = sys::children_of(me);
-    if left.is_empty() {
-        return;
-    }
-    for &pid in &left {
-        tracing::warn!(pid, "terminating a leftover descendant");
-        sys::signal_process(pid, libc::SIGTERM);
-    }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while std::time::Instant::now() < deadline && !sys::children_of(me).is_empty() {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    for pid in sys::children_of(me) {
-        sys::signal_process(pid, libc::SIGKILL);
-    }
+    let swept =
+        trainlet::supervise::sweep::terminate_all(std::time::Duration::from_secs(2), std::time::Duration::from_secs(5));
+    trainlet::supervise::sweep::log(&swept, "exit");
 }
 
 fn keygen(args: &trainlet::cli::KeygenArgs) -> u8 {

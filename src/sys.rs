@@ -126,6 +126,21 @@ pub fn children_of(parent: u32) -> Vec<i32> {
         .collect()
 }
 
+/// Every process as (pid, parent pid, state letter), from /proc.
+pub fn process_table() -> Vec<(i32, u32, char)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| {
+        let pid = e.ok()?.file_name().to_str()?.parse::<i32>().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields 3 (state) and 4 (ppid) follow the last ')' of the name.
+        let mut rest = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
+        let state = rest.next()?.chars().next()?;
+        let ppid = rest.next()?.parse::<u32>().ok()?;
+        Some((pid, ppid, state))
+    })
+    .collect()
+}
+
 /// The parent of `pid`, from /proc; None when it is gone.
 pub fn parent_of(pid: i32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

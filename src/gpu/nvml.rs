@@ -209,6 +209,8 @@ impl Probe {
                 let _ = etx.send(tail[tail.len().saturating_sub(3)..].join(" | "));
             });
         }
+        // The agent's own helper: round-end sweeps spare it.
+        crate::supervise::sweep::keep(sp.pid);
         Self { pid: sp.pid, lines, stderr }
     }
 
@@ -235,6 +237,13 @@ impl Probe {
     /// SIGKILL its process group.
     pub fn kill(&self) {
         crate::sys::signal_group(self.pid, libc::SIGKILL);
+        crate::supervise::sweep::release(self.pid);
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        crate::supervise::sweep::release(self.pid);
     }
 }
 

@@ -20,3 +20,4 @@ pub mod report;
 pub mod rules;
 pub mod signals;
 pub mod spawn;
+pub mod sweep;

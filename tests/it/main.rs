@@ -9,6 +9,7 @@ mod cli;
 mod fault;
 mod fixture_server;
 mod gpu;
+mod hardening;
 mod init;
 mod init_remote;
 mod mpi;

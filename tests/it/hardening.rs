@@ -1,0 +1,146 @@
+//! Hostile conditions and real faults around the supervisor: fork failure
+//! under a real pids cgroup, leftover processes that escaped their process
+//! group, signals that must reach the worker and not its children, the
+//! exit code against the report, unwritable logs, waits that say what they
+//! wait for.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::util::{Pod, bin, free_port, pet_env};
+
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// A real pids cgroup (v1 `pids` hierarchy, else cgroup v2 with the pids
+/// controller), removed with whatever is left in it when dropped.
+struct PidsCgroup {
+    dir: PathBuf,
+}
+
+impl PidsCgroup {
+    fn new(tag: &str) -> PidsCgroup {
+        let name = format!("trainlet-test-{tag}-{}", std::process::id());
+        let v1 = Path::new("/sys/fs/cgroup/pids");
+        let v2 = Path::new("/sys/fs/cgroup");
+        let parent = if v1.join("pids.max").exists() || v1.join("cgroup.procs").exists() {
+            v1.to_path_buf()
+        } else {
+            let controllers = std::fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
+            assert!(
+                controllers.split_whitespace().any(|c| c == "pids"),
+                "this test needs the pids cgroup controller (v1 /sys/fs/cgroup/pids or v2) and root"
+            );
+            let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+pids");
+            v2.to_path_buf()
+        };
+        let dir = parent.join(name);
+        std::fs::create_dir_all(&dir).expect("create a pids cgroup (needs root)");
+        PidsCgroup { dir }
+    }
+
+    fn procs(&self) -> String {
+        self.dir.join("cgroup.procs").display().to_string()
+    }
+
+    fn current(&self) -> u64 {
+        std::fs::read_to_string(self.dir.join("pids.current")).expect("pids.current").trim().parse().expect("number")
+    }
+
+    fn set_max(&self, max: &str) {
+        std::fs::write(self.dir.join("pids.max"), max).expect("pids.max");
+    }
+
+    /// `trainlet ARGS` started inside this cgroup.
+    fn start(&self, args: &[&str], env: &[(&str, &str)]) -> Pod {
+        let script = format!("echo $$ > {} && exec \"$0\" \"$@\"", self.procs());
+        let trainlet = bin();
+        let mut argv = vec!["-c", script.as_str(), trainlet.to_str().expect("utf-8 path")];
+        argv.extend_from_slice(args);
+        let argv: Vec<String> = argv.into_iter().map(str::to_string).collect();
+        let refs: Vec<&str> = argv.iter().map(String::as_str).collect();
+        Pod::start_as(Path::new("/bin/sh"), &refs, env)
+    }
+}
+
+impl Drop for PidsCgroup {
+    fn drop(&mut self) {
+        self.set_max("max");
+        for pid in std::fs::read_to_string(self.procs()).unwrap_or_default().lines() {
+            if let Ok(pid) = pid.parse::<i32>() {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Two pods; pod 0 inside `cg`, frozen at its current process count once
+/// it waits for pod 1, so its workers' fork fails with EAGAIN.
+fn job_with_a_full_pids_cgroup(cg: &PidsCgroup) -> (Pod, Pod) {
+    let port = free_port();
+    let args = ["run", "--no-python", "--grace-period", "3", "/bin/true"];
+    let env0 = pet_env(2, 1, 0, port);
+    let env0: Vec<(&str, &str)> = env0.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut pod0 = cg.start(&args, &env0);
+    pod0.wait_for_stderr("serving the rendezvous store", LIMIT);
+    std::thread::sleep(Duration::from_millis(500));
+    cg.set_max(&cg.current().to_string());
+    let env1 = pet_env(2, 1, 1, port);
+    let env1: Vec<(&str, &str)> = env1.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let pod1 = Pod::start(&args, &env1);
+    (pod0, pod1)
+}
+
+/// fork failing with EAGAIN under a real pids limit is retried with
+/// backoff; when pids come free within the grace period the job succeeds,
+/// and when they do not the pod exits 210 naming fork and the pids limit
+/// (it used to exit 127, "not found").
+#[test]
+fn fork_failure_under_a_pids_limit_is_retried_then_exits_210() {
+    let cg = PidsCgroup::new("fork-retry");
+    let (mut pod0, mut pod1) = job_with_a_full_pids_cgroup(&cg);
+    pod0.wait_for_stderr("fork failed; retrying", LIMIT);
+    cg.set_max("max");
+    assert_eq!(pod0.code(LIMIT), 0, "{}", pod0.stderr());
+    assert_eq!(pod1.code(LIMIT), 0, "{}", pod1.stderr());
+    drop(cg);
+
+    let cg = PidsCgroup::new("fork-fail");
+    let (mut pod0, mut pod1) = job_with_a_full_pids_cgroup(&cg);
+    let code = pod0.code(LIMIT);
+    let err = pod0.stderr();
+    assert_eq!(code, 210, "{err}");
+    assert!(err.contains("fork failed") && err.contains("pids cgroup"), "{err}");
+    assert!(err.contains("Resource temporarily unavailable"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(pod1.code(LIMIT), 210, "the other pod reports the same root cause: {}", pod1.stderr());
+}
+
+/// Descendants that called setsid() (a TERM-ignoring daemon with a child of
+/// its own, and a daemon that re-forks every few ms) are killed at the end
+/// of the round, before the next attempt starts, and again at the agent's
+/// exit: nothing carrying the job's marker outlives trainlet.
+#[test]
+fn escaped_descendants_die_at_the_end_of_every_round_and_at_exit() {
+    let marker = crate::util::unique_marker();
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().display().to_string();
+    let script = crate::util::fixture("escape.py");
+    let mut pod =
+        Pod::start(&["run", "--max-restarts", "1", &script, &out, "leave"], &[("TRAINLET_TEST_MARKER", &marker)]);
+    let code = pod.code(LIMIT);
+    let (stdout, stderr) = (pod.stdout(), pod.stderr());
+    assert_eq!(code, 0, "round 1 found survivors of round 0:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("no leftovers from the last round"), "{stdout}");
+    assert!(stderr.contains("killed leftover processes"), "{stderr}");
+    let left = crate::util::processes_with_marker(&marker);
+    for &pid in &left {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    }
+    assert!(left.is_empty(), "processes outlived trainlet: {left:?}\n{stderr}");
+}
