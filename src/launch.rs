@@ -767,12 +767,27 @@ fn hung_worker(
     found
 }
 
+/// Signal every live worker. Stop signals (TERM, INT, HUP, QUIT, KILL) go
+/// to the worker's whole process group, as torchrun's killpg; any other
+/// signal (the checkpoint signal, forwarded SIGUSR1/SIGUSR2) goes to the
+/// rank's main process only: DataLoader workers of the `spawn` context die
+/// of an unhandled SIGUSR1, and with `fork` the handler would run in each.
 fn signal_alive(core: &Attempt, workers: &HashMap<u32, Worker>, sig: i32) {
+    let group = is_group_signal(sig);
     for lr in core.alive() {
         if let Some(w) = workers.get(&lr) {
-            sys::signal_group(w.pid, sig);
+            if group {
+                sys::signal_group(w.pid, sig);
+            } else {
+                sys::signal_process(w.pid, sig);
+            }
         }
     }
+}
+
+/// Does `sig` go to a worker's process group (else to its main process)?
+fn is_group_signal(sig: i32) -> bool {
+    matches!(sig, libc::SIGTERM | libc::SIGINT | libc::SIGHUP | libc::SIGQUIT | libc::SIGKILL)
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {

@@ -144,3 +144,21 @@ fn escaped_descendants_die_at_the_end_of_every_round_and_at_exit() {
     }
     assert!(left.is_empty(), "processes outlived trainlet: {left:?}\n{stderr}");
 }
+
+/// The checkpoint signal goes to the rank's main process, not its process
+/// group: a real DataLoader with 2 `spawn` workers keeps loading after
+/// SIGUSR1 (with killpg they died: "DataLoader worker ... exited
+/// unexpectedly"), and the rank exits 0 before SIGTERM is due.
+#[test]
+fn the_checkpoint_signal_reaches_the_rank_and_not_its_dataloader_workers() {
+    let script = crate::util::fixture("loader_ckpt.py");
+    let args =
+        ["run", "--checkpoint-signal", "SIGUSR1", "--checkpoint-timeout", "60", "--shutdown-timeout", "90", &script];
+    let mut pod = Pod::start(&args, &[]);
+    pod.wait_for_output("READY", LIMIT);
+    pod.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(pod.code(LIMIT), 143, "{}", pod.stderr());
+    let (out, err) = (pod.stdout(), pod.stderr());
+    assert!(out.contains("CHECKPOINTED with live loader workers"), "{out}\n{err}");
+    assert!(!err.contains("exited unexpectedly"), "{err}");
+}
