@@ -209,8 +209,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
                 report(
                     &plan,
                     &log_root,
-                    code,
-                    format!("trainlet received {}", sys::signal_name(sig)),
+                    (code, format!("trainlet received {}", sys::signal_name(sig)), None),
                     &history,
                     &rounds,
                 );
@@ -292,8 +291,9 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
                 }
             }
             Verdict::Fail(kind) => {
-                let (code, reason) = fail_code(kind, &all_failures, &history);
-                report(&plan, &log_root, code, reason, &history, &rounds);
+                let failed = fail_code(kind, &all_failures);
+                let code = failed.0;
+                report(&plan, &log_root, failed, &history, &rounds);
                 let _ = session.leave(&round, plan.serve_store, LEAVE_WAIT).await;
                 session.bye().await;
                 break code;
@@ -370,35 +370,47 @@ async fn reconnect(
     }
 }
 
-fn fail_code(kind: FailKind, last: &[Failure], history: &[Failure]) -> (u8, String) {
-    let root = root_cause(last).or_else(|| root_cause(history));
+/// The exit code, the reason and the root cause of a failed job, defined
+/// once: the root cause is a failure of the final round, and its code is
+/// the exit code (earlier rounds' failures are history).
+fn fail_code(kind: FailKind, last: &[Failure]) -> (u8, String, Option<Failure>) {
     match kind {
         FailKind::Policy => {
             let f = fatal_root(last);
             let what = f.map_or_else(|| "a worker".to_string(), |f| format!("worker rank {} ({})", f.rank, f.exit()));
-            (exit::FAILED_BY_POLICY, format!("{what} matched a fail rule of the failure policy"))
+            (exit::FAILED_BY_POLICY, format!("{what} matched a fail rule of the failure policy"), f.cloned())
         }
         FailKind::Unkillable => {
             let f = last.iter().find(|f| f.hung);
             let what = f.map_or_else(|| "a worker".to_string(), |f| format!("worker rank {} on {}", f.rank, f.host));
-            (exit::WORKER_UNKILLABLE, format!("{what} hung in uninterruptible sleep or survived SIGKILL"))
+            (exit::WORKER_UNKILLABLE, format!("{what} hung in uninterruptible sleep or survived SIGKILL"), f.cloned())
         }
-        FailKind::Budget => match root {
-            Some(f) => (f.code(), format!("worker rank {} failed with {}; no restarts left", f.rank, f.exit())),
-            None => (exit::PEER_LOST, "the job failed on a pod that reported no failure".into()),
+        FailKind::Budget => match root_cause(last) {
+            Some(f) => (
+                f.code(),
+                format!("worker rank {} failed with {}; no restarts left", f.rank, f.exit()),
+                Some(f.clone()),
+            ),
+            None => (exit::PEER_LOST, "the job failed on a pod that reported no failure".into(), None),
         },
-        FailKind::Stuck => (exit::PEER_LOST, "a pod neither stopped its workers nor died within the bound".into()),
+        FailKind::Stuck => (exit::PEER_LOST, "a pod neither stopped nor died within the bound".into(), None),
     }
 }
 
-fn report(plan: &Plan, log_root: &Path, code: u8, reason: String, history: &[Failure], rounds: &[RoundRecord]) {
+fn report(
+    plan: &Plan,
+    log_root: &Path,
+    (code, reason, root): (u8, String, Option<Failure>),
+    history: &[Failure],
+    rounds: &[RoundRecord],
+) {
     let report = Report {
         run_id: plan.run_id.clone(),
         script: plan.entry.script.clone(),
         node_rank: plan.node_rank,
         exit_code: code,
         reason,
-        root_cause: fatal_root(history).or_else(|| root_cause(history)).cloned(),
+        root_cause: root,
         failures: history.to_vec(),
         rounds: rounds.to_vec(),
     };

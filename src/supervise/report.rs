@@ -153,10 +153,11 @@ pub struct Report {
 }
 
 impl Report {
-    /// Human summary in torchrun's layout.
+    /// Human summary in torchrun's layout: the root cause once, headed by
+    /// the exit code it gives, then every other failure of every round.
     pub fn summary(&self) -> String {
         let line = "-".repeat(60);
-        let mut s = format!("{} FAILED\n{line}\n{}\n", self.script, self.reason);
+        let mut s = format!("{} FAILED (exit code {})\n{line}\n{}\n", self.script, self.exit_code, self.reason);
         let entry = |s: &mut String, i: usize, f: &Failure| {
             let exit = match f.exit() {
                 Exit::Code(c) => format!("{c} (pid: {})", f.pid),
@@ -174,7 +175,7 @@ impl Report {
                 f.error_file.as_deref().unwrap_or("<N/A>"),
             );
             let tb = f.traceback.as_deref().or(f.message.as_deref());
-            let _ = writeln!(s, "  policy    : {}{}", f.action, if f.hung { " (hung)" } else { "" });
+            let _ = writeln!(s, "  outcome   : {}{}", self.outcome(f), if f.hung { " (hung)" } else { "" });
             let _ = writeln!(s, "  traceback : {}", tb.unwrap_or("<N/A>").trim_end().replace('\n', "\n    "));
         };
         if !self.rounds.is_empty() {
@@ -189,21 +190,40 @@ impl Report {
             s.push_str(&line);
             s.push('\n');
         }
-        if !self.failures.is_empty() {
-            s.push_str("Failures:\n");
-            for (i, f) in self.failures.iter().enumerate() {
+        if let Some(root) = &self.root_cause {
+            let _ = writeln!(s, "Root Cause (exit code {}):", self.exit_code);
+            entry(&mut s, 0, root);
+            s.push_str(&line);
+            s.push('\n');
+        }
+        let others: Vec<&Failure> = self.failures.iter().filter(|f| Some(*f) != self.root_cause.as_ref()).collect();
+        if !others.is_empty() {
+            s.push_str(if self.root_cause.is_some() { "Other failures:\n" } else { "Failures:\n" });
+            for (i, f) in others.into_iter().enumerate() {
                 entry(&mut s, i + 1, f);
             }
             s.push_str(&line);
             s.push('\n');
         }
-        if let Some(root) = &self.root_cause {
-            s.push_str("Root Cause (first observed failure):\n");
-            entry(&mut s, 0, root);
-            s.push_str(&line);
-            s.push('\n');
-        }
         s
+    }
+
+    /// What became of a failure: the verdict of its round, in words (the
+    /// rule's action alone says what the policy asked, not what happened).
+    pub fn outcome(&self, f: &Failure) -> String {
+        let verdict = self.rounds.iter().find(|r| r.round == u64::from(f.attempt)).map(|r| r.verdict.as_str());
+        match verdict {
+            Some(v) if v.starts_with("restart:") => format!("the job restarted (restart {})", &v["restart:".len()..]),
+            Some("fail:budget") => "no restarts left: the job failed".into(),
+            Some("fail:policy") if f.action == RuleAction::Fail => "matched a fail rule: the job failed".into(),
+            Some("fail:policy") => "the job failed (another failure matched a fail rule)".into(),
+            Some("fail:unkillable") => "the job failed (a worker could not be killed)".into(),
+            Some("fail:stuck") => "the job failed (a pod neither stopped nor died in time)".into(),
+            Some("regroup") => "the pods regrouped".into(),
+            Some("exit") => "trainlet was stopped by a signal".into(),
+            Some(other) => format!("round verdict {other}"),
+            None => format!("rule: {}", f.action),
+        }
     }
 
     /// Write the JSON report to `path`.

@@ -162,3 +162,46 @@ fn the_checkpoint_signal_reaches_the_rank_and_not_its_dataloader_workers() {
     assert!(out.contains("CHECKPOINTED with live loader workers"), "{out}\n{err}");
     assert!(!err.contains("exited unexpectedly"), "{err}");
 }
+
+/// Attempt 0 fails with 3, attempt 1 with 4: the job exits 4, and the JSON
+/// report's root cause, the summary's "Root Cause" and the exit status say
+/// the same; attempt 0's failure is listed once, as history, with what
+/// became of it (a restart), not the rule's action.
+#[test]
+fn the_exit_code_and_the_reports_root_cause_agree() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let script = dir.path().join("fail.sh");
+    std::fs::write(&script, "#!/bin/sh\nexit $((3 + TORCHELASTIC_RESTART_COUNT))\n").expect("script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let logs = dir.path().join("logs");
+    let (script, logs_s) = (script.display().to_string(), logs.display().to_string());
+    let mut pod = Pod::start(&["run", "--no-python", "--max-restarts", "1", "--log-dir", &logs_s, &script], &[]);
+    assert_eq!(pod.code(LIMIT), 4, "{}", pod.stderr());
+    let err = pod.stderr();
+    let report = find_file(&logs, "failure_report.json").expect("failure_report.json");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(report).expect("read")).expect("json");
+    assert_eq!(json["exit_code"], 4);
+    assert_eq!(json["root_cause"]["exit_code"], 4, "{json}");
+    assert_eq!(json["root_cause"]["attempt"], 1, "{json}");
+    assert_eq!(json["failures"].as_array().map(Vec::len), Some(2), "{json}");
+    assert!(err.contains("Root Cause (exit code 4):"), "{err}");
+    assert_eq!(err.matches("exitcode  : 4 ").count(), 1, "the root cause is printed once:\n{err}");
+    assert_eq!(err.matches("exitcode  : 3 ").count(), 1, "{err}");
+    assert!(err.contains("outcome   : the job restarted (restart 1)"), "{err}");
+    assert!(err.contains("outcome   : no restarts left: the job failed"), "{err}");
+    assert!(!err.contains("policy    : restart"), "{err}");
+}
+
+fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            if let Some(found) = find_file(&p, name) {
+                return Some(found);
+            }
+        } else if p.file_name().is_some_and(|n| n == name) {
+            return Some(p);
+        }
+    }
+    None
+}

@@ -67,7 +67,7 @@ fn a_failure_without_restarts_stops_every_pod_and_reports_the_rank() {
     assert!(started.elapsed() < Duration::from_secs(100), "pods took {:?} to stop", started.elapsed());
     for pod in &pods {
         let err = pod.stderr();
-        assert!(err.contains("Root Cause (first observed failure)"), "{err}");
+        assert!(err.contains("Root Cause (exit code "), "{err}");
         let root = err.split("Root Cause").nth(1).expect("root cause section");
         assert!(root.contains("rank      : 4 (local_rank: 0)"), "{root}");
         assert!(root.contains("exitcode  : 3"), "{root}");
