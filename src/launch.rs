@@ -71,6 +71,27 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
         crate::metrics::sample_gpus(spawner.clone(), plan.gpu.gpus.clone(), METRICS_EVERY, plan.gpu.nvml_timeout)
     });
     let log_root = log_root(&plan);
+    // Checked before anything starts: with --log-dir, an unwritable
+    // directory is a configuration error; without it, worker files are off
+    // and every stream goes to the console (one warning, no line lost).
+    let files_ok = match check_writable(&log_root) {
+        Ok(()) => true,
+        Err(e) => {
+            if let Some(dir) = &plan.log_dir {
+                return Err(Error::Config(crate::config::Error::Usage(format!(
+                    "--log-dir {}: cannot write worker logs under {} ({e}); give a writable directory (an emptyDir volume) or drop --log-dir",
+                    dir.display(),
+                    log_root.display()
+                ))));
+            }
+            tracing::warn!(
+                dir = %log_root.display(),
+                error = %e,
+                "cannot write worker logs, error files or the failure report under the temporary directory; worker output goes to the console only"
+            );
+            false
+        }
+    };
     let timing =
         Timing { last_call: plan.last_call, heartbeat: plan.heartbeat, heartbeat_timeout: plan.heartbeat_timeout };
 
@@ -191,7 +212,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
         };
         let attempt_dir = log_root.join(format!("attempt_{}", round.number));
         let (outcome, failures) =
-            run_attempt(&world, &round, &attempt_dir, &spawner, &env, &mut events, &mut session).await;
+            run_attempt(&world, &round, &attempt_dir, files_ok, &spawner, &env, &mut events, &mut session).await;
         tracing::info!(round = round.number, ?outcome, local_failures = failures.len(), "round over on this pod");
 
         if let Outcome::Stopped(sig) = outcome {
@@ -422,6 +443,14 @@ fn report(
     eprint!("{}", report.summary());
 }
 
+/// Create `dir` and prove a file can be written in it.
+fn check_writable(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let probe = dir.join(".trainlet-write-check");
+    std::fs::write(&probe, b"ok")?;
+    std::fs::remove_file(&probe)
+}
+
 /// `<log_dir>/<run_id>_<pid>`, torchrun's layout; a temp dir when no --log-dir.
 fn log_root(plan: &Plan) -> PathBuf {
     let base = plan.log_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("trainlet"));
@@ -526,6 +555,7 @@ async fn run_attempt(
     world: &WorldView<'_>,
     round: &Round,
     dir: &Path,
+    files_ok: bool,
     spawner: &Spawner,
     env: &Env,
     events: &mut UnboundedReceiver<SysEvent>,
@@ -543,7 +573,7 @@ async fn run_attempt(
     for local_rank in 0..plan.nproc {
         let rank = world.group_rank * plan.nproc + local_rank;
         let rank_dir = dir.join(local_rank.to_string());
-        if let Err(e) = std::fs::create_dir_all(&rank_dir) {
+        if files_ok && let Err(e) = std::fs::create_dir_all(&rank_dir) {
             tracing::warn!(dir = %rank_dir.display(), error = %e, "cannot create the worker log directory");
         }
         let error_file = rank_dir.join("error.json");
@@ -563,7 +593,9 @@ async fn run_attempt(
             Ok(sp) => {
                 let prefix = output::prefix(&plan.prefix_template, &plan.role, local_rank, rank, &plan.host);
                 let shown = plan.console_ranks.as_ref().is_none_or(|r| r.contains(&local_rank));
+                // Without files, a redirected stream stays on the console.
                 let (red_out, red_err) = plan.redirects.for_rank(local_rank);
+                let (red_out, red_err) = (red_out && files_ok, red_err && files_ok);
                 let (tee_out, tee_err) = plan.tee.for_rank(local_rank);
                 let files = plan.log_dir.is_some();
                 for (fd, is_err, redirected, teed, name) in [
@@ -574,7 +606,7 @@ async fn run_attempt(
                     let sink = Sink {
                         prefix: prefix.clone(),
                         console: shown && (teed || !redirected),
-                        file: (files || redirected || teed).then(|| rank_dir.join(name)),
+                        file: (files_ok && (files || redirected || teed)).then(|| rank_dir.join(name)),
                         is_err,
                     };
                     drains.spawn(output::drain(fd, sink));

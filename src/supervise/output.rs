@@ -48,10 +48,14 @@ pub async fn drain(fd: OwnedFd, sink: Sink) {
             return;
         }
     };
+    // A line is never dropped: a stream meant for a file only goes to the
+    // console when the file cannot be created or written.
+    let mut console = sink.console;
     let mut file = sink.file.as_ref().and_then(|path| match std::fs::File::create(path) {
         Ok(f) => Some(std::io::BufWriter::new(f)),
         Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "cannot create worker log file");
+            tracing::warn!(path = %path.display(), error = %e, "cannot create worker log file; this stream goes to the console");
+            console = true;
             None
         }
     });
@@ -66,11 +70,15 @@ pub async fn drain(fd: OwnedFd, sink: Sink) {
         if !line.ends_with(b"\n") {
             line.push(b'\n');
         }
-        if let Some(f) = file.as_mut() {
-            let _ = f.write_all(&line);
-            let _ = f.flush();
+        if let Some(f) = file.as_mut()
+            && let Err(e) = f.write_all(&line).and_then(|()| f.flush())
+        {
+            let path = sink.file.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+            tracing::warn!(path, error = %e, "cannot write worker log file; this stream goes to the console from now on");
+            file = None;
+            console = true;
         }
-        if sink.console {
+        if console {
             let mut buf = Vec::with_capacity(sink.prefix.len() + line.len());
             buf.extend_from_slice(sink.prefix.as_bytes());
             buf.extend_from_slice(&line);

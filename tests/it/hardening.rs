@@ -205,3 +205,30 @@ fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
     }
     None
 }
+
+/// An unwritable --log-dir with --redirects is a configuration error naming
+/// the directory, before any worker starts; without --log-dir and an
+/// unwritable temporary directory, redirected output goes to the console
+/// (one warning) instead of being dropped.
+#[test]
+fn worker_output_is_never_dropped_for_want_of_a_log_directory() {
+    let dir = tempfile::tempdir().expect("tmp");
+    // A regular file where a directory is needed: unwritable even for root.
+    let blocker = dir.path().join("not-a-dir");
+    std::fs::write(&blocker, "").expect("file");
+    let log_dir = blocker.join("logs").display().to_string();
+    let args = ["run", "--no-python", "--redirects", "3", "--log-dir", &log_dir, "/bin/echo", "LINE-FROM-WORKER"];
+    let mut pod = Pod::start(&args, &[]);
+    assert_eq!(pod.code(LIMIT), 200, "{}", pod.stderr());
+    let err = pod.stderr();
+    assert!(err.contains(&format!("--log-dir {log_dir}")), "{err}");
+    assert!(!err.contains("starting workers"), "no worker may start: {err}");
+
+    let tmp = blocker.display().to_string();
+    let args = ["run", "--no-python", "--redirects", "3", "/bin/echo", "LINE-FROM-WORKER"];
+    let mut pod = Pod::start(&args, &[("TMPDIR", &tmp)]);
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    let (out, err) = (pod.stdout(), pod.stderr());
+    assert!(out.contains("LINE-FROM-WORKER"), "the line reaches the console:\n{out}\n{err}");
+    assert_eq!(err.matches("worker output goes to the console only").count(), 1, "{err}");
+}
