@@ -212,7 +212,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
         };
         let attempt_dir = log_root.join(format!("attempt_{}", round.number));
         let (outcome, failures) =
-            run_attempt(&world, &round, &attempt_dir, files_ok, &spawner, &env, &mut events, &mut session).await;
+            run_attempt(&world, &round, (&attempt_dir, files_ok), &spawner, &env, &mut events, &mut session).await;
         tracing::info!(round = round.number, ?outcome, local_failures = failures.len(), "round over on this pod");
 
         if let Outcome::Stopped(sig) = outcome {
@@ -554,8 +554,7 @@ async fn spawn_retrying(
 async fn run_attempt(
     world: &WorldView<'_>,
     round: &Round,
-    dir: &Path,
-    files_ok: bool,
+    (dir, files_ok): (&Path, bool),
     spawner: &Spawner,
     env: &Env,
     events: &mut UnboundedReceiver<SysEvent>,
