@@ -107,8 +107,14 @@ impl Hub {
 
     async fn json_once<T: serde::de::DeserializeOwned>(&self, url: &str) -> Result<(T, Option<String>), Failure> {
         let mut req = self.client.inner().get(url);
+        // The token goes only to the endpoint's origin: a pagination link
+        // may name another host, which gets the request without it.
         if let Some(t) = &self.token {
-            req = req.bearer_auth(&t.0);
+            if same_origin(url, &self.endpoint) {
+                req = req.bearer_auth(&t.0);
+            } else {
+                tracing::warn!(uri = %self.uri, "a Hub page link leaves the endpoint's host; following it without the token");
+            }
         }
         let resp = req.send().await.map_err(|e| Failure::Retry(describe(&e)))?;
         let status = resp.status();
@@ -200,6 +206,16 @@ impl Hub {
     }
 }
 
+/// Do `url` and `endpoint` have the same scheme, host and port?
+pub(crate) fn same_origin(url: &str, endpoint: &str) -> bool {
+    let origin = |u: &str| {
+        reqwest::Url::parse(u)
+            .ok()
+            .map(|u| (u.scheme().to_string(), u.host_str().map(str::to_ascii_lowercase), u.port_or_known_default()))
+    };
+    matches!((origin(url), origin(endpoint)), (Some(a), Some(b)) if a == b)
+}
+
 /// The URL of a `Link` header's `rel="next"`, if any.
 fn next_link(header: &str) -> Option<String> {
     header.split(',').find_map(|part| {
@@ -215,6 +231,18 @@ fn next_link(header: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn origins_compare_scheme_host_and_port() {
+        let ep = "https://huggingface.co";
+        assert!(same_origin("https://huggingface.co/api/models/a/b/tree/x?cursor=1", ep));
+        assert!(same_origin("https://HuggingFace.co:443/api", ep));
+        assert!(!same_origin("https://evil.example/api", ep));
+        assert!(!same_origin("http://huggingface.co/api", ep));
+        assert!(!same_origin("https://huggingface.co:8443/api", ep));
+        assert!(!same_origin("https://huggingface.co.evil.example/api", ep));
+        assert!(!same_origin("not a url", ep));
+    }
 
     #[test]
     fn link_headers_give_the_next_page() {

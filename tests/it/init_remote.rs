@@ -627,3 +627,28 @@ fn the_readme_lists_every_initializer_exit_code() {
     want.sort_unstable();
     assert_eq!(listed, want, "README's initializer exit table and initializers::exit agree");
 }
+
+/// A tree listing whose `Link: rel="next"` names another host (here
+/// `localhost` for an endpoint at 127.0.0.1: another origin) gets the page
+/// request without the token; the loopback Hub refuses any Authorization
+/// header on that host, so a success proves the token stayed home.
+#[test]
+fn hub_tokens_never_follow_a_pagination_link_to_another_host() {
+    let root = tempfile::tempdir().expect("tmp");
+    for i in 0..5 {
+        put(&root.path().join("models/org/paged"), &format!("f{i}.json"), format!("{{\"i\":{i}}}").as_bytes());
+    }
+    let (_hub, endpoint) = hub(root.path(), &["--page-size", "2", "--next-host", "localhost"]);
+    let out = tempfile::tempdir().expect("tmp");
+    let mut pod = init(
+        "model",
+        out.path(),
+        &[],
+        &[("ENDPOINT", endpoint.as_str()), ("STORAGE_URI", "hf://org/paged"), ("ACCESS_TOKEN", "hf_SecretToken")],
+    );
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    assert_eq!(files(out.path()).len(), 5);
+    let err = pod.stderr();
+    assert!(err.contains("following it without the token"), "{err}");
+    assert!(!err.contains("hf_SecretToken"), "{err}");
+}
