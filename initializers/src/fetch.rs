@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Control;
 use crate::progress::Progress;
-use crate::remote::{Check, Client, Failure, Remote, RemoteFile, safe_rel};
+use crate::remote::{Check, Client, Failure, Remote, RemoteFile, check_rel, escaped};
 use crate::volume::{FileEntry, JOURNAL, partial_name};
 use crate::{Config, InitError};
 
@@ -358,6 +358,11 @@ async fn run(
     }
 }
 
+/// Sum of sizes a source listed, u64::MAX when it would wrap.
+pub(crate) fn saturating_sum(sizes: impl IntoIterator<Item = u64>) -> u64 {
+    sizes.into_iter().fold(0u64, u64::saturating_add)
+}
+
 fn read_journal(path: &Path) -> HashMap<String, (u64, String)> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
@@ -377,8 +382,8 @@ async fn fetch(
     let listing = remote.list().await?;
     let mut files = Vec::new();
     for f in listing.files {
-        if !safe_rel(&f.rel) {
-            tracing::warn!(uri = %cfg.uri, path = %f.rel, "skipping a file whose path would leave the output directory");
+        if let Err(why) = check_rel(&f.rel) {
+            tracing::warn!(uri = %cfg.uri, path = %escaped(&f.rel), "skipping a file: {why}");
         } else if cfg.filter.keeps(&f.rel) {
             files.push(f);
         }
@@ -397,16 +402,15 @@ async fn fetch(
             && std::fs::metadata(cfg.output.join(&f.rel)).is_ok_and(|m| m.is_file() && m.len() == f.size)
     };
     let (skip, todo): (Vec<RemoteFile>, Vec<RemoteFile>) = files.into_iter().partition(in_place);
-    let total: u64 = entries.iter().map(|e| e.size).sum();
+    // Sizes come from the source: summed saturating, so sizes that would
+    // wrap count as more than any volume holds instead of passing the check.
+    let total = saturating_sum(entries.iter().map(|e| e.size));
     // Space the partial files of an earlier run hold already counts as had.
-    let need: u64 = todo
-        .iter()
-        .map(|f| {
-            use std::os::unix::fs::MetadataExt;
-            let held = std::fs::metadata(partial_name(&cfg.output.join(&f.rel))).map_or(0, |m| m.blocks() * 512);
-            f.size.saturating_sub(held)
-        })
-        .sum();
+    let need = saturating_sum(todo.iter().map(|f| {
+        use std::os::unix::fs::MetadataExt;
+        let held = std::fs::metadata(partial_name(&cfg.output.join(&f.rel))).map_or(0, |m| m.blocks() * 512);
+        f.size.saturating_sub(held)
+    }));
     check_space(&cfg.output, need)?;
 
     let mut jobs = Vec::with_capacity(todo.len());
@@ -428,7 +432,7 @@ async fn fetch(
         jobs.push(job);
     }
     let skipped = u64::try_from(skip.len()).unwrap_or(u64::MAX);
-    let skip_bytes: u64 = skip.iter().map(|f| f.size).sum();
+    let skip_bytes = saturating_sum(skip.iter().map(|f| f.size));
     progress.plan(u64::try_from(entries.len()).unwrap_or(u64::MAX), total, skipped, skip_bytes + resumed_bytes);
     if skipped > 0 || resumed_bytes > 0 {
         tracing::info!(
@@ -572,7 +576,7 @@ async fn range(shared: &Shared, j: usize, i: usize) -> Result<(), InitError> {
     let want = job.ranges[i].clone();
     let mut at = want.start;
     let mut tries = 0u32;
-    tracing::debug!(file = %job.file.rel, start = want.start, end = want.end, "reading range");
+    tracing::debug!(file = %escaped(&job.file.rel), start = want.start, end = want.end, "reading range");
     loop {
         let failure = match shared.remote.open(&job.file, at..want.end).await {
             Ok(mut body) => {
@@ -606,7 +610,7 @@ async fn range(shared: &Shared, j: usize, i: usize) -> Result<(), InitError> {
             at = want.start;
         }
         let wait = Duration::from_millis(200u64 << tries.min(6));
-        tracing::warn!(uri = %shared.uri, file = %job.file.rel, offset = at, %why, "read failed; retrying in {wait:?}");
+        tracing::warn!(uri = %shared.uri, file = %escaped(&job.file.rel), offset = at, %why, "read failed; retrying in {wait:?}");
         tokio::time::sleep(wait).await;
     }
 }
@@ -718,7 +722,7 @@ async fn finish(shared: &Shared, j: usize) -> Result<(), InitError> {
         .write_all(&line)
         .map_err(InitError::at("cannot write", &shared.journal_path))?;
     shared.progress.file_done();
-    tracing::debug!(file = %job.file.rel, "verified and published");
+    tracing::debug!(file = %escaped(&job.file.rel), "verified and published");
     Ok(())
 }
 
@@ -749,6 +753,17 @@ fn verify(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listed_sizes_that_would_wrap_fail_the_space_check() {
+        // Three files of 0x5555555555555556 bytes wrapped a plain sum to 2.
+        let sizes = [0x5555_5555_5555_5556u64; 3];
+        assert_eq!(sizes.iter().fold(0u64, |a, b| a.wrapping_add(*b)), 2);
+        assert_eq!(saturating_sum(sizes), u64::MAX);
+        let dir = tempfile::tempdir().expect("tmp");
+        assert!(matches!(check_space(dir.path(), saturating_sum(sizes)), Err(InitError::TooBig { .. })));
+        assert_eq!(saturating_sum([1, 2, 3]), 6);
+    }
 
     #[test]
     fn files_split_into_ranges() {

@@ -308,13 +308,46 @@ pub fn describe(e: &reqwest::Error) -> String {
 
 /// Whether `rel` (from a remote listing) is a safe path under the output
 /// directory: relative, no `.`/`..`/empty components, not one of trainlet's
-/// own bookkeeping names.
+/// own bookkeeping names, no control characters, and every component short
+/// enough for its temporary names.
 pub fn safe_rel(rel: &str) -> bool {
-    !rel.is_empty()
-        && !rel.starts_with('/')
-        && !rel.contains('\0')
-        && rel.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
-        && !rel.split('/').any(|c| c.starts_with(".trainlet-") || crate::volume::is_temp(c))
+    check_rel(rel).is_ok()
+}
+
+/// Longest file name component Linux filesystems take (NAME_MAX).
+const NAME_MAX: usize = 255;
+
+/// Why `rel` cannot be written under the output directory, if it cannot.
+pub fn check_rel(rel: &str) -> Result<(), &'static str> {
+    if rel.is_empty()
+        || rel.starts_with('/')
+        || rel.contains('\0')
+        || !rel.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+    {
+        return Err("its path would leave the output directory");
+    }
+    if rel.split('/').any(|c| c.starts_with(".trainlet-") || crate::volume::is_temp(c)) {
+        return Err("its name is one of trainlet's own bookkeeping names");
+    }
+    if rel.chars().any(char::is_control) {
+        return Err("its name holds control characters");
+    }
+    // `.NAME.trainlet-state` is the longest name written for a component.
+    let extra = 1 + crate::volume::PART.len().max(crate::volume::STATE.len());
+    if rel.split('/').any(|c| c.len() + extra > NAME_MAX) {
+        return Err("its name is too long for its temporary name (255 bytes at most)");
+    }
+    Ok(())
+}
+
+/// `name` with control characters escaped (`\n`, `\u{1b}`), for log and
+/// error lines: a remote name never starts a line of its own.
+pub fn escaped(name: &str) -> String {
+    if name.chars().any(char::is_control) {
+        name.chars().flat_map(char::escape_debug).collect()
+    } else {
+        name.to_string()
+    }
 }
 
 #[cfg(test)]
@@ -332,8 +365,19 @@ mod tests {
     #[test_case(".trainlet-complete.json", false; "our marker")]
     #[test_case("x/.f.trainlet-part", false; "our partial")]
     #[test_case("", false; "empty")]
+    #[test_case("a\nINFO forged", false; "newline")]
+    #[test_case("a\u{1b}[31m", false; "escape sequence")]
+    #[test_case(&"n".repeat(239), true; "long but fits")]
+    #[test_case(&"n".repeat(240), false; "temporary name too long")]
+    #[test_case(&format!("d/{}", "n".repeat(250)), false; "long last component")]
     fn remote_paths_stay_inside_the_output(rel: &str, ok: bool) {
         assert_eq!(safe_rel(rel), ok);
+    }
+
+    #[test]
+    fn escaping_keeps_names_on_one_line() {
+        assert_eq!(escaped("a\nINFO x"), "a\\nINFO x");
+        assert_eq!(escaped("plain/ü.json"), "plain/ü.json");
     }
 
     #[test]

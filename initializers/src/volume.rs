@@ -260,7 +260,7 @@ pub fn exactly_once(
     if lock.lost.load(Ordering::SeqCst) || !owns(&lock.path, &lock.me) {
         return Err(InitError::LockLost { output: cfg.output.clone() });
     }
-    let bytes = files.iter().map(|f| f.size).sum();
+    let bytes = crate::fetch::saturating_sum(files.iter().map(|f| f.size));
     let marker = Marker { uri: cfg.uri.clone(), revision: cfg.revision().map(str::to_string), commit, verified, files };
     let text = serde_json::to_vec_pretty(&marker).map_err(|e| InitError::Config(e.to_string()))?;
     write_atomic(&cfg.output.join(MARKER), &text)?;

@@ -652,3 +652,33 @@ fn hub_tokens_never_follow_a_pagination_link_to_another_host() {
     assert!(err.contains("following it without the token"), "{err}");
     assert!(!err.contains("hf_SecretToken"), "{err}");
 }
+
+/// Names from a listing are data: one with a newline (it forged a log
+/// line) or an escape sequence is skipped with a warning that shows it
+/// escaped, and one whose temporary name would pass 255 bytes is skipped
+/// instead of failing the run with 202; the rest arrives.
+#[test]
+fn hub_names_with_control_characters_or_too_long_are_skipped_and_logged_escaped() {
+    let root = tempfile::tempdir().expect("tmp");
+    let repo = root.path().join("models/org/names");
+    put(&repo, "config.json", b"{}");
+    put(&repo, "evil\n2026-01-01T00:00:00Z  INFO forged line", b"x");
+    put(&repo, "bell\u{7}.json", b"x");
+    put(&repo, &format!("{}.json", "n".repeat(240)), b"x");
+    let (_hub, endpoint) = hub(root.path(), &[]);
+    let out = tempfile::tempdir().expect("tmp");
+    let mut pod = init(
+        "model",
+        out.path(),
+        &[],
+        &[("ENDPOINT", endpoint.as_str()), ("STORAGE_URI", "hf://org/names"), ("IGNORE_PATTERNS", "")],
+    );
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    let err = pod.stderr();
+    assert_eq!(files(out.path()).keys().cloned().collect::<Vec<_>>(), vec!["config.json".to_string()], "{err}");
+    assert!(!err.lines().any(|l| l.contains("INFO forged line") && !l.contains("skipping")), "a forged line:\n{err}");
+    assert!(err.contains("evil\\n2026-01-01T00:00:00Z  INFO forged line"), "{err}");
+    assert!(err.contains("its name holds control characters"), "{err}");
+    assert!(err.contains("too long for its temporary name"), "{err}");
+    assert!(!err.contains('\u{7}'), "{err}");
+}
