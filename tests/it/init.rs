@@ -161,3 +161,38 @@ fn a_full_volume_is_a_clear_error_and_publishes_nothing() {
     assert!(pod.stderr().contains("out of disk space writing"), "{}", pod.stderr());
     assert!(pod.stderr().contains("the marker was not written"), "{}", pod.stderr());
 }
+
+/// A file:// source never leaks what lies outside it: a symlink to
+/// /etc/shadow, to /etc/ssh or to nothing is skipped with a warning;
+/// symlinks inside the tree are recreated as symlinks; a copied file keeps
+/// its mode without group/world write (it used to arrive as 644 content).
+#[test]
+fn file_sources_never_follow_symlinks_out_and_never_widen_permissions() {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    let src = tempfile::tempdir().expect("tmp");
+    write(src.path(), "data.txt", b"payload");
+    std::fs::set_permissions(src.path().join("data.txt"), std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    write(src.path(), "sub/keep.json", b"{}");
+    symlink("/etc/shadow", src.path().join("shadow")).expect("link");
+    symlink("/etc/ssh", src.path().join("sshkeys")).expect("link");
+    symlink("no-such-target", src.path().join("dangling")).expect("link");
+    symlink("data.txt", src.path().join("inner")).expect("link");
+    symlink("../data.txt", src.path().join("sub/up")).expect("link");
+    symlink(src.path().join("sub"), src.path().join("subdir-abs")).expect("link");
+    // Another filesystem than the source (tmpfs), so files are copied.
+    let out = tempfile::tempdir_in("/dev/shm").expect("tmpfs dir");
+    let uri = format!("file://{}", src.path().display());
+    let mut pod = init("dataset", out.path(), &[("STORAGE_URI", &uri)]);
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    let err = pod.stderr();
+    for name in ["shadow", "sshkeys", "dangling"] {
+        assert!(std::fs::symlink_metadata(out.path().join(name)).is_err(), "{name} must not arrive:\n{err}");
+    }
+    assert_eq!(err.matches("points outside the source tree").count(), 3, "{err}");
+    assert_eq!(std::fs::read_link(out.path().join("inner")).expect("inner"), Path::new("data.txt"));
+    assert_eq!(std::fs::read_link(out.path().join("sub/up")).expect("up"), Path::new("../data.txt"));
+    assert_eq!(std::fs::read_link(out.path().join("subdir-abs")).expect("abs"), Path::new("sub"));
+    assert_eq!(std::fs::read(out.path().join("inner")).expect("through the link"), b"payload");
+    let mode = std::fs::metadata(out.path().join("data.txt")).expect("data").permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o644, "copied with the source's mode less group/world write");
+}
