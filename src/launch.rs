@@ -70,6 +70,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     let _sampler = (plan.gpu.metrics_addr.is_some() && !plan.gpu.gpus.is_empty()).then(|| {
         crate::metrics::sample_gpus(spawner.clone(), plan.gpu.gpus.clone(), METRICS_EVERY, plan.gpu.nvml_timeout)
     });
+    crate::supervise::oom::warn_if_group_kill(&plan.gpu.root);
     let log_root = log_root(&plan);
     // Checked before anything starts: with --log-dir, an unwritable
     // directory is a configuration error; without it, worker files are off
@@ -588,6 +589,7 @@ async fn run_attempt(
         let mut spec = WorkerSpec::piped(plan.entry.program.clone(), substitute(&plan.entry.args, local_rank), wenv);
         spec.cpus = place.and_then(|p| p.cpus.clone());
         spec.mem_node = place.and_then(|p| p.mem_node);
+        spec.oom_score_adj = crate::supervise::oom::worker_adj(Path::new("/"));
         match spawn_retrying(spawner, spec, plan.grace).await {
             Ok(sp) => {
                 let prefix = output::prefix(&plan.prefix_template, &plan.role, local_rank, rank, &plan.host);

@@ -232,3 +232,27 @@ fn worker_output_is_never_dropped_for_want_of_a_log_directory() {
     assert!(out.contains("LINE-FROM-WORKER"), "the line reaches the console:\n{out}\n{err}");
     assert_eq!(err.matches("worker output goes to the console only").count(), 1, "{err}");
 }
+
+/// Workers get the agent's `oom_score_adj` plus 100 (the kernel prefers a
+/// worker over the agent), and a container whose cgroup has
+/// `memory.oom.group=1` gets one warning saying what an OOM will do (a fake
+/// /proc and /sys tree, as the GPU tests use: no cgroup v2 node here).
+#[test]
+fn workers_score_above_the_agent_for_the_oom_killer_and_group_kill_is_announced() {
+    let agent: i32 = std::fs::read_to_string("/proc/self/oom_score_adj").expect("adj").trim().parse().expect("int");
+    let root = tempfile::tempdir().expect("tmp");
+    std::fs::create_dir_all(root.path().join("proc/self")).expect("mkdir");
+    std::fs::write(root.path().join("proc/self/cgroup"), "0::/kubepods/pod1/ctr\n").expect("write");
+    let group = root.path().join("sys/fs/cgroup/kubepods/pod1/ctr");
+    std::fs::create_dir_all(&group).expect("mkdir");
+    std::fs::write(group.join("memory.oom.group"), "1\n").expect("write");
+    let root_s = root.path().display().to_string();
+    let mut pod = Pod::start(
+        &["run", "--no-python", "/bin/cat", "/proc/self/oom_score_adj"],
+        &[("TRAINLET_SYSFS_ROOT", &root_s)],
+    );
+    assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
+    let want = (agent + 100).min(1000);
+    assert!(pod.stdout().contains(&format!("]: {want}")), "want {want}: {}", pod.stdout());
+    assert_eq!(pod.stderr().matches("memory.oom.group is 1").count(), 1, "{}", pod.stderr());
+}
