@@ -569,6 +569,7 @@ async fn run_attempt(
     let mut early: Vec<Event> = Vec::new();
     let (placed, _) = crate::gpu::setup::placements(&plan.gpu, plan.nproc);
     let nics = if plan.gpu.nic_hint { crate::gpu::sysfs::Sysfs::new(&plan.gpu.root).nics() } else { Vec::new() };
+    let oom_adj = crate::supervise::oom::worker_adj(Path::new("/"));
 
     for local_rank in 0..plan.nproc {
         let rank = world.group_rank * plan.nproc + local_rank;
@@ -589,7 +590,7 @@ async fn run_attempt(
         let mut spec = WorkerSpec::piped(plan.entry.program.clone(), substitute(&plan.entry.args, local_rank), wenv);
         spec.cpus = place.and_then(|p| p.cpus.clone());
         spec.mem_node = place.and_then(|p| p.mem_node);
-        spec.oom_score_adj = crate::supervise::oom::worker_adj(Path::new("/"));
+        spec.oom_score_adj = oom_adj;
         match spawn_retrying(spawner, spec, plan.grace).await {
             Ok(sp) => {
                 let prefix = output::prefix(&plan.prefix_template, &plan.role, local_rank, rank, &plan.host);

@@ -118,12 +118,15 @@ pub fn signal_process(pid: i32, sig: i32) {
     }
 }
 
-/// Pids whose parent is `parent`, read from /proc (re-parented orphans).
-pub fn children_of(parent: u32) -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| parent_of(*pid) == Some(parent))
-        .collect()
+/// (state letter, parent pid) of `pid` from `/proc/PID/stat`; None when it
+/// is gone.
+fn stat_fields(pid: i32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields 3 (state) and 4 (ppid) follow the last ')' of the command name.
+    let mut rest = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let ppid = rest.next()?.parse::<u32>().ok()?;
+    Some((state, ppid))
 }
 
 /// Every process as (pid, parent pid, state letter), from /proc.
@@ -131,11 +134,7 @@ pub fn process_table() -> Vec<(i32, u32, char)> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     dir.filter_map(|e| {
         let pid = e.ok()?.file_name().to_str()?.parse::<i32>().ok()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // Fields 3 (state) and 4 (ppid) follow the last ')' of the name.
-        let mut rest = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
-        let state = rest.next()?.chars().next()?;
-        let ppid = rest.next()?.parse::<u32>().ok()?;
+        let (state, ppid) = stat_fields(pid)?;
         Some((pid, ppid, state))
     })
     .collect()
@@ -143,9 +142,7 @@ pub fn process_table() -> Vec<(i32, u32, char)> {
 
 /// The parent of `pid`, from /proc; None when it is gone.
 pub fn parent_of(pid: i32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Field 4 (ppid) follows the last ')' of the command name.
-    stat[stat.rfind(')')? + 1..].split_whitespace().nth(1)?.parse::<u32>().ok()
+    stat_fields(pid).map(|(_, ppid)| ppid)
 }
 
 /// 64 unpredictable-enough bits (std's per-process hash keys over pid and
@@ -161,9 +158,7 @@ pub fn random_u64() -> u64 {
 /// Scheduler state letter of `pid` from /proc (`R`, `S`, `D`, `Z`, ...);
 /// None when it is gone.
 pub fn proc_state(pid: i32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Field 3 (state) follows the last ')' of the command name.
-    stat[stat.rfind(')')? + 1..].split_whitespace().next()?.chars().next()
+    stat_fields(pid).map(|(state, _)| state)
 }
 
 /// Raise the soft open-file limit to the hard limit (a store host keeps a
@@ -238,14 +233,14 @@ pub enum ForkExecError {
     Fork(Errno),
     /// The child could not change to the working directory.
     Chdir(Errno),
-    /// The child could not set up its standard streams.
-    Stdio(Errno),
+    /// The child could not set itself up (death signal, standard streams).
+    ChildSetup(Errno),
     /// execve failed for every candidate path (the most telling errno).
     Exec(Errno),
 }
 
 /// Stages the child reports through the error pipe.
-const STAGE_STDIO: u32 = 1;
+const STAGE_SETUP: u32 = 1;
 const STAGE_CHDIR: u32 = 2;
 const STAGE_EXEC: u32 = 3;
 
@@ -375,7 +370,7 @@ pub fn fork_exec(plan: &ExecPlan) -> Result<Forked, ForkExecError> {
         let errno = Errno::from_raw(i32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]));
         return Err(match stage {
             STAGE_CHDIR => ForkExecError::Chdir(errno),
-            STAGE_STDIO => ForkExecError::Stdio(errno),
+            STAGE_SETUP => ForkExecError::ChildSetup(errno),
             _ => ForkExecError::Exec(errno),
         });
     }
@@ -417,7 +412,7 @@ unsafe fn child_after_fork(
         // Rust ignores SIGPIPE; an ignored signal stays ignored across exec.
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-            fail(STAGE_STDIO, *libc::__errno_location());
+            fail(STAGE_SETUP, *libc::__errno_location());
         }
         // The agent may have died between fork and prctl.
         if libc::getppid() != parent {
@@ -430,7 +425,7 @@ unsafe fn child_after_fork(
             // Every source is above 2 (pipe_above_stdio), so no dup2 here
             // overwrites a later source; dup2 clears FD_CLOEXEC on the copy.
             if libc::dup2(fd, target) < 0 {
-                fail(STAGE_STDIO, *libc::__errno_location());
+                fail(STAGE_SETUP, *libc::__errno_location());
             }
         }
         if let Some(dir) = &plan.cwd

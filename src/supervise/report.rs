@@ -211,18 +211,25 @@ impl Report {
     /// What became of a failure: the verdict of its round, in words (the
     /// rule's action alone says what the policy asked, not what happened).
     pub fn outcome(&self, f: &Failure) -> String {
-        let verdict = self.rounds.iter().find(|r| r.round == u64::from(f.attempt)).map(|r| r.verdict.as_str());
-        match verdict {
-            Some(v) if v.starts_with("restart:") => format!("the job restarted (restart {})", &v["restart:".len()..]),
-            Some("fail:budget") => "no restarts left: the job failed".into(),
-            Some("fail:policy") if f.action == RuleAction::Fail => "matched a fail rule: the job failed".into(),
-            Some("fail:policy") => "the job failed (another failure matched a fail rule)".into(),
-            Some("fail:unkillable") => "the job failed (a worker could not be killed)".into(),
-            Some("fail:stuck") => "the job failed (a pod neither stopped nor died in time)".into(),
-            Some("regroup") => "the pods regrouped".into(),
-            Some("exit") => "trainlet was stopped by a signal".into(),
-            Some(other) => format!("round verdict {other}"),
-            None => format!("rule: {}", f.action),
+        use super::policy::{FailKind, Verdict};
+        let Some(text) = self.rounds.iter().find(|r| r.round == u64::from(f.attempt)).map(|r| r.verdict.as_str())
+        else {
+            return format!("rule: {}", f.action);
+        };
+        match text.parse::<Verdict>() {
+            Ok(Verdict::Restart(n)) => format!("the job restarted (restart {n})"),
+            Ok(Verdict::Fail(FailKind::Budget)) => "no restarts left: the job failed".into(),
+            Ok(Verdict::Fail(FailKind::Policy)) if f.action == RuleAction::Fail => {
+                "matched a fail rule: the job failed".into()
+            }
+            Ok(Verdict::Fail(FailKind::Policy)) => "the job failed (another failure matched a fail rule)".into(),
+            Ok(Verdict::Fail(FailKind::Unkillable)) => "the job failed (a worker could not be killed)".into(),
+            Ok(Verdict::Fail(FailKind::Stuck)) => "the job failed (a pod neither stopped nor died in time)".into(),
+            Ok(Verdict::Regroup) => "the pods regrouped".into(),
+            Ok(Verdict::Success) => "the job succeeded".into(),
+            // `launch` records "exit" for a round ended by a stop signal.
+            Err(()) if text == "exit" => "trainlet was stopped by a signal".into(),
+            Err(()) => format!("round verdict {text}"),
         }
     }
 

@@ -51,7 +51,7 @@ pub enum SpawnError {
         source: std::io::Error,
     },
     /// The program, an argument or an environment entry holds a NUL byte,
-    /// or pipes could not be made.
+    /// pipes could not be made, or the child could not set itself up.
     #[error("cannot prepare {program}")]
     Prepare {
         /// What we tried to run.
@@ -227,7 +227,7 @@ fn spawn_now(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
             dir: spec.cwd.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
             source: io(errno),
         },
-        sys::ForkExecError::Setup(errno) | sys::ForkExecError::Stdio(errno) => {
+        sys::ForkExecError::Setup(errno) | sys::ForkExecError::ChildSetup(errno) => {
             SpawnError::Prepare { program: program(), source: io(errno) }
         }
     })?;

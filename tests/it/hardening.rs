@@ -178,7 +178,8 @@ fn the_exit_code_and_the_reports_root_cause_agree() {
     let mut pod = Pod::start(&["run", "--no-python", "--max-restarts", "1", "--log-dir", &logs_s, &script], &[]);
     assert_eq!(pod.code(LIMIT), 4, "{}", pod.stderr());
     let err = pod.stderr();
-    let report = find_file(&logs, "failure_report.json").expect("failure_report.json");
+    let report = err.lines().find_map(|l| l.strip_prefix("trainlet: failure report written to ")).expect("report path");
+    assert!(Path::new(report).starts_with(&logs), "{report}");
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(report).expect("read")).expect("json");
     assert_eq!(json["exit_code"], 4);
     assert_eq!(json["root_cause"]["exit_code"], 4, "{json}");
@@ -190,20 +191,6 @@ fn the_exit_code_and_the_reports_root_cause_agree() {
     assert!(err.contains("outcome   : the job restarted (restart 1)"), "{err}");
     assert!(err.contains("outcome   : no restarts left: the job failed"), "{err}");
     assert!(!err.contains("policy    : restart"), "{err}");
-}
-
-fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
-    for entry in std::fs::read_dir(dir).ok()?.flatten() {
-        let p = entry.path();
-        if p.is_dir() {
-            if let Some(found) = find_file(&p, name) {
-                return Some(found);
-            }
-        } else if p.file_name().is_some_and(|n| n == name) {
-            return Some(p);
-        }
-    }
-    None
 }
 
 /// An unwritable --log-dir with --redirects is a configuration error naming
