@@ -1,6 +1,6 @@
 //! The manifests in runtimes/ against the real Trainer and JobSet CRD
-//! schemas (shared/kubeflow/crds beside the repository), and the failure
-//! policy file they mount.
+//! schemas (tests/fixtures/crds, copies of upstream's; see its README), and
+//! the failure policy file they mount.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -9,8 +9,8 @@ use std::time::Duration;
 use crate::util::{Pod, python, repo};
 
 fn crds() -> PathBuf {
-    let dir = repo().join("../shared/kubeflow/crds");
-    assert!(dir.is_dir(), "the CRD schemas are expected at {} (shared/ beside the repository)", dir.display());
+    let dir = repo().join("tests/fixtures/crds");
+    assert!(dir.is_dir(), "the CRD schemas are expected at {}", dir.display());
     dir
 }
 
