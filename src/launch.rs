@@ -415,7 +415,9 @@ fn fail_code(kind: FailKind, last: &[Failure]) -> (u8, String, Option<Failure>) 
             ),
             None => (exit::PEER_LOST, "the job failed on a pod that reported no failure".into(), None),
         },
-        FailKind::Stuck => (exit::PEER_LOST, "a pod neither stopped nor died within the bound".into(), None),
+        FailKind::Stuck => {
+            (exit::PEER_LOST, "a pod neither stopped its workers nor died within the bound".into(), None)
+        }
     }
 }
 

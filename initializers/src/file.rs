@@ -105,12 +105,7 @@ pub fn fetch(cfg: &Config, root: &Path) -> Result<Fetched, InitError> {
     }
     let mut entries = Vec::with_capacity(files.len());
     for (rel, src) in files {
-        let dest = cfg.output.join(&rel);
-        if let Some(dir) = dest.parent() {
-            std::fs::create_dir_all(dir).map_err(InitError::at("cannot create", dir))?;
-        }
-        let tmp = partial_name(&dest);
-        let _ = std::fs::remove_file(&tmp);
+        let (dest, tmp) = destination(cfg, &rel)?;
         let size = std::fs::metadata(&src).map_err(InitError::at("cannot read", &src))?.len();
         // Same filesystem: a hard link (regular files only: the walk yields
         // nothing else), no bytes copied; else a streamed copy.
@@ -133,16 +128,23 @@ pub fn fetch(cfg: &Config, root: &Path) -> Result<Fetched, InitError> {
         entries.push(FileEntry { path: rel, size, check: None });
     }
     for (rel, text) in tree.links.into_iter().filter(|(rel, _)| cfg.filter.keeps(rel)) {
-        let dest = cfg.output.join(&rel);
-        if let Some(dir) = dest.parent() {
-            std::fs::create_dir_all(dir).map_err(InitError::at("cannot create", dir))?;
-        }
-        let tmp = partial_name(&dest);
-        let _ = std::fs::remove_file(&tmp);
+        let (dest, tmp) = destination(cfg, &rel)?;
         std::os::unix::fs::symlink(&text, &tmp).map_err(InitError::at("cannot create", &tmp))?;
         std::fs::rename(&tmp, &dest).map_err(InitError::at("cannot publish", &dest))?;
     }
     Ok(Fetched { files: entries, commit: None, verified: None })
+}
+
+/// Where `rel` is published in the output, and the temporary name it is
+/// written under first (its directory created, a stale one removed).
+fn destination(cfg: &Config, rel: &str) -> Result<(PathBuf, PathBuf), InitError> {
+    let dest = cfg.output.join(rel);
+    if let Some(dir) = dest.parent() {
+        std::fs::create_dir_all(dir).map_err(InitError::at("cannot create", dir))?;
+    }
+    let tmp = partial_name(&dest);
+    let _ = std::fs::remove_file(&tmp);
+    Ok((dest, tmp))
 }
 
 /// Stream `src` into a new `dst`, synced before it is renamed.
