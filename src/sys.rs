@@ -118,31 +118,63 @@ pub fn signal_process(pid: i32, sig: i32) {
     }
 }
 
-/// (state letter, parent pid) of `pid` from `/proc/PID/stat`; None when it
-/// is gone.
-fn stat_fields(pid: i32) -> Option<(char, u32)> {
+/// One process as `/proc/PID/stat` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// Its pid.
+    pub pid: i32,
+    /// Scheduler state letter (`R`, `S`, `D`, `Z`, ...).
+    pub state: char,
+    /// Parent pid.
+    pub ppid: u32,
+    /// Process group id.
+    pub pgid: i32,
+}
+
+/// `/proc/PID/stat` of `pid`; None when it is gone.
+pub fn proc_stat(pid: i32) -> Option<ProcStat> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields 3 (state) and 4 (ppid) follow the last ')' of the command name.
+    // Fields 3 (state), 4 (ppid) and 5 (pgrp) follow the last ')' of the
+    // command name.
     let mut rest = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
     let state = rest.next()?.chars().next()?;
     let ppid = rest.next()?.parse::<u32>().ok()?;
-    Some((state, ppid))
+    let pgid = rest.next()?.parse::<i32>().ok()?;
+    Some(ProcStat { pid, state, ppid, pgid })
 }
 
-/// Every process as (pid, parent pid, state letter), from /proc.
-pub fn process_table() -> Vec<(i32, u32, char)> {
+/// Every process, from /proc.
+pub fn process_table() -> Vec<ProcStat> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    dir.filter_map(|e| {
-        let pid = e.ok()?.file_name().to_str()?.parse::<i32>().ok()?;
-        let (state, ppid) = stat_fields(pid)?;
-        Some((pid, ppid, state))
-    })
-    .collect()
+    dir.filter_map(|e| proc_stat(e.ok()?.file_name().to_str()?.parse::<i32>().ok()?)).collect()
+}
+
+/// The children of `pid`, from `/proc/PID/task/*/children` (every thread's:
+/// orphans are re-parented to any thread of a subreaper). None when the
+/// kernel has no such files (built without CONFIG_PROC_CHILDREN); empty
+/// when the process is gone.
+pub fn children(pid: i32) -> Option<Vec<i32>> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Some(Vec::new()) };
+    let mut out = Vec::new();
+    for task in tasks.flatten() {
+        match std::fs::read_to_string(task.path().join("children")) {
+            Ok(text) => out.extend(text.split_whitespace().filter_map(|c| c.parse::<i32>().ok())),
+            // The task is there but the file is not: no CONFIG_PROC_CHILDREN.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && task.path().join("stat").exists() => return None,
+            Err(_) => {} // the task ended meanwhile
+        }
+    }
+    Some(out)
 }
 
 /// The parent of `pid`, from /proc; None when it is gone.
 pub fn parent_of(pid: i32) -> Option<u32> {
-    stat_fields(pid).map(|(_, ppid)| ppid)
+    proc_stat(pid).map(|p| p.ppid)
+}
+
+/// This process's process group id.
+pub fn own_group() -> i32 {
+    nix::unistd::getpgrp().as_raw()
 }
 
 /// 64 unpredictable-enough bits (std's per-process hash keys over pid and
@@ -158,7 +190,7 @@ pub fn random_u64() -> u64 {
 /// Scheduler state letter of `pid` from /proc (`R`, `S`, `D`, `Z`, ...);
 /// None when it is gone.
 pub fn proc_state(pid: i32) -> Option<char> {
-    stat_fields(pid).map(|(state, _)| state)
+    proc_stat(pid).map(|p| p.state)
 }
 
 /// Raise the soft open-file limit to the hard limit (a store host keeps a

@@ -10,6 +10,16 @@
 //! between two scans. It is bounded in time: a process in uninterruptible
 //! sleep cannot be killed, and the sweep must not hang the agent.
 //!
+//! A scan is not atomic: a list of pids is read first and each process
+//! after, so a daemon that re-forks every few ms can move to a pid the list
+//! missed while the process it was has already exited. Three things close
+//! that: the scan reads only the agent's subtree, down the kernel's
+//! children lists (microseconds between a list and its stats, where a full
+//! /proc table took milliseconds); the process group of every process seen
+//! (a zombie's too) is signalled as well, and a group signal is atomic
+//! against fork (a child forked meanwhile gets it too); and "none left"
+//! takes [`QUIET_SCANS`] empty scans in a row.
+//!
 //! Long-lived helpers of the agent itself (the NVML sampling child) are
 //! registered with [`keep`] and spared, with their own children.
 
@@ -36,36 +46,98 @@ pub fn release(pid: i32) {
     helpers().retain(|p| *p != pid);
 }
 
-/// Live (not zombie) descendants of `root`, without the subtrees of `spare`.
-pub fn descendants(root: u32, spare: &[i32]) -> Vec<i32> {
-    descendants_in(&sys::process_table(), root, spare)
+/// What one scan saw below the agent.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Scan {
+    /// Live (not zombie) descendants.
+    pub live: Vec<i32>,
+    /// Process groups of every descendant seen, zombies included, other
+    /// than the agent's own group.
+    pub groups: Vec<i32>,
 }
 
-fn descendants_in(table: &[(i32, u32, char)], root: u32, spare: &[i32]) -> Vec<i32> {
-    let mut children: HashMap<u32, Vec<(i32, char)>> = HashMap::new();
-    for &(pid, ppid, state) in table {
-        children.entry(ppid).or_default().push((pid, state));
+/// Descendants of `root`, without the subtrees of `spare`: walked down the
+/// kernel's children lists (only our subtree is read, so a process and its
+/// stat are read microseconds apart), else from the whole process table.
+pub fn scan(root: u32, spare: &[i32]) -> Scan {
+    let own_group = sys::own_group();
+    match walk_children(root, spare) {
+        Some(found) => from_stats(&found, own_group),
+        None => scan_in(&sys::process_table(), root, spare, own_group),
     }
-    let mut out = Vec::new();
+}
+
+/// Every descendant of `root` outside `spare`'s subtrees, with its stat,
+/// read down the children lists; None without CONFIG_PROC_CHILDREN.
+fn walk_children(root: u32, spare: &[i32]) -> Option<Vec<sys::ProcStat>> {
+    let mut found = Vec::new();
     let mut seen: HashSet<i32> = HashSet::new();
-    let mut todo = vec![root];
+    let mut todo = vec![i32::try_from(root).ok()?];
     while let Some(parent) = todo.pop() {
-        for &(pid, state) in children.get(&parent).map(Vec::as_slice).unwrap_or_default() {
+        for pid in sys::children(parent)? {
             if spare.contains(&pid) || !seen.insert(pid) {
                 continue;
             }
-            // A zombie is dead already; the reaper collects it. Its own
-            // children were re-parented and show up under us.
-            if state != 'Z' && state != 'X' {
-                out.push(pid);
+            if let Some(stat) = sys::proc_stat(pid) {
+                found.push(stat);
             }
-            if let Ok(p) = u32::try_from(pid) {
-                todo.push(p);
+            todo.push(pid);
+        }
+    }
+    Some(found)
+}
+
+fn scan_in(table: &[sys::ProcStat], root: u32, spare: &[i32], own_group: i32) -> Scan {
+    let mut children: HashMap<u32, Vec<&sys::ProcStat>> = HashMap::new();
+    for p in table {
+        children.entry(p.ppid).or_default().push(p);
+    }
+    let mut found = Vec::new();
+    let mut seen: HashSet<i32> = HashSet::new();
+    let mut todo = vec![root];
+    while let Some(parent) = todo.pop() {
+        for p in children.get(&parent).map(Vec::as_slice).unwrap_or_default() {
+            if spare.contains(&p.pid) || !seen.insert(p.pid) {
+                continue;
             }
+            found.push(**p);
+            if let Ok(pid) = u32::try_from(p.pid) {
+                todo.push(pid);
+            }
+        }
+    }
+    from_stats(&found, own_group)
+}
+
+/// The live pids and the groups (other than ours) of `found`.
+fn from_stats(found: &[sys::ProcStat], own_group: i32) -> Scan {
+    let mut out = Scan::default();
+    for p in found {
+        // A zombie is dead already; the reaper collects it. Its own
+        // children were re-parented and show up under us, and its group
+        // may still hold a child a scan missed.
+        if p.state != 'Z' && p.state != 'X' {
+            out.live.push(p.pid);
+        }
+        if p.pgid != own_group && p.pgid > 1 && !out.groups.contains(&p.pgid) {
+            out.groups.push(p.pgid);
         }
     }
     out
 }
+
+/// Send `sig` to every group and process of `scan`.
+fn signal(scan: &Scan, sig: i32) {
+    for &g in &scan.groups {
+        sys::signal_group(g, sig);
+    }
+    for &pid in &scan.live {
+        sys::signal_process(pid, sig);
+    }
+}
+
+/// Empty scans in a row that mean "none left".
+pub const QUIET_SCANS: u32 = 3;
 
 /// What a sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -76,47 +148,49 @@ pub struct Swept {
     pub left: Vec<i32>,
 }
 
-/// SIGKILL every descendant of the agent but its helpers, repeating until
-/// none is left or `limit` has passed.
+/// SIGKILL every descendant of the agent but its helpers (and their
+/// process groups), repeating until [`QUIET_SCANS`] scans in a row find
+/// none or `limit` has passed.
 pub fn kill_all(limit: Duration) -> Swept {
     let me = std::process::id();
     let deadline = Instant::now() + limit;
     let mut killed: HashSet<i32> = HashSet::new();
+    let mut quiet = 0;
     loop {
-        let spare = helpers().clone();
-        let found = descendants(me, &spare);
-        if found.is_empty() {
-            return Swept { killed: killed.len(), left: Vec::new() };
+        let found = scan(me, &helpers().clone());
+        signal(&found, libc::SIGKILL);
+        if found.live.is_empty() {
+            quiet += 1;
+            if quiet >= QUIET_SCANS {
+                return Swept { killed: killed.len(), left: Vec::new() };
+            }
+        } else {
+            quiet = 0;
+            killed.extend(&found.live);
         }
         if Instant::now() >= deadline {
-            return Swept { killed: killed.len(), left: found };
-        }
-        for &pid in &found {
-            sys::signal_process(pid, libc::SIGKILL);
-            killed.insert(pid);
+            return Swept { killed: killed.len(), left: found.live };
         }
         // Give the kernel a moment to deliver and re-parent.
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
-/// SIGTERM every descendant but the helpers, wait up to `grace` for them to
-/// go, then [`kill_all`] for up to `limit`.
+/// SIGTERM every descendant but the helpers (and their groups), wait up to
+/// `grace` for them to go, then [`kill_all`] for up to `limit`.
 pub fn terminate_all(grace: Duration, limit: Duration) -> Swept {
     let me = std::process::id();
-    let first = descendants(me, &helpers().clone());
-    if first.is_empty() {
-        return Swept::default();
+    let first = scan(me, &helpers().clone());
+    if first.live.is_empty() && first.groups.is_empty() {
+        return kill_all(limit);
     }
-    for &pid in &first {
-        sys::signal_process(pid, libc::SIGTERM);
-    }
+    signal(&first, libc::SIGTERM);
     let deadline = Instant::now() + grace;
-    while Instant::now() < deadline && !descendants(me, &helpers().clone()).is_empty() {
+    while Instant::now() < deadline && !scan(me, &helpers().clone()).live.is_empty() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut swept = kill_all(limit);
-    swept.killed = swept.killed.max(first.len());
+    swept.killed = swept.killed.max(first.live.len());
     swept
 }
 
@@ -140,13 +214,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn descendants_walk_the_tree_skip_zombies_and_spare_helpers() {
-        // 1 (agent) -> 10 -> 11 (zombie) -> 12; 1 -> 20 (helper) -> 21; 2 -> 30 (not ours).
-        let table = [(10, 1, 'S'), (11, 10, 'Z'), (12, 11, 'R'), (20, 1, 'S'), (21, 20, 'S'), (30, 2, 'S')];
-        let mut got = descendants_in(&table, 1, &[20]);
-        got.sort_unstable();
-        assert_eq!(got, vec![10, 12]);
-        assert_eq!(descendants_in(&table, 1, &[]).len(), 4);
-        assert!(descendants_in(&table, 99, &[]).is_empty());
+    fn scans_walk_the_tree_skip_zombies_spare_helpers_and_name_groups() {
+        // 1 (agent, group 7) -> 10 -> 11 (zombie, group 11) -> 12; 1 -> 20 (helper) -> 21;
+        // 2 -> 30 (not ours); 1 -> 40 (in the agent's own group).
+        let p = |pid, ppid, state, pgid| sys::ProcStat { pid, state, ppid, pgid };
+        let table = [
+            p(10, 1, 'S', 10),
+            p(11, 10, 'Z', 11),
+            p(12, 11, 'R', 11),
+            p(20, 1, 'S', 20),
+            p(21, 20, 'S', 20),
+            p(30, 2, 'S', 30),
+            p(40, 1, 'S', 7),
+        ];
+        let mut got = scan_in(&table, 1, &[20], 7);
+        got.live.sort_unstable();
+        got.groups.sort_unstable();
+        assert_eq!(got, Scan { live: vec![10, 12, 40], groups: vec![10, 11] });
+        assert_eq!(scan_in(&table, 1, &[], 7).live.len(), 5);
+        assert_eq!(scan_in(&table, 99, &[], 7), Scan::default());
     }
 }
