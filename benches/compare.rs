@@ -183,7 +183,8 @@ fn rendezvous_scale(rows: &mut Vec<Row>) {
     let (form, detect, reform, hb_bytes) = rt.block_on(async {
         let cancel = tokio_util::sync::CancellationToken::new();
         let lp = Arc::new(trainlet::store::StoreLoop::start().expect("loop"));
-        let control = lp.serve(Some([127, 0, 0, 1].into()), 0, cancel.child_token()).expect("store");
+        let control =
+            lp.serve(Some([127, 0, 0, 1].into()), 0, std::sync::Arc::default(), cancel.child_token()).expect("store");
         let addr = control.local_addr();
         let timing = Timing {
             last_call: Duration::from_millis(300),
@@ -192,7 +193,8 @@ fn rendezvous_scale(rows: &mut Vec<Row>) {
         };
         let l2 = Arc::clone(&lp);
         let tok = cancel.child_token();
-        let serve: ServeFn = Box::new(move || l2.serve(Some([127, 0, 0, 1].into()), 0, tok.child_token()));
+        let serve: ServeFn =
+            Box::new(move || l2.serve(Some([127, 0, 0, 1].into()), 0, std::sync::Arc::default(), tok.child_token()));
         tokio::spawn(serve_rounds(addr, "trainlet/scale/j0".into(), timing, serve, cancel.child_token()));
         let endpoint = trainlet::store::Endpoint { host: "127.0.0.1".into(), port: addr.port() };
         let started = Instant::now();
@@ -220,7 +222,7 @@ fn rendezvous_scale(rows: &mut Vec<Row>) {
                 // Run until the round ends (a member dies), then re-form.
                 let (_end, _) = s.watch_end(r.number).await;
                 s.report_stopped(&r, &[]).await.expect("stopped");
-                let _ = s.wait_stopped(r.number, Duration::from_secs(30)).await.expect("wait");
+                let _ = s.wait_stopped(&r, Duration::from_secs(30)).await.expect("wait");
                 s.decide(r.number, trainlet::supervise::policy::Verdict::Regroup).await.expect("decide");
                 s.finish_round(r.number).await.expect("finish");
                 let Ok(Joined::Round(_)) = s.next_round(&mut known, deadline).await else { panic!("second round") };

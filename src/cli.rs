@@ -145,6 +145,17 @@ pub struct SshdArgs {
     /// Write our pid here once listening (sshd's PidFile); removed on exit.
     #[arg(long, value_name = "FILE")]
     pub pid_file: Option<PathBuf>,
+    /// Close connections not authenticated after this long (OpenSSH's LoginGraceTime: `120`, `2m`; 0 = never).
+    #[arg(long, value_parser = sshd_time, default_value = "120")]
+    pub login_grace_time: std::time::Duration,
+    /// Drop new connections while this many are unauthenticated (OpenSSH's MaxStartups `start:rate:full`).
+    #[arg(long, value_name = "START:RATE:FULL", default_value = "10:30:100")]
+    pub max_startups: crate::ssh::server::MaxStartups,
+}
+
+/// sshd's time format for clap.
+fn sshd_time(v: &str) -> Result<std::time::Duration, String> {
+    crate::ssh::sshd_config::sshd_time(v).ok_or_else(|| format!("{v:?} is not a time such as 120, 2m or 1h30m"))
 }
 
 /// When `trainlet mpi` tells the workers' servers to exit.
@@ -222,6 +233,9 @@ pub struct StoreArgs {
     /// Address to bind (default: all interfaces, dual stack).
     #[arg(long)]
     pub host: Option<std::net::IpAddr>,
+    /// Most memory clients can make the store hold, e.g. `512M` (default: a quarter of the container's memory limit; env TRAINLET_STORE_MEMORY).
+    #[arg(long = "store-memory", value_name = "BYTES")]
+    pub store_memory: Option<String>,
 }
 
 /// When invoked as `torchrun`: the run options at the top level.
@@ -315,6 +329,9 @@ pub struct RunArgs {
     /// Seconds to wait for the store and every peer pod (default 600).
     #[arg(long = "join-timeout", alias = "join_timeout")]
     pub join_timeout: Option<String>,
+    /// Most memory clients can make the stores this pod serves hold, e.g. `512M` (default: a quarter of the container's memory limit; env TRAINLET_STORE_MEMORY).
+    #[arg(long = "store-memory", value_name = "BYTES")]
+    pub store_memory: Option<String>,
     /// Failure policy file (TOML `[[rule]]` entries; env TRAINLET_POLICY).
     #[arg(long, value_name = "FILE", help_heading = "failure policy and preemption")]
     pub policy: Option<PathBuf>,

@@ -99,10 +99,12 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     // The agents' store, when this pod hosts it.
     let bind_ip: Option<IpAddr> = plan.standalone.then_some(IpAddr::from([127, 0, 0, 1]));
     let store_loop = if plan.serve_store { Some(Arc::new(StoreLoop::start().map_err(Error::Os)?)) } else { None };
+    // One memory budget for the agents' store and every worker store.
+    let budget = Arc::new(crate::store::Budget::new(plan.store_memory));
     let control = if let Some(lp) = &store_loop {
         sys::raise_nofile();
-        let server = lp.serve(bind_ip, plan.endpoint.port, cancel.child_token())?;
-        tracing::info!(addr = %server.local_addr(), "serving the rendezvous store");
+        let server = lp.serve(bind_ip, plan.endpoint.port, Arc::clone(&budget), cancel.child_token())?;
+        tracing::info!(addr = %server.local_addr(), memory_budget = budget.limit(), "serving the rendezvous store");
         Some(server)
     } else {
         None
@@ -118,7 +120,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     if let (Some(lp), Some(server)) = (&store_loop, &control) {
         let lp = Arc::clone(lp);
         let token = cancel.child_token();
-        let serve: ServeFn = Box::new(move || lp.serve(bind_ip, 0, token.child_token()));
+        let serve: ServeFn = Box::new(move || lp.serve(bind_ip, 0, Arc::clone(&budget), token.child_token()));
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], server.local_addr().port()));
         let base = format!("trainlet/{}/j{}", plan.run_id, plan.jobset_attempt);
         tokio::spawn(host::serve_rounds(addr, base, timing, serve, cancel.child_token()));
@@ -187,6 +189,9 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
                 return Err(e.into());
             }
             Err(sig) => {
+                if plan.serve_store {
+                    session.announce_leaving(&format!("stopped by {}", sys::signal_name(sig))).await;
+                }
                 session.withdraw().await;
                 session.bye().await;
                 break exit::for_signal(sig);
@@ -217,11 +222,14 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
         tracing::info!(round = round.number, ?outcome, local_failures = failures.len(), "round over on this pod");
 
         if let Outcome::Stopped(sig) = outcome {
+            if plan.serve_store {
+                session.announce_leaving(&format!("stopped by {}", sys::signal_name(sig))).await;
+            }
             // Tell the others our workers are gone, so they regroup at once;
             // the store host keeps the store up a moment for them.
             let _ = tokio::time::timeout(PUBLISH_WAIT, session.report_stopped(&round, &failures)).await;
             if plan.serve_store {
-                let _ = session.wait_stopped(round.number, Duration::from_secs(3)).await;
+                let _ = session.wait_stopped(&round, Duration::from_secs(3)).await;
             }
             history.extend(failures.iter().cloned());
             rounds.push(record(&round, "stopped by signal", "exit"));
@@ -349,7 +357,7 @@ async fn stop_sync(
 ) -> std::result::Result<(RoundFacts, Vec<Failure>, String), rendezvous::Error> {
     session.report_stopped(round, failures).await?;
     let limit = plan.grace + plan.kill_timeout + STOP_SYNC_MARGIN;
-    let stopped = session.wait_stopped(round.number, limit).await?;
+    let stopped = session.wait_stopped(round, limit).await?;
     let all = if stopped.all_stopped || stopped.dead { session.failures(round).await? } else { failures.to_vec() };
     let end_text = session.end_text(round.number).await?;
     let facts = RoundFacts {
@@ -373,11 +381,19 @@ async fn reconnect(
     cancel: &CancellationToken,
     cause: &str,
 ) -> std::result::Result<(), u8> {
-    tracing::error!(
-        error = %cause,
-        timeout_s = plan.join_timeout.as_secs_f64(),
-        "lost the rendezvous store; waiting for the store host to come back"
-    );
+    let timeout_s = plan.join_timeout.as_secs_f64();
+    match session.host_left() {
+        Some(why) => tracing::warn!(
+            store_host = %why,
+            timeout_s,
+            "the store host left the job cleanly; waiting for it (or its replacement) to come back"
+        ),
+        None => tracing::error!(
+            error = %cause,
+            timeout_s,
+            "lost the rendezvous store; waiting for the store host to come back"
+        ),
+    }
     let deadline = Instant::now() + plan.join_timeout;
     match until_stop(events, plan, session.reconnect(deadline, cancel)).await {
         Ok(Ok(())) => {
@@ -670,7 +686,10 @@ async fn run_attempt(
                 (end, text) = &mut watch, if watching => {
                     watching = false;
                     match end {
-                        JobEnd::Lost => tracing::error!("lost the rendezvous store; stopping workers"),
+                        JobEnd::Lost => match session.host_left() {
+                            Some(why) => tracing::warn!(store_host = %why, "the store host left the job; stopping workers"),
+                            None => tracing::error!("lost the rendezvous store; stopping workers"),
+                        },
                         JobEnd::Success => {}
                         _ => tracing::warn!(round = round.number, end = %text, "the round ended; stopping workers"),
                     }

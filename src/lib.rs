@@ -30,6 +30,8 @@ pub mod gpu;
 pub mod launch;
 pub mod metrics;
 pub mod mpi;
+pub mod progress;
+pub mod ratelimit;
 pub mod rendezvous;
 pub mod ssh;
 pub mod sshd;

@@ -396,7 +396,22 @@ fn store(args: &StoreArgs) -> u8 {
                 return exit::CONFIG;
             }
         };
-        let server = match StoreServer::start(listener, cancel.child_token()) {
+        let from_env = std::env::var(trainlet::config::env::TRAINLET_STORE_MEMORY).ok();
+        let memory = match args.store_memory.as_deref().or(from_env.as_deref()) {
+            None => trainlet::store::default_budget(std::path::Path::new("/")),
+            Some(v) => match trainlet::store::parse_size(v).filter(|n| *n >= trainlet::store::MIN_BUDGET) {
+                Some(n) => n,
+                None => {
+                    eprintln!(
+                        "trainlet: error: invalid store memory {v:?} (--store-memory or TRAINLET_STORE_MEMORY): \
+                         expected a size of at least 64M, e.g. 512M or 2G"
+                    );
+                    return exit::CONFIG;
+                }
+            },
+        };
+        let budget = std::sync::Arc::new(trainlet::store::Budget::new(memory));
+        let server = match StoreServer::start(listener, budget, cancel.child_token()) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("trainlet: error: cannot serve the store: {e}");
@@ -405,6 +420,7 @@ fn store(args: &StoreArgs) -> u8 {
         };
         // Tests and scripts read the port from this line.
         println!("trainlet store listening on {}", server.local_addr());
+        tracing::info!(addr = %server.local_addr(), memory_budget = memory, "store serving");
         let sig = loop {
             match events.recv().await {
                 Some(SysEvent::Signal(s)) if signals::STOP.contains(&s) => break s,

@@ -104,6 +104,8 @@ fn load(args: &SshdArgs) -> Result<ServerConfig, String> {
         account: Account { name, home, shell, allowed_users },
         kill_timeout: args.kill_timeout,
         path_prefix: None,
+        login_grace: Some(args.login_grace_time).filter(|d| !d.is_zero()),
+        max_startups: args.max_startups,
     })
 }
 
@@ -150,6 +152,8 @@ pub fn args_from_sshd(argv: &[String]) -> Result<SshdArgs, String> {
         allow_users: Vec::new(),
         kill_timeout: std::time::Duration::from_secs(3),
         pid_file: cfg.pid_file.clone(),
+        login_grace_time: cfg.login_grace.unwrap_or(std::time::Duration::from_secs(120)),
+        max_startups: cfg.max_startups.unwrap_or_default(),
     })
 }
 

@@ -64,6 +64,8 @@ pub const TRAINLET_PYTHON: &str = "TRAINLET_PYTHON";
 pub const PYTHON_EXEC: &str = "PYTHON_EXEC";
 /// `--join-timeout`, trainlet's name.
 pub const TRAINLET_JOIN_TIMEOUT: &str = "TRAINLET_JOIN_TIMEOUT";
+/// `--store-memory`.
+pub const TRAINLET_STORE_MEMORY: &str = "TRAINLET_STORE_MEMORY";
 /// `--policy`.
 pub const TRAINLET_POLICY: &str = "TRAINLET_POLICY";
 /// `--checkpoint-signal`.

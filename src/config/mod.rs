@@ -158,6 +158,8 @@ pub struct Plan {
     pub kill_timeout: Duration,
     /// D-state time after which a worker is hung.
     pub hung_timeout: Option<Duration>,
+    /// Memory budget of the stores this pod serves, in bytes.
+    pub store_memory: u64,
     /// The failure policy.
     pub rules: crate::supervise::rules::Rules,
     /// Log directory given by the user (files are written for every rank).

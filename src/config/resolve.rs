@@ -106,6 +106,15 @@ fn flag_or_env(cli: bool, flag: &'static str, env: &Env, name: &'static str) -> 
     }
 }
 
+/// `--store-memory`: a size of at least [`crate::store::MIN_BUDGET`], or
+/// the default sized from the container's memory limit.
+fn store_memory(l: &Lookup<'_>) -> Result<u64, Error> {
+    let Some(v) = l.value else { return Ok(crate::store::default_budget(std::path::Path::new("/"))) };
+    crate::store::parse_size(v)
+        .filter(|n| *n >= crate::store::MIN_BUDGET)
+        .ok_or_else(|| invalid(&l.origin(), v, "a size of at least 64M, e.g. 512M or 2G"))
+}
+
 fn parse_u32(l: &Lookup<'_>, default: u32, expected: &str) -> Result<u32, Error> {
     l.value.map_or(Ok(default), |v| v.trim().parse::<u32>().map_err(|_| invalid(&l.origin(), v, expected)))
 }
@@ -412,6 +421,10 @@ impl Plan {
         };
         prov.push(("join timeout", format!("{join_timeout:?}"), l.source));
 
+        let l = lookup(args.store_memory.as_deref(), "--store-memory", env, &[env::TRAINLET_STORE_MEMORY]);
+        let store_memory = store_memory(&l)?;
+        prov.push(("store memory budget", format!("{store_memory} bytes"), l.source));
+
         let l =
             lookup(args.shutdown_timeout.as_deref(), "--shutdown-timeout", env, &[env::TORCH_ELASTIC_SHUTDOWN_TIMEOUT]);
         let grace = parse_secs(&l, DEFAULT_GRACE)?;
@@ -623,6 +636,7 @@ impl Plan {
             checkpoint_timeout,
             kill_timeout,
             hung_timeout,
+            store_memory,
             rules,
             nnodes,
             nproc,

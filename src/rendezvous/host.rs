@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Member, Timing, raise, wait_on};
+use super::{Assignment, Member, Timing, raise, wait_on};
 use crate::store::{Client, ClientError, ServerError, StoreServer};
 
 /// Serves a fresh worker store; called once per round.
@@ -65,8 +65,12 @@ async fn rounds(addr: SocketAddr, base: &str, timing: Timing, serve: &ServeFn) -
 async fn monitor(c: &mut Client, addr: SocketAddr, base: &str, r: u64, timing: Timing) -> Result<u64, ClientError> {
     let key = |rest: &str| format!("{base}/r{r}/{rest}");
     let next_key = key("next");
-    let next = wait_on(addr, std::slice::from_ref(&next_key), Duration::from_secs(86_400 * 365));
-    tokio::pin!(next);
+    let members_key = key("members");
+    let year = Duration::from_secs(86_400 * 365);
+    let next = wait_on(addr, std::slice::from_ref(&next_key), year);
+    let formed = wait_on(addr, std::slice::from_ref(&members_key), year);
+    tokio::pin!(next, formed);
+    let mut formed_done = false;
     let mut tick = tokio::time::interval(timing.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut members: Vec<String> = Vec::new();
@@ -79,16 +83,23 @@ async fn monitor(c: &mut Client, addr: SocketAddr, base: &str, r: u64, timing: T
                     let v = c.get(&next_key).await?;
                     return Ok(std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()).unwrap_or(r + 1));
                 }
+                next.set(wait_on(addr, std::slice::from_ref(&next_key), year));
             }
+            ok = &mut formed, if !formed_done => { formed_done = true; ok?; }
             _ = tick.tick() => {}
         }
         if members.is_empty() {
-            let v = c.get(&key("members")).await?;
+            let v = c.get(&members_key).await?;
             if v.is_empty() {
                 continue;
             }
-            members =
-                serde_json::from_slice::<Vec<Member>>(&v).unwrap_or_default().into_iter().map(|m| m.uid).collect();
+            let formed: Vec<Member> = serde_json::from_slice(&v).unwrap_or_default();
+            let assigned: Option<Assignment> = serde_json::from_slice(&c.get(&key("rank/0")).await?).ok();
+            if assigned.is_some_and(|a| a.error.is_none()) {
+                let hosts: Vec<&str> = formed.iter().map(|m| m.host.as_str()).collect();
+                tracing::info!(round = r, nnodes = formed.len(), members = ?hosts, "round formed");
+            }
+            members = formed.into_iter().map(|m| m.uid).collect();
             let now = Instant::now();
             for uid in &members {
                 seen.insert(uid.clone(), (Vec::new(), now));

@@ -41,6 +41,11 @@
 
 pub mod host;
 
+/// How often a pod waiting for a round to form looks at who joined.
+const PROGRESS_POLL: Duration = Duration::from_secs(1);
+/// Missing node ranks named in a progress line.
+const MISSING_SHOWN: usize = 32;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -48,7 +53,8 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{Client, ClientError, Endpoint, connect_with_retry};
+use crate::progress::Progress;
+use crate::store::{Client, ClientError, Endpoint, connect_quietly, connect_with_retry};
 use crate::supervise::policy::{JobEnd, Verdict};
 use crate::supervise::report::Failure;
 
@@ -267,6 +273,10 @@ pub struct Session {
     jobset_attempt: u64,
     run_id: String,
     heartbeat: tokio::task::JoinHandle<()>,
+    /// Why the store host said it is leaving, if it did (see [`Session::announce_leaving`]).
+    host_left: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    /// The task that watches for that announcement on its own connection.
+    host_watch: tokio::task::JoinHandle<()>,
     /// A round we joined that has not formed yet.
     open: Option<u64>,
 }
@@ -274,6 +284,7 @@ pub struct Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.heartbeat.abort();
+        self.host_watch.abort();
     }
 }
 
@@ -319,7 +330,10 @@ impl Session {
             run_id: run_id.to_string(),
             heartbeat,
             open: None,
+            host_left: std::sync::Arc::default(),
+            host_watch: tokio::spawn(async {}),
         };
+        s.watch_host();
         s.check_attempt().await?;
         Ok(s)
     }
@@ -328,7 +342,41 @@ impl Session {
     pub async fn reconnect(&mut self, deadline: Instant, cancel: &CancellationToken) -> Result<(), Error> {
         self.client = connect_with_retry(&self.endpoint, deadline, cancel).await.map_err(Error::Unreachable)?;
         self.addr = self.client.peer_addr().map_err(|e| Error::Unreachable(ClientError::Io(e)))?;
+        self.watch_host();
         self.check_attempt().await
+    }
+
+    /// (Re)start watching for the store host's announcement that it leaves.
+    fn watch_host(&mut self) {
+        self.host_watch.abort();
+        if let Ok(mut g) = self.host_left.lock() {
+            *g = None;
+        }
+        let (addr, key, slot) = (self.addr, self.key("host_left"), self.host_left.clone());
+        self.host_watch = tokio::spawn(async move {
+            let read = async {
+                let mut c = Client::connect(addr).await?;
+                c.wait(std::slice::from_ref(&key)).await?;
+                c.get(&key).await
+            };
+            if let Ok(v) = read.await
+                && let Ok(mut g) = slot.lock()
+            {
+                *g = Some(String::from_utf8_lossy(&v).chars().take(200).collect());
+            }
+        });
+    }
+
+    /// The store host is leaving cleanly (it was told to stop): say so, so
+    /// that the pods that lose its store next log why instead of an error.
+    pub async fn announce_leaving(&mut self, why: &str) {
+        let key = self.key("host_left");
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.client.set(&key, why.as_bytes())).await;
+    }
+
+    /// Why the store host left, when it announced it.
+    pub fn host_left(&self) -> Option<String> {
+        self.host_left.lock().ok().and_then(|g| g.clone())
     }
 
     async fn check_attempt(&mut self) -> Result<(), Error> {
@@ -443,28 +491,39 @@ impl Session {
         }
         tracing::debug!(round = r, slot, "joined round");
 
-        // Wait for the round to close, our last call to end, or the job to move on.
+        // Wait for the round to close, our last call to end, or the job to
+        // move on, saying every so often who is still missing.
         let next = self.rkey(r, "next");
         let quorum = self.rkey(r, "quorum");
+        let limit = deadline.saturating_duration_since(Instant::now());
+        let elastic = min < max;
+        let closed_w = wait_on(self.addr, std::slice::from_ref(&closed), limit);
+        let next_w = wait_on(self.addr, std::slice::from_ref(&next), limit);
+        let quorum_w = wait_on(self.addr, std::slice::from_ref(&quorum), limit);
+        tokio::pin!(closed_w, next_w, quorum_w);
+        let mut quorum_seen = !elastic;
         let mut last_call: Option<Instant> = None;
+        let mut progress = Progress::new(format!("pods to join round {r} at {}", self.endpoint), Some(deadline));
+        let mut seen: Vec<Option<Member>> = Vec::new();
+        let mut tick = tokio::time::interval_at(Instant::now() + PROGRESS_POLL, PROGRESS_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let limit = deadline.saturating_duration_since(Instant::now());
-            let elastic = min < max;
             tokio::select! {
-                ok = self.wait_for(std::slice::from_ref(&closed), limit) => {
-                    if ok? { break }
+                ok = &mut closed_w => {
+                    if ok.map_err(|e| self.lost(e))? { break }
                     return Err(self.timeout(r, started).await);
                 }
-                ok = self.wait_for(std::slice::from_ref(&next), limit) => {
-                    if ok? {
+                ok = &mut next_w => {
+                    if ok.map_err(|e| self.lost(e))? {
                         let to = parse_u64(&self.get(&next).await?).unwrap_or(r + 1);
                         tracing::info!(round = r, next = to, "the job moved on before this round formed; following");
                         return Ok(Try::Moved(to));
                     }
                     return Err(self.timeout(r, started).await);
                 }
-                ok = self.wait_for(std::slice::from_ref(&quorum), limit), if elastic && last_call.is_none() => {
-                    if !ok? {
+                ok = &mut quorum_w, if !quorum_seen => {
+                    quorum_seen = true;
+                    if !ok.map_err(|e| self.lost(e))? {
                         return Err(self.timeout(r, started).await);
                     }
                     tracing::info!(round = r, min, last_call_s = self.timing.last_call.as_secs_f64(), "enough pods for a round; last call");
@@ -475,6 +534,10 @@ impl Session {
                     let v = format!("{}:{slot}", count.min(max));
                     self.client.compare_set(&closed, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
                     break;
+                }
+                _ = tick.tick() => {
+                    let state = self.join_state(r, &mut seen, last_call).await?;
+                    progress.report(&state);
                 }
             }
         }
@@ -536,6 +599,34 @@ impl Session {
         }))
     }
 
+    /// Who has joined round `r` so far, for the wait's progress line.
+    /// Member records already read stay in `seen` (a slot is written once),
+    /// so each record is read once per round; slots past MAX are spares
+    /// and are only counted.
+    async fn join_state(
+        &mut self,
+        r: u64,
+        seen: &mut Vec<Option<Member>>,
+        last_call: Option<Instant>,
+    ) -> Result<String, Error> {
+        let count = self.client.add(&self.rkey(r, "join"), 0).await.map_err(|e| self.lost(e))?;
+        let count = usize::try_from(count).unwrap_or(0);
+        let slots = count.min(self.me.max_nodes as usize);
+        if seen.len() < slots {
+            seen.resize(slots, None);
+        }
+        let unread: Vec<usize> = (0..seen.len()).filter(|&s| seen[s].is_none()).collect();
+        if !unread.is_empty() {
+            let keys: Vec<String> = unread.iter().map(|s| self.rkey(r, &format!("m/{s}"))).collect();
+            let values = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
+            for (&s, v) in unread.iter().zip(values) {
+                seen[s] = serde_json::from_slice(&v).ok();
+            }
+        }
+        let present: Vec<&Member> = seen.iter().flatten().collect();
+        Ok(describe_join(&self.me, &present, count, last_call.map(|t| t.saturating_duration_since(Instant::now()))))
+    }
+
     /// We closed the round: read every member, assign ranks, publish.
     async fn assign_round(&mut self, r: u64, size: u64) -> Result<(), Error> {
         let keys: Vec<String> = (0..size).map(|s| self.rkey(r, &format!("m/{s}"))).collect();
@@ -579,7 +670,7 @@ impl Session {
         self.client.multi_set(&pairs).await.map_err(|e| self.lost(e))?;
         if error.is_none() {
             let hosts: Vec<&str> = ordered.iter().map(|m| m.host.as_str()).collect();
-            tracing::info!(round = r, nnodes, members = ?hosts, "round formed");
+            tracing::debug!(round = r, nnodes, members = ?hosts, "assigned the round's ranks");
         }
         Ok(())
     }
@@ -621,15 +712,23 @@ impl Session {
         let next = self.rkey(r, "next");
         let verdict = self.rkey(r, "verdict");
         let day = Duration::from_secs(86_400);
+        let next_w = wait_on(self.addr, std::slice::from_ref(&next), day);
+        let verdict_w = wait_on(self.addr, std::slice::from_ref(&verdict), day);
+        tokio::pin!(next_w, verdict_w);
+        let mut progress = Progress::new(format!("room in the job at {} (a spare)", self.endpoint), None);
+        let mut tick = tokio::time::interval_at(Instant::now() + PROGRESS_POLL, PROGRESS_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                ok = self.wait_for(std::slice::from_ref(&next), day) => {
-                    if ok? {
+                ok = &mut next_w => {
+                    if ok.map_err(|e| self.lost(e))? {
                         return Ok(Try::Moved(parse_u64(&self.get(&next).await?).unwrap_or(r + 1)));
                     }
+                    next_w.set(wait_on(self.addr, std::slice::from_ref(&next), day));
                 }
-                ok = self.wait_for(std::slice::from_ref(&verdict), day) => {
-                    if !ok? {
+                ok = &mut verdict_w => {
+                    if !ok.map_err(|e| self.lost(e))? {
+                        verdict_w.set(wait_on(self.addr, std::slice::from_ref(&verdict), day));
                         continue;
                     }
                     let v = String::from_utf8_lossy(&self.get(&verdict).await?).parse::<Verdict>();
@@ -645,6 +744,9 @@ impl Session {
                             return Ok(Try::Moved(r + 1));
                         }
                     }
+                }
+                _ = tick.tick() => {
+                    progress.report(&format!("round {r} runs with {size} of at most {} pods", self.me.max_nodes));
                 }
             }
         }
@@ -733,15 +835,37 @@ impl Session {
     }
 
     /// Wait up to `limit` until every member reported stopped or the store
-    /// host declared one dead.
-    pub async fn wait_stopped(&mut self, r: u64, limit: Duration) -> Result<Stopped, Error> {
+    /// host declared one dead, saying which group ranks are still running.
+    pub async fn wait_stopped(&mut self, round: &Round, limit: Duration) -> Result<Stopped, Error> {
+        let r = round.number;
         let all = self.rkey(r, "all_stopped");
         let dead = self.rkey(r, "dead");
-        tokio::select! {
-            ok = self.wait_for(std::slice::from_ref(&all), limit) => { ok?; }
-            ok = self.wait_for(std::slice::from_ref(&dead), limit) => { ok?; }
+        let all_w = wait_on(self.addr, std::slice::from_ref(&all), limit);
+        let dead_w = wait_on(self.addr, std::slice::from_ref(&dead), limit);
+        tokio::pin!(all_w, dead_w);
+        let what = format!("the other pods of round {r} to stop their workers");
+        let mut progress = Progress::new(what, Some(Instant::now() + limit));
+        let mut tick = tokio::time::interval_at(Instant::now() + PROGRESS_POLL, PROGRESS_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let keys: Vec<String> = (0..round.nnodes).map(|n| self.rkey(r, &format!("failures/{n}"))).collect();
+        loop {
+            tokio::select! {
+                ok = &mut all_w => { ok.map_err(|e| self.lost(e))?; break; }
+                ok = &mut dead_w => { ok.map_err(|e| self.lost(e))?; break; }
+                _ = tick.tick() => {
+                    let reported = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
+                    let running: Vec<String> = reported
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, v)| v.is_empty())
+                        .map(|(n, _)| n.to_string())
+                        .take(MISSING_SHOWN)
+                        .collect();
+                    progress.report(&format!("group ranks [{}] have not reported", running.join(", ")));
+                }
+            }
         }
-        let present = self.client.multi_get(&[all, dead]).await.map_err(|e| self.lost(e))?;
+        let present = self.client.multi_get(&[all.clone(), dead.clone()]).await.map_err(|e| self.lost(e))?;
         Ok(Stopped { all_stopped: !present[0].is_empty(), dead: !present[1].is_empty() })
     }
 
@@ -800,6 +924,24 @@ impl Session {
     }
 }
 
+/// The progress line of a round that has not formed: how many pods are
+/// in and, for static jobs, which node ranks are missing (the first
+/// [`MISSING_SHOWN`] of them).
+fn describe_join(me: &Member, present: &[&Member], joined: usize, last_call: Option<Duration>) -> String {
+    if me.elastic() {
+        let mut s = format!("{joined} joined, {} to {} wanted", me.min_nodes, me.max_nodes);
+        if let Some(left) = last_call {
+            s.push_str(&format!("; the last call ends in {}s", left.as_secs()));
+        }
+        return s;
+    }
+    let missing: Vec<u32> = (0..me.max_nodes).filter(|n| !present.iter().any(|m| m.node_rank == *n)).collect();
+    let shown: Vec<String> = missing.iter().take(MISSING_SHOWN).map(u32::to_string).collect();
+    let more = missing.len().saturating_sub(MISSING_SHOWN);
+    let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+    format!("{joined} of {} joined; missing node ranks [{}]{tail}", me.max_nodes, shown.join(", "))
+}
+
 /// How a published end reads to the supervisor.
 pub fn parse_end(v: &str) -> JobEnd {
     match v {
@@ -848,7 +990,7 @@ async fn heartbeat(endpoint: Endpoint, key: String, every: Duration, cancel: Can
     let mut seq = 0u64;
     loop {
         let far = Instant::now() + Duration::from_secs(86_400);
-        let Ok(mut c) = connect_with_retry(&endpoint, far, &cancel).await else { return };
+        let Ok(mut c) = connect_quietly(&endpoint, far, &cancel).await else { return };
         loop {
             seq += 1;
             if c.set(&key, seq.to_string().as_bytes()).await.is_err() {

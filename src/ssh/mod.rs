@@ -20,3 +20,13 @@ pub mod server;
 pub mod sshd_config;
 
 pub use keys::KeyError;
+
+/// A client-chosen string (user name, subsystem, host) as it may appear in
+/// a log line: control characters escaped, at most 128 characters.
+pub fn printable(s: &str) -> String {
+    let mut out: String = s.chars().take(128).flat_map(char::escape_debug).collect();
+    if s.chars().nth(128).is_some() {
+        out.push_str("...");
+    }
+    out
+}

@@ -12,9 +12,17 @@
 //! on purpose and is not touched).
 //!
 //! Refused: pty, shell, subsystems, X11, agent and port forwarding, password
-//! and keyboard-interactive auth, users other than our own when root. There
-//! is no inactivity timeout (tree-spawn sessions idle for hours); protocol
-//! keepalives find dead peers.
+//! and keyboard-interactive auth, users other than our own when root; each
+//! refusal is logged at info with the peer (rate limited). There is no
+//! inactivity timeout once authenticated (tree-spawn sessions idle for
+//! hours); protocol keepalives find dead peers.
+//!
+//! Before authentication, OpenSSH's limits: a connection that has not
+//! authenticated within the login grace time (`LoginGraceTime`, default
+//! 120 s) is closed, whether it sent no banner, stalled in key exchange or
+//! never offered an accepted key; and new connections are dropped, with
+//! OpenSSH's `MaxStartups start:rate:full` probability (default 10:30:100),
+//! while that many are still unauthenticated.
 //!
 //! Processes are started and reaped through [`Processes`], which the binary
 //! wires to the one spawner thread and the one reaper: nothing here forks or
@@ -23,8 +31,9 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::keys::fingerprint;
+use crate::ratelimit::RateLimit;
 use crate::sys::{self, Exit};
 
 /// The `exec` string with which `trainlet mpi` tells a worker's server
@@ -107,6 +117,60 @@ pub struct Account {
     pub allowed_users: Vec<String>,
 }
 
+/// OpenSSH's `MaxStartups start:rate:full`: with `start` or more
+/// connections not yet authenticated, a new one is dropped with probability
+/// `rate`%, rising linearly to 100% at `full`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxStartups {
+    /// Unauthenticated connections before any is dropped.
+    pub start: u32,
+    /// Percent dropped at `start`.
+    pub rate: u32,
+    /// Unauthenticated connections at which every new one is dropped.
+    pub full: u32,
+}
+
+impl Default for MaxStartups {
+    /// OpenSSH's default, 10:30:100.
+    fn default() -> Self {
+        Self { start: 10, rate: 30, full: 100 }
+    }
+}
+
+impl std::str::FromStr for MaxStartups {
+    type Err = String;
+
+    /// `start:rate:full`, or `N` (a hard limit of N, as in OpenSSH).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?} is not start:rate:full (e.g. 10:30:100) or a number");
+        let n: Vec<u32> = s.trim().split(':').map(|p| p.trim().parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
+        let m = match n[..] {
+            [n] => Self { start: n, rate: 100, full: n },
+            [start, rate, full] => Self { start, rate, full },
+            _ => return Err(bad()),
+        };
+        if m.start == 0 || m.rate > 100 || m.full < m.start {
+            return Err(format!("{s:?}: needs start >= 1, rate <= 100 and full >= start"));
+        }
+        Ok(m)
+    }
+}
+
+impl MaxStartups {
+    /// Drop a new connection while `unauthenticated` are pending? `roll`
+    /// is uniform in 0..100 (OpenSSH's `should_drop_connection`).
+    pub fn drops(&self, unauthenticated: u32, roll: u32) -> bool {
+        if unauthenticated < self.start {
+            return false;
+        }
+        if unauthenticated >= self.full {
+            return true;
+        }
+        let p = (100 - self.rate) * (unauthenticated - self.start) / (self.full - self.start) + self.rate;
+        roll < p
+    }
+}
+
 /// Everything the server needs, loaded before it accepts.
 #[derive(Debug)]
 pub struct ServerConfig {
@@ -120,6 +184,10 @@ pub struct ServerConfig {
     pub kill_timeout: Duration,
     /// Directory put first on commands' PATH (where trainlet's `ssh` is).
     pub path_prefix: Option<PathBuf>,
+    /// Unauthenticated connections are closed after this (None: never).
+    pub login_grace: Option<Duration>,
+    /// When new connections are dropped while others are unauthenticated.
+    pub max_startups: MaxStartups,
 }
 
 /// Why [`serve`] returned.
@@ -138,6 +206,22 @@ struct Shared<P> {
     done: CancellationToken,
     /// Process groups of running commands, server-wide.
     live: Mutex<HashSet<i32>>,
+    /// Connections accepted and not yet authenticated.
+    unauthenticated: AtomicU32,
+    /// Lines a client can trigger (refusals, drops), rate limited.
+    log: RateLimit,
+}
+
+/// Holds one slot of [`Shared::unauthenticated`] until authentication
+/// succeeds or the connection ends.
+struct Pending<P> {
+    shared: Arc<Shared<P>>,
+}
+
+impl<P> Drop for Pending<P> {
+    fn drop(&mut self) {
+        self.shared.unauthenticated.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Serve SSH on `listener` until `stop` is cancelled or the launcher says
@@ -150,7 +234,14 @@ pub async fn serve<P: Processes>(
     stop: CancellationToken,
 ) -> Ended {
     let ssh = Arc::new(russh_config(&config));
-    let shared = Arc::new(Shared { config, procs, done: CancellationToken::new(), live: Mutex::new(HashSet::new()) });
+    let shared = Arc::new(Shared {
+        config,
+        procs,
+        done: CancellationToken::new(),
+        live: Mutex::new(HashSet::new()),
+        unauthenticated: AtomicU32::new(0),
+        log: RateLimit::new(20, Duration::from_secs(10)),
+    });
     let conns = TaskTracker::new();
     let drop_all = CancellationToken::new();
     let mut failures = 0u32;
@@ -161,27 +252,26 @@ pub async fn serve<P: Processes>(
             accepted = listener.accept() => match accepted {
                 Ok((sock, peer)) => {
                     failures = 0;
+                    let pending = shared.unauthenticated.load(Ordering::Relaxed);
+                    let roll = u32::try_from(sys::random_u64() % 100).unwrap_or(0);
+                    if shared.config.max_startups.drops(pending, roll) {
+                        let m = shared.config.max_startups;
+                        crate::limited!(shared.log, info, %peer, unauthenticated = pending,
+                            max_startups = %format!("{}:{}:{}", m.start, m.rate, m.full),
+                            "dropped a connection past MaxStartups (too many unauthenticated connections)");
+                        drop(sock);
+                        continue;
+                    }
+                    shared.unauthenticated.fetch_add(1, Ordering::Relaxed);
+                    let slot = Pending { shared: Arc::clone(&shared) };
                     let local = sock.local_addr().ok();
                     let _ = sock.set_nodelay(true);
-                    let conn = Conn::new(Arc::clone(&shared), peer, local);
+                    let (authed_tx, authed_rx) = oneshot::channel();
+                    let conn = Conn::new(Arc::clone(&shared), peer, local, slot, authed_tx);
                     let (ssh, drop_all) = (Arc::clone(&ssh), drop_all.clone());
+                    let (grace, log) = (shared.config.login_grace, Arc::clone(&shared));
                     conns.spawn(async move {
-                        let session = match russh::server::run_stream(ssh, sock, conn).await {
-                            Ok(s) => s,
-                            Err(e) => {
-                                tracing::debug!(%peer, error = %e, "ssh handshake failed");
-                                return;
-                            }
-                        };
-                        let handle = session.handle();
-                        tokio::select! {
-                            r = session => if let Err(e) = r {
-                                tracing::debug!(%peer, error = %e, "ssh connection ended with an error");
-                            },
-                            () = drop_all.cancelled() => {
-                                let _ = handle.disconnect(russh::Disconnect::ByApplication, "server shutting down".into(), "en".into()).await;
-                            }
-                        }
+                        serve_connection(ssh, sock, conn, peer, ConnControl { grace, authed: authed_rx, drop_all, log }).await;
                     });
                 }
                 Err(e) => {
@@ -204,6 +294,88 @@ pub async fn serve<P: Processes>(
     let _ = tokio::time::timeout(Duration::from_secs(2), conns.wait()).await;
     wait_for_groups(&shared).await;
     ended
+}
+
+/// What a connection task watches besides the session itself.
+struct ConnControl<P> {
+    /// The login grace time.
+    grace: Option<Duration>,
+    /// Fired when the client authenticates.
+    authed: oneshot::Receiver<()>,
+    /// Fired when the server shuts down.
+    drop_all: CancellationToken,
+    /// For rate-limited logs.
+    log: Arc<Shared<P>>,
+}
+
+/// Run one connection: the handshake and session, closed at the login
+/// grace time if it has not authenticated by then, or at shutdown.
+async fn serve_connection<P: Processes>(
+    ssh: Arc<russh::server::Config>,
+    sock: tokio::net::TcpStream,
+    conn: Conn<P>,
+    peer: SocketAddr,
+    mut ctl: ConnControl<P>,
+) {
+    let grace = async {
+        match ctl.grace {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(grace);
+    let grace_s = ctl.grace.map_or(0, |d| d.as_secs());
+    // russh runs the session on a task of its own, which a disconnect
+    // request does not reach before key exchange ends: cutting the socket
+    // (through a second descriptor of it) ends that task at any stage.
+    let cut = sock.as_fd().try_clone_to_owned().map(std::net::TcpStream::from);
+    let close = move || {
+        if let Ok(c) = &cut {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    };
+    let session = tokio::select! {
+        r = russh::server::run_stream(ssh, sock, conn) => match r {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "ssh handshake failed");
+                return;
+            }
+        },
+        () = &mut grace => {
+            crate::limited!(ctl.log.log, info, %peer, grace_s, "closed a connection that sent no SSH banner within the login grace time (LoginGraceTime)");
+            return;
+        }
+        () = ctl.drop_all.cancelled() => return,
+    };
+    // From here on the session owns the socket; `close` cuts it.
+    let handle = session.handle();
+    tokio::pin!(session);
+    let (mut authed, mut told) = (false, false);
+    loop {
+        tokio::select! {
+            r = &mut session => {
+                if let Err(e) = r {
+                    tracing::debug!(%peer, error = %e, "ssh connection ended with an error");
+                }
+                return;
+            }
+            r = &mut ctl.authed, if !told => {
+                told = true;
+                authed = r.is_ok();
+            }
+            () = &mut grace, if !authed => {
+                crate::limited!(ctl.log.log, info, %peer, grace_s, "closed a connection that did not authenticate within the login grace time (LoginGraceTime)");
+                break;
+            }
+            () = ctl.drop_all.cancelled() => break,
+        }
+    }
+    let bye = if authed { "server shutting down" } else { "authentication timed out" };
+    let _ = handle.disconnect(russh::Disconnect::ByApplication, bye.into(), "en".into()).await;
+    // Give the session a moment to say so, then cut the socket.
+    let _ = tokio::time::timeout(Duration::from_secs(2), &mut session).await;
+    close();
 }
 
 /// Wait for the process groups of dropped sessions to go (they were sent
@@ -277,14 +449,33 @@ struct Conn<P: Processes> {
     peer: SocketAddr,
     local: Option<SocketAddr>,
     user: Option<String>,
+    /// Its unauthenticated slot, released at authentication.
+    pending: Option<Pending<P>>,
+    /// Tells the connection task that it authenticated.
+    authed: Option<oneshot::Sender<()>>,
     chans: HashMap<ChannelId, Chan>,
     /// Process group per channel, shared with the exit tasks.
     groups: Arc<Mutex<HashMap<ChannelId, i32>>>,
 }
 
 impl<P: Processes> Conn<P> {
-    fn new(shared: Arc<Shared<P>>, peer: SocketAddr, local: Option<SocketAddr>) -> Self {
-        Self { shared, peer, local, user: None, chans: HashMap::new(), groups: Arc::new(Mutex::new(HashMap::new())) }
+    fn new(
+        shared: Arc<Shared<P>>,
+        peer: SocketAddr,
+        local: Option<SocketAddr>,
+        pending: Pending<P>,
+        authed: oneshot::Sender<()>,
+    ) -> Self {
+        Self {
+            shared,
+            peer,
+            local,
+            user: None,
+            pending: Some(pending),
+            authed: Some(authed),
+            chans: HashMap::new(),
+            groups: Arc::new(Mutex::new(HashMap::new())),
+        }
     }
 
     fn authorized(&self, key: &PublicKey) -> bool {
@@ -297,8 +488,20 @@ impl<P: Processes> Conn<P> {
     }
 
     fn refuse(&self, session: &mut Session, ch: ChannelId, what: &str) -> Result<(), russh::Error> {
-        tracing::warn!(peer = %self.peer, request = what, "refused: trainlet sshd serves exec only");
+        self.refused(what);
         session.channel_failure(ch)
+    }
+
+    /// Log a refused request or channel type (rate limited: a client decides how many).
+    fn refused(&self, what: &str) {
+        crate::limited!(self.shared.log, info, peer = %self.peer, request = what, "refused: trainlet sshd serves exec only");
+    }
+
+    /// Log a refused authentication method.
+    fn refused_auth(&self, user: &str, method: &str) -> Auth {
+        crate::limited!(self.shared.log, info, peer = %self.peer, user = %crate::ssh::printable(user), method,
+            "refused authentication method: trainlet sshd takes public keys only");
+        Auth::reject()
     }
 
     /// sshd's variables for a session (reference/mpi.md 4.3).
@@ -346,11 +549,28 @@ impl<P: Processes> Drop for Conn<P> {
 impl<P: Processes> russh::server::Handler for Conn<P> {
     type Error = russh::Error;
 
+    async fn auth_none(&mut self, user: &str) -> Result<Auth, Self::Error> {
+        Ok(self.refused_auth(user, "none"))
+    }
+
+    async fn auth_password(&mut self, user: &str, _password: &str) -> Result<Auth, Self::Error> {
+        Ok(self.refused_auth(user, "password"))
+    }
+
+    async fn auth_keyboard_interactive<'a>(
+        &'a mut self,
+        user: &str,
+        _submethods: &str,
+        _response: Option<russh::server::Response<'a>>,
+    ) -> Result<Auth, Self::Error> {
+        Ok(self.refused_auth(user, "keyboard-interactive"))
+    }
+
     async fn auth_publickey_offered(&mut self, user: &str, offer: PublicKeyOffer<'_>) -> Result<Auth, Self::Error> {
         if self.authorized(offer.public_key) && self.user_allowed(user) {
             Ok(Auth::Accept)
         } else {
-            tracing::warn!(peer = %self.peer, user, key = %fingerprint(offer.public_key),
+            tracing::warn!(peer = %self.peer, user = %crate::ssh::printable(user), key = %fingerprint(offer.public_key),
                 "refused public key: not in authorized_keys, or user not allowed");
             Ok(Auth::reject())
         }
@@ -360,9 +580,13 @@ impl<P: Processes> russh::server::Handler for Conn<P> {
         if self.authorized(key.public_key) && self.user_allowed(user) {
             tracing::info!(peer = %self.peer, user, key = %fingerprint(key.public_key), "accepted public key");
             self.user = Some(user.to_string());
+            self.pending = None;
+            if let Some(tx) = self.authed.take() {
+                let _ = tx.send(());
+            }
             Ok(Auth::Accept)
         } else {
-            tracing::warn!(peer = %self.peer, user, key = %fingerprint(key.public_key), "refused public key");
+            tracing::warn!(peer = %self.peer, user = %crate::ssh::printable(user), key = %fingerprint(key.public_key), "refused public key");
             Ok(Auth::reject())
         }
     }
@@ -409,17 +633,18 @@ impl<P: Processes> russh::server::Handler for Conn<P> {
     }
 
     async fn subsystem_request(&mut self, ch: ChannelId, name: &str, session: &mut Session) -> Result<(), Self::Error> {
-        tracing::debug!(subsystem = name, "subsystem refused");
+        tracing::debug!(subsystem = %crate::ssh::printable(name), "subsystem refused");
         self.refuse(session, ch, "subsystem")
     }
 
     async fn agent_request(&mut self, _ch: ChannelId, _session: &mut Session) -> Result<bool, Self::Error> {
-        tracing::warn!(peer = %self.peer, request = "agent forwarding", "refused: trainlet sshd serves exec only");
+        self.refused("agent forwarding");
         Ok(false)
     }
 
     async fn tcpip_forward(&mut self, address: &str, port: &mut u32, _s: &mut Session) -> Result<bool, Self::Error> {
-        tracing::warn!(peer = %self.peer, request = "tcpip-forward", address, port = *port, "refused: trainlet sshd serves exec only");
+        tracing::debug!(peer = %self.peer, address, port = *port, "tcpip-forward asked");
+        self.refused("tcpip-forward");
         Ok(false)
     }
 
@@ -434,8 +659,51 @@ impl<P: Processes> russh::server::Handler for Conn<P> {
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
         // Dropping `_reply` rejects the channel.
-        tracing::warn!(peer = %self.peer, request = "direct-tcpip", host, port, "refused: trainlet sshd serves exec only");
+        tracing::debug!(peer = %self.peer, host = %crate::ssh::printable(host), port, "direct-tcpip asked");
+        self.refused("direct-tcpip");
         Ok(())
+    }
+
+    async fn channel_open_x11(
+        &mut self,
+        _channel: Channel<Msg>,
+        _address: &str,
+        _port: u32,
+        _reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.refused("x11");
+        Ok(())
+    }
+
+    async fn channel_open_forwarded_tcpip(
+        &mut self,
+        _channel: Channel<Msg>,
+        _host: &str,
+        _port: u32,
+        _oa: &str,
+        _op: u32,
+        _reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.refused("forwarded-tcpip");
+        Ok(())
+    }
+
+    async fn channel_open_direct_streamlocal(
+        &mut self,
+        _channel: Channel<Msg>,
+        _path: &str,
+        _reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.refused("direct-streamlocal");
+        Ok(())
+    }
+
+    async fn streamlocal_forward(&mut self, _path: &str, _session: &mut Session) -> Result<bool, Self::Error> {
+        self.refused("streamlocal-forward");
+        Ok(false)
     }
 
     async fn env_request(
@@ -595,5 +863,39 @@ fn sig(signal: i32) -> Sig {
         libc::SIGTERM => Sig::TERM,
         libc::SIGUSR1 => Sig::USR1,
         other => Sig::Custom(sys::signal_name(other).trim_start_matches("SIG").to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use test_case::test_case;
+
+    #[test_case("10:30:100", MaxStartups { start: 10, rate: 30, full: 100 }; "openssh default")]
+    #[test_case("3", MaxStartups { start: 3, rate: 100, full: 3 }; "hard limit")]
+    fn max_startups_parse(s: &str, want: MaxStartups) {
+        assert_eq!(s.parse::<MaxStartups>(), Ok(want));
+    }
+
+    #[test_case("0"; "zero")]
+    #[test_case("10:130:100"; "rate over 100")]
+    #[test_case("10:30:5"; "full below start")]
+    #[test_case("10:30"; "two fields")]
+    #[test_case("a:b:c"; "not numbers")]
+    fn max_startups_refused(s: &str) {
+        assert!(s.parse::<MaxStartups>().is_err());
+    }
+
+    /// OpenSSH's `should_drop_connection`: none below start, rate% at
+    /// start, rising linearly, all at full.
+    #[test_case(9, 0, false; "below start")]
+    #[test_case(10, 29, true; "at start, inside the rate")]
+    #[test_case(10, 30, false; "at start, outside the rate")]
+    #[test_case(55, 64, true; "halfway: 65 percent")]
+    #[test_case(55, 65, false; "halfway: not the 66th percent")]
+    #[test_case(99, 98, true; "near full")]
+    #[test_case(100, 99, true; "at full, always")]
+    fn drop_probability(pending: u32, roll: u32, dropped: bool) {
+        assert_eq!(MaxStartups::default().drops(pending, roll), dropped);
     }
 }

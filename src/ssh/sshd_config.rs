@@ -4,9 +4,10 @@
 //! `/usr/sbin/sshd` a link to trainlet and keep the shipped runtimes.
 //! Pure: the caller reads the file.
 //!
-//! Honoured: `-p`, `-h`, `-f`, `-o Key=Value`; in the file `Port`,
+//! Honoured: `-p`, `-h`, `-f`, `-g`, `-o Key=Value`; in the file `Port`,
 //! `ListenAddress`, `HostKey`, `AuthorizedKeysFile` (`%h`, `%u`, `%%`, and
-//! paths relative to the home directory), `PidFile`. Everything else
+//! paths relative to the home directory), `PidFile`, `LoginGraceTime`
+//! (sshd's time format: `120`, `2m`, `1h30m`; 0 = none) and `MaxStartups`. Everything else
 //! (`StrictModes`, `UsePAM`, ...) has no meaning for trainlet's server and
 //! is ignored; `-D` and `-e` are what it always does.
 
@@ -27,6 +28,10 @@ pub struct SshdConfig {
     pub authorized_keys: Option<String>,
     /// `PidFile` (`none` = None).
     pub pid_file: Option<PathBuf>,
+    /// `LoginGraceTime` / `-g`.
+    pub login_grace: Option<std::time::Duration>,
+    /// `MaxStartups`.
+    pub max_startups: Option<crate::ssh::server::MaxStartups>,
 }
 
 /// A bad sshd command line or config line.
@@ -76,6 +81,7 @@ pub fn parse_args(args: &[String]) -> Result<(SshdConfig, Vec<(String, String)>)
                 match c {
                     'f' => cfg.config_file = Some(value.into()),
                     'p' => cfg.port = Some(port("-p", "port", &value)?),
+                    'g' => cfg.login_grace = Some(grace("-g", "login grace time", &value)?),
                     'h' => cfg.host_key = cfg.host_key.take().or(Some(value.into())),
                     'o' => {
                         let (k, v) = split_setting(&value);
@@ -95,6 +101,38 @@ pub fn parse_args(args: &[String]) -> Result<(SshdConfig, Vec<(String, String)>)
         cfg.set("-o", k, v, true)?;
     }
     Ok((cfg, options))
+}
+
+/// sshd's time format (sshd_config(5) TIME FORMATS): `120`, `2m`,
+/// `1h30m`, qualifiers s, m, h, d, w.
+pub fn sshd_time(v: &str) -> Option<std::time::Duration> {
+    let mut total = 0u64;
+    let mut n: Option<u64> = None;
+    for c in v.trim().chars() {
+        if let Some(d) = c.to_digit(10) {
+            n = Some(n.unwrap_or(0).checked_mul(10)?.checked_add(u64::from(d))?);
+            continue;
+        }
+        let unit = match c.to_ascii_lowercase() {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86_400,
+            'w' => 604_800,
+            _ => return None,
+        };
+        total = total.checked_add(n.take()?.checked_mul(unit)?)?;
+    }
+    if let Some(n) = n {
+        total = total.checked_add(n)?;
+    } else if total == 0 {
+        return None;
+    }
+    Some(std::time::Duration::from_secs(total))
+}
+
+fn grace(origin: &str, key: &str, v: &str) -> Result<std::time::Duration, SshdConfigError> {
+    sshd_time(v).ok_or_else(|| SshdConfigError::Bad { origin: origin.into(), key: key.into(), value: v.into() })
 }
 
 fn split_setting(line: &str) -> (&str, &str) {
@@ -121,6 +159,16 @@ impl SshdConfig {
             "hostkey" if force || self.host_key.is_none() => self.host_key = Some(value.into()),
             "authorizedkeysfile" if force || self.authorized_keys.is_none() => {
                 self.authorized_keys = value.split_whitespace().next().map(str::to_string);
+            }
+            "logingracetime" if force || self.login_grace.is_none() => {
+                self.login_grace = Some(grace(origin, key, value)?);
+            }
+            "maxstartups" if force || self.max_startups.is_none() => {
+                self.max_startups = Some(value.parse().map_err(|_| SshdConfigError::Bad {
+                    origin: origin.into(),
+                    key: key.into(),
+                    value: value.into(),
+                })?);
             }
             "pidfile" if force || self.pid_file.is_none() => {
                 self.pid_file = (!value.eq_ignore_ascii_case("none")).then(|| value.into());
@@ -202,6 +250,30 @@ mod tests {
 
     fn words(s: &str) -> Vec<String> {
         s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test_case::test_case("120", Some(120); "seconds")]
+    #[test_case::test_case("2m", Some(120); "minutes")]
+    #[test_case::test_case("1h30m", Some(5400); "mixed")]
+    #[test_case::test_case("1W", Some(604_800); "week")]
+    #[test_case::test_case("0", Some(0); "zero means none")]
+    #[test_case::test_case("", None; "empty")]
+    #[test_case::test_case("m", None; "no number")]
+    #[test_case::test_case("5x", None; "bad unit")]
+    fn sshd_times(v: &str, want: Option<u64>) {
+        assert_eq!(sshd_time(v).map(|d| d.as_secs()), want);
+    }
+
+    #[test]
+    fn login_grace_time_and_max_startups_from_the_line_and_the_file() {
+        use crate::ssh::server::MaxStartups;
+        let (mut cfg, _) = parse_args(&words("-D -g 30s -f x")).expect("parse");
+        cfg.apply_file("LoginGraceTime 5m\nMaxStartups 5:50:20\n", "x").expect("file");
+        assert_eq!(cfg.login_grace, Some(std::time::Duration::from_secs(30)), "the command line wins");
+        assert_eq!(cfg.max_startups, Some(MaxStartups { start: 5, rate: 50, full: 20 }));
+        let mut cfg = SshdConfig::default();
+        assert!(cfg.apply_file("MaxStartups lots\n", "x").is_err());
+        assert!(cfg.apply_file("LoginGraceTime soon\n", "x").is_err());
     }
 
     #[test]

@@ -228,7 +228,27 @@ pub async fn connect_with_retry(
     deadline: Instant,
     cancel: &CancellationToken,
 ) -> Result<Client, ClientError> {
+    connect_retrying(endpoint, deadline, cancel, true).await
+}
+
+/// [`connect_with_retry`] that logs its retries at debug level only (for
+/// a background connection whose owner reports the outage itself).
+pub async fn connect_quietly(
+    endpoint: &Endpoint,
+    deadline: Instant,
+    cancel: &CancellationToken,
+) -> Result<Client, ClientError> {
+    connect_retrying(endpoint, deadline, cancel, false).await
+}
+
+async fn connect_retrying(
+    endpoint: &Endpoint,
+    deadline: Instant,
+    cancel: &CancellationToken,
+    report: bool,
+) -> Result<Client, ClientError> {
     let started = Instant::now();
+    let mut progress = crate::progress::Progress::new(format!("the rendezvous store at {endpoint}"), Some(deadline));
     let mut backoff = Duration::from_millis(20);
     let mut tries = 0u32;
     loop {
@@ -265,6 +285,9 @@ pub async fn connect_with_retry(
             });
         }
         tracing::debug!(%endpoint, tries, error = %last, "store not reachable yet; retrying");
+        if report {
+            progress.report(&format!("not reachable yet; last error: {last}"));
+        }
         tokio::select! {
             () = cancel.cancelled() => return Err(ClientError::Cancelled),
             () = tokio::time::sleep(backoff) => {}

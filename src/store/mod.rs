@@ -17,16 +17,22 @@
 //!   = somaxconn, accept backoff) and one task per connection that
 //!   `select!`s on the socket, its wake channel and the cancel token.
 //! - `client`: the agents' client with connect retry until a deadline.
+//! - `budget`: the memory a store may hold for its clients (stored data,
+//!   parked waits, partial frames, large replies), one limit per store.
 //!
 //! Must not: spawn processes, know about rendezvous rounds, or panic on any
 //! input. A bad peer loses its own connection and nothing else.
 
+mod budget;
 mod client;
 mod server;
 mod state;
 mod wire;
 
-pub use client::{Client, ClientError, Endpoint, connect_with_retry, error_chain};
+pub use budget::{MIN_BUDGET, default_budget, parse_size};
+pub use client::{Client, ClientError, Endpoint, connect_quietly, connect_with_retry, error_chain};
 pub use server::{COMMAND_NAMES, ServerError, StoreLoop, StoreServer, bind_listener};
-pub use state::State;
-pub use wire::{Command, DecodeError, Invalid, MAGIC, MAX_KEY_COUNT, MAX_KEY_LEN, MAX_VALUE_LEN};
+pub use state::{Budget, ENTRY_OVERHEAD, State};
+pub use wire::{
+    Command, DecodeError, Invalid, MAGIC, MAX_FRAME_LEN, MAX_KEY_COUNT, MAX_KEY_LEN, MAX_VALUE_LEN, Scanner,
+};

@@ -16,8 +16,9 @@ use tokio::sync::mpsc::unbounded_channel;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::state::State;
-use super::wire::{Command, DecodeError, MAGIC};
+use super::state::{Budget, ExecError, FREE_REPLY, State};
+use super::wire::{Command, DecodeError, MAGIC, Scanner};
+use crate::ratelimit::RateLimit;
 
 /// Errors from binding the store.
 #[derive(Debug, thiserror::Error)]
@@ -87,13 +88,14 @@ impl StoreLoop {
         &self,
         host: Option<std::net::IpAddr>,
         port: u16,
+        budget: Arc<Budget>,
         cancel: CancellationToken,
     ) -> Result<StoreServer, ServerError> {
         // Inside the loop's context the listener registers with its reactor
         // and `StoreServer::start` spawns the accept loop onto it.
         let _guard = self.handle.enter();
         let listener = bind_listener(host, port)?;
-        StoreServer::start(listener, cancel).map_err(|source| ServerError::Bind { port, source })
+        StoreServer::start(listener, budget, cancel).map_err(|source| ServerError::Bind { port, source })
     }
 }
 
@@ -118,10 +120,11 @@ pub struct StoreServer {
 }
 
 impl StoreServer {
-    /// Serve a fresh, empty store on `listener` until `cancel` fires.
-    pub fn start(listener: TcpListener, cancel: CancellationToken) -> std::io::Result<Self> {
+    /// Serve a fresh, empty store on `listener` until `cancel` fires; what
+    /// its clients store counts against `budget`.
+    pub fn start(listener: TcpListener, budget: Arc<Budget>, cancel: CancellationToken) -> std::io::Result<Self> {
         let local = listener.local_addr()?;
-        let state = Arc::new(State::new());
+        let state = Arc::new(State::with_budget(budget));
         let task = tokio::spawn(accept_loop(listener, Arc::clone(&state), cancel.clone()));
         Ok(Self { state, local, task, cancel })
     }
@@ -145,6 +148,7 @@ impl StoreServer {
 
 async fn accept_loop(listener: TcpListener, state: Arc<State>, cancel: CancellationToken) {
     let conns = tokio_util::task::TaskTracker::new();
+    let warnings = Arc::new(warnings());
     let mut backoff = Duration::from_millis(5);
     loop {
         let accepted = tokio::select! {
@@ -156,7 +160,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, cancel: Cancellat
                 backoff = Duration::from_millis(5);
                 crate::metrics::global().store_connections.inc();
                 // TCP_NODELAY comes from the listener (see `sys::tune_listener`).
-                conns.spawn(serve_conn(stream, peer, Arc::clone(&state), cancel.clone()));
+                conns.spawn(serve_conn(stream, peer, Arc::clone(&state), Arc::clone(&warnings), cancel.clone()));
             }
             Err(e) => {
                 // EMFILE/ENFILE/ENOBUFS: back off instead of spinning.
@@ -177,26 +181,78 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, cancel: Cancellat
 struct Registration<'a> {
     state: &'a State,
     id: u64,
+    /// Budget bytes this connection holds for its buffered partial frame.
+    buffered: u64,
+}
+
+impl Registration<'_> {
+    /// Hold budget for `len` buffered bytes beyond [`FREE_BUFFER`].
+    fn buffer(&mut self, len: usize) -> Result<(), ExecError> {
+        let want = (len as u64).saturating_sub(FREE_BUFFER);
+        if want > self.buffered {
+            self.state.budget().reserve(want - self.buffered)?;
+        } else {
+            self.state.budget().release(self.buffered - want);
+        }
+        self.buffered = want;
+        Ok(())
+    }
 }
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
+        self.state.budget().release(self.buffered);
         self.state.disconnect(self.id);
     }
 }
 
-async fn serve_conn(stream: TcpStream, peer: SocketAddr, state: Arc<State>, cancel: CancellationToken) {
+/// Partial frames up to this size are not charged to the budget.
+const FREE_BUFFER: u64 = 64 * 1024;
+
+/// Warnings about misbehaving clients: at most 10 per 10 s per store (one
+/// bad client can open thousands of connections).
+fn warnings() -> RateLimit {
+    RateLimit::new(10, Duration::from_secs(10))
+}
+
+/// Log a warning about one connection, rate limited.
+macro_rules! conn_warn {
+    ($warnings:expr, $($arg:tt)+) => {
+        $crate::limited!($warnings, warn, $($arg)+)
+    };
+}
+
+/// Write `out` and give back the budget its large replies held.
+async fn flush(wr: &mut tokio::net::tcp::OwnedWriteHalf, out: &mut Vec<u8>, charge: &mut u64, state: &State) -> bool {
+    let ok = out.is_empty() || wr.write_all(out).await.is_ok();
+    out.clear();
+    if out.capacity() as u64 > FREE_BUFFER {
+        out.shrink_to(64);
+    }
+    state.budget().release(std::mem::take(charge));
+    ok
+}
+
+async fn serve_conn(
+    stream: TcpStream,
+    peer: SocketAddr,
+    state: Arc<State>,
+    warnings: Arc<RateLimit>,
+    cancel: CancellationToken,
+) {
     let (wake_tx, mut wake_rx) = unbounded_channel();
     let id = state.connect(wake_tx);
-    let _registration = Registration { state: &state, id };
+    let mut registration = Registration { state: &state, id, buffered: 0 };
     let (mut rd, mut wr) = stream.into_split();
     // Small to start: almost every frame is tens of bytes, and 9k idle
     // connections should not pin 36 MiB of buffers. `read_buf` grows it.
     let mut buf = BytesMut::with_capacity(256);
     let mut out = Vec::with_capacity(64);
+    // Budget held by large replies in `out` until they are written.
+    let mut charge = 0u64;
+    let mut scanner = Scanner::default();
     let mut validated = false;
     loop {
-        out.clear();
         tokio::select! {
             () = cancel.cancelled() => return,
             Some(b) = wake_rx.recv() => {
@@ -209,7 +265,7 @@ async fn serve_conn(stream: TcpStream, peer: SocketAddr, state: Arc<State>, canc
                 match read {
                     Ok(0) => {
                         if !buf.is_empty() {
-                            tracing::warn!(%peer, pending = buf.len(), "store client closed mid-frame");
+                            conn_warn!(warnings, %peer, pending = buf.len(), "store client closed mid-frame");
                         }
                         return;
                     }
@@ -224,35 +280,67 @@ async fn serve_conn(stream: TcpStream, peer: SocketAddr, state: Arc<State>, canc
                     out.push(b);
                 }
                 loop {
-                    match Command::decode(&buf) {
-                        Ok((cmd, used)) => {
-                            buf.advance(used);
-                            if !validated {
-                                if cmd == Command::Validate(MAGIC) {
-                                    validated = true;
-                                    continue;
-                                }
-                                tracing::warn!(%peer, first = ?short(&cmd), "store connection did not start with VALIDATE; closing");
-                                return;
-                            }
-                            crate::metrics::global().store_op(command_index(&cmd));
-                            if let Err(e) = state.apply(id, cmd, &mut out) {
-                                tracing::warn!(%peer, error = %e, "store request failed; closing connection");
-                                let _ = wr.write_all(&out).await;
-                                return;
-                            }
+                    let len = match scanner.scan(&buf) {
+                        Ok(Some(len)) => len,
+                        Ok(None) => break,
+                        Err(why) => {
+                            conn_warn!(warnings, %peer, error = %why, "invalid store frame; closing connection");
+                            let _ = flush(&mut wr, &mut out, &mut charge, &state).await;
+                            return;
                         }
-                        Err(DecodeError::Incomplete) => break,
+                    };
+                    let cmd = match Command::decode(&buf[..len]) {
+                        Ok((cmd, _)) => cmd,
+                        Err(DecodeError::Incomplete) => {
+                            conn_warn!(warnings, %peer, "store frame shorter than its fields; closing connection");
+                            return;
+                        }
                         Err(DecodeError::Invalid(why)) => {
-                            tracing::warn!(%peer, error = %why, "invalid store frame; closing connection");
-                            let _ = wr.write_all(&out).await;
+                            conn_warn!(warnings, %peer, error = %why, "invalid store frame; closing connection");
+                            let _ = flush(&mut wr, &mut out, &mut charge, &state).await;
+                            return;
+                        }
+                    };
+                    buf.advance(len);
+                    if !validated {
+                        if cmd == Command::Validate(MAGIC) {
+                            validated = true;
+                            continue;
+                        }
+                        conn_warn!(warnings, %peer, first = ?short(&cmd), "store connection did not start with VALIDATE; closing");
+                        return;
+                    }
+                    crate::metrics::global().store_op(command_index(&cmd));
+                    match state.apply(id, cmd, &mut out) {
+                        Ok(reply) => charge += reply,
+                        Err(e @ ExecError::Full { .. }) => {
+                            // Not rate limited: it is about the store, not one client.
+                            tracing::warn!(%peer, error = %e, "store memory budget reached (--store-memory); closing the connection that asked for more");
+                            let _ = flush(&mut wr, &mut out, &mut charge, &state).await;
+                            return;
+                        }
+                        Err(e) => {
+                            conn_warn!(warnings, %peer, error = %e, "store request failed; closing connection");
+                            let _ = flush(&mut wr, &mut out, &mut charge, &state).await;
                             return;
                         }
                     }
+                    // Pipelined requests do not pile up replies: write them
+                    // out before decoding more.
+                    if out.len() as u64 > FREE_REPLY && !flush(&mut wr, &mut out, &mut charge, &state).await {
+                        return;
+                    }
+                }
+                if let Err(e) = registration.buffer(buf.len()) {
+                    tracing::warn!(%peer, error = %e, scanned = scanner.scanned(), "store memory budget reached by a partial frame (--store-memory); closing connection");
+                    return;
+                }
+                if buf.is_empty() && buf.capacity() as u64 > FREE_BUFFER {
+                    buf = BytesMut::with_capacity(256);
                 }
             }
         }
-        if !out.is_empty() && wr.write_all(&out).await.is_err() {
+        if !flush(&mut wr, &mut out, &mut charge, &state).await {
             return;
         }
     }

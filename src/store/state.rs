@@ -7,10 +7,20 @@
 //! the waiter's channel receives STOP_WAITING. QUEUE_PUSH wakes one waiter.
 //! Registrations carry a sequence number so that entries left behind by a
 //! CANCEL_WAIT or a closed connection are skipped instead of waking the
-//! wrong wait. The lock is never held across I/O.
+//! wrong wait. The lock is never held across I/O. A wait that ends without
+//! being released (CANCEL_WAIT, a new WAIT, the connection closing) takes
+//! its registrations out of the lists at once, so closed connections leave
+//! nothing behind.
+//!
+//! Memory a client can make the store hold is bounded by one [`Budget`]:
+//! stored keys and values (plus [`ENTRY_OVERHEAD`] per entry), parked
+//! registrations, and the partial frames the connections buffer. A write
+//! that would pass it is refused before it changes anything
+//! ([`ExecError::Full`]) and its connection is closed.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -38,12 +48,85 @@ pub enum ExecError {
     /// VALIDATE after the handshake or with the wrong magic.
     #[error("unexpected VALIDATE")]
     Validate,
+    /// The write would take the store past its memory budget.
+    #[error("the store is full: {need} more bytes would pass its budget of {limit} bytes ({used} in use)")]
+    Full {
+        /// What the request needed.
+        need: u64,
+        /// The budget.
+        limit: u64,
+        /// In use before the request.
+        used: u64,
+    },
+}
+
+/// Counted per stored entry or parked registration on top of its bytes
+/// (map slot, vector headers), so that many tiny keys are bounded too.
+pub const ENTRY_OVERHEAD: u64 = 64;
+
+/// The memory budget of an agent's stores: everything clients can make them hold.
+#[derive(Debug)]
+pub struct Budget {
+    limit: u64,
+    used: AtomicU64,
+}
+
+impl Budget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: u64) -> Self {
+        Self { limit, used: AtomicU64::new(0) }
+    }
+
+    /// The limit in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Bytes in use.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Take `n` bytes, or say why not.
+    pub fn reserve(&self, n: u64) -> Result<(), ExecError> {
+        let mut used = self.used.load(Ordering::Relaxed);
+        loop {
+            let next = used.checked_add(n).filter(|t| *t <= self.limit).ok_or(ExecError::Full {
+                need: n,
+                limit: self.limit,
+                used,
+            })?;
+            match self.used.compare_exchange_weak(used, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(now) => used = now,
+            }
+        }
+    }
+
+    /// Give back `n` bytes.
+    pub fn release(&self, n: u64) {
+        let _ = self.used.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| Some(u.saturating_sub(n)));
+    }
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self::new(u64::MAX)
+    }
+}
+
+fn entry_size(key: &[u8], value: &[u8]) -> u64 {
+    (key.len() as u64).saturating_add(value.len() as u64).saturating_add(ENTRY_OVERHEAD)
 }
 
 #[derive(Debug)]
 struct Parked {
     seq: u64,
     missing: usize,
+    /// Every key it is listed under (duplicates included), to unlist it.
+    keys: Vec<Vec<u8>>,
+    /// What its registrations hold of the budget.
+    charge: u64,
 }
 
 #[derive(Debug)]
@@ -60,12 +143,15 @@ struct Inner {
     waiters: HashMap<Vec<u8>, Vec<(ConnId, u64)>>,
     conns: HashMap<ConnId, Conn>,
     next_conn: ConnId,
+    /// Budget bytes freed under the lock, given back when it is released.
+    refund: u64,
 }
 
 /// The whole content of one store. Cheap to share behind an `Arc`.
 #[derive(Debug, Default)]
 pub struct State {
     inner: Mutex<Inner>,
+    budget: std::sync::Arc<Budget>,
 }
 
 impl Inner {
@@ -103,29 +189,76 @@ impl Inner {
         let Some(p) = c.parked.as_mut().filter(|p| p.seq == seq) else { return };
         p.missing -= 1;
         if p.missing == 0 {
+            // Every key it waited for was written, and each write took the
+            // key's list away: nothing is left to unlist.
+            let charge = p.charge;
             c.parked = None;
+            self.refund += charge;
             // The connection may be closing; then nobody needs the reply.
             let _ = c.wake.send(STOP_WAITING);
         }
     }
 
-    /// Park `conn` until every key in `missing` has been written once.
-    fn park(&mut self, conn: ConnId, missing: Vec<Vec<u8>>) {
-        let Some(c) = self.conns.get_mut(&conn) else { return };
+    /// Park `conn` until every key in `missing` has been written once;
+    /// its registrations cost `charge` bytes, already reserved.
+    fn park(&mut self, conn: ConnId, missing: Vec<Vec<u8>>, charge: u64) {
+        self.unpark(conn);
+        let Some(c) = self.conns.get_mut(&conn) else {
+            self.refund += charge;
+            return;
+        };
         let seq = c.next_seq;
         c.next_seq += 1;
-        c.parked = Some(Parked { seq, missing: missing.len() });
-        for key in missing {
-            self.waiters.entry(key).or_default().push((conn, seq));
+        for key in &missing {
+            self.waiters.entry(key.clone()).or_default().push((conn, seq));
         }
+        c.parked = Some(Parked { seq, missing: missing.len(), keys: missing, charge });
     }
 
-    fn set(&mut self, key: Vec<u8>, value: Vec<u8>) {
-        self.kv.insert(key.clone(), value);
-        self.wake_all(&key);
+    /// End `conn`'s parked wait, if any, without releasing it: take its
+    /// registrations out of every list and give back what they held.
+    fn unpark(&mut self, conn: ConnId) {
+        let Some(p) = self.conns.get_mut(&conn).and_then(|c| c.parked.take()) else { return };
+        for key in &p.keys {
+            if let Some(list) = self.waiters.get_mut(key) {
+                list.retain(|&(c, s)| (c, s) != (conn, p.seq));
+                if list.is_empty() {
+                    self.waiters.remove(key);
+                }
+            }
+        }
+        self.refund += p.charge;
     }
 
-    fn add(&mut self, key: &[u8], delta: i64) -> Result<i64, ExecError> {
+    /// Store `value` under `key`, the growth reserved from `budget` first.
+    fn put(&mut self, budget: &Budget, key: Vec<u8>, value: Vec<u8>) -> Result<(), ExecError> {
+        let new = entry_size(&key, &value);
+        let old = self.kv.get(&key).map_or(0, |v| entry_size(&key, v));
+        if new > old {
+            budget.reserve(new - old)?;
+        } else {
+            self.refund += old - new;
+        }
+        self.kv.insert(key, value);
+        Ok(())
+    }
+
+    /// Store `value` under `key` when its size is already reserved.
+    fn put_reserved(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        if let Some(old) = self.kv.get(&key) {
+            self.refund += entry_size(&key, old);
+        }
+        self.kv.insert(key, value);
+    }
+
+    fn set(&mut self, budget: &Budget, key: Vec<u8>, value: Vec<u8>) -> Result<(), ExecError> {
+        let woken = key.clone();
+        self.put(budget, key, value)?;
+        self.wake_all(&woken);
+        Ok(())
+    }
+
+    fn add(&mut self, budget: &Budget, key: &[u8], delta: i64) -> Result<i64, ExecError> {
         let current = match self.kv.get(key) {
             None => 0,
             Some(v) => {
@@ -133,15 +266,26 @@ impl Inner {
             }
         };
         let next = current.checked_add(delta).ok_or(ExecError::Overflow)?;
-        self.kv.insert(key.to_vec(), next.to_string().into_bytes());
+        self.put(budget, key.to_vec(), next.to_string().into_bytes())?;
         Ok(next)
     }
 }
 
 impl State {
-    /// An empty store.
+    /// An empty store without a memory budget (tests, tools).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store whose clients' data counts against `budget` (which
+    /// several stores of one agent share).
+    pub fn with_budget(budget: std::sync::Arc<Budget>) -> Self {
+        Self { inner: Mutex::default(), budget }
+    }
+
+    /// The store's memory budget.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
     }
 
     /// Register a connection; wake-ups for it are sent on `wake`.
@@ -155,7 +299,17 @@ impl State {
 
     /// Forget a connection and its parked wait.
     pub fn disconnect(&self, conn: ConnId) {
-        self.lock().conns.remove(&conn);
+        let mut g = self.lock();
+        g.unpark(conn);
+        g.conns.remove(&conn);
+        let refund = std::mem::take(&mut g.refund);
+        drop(g);
+        self.budget.release(refund);
+    }
+
+    /// Keys listed in parked waits (all connections), for tests and metrics.
+    pub fn registrations(&self) -> usize {
+        self.lock().waiters.values().map(Vec::len).sum()
     }
 
     /// Number of keys (GETNUMKEYS).
@@ -176,32 +330,47 @@ impl State {
 
     /// Execute one command for `conn`, appending any immediate reply to
     /// `out`. A parked WAIT/BARRIER replies later through the wake channel.
-    pub fn apply(&self, conn: ConnId, cmd: Command, out: &mut Vec<u8>) -> Result<(), ExecError> {
+    /// Returns the bytes of the reply reserved from the budget (large
+    /// MULTI_GET and LIST_KEYS replies): the caller releases them once the
+    /// reply is written.
+    pub fn apply(&self, conn: ConnId, cmd: Command, out: &mut Vec<u8>) -> Result<u64, ExecError> {
         let mut g = self.lock();
-        let inner = &mut *g;
+        let done = Self::apply_locked(&mut g, &self.budget, conn, cmd, out);
+        let refund = std::mem::take(&mut g.refund);
+        drop(g);
+        self.budget.release(refund);
+        done
+    }
+
+    fn apply_locked(
+        inner: &mut Inner,
+        budget: &Budget,
+        conn: ConnId,
+        cmd: Command,
+        out: &mut Vec<u8>,
+    ) -> Result<u64, ExecError> {
+        let mut reply_charge = 0;
         match cmd {
             Command::Validate(_) => return Err(ExecError::Validate),
             Command::Ping(nonce) => out.extend_from_slice(&nonce.to_le_bytes()),
-            Command::Set { key, value } => inner.set(key, value),
+            Command::Set { key, value } => inner.set(budget, key, value)?,
             Command::CompareSet { key, expected, desired } => {
-                let reply = match inner.kv.get(&key) {
-                    None if expected.is_empty() => {
-                        inner.kv.insert(key.clone(), desired.clone());
-                        desired
-                    }
-                    None => expected,
-                    Some(current) if *current == expected => {
-                        inner.kv.insert(key.clone(), desired.clone());
-                        desired
-                    }
-                    Some(current) => current.clone(),
+                let swap = match inner.kv.get(&key) {
+                    None => expected.is_empty(),
+                    Some(current) => *current == expected,
+                };
+                let reply = if swap {
+                    inner.put(budget, key.clone(), desired.clone())?;
+                    desired
+                } else {
+                    inner.kv.get(&key).cloned().unwrap_or(expected)
                 };
                 put_bytes(out, &reply);
                 inner.wake_all(&key);
             }
             Command::Get(key) => put_bytes(out, inner.kv.get(&key).map_or(&[][..], Vec::as_slice)),
             Command::Add { key, delta } => {
-                let n = inner.add(&key, delta)?;
+                let n = inner.add(budget, &key, delta)?;
                 put_i64(out, n);
                 inner.wake_all(&key);
             }
@@ -212,34 +381,61 @@ impl State {
             Command::Wait(keys) => {
                 let missing: Vec<Vec<u8>> = keys.into_iter().filter(|k| !inner.present(k)).collect();
                 if missing.is_empty() {
+                    inner.unpark(conn);
                     out.push(STOP_WAITING);
                 } else {
-                    inner.park(conn, missing);
+                    // Each key is held twice (the list's map key, the wait's own list).
+                    let charge = missing.iter().fold(0u64, |t, k| {
+                        t.saturating_add((k.len() as u64).saturating_mul(2)).saturating_add(ENTRY_OVERHEAD)
+                    });
+                    budget.reserve(charge)?;
+                    inner.park(conn, missing, charge);
                 }
             }
             Command::GetNumKeys => put_i64(out, i64::try_from(inner.kv.len()).unwrap_or(i64::MAX)),
-            Command::DeleteKey(key) => put_i64(out, i64::from(inner.kv.remove(&key).is_some())),
+            Command::DeleteKey(key) => {
+                let old = inner.kv.remove(&key);
+                if let Some(v) = &old {
+                    inner.refund += entry_size(&key, v);
+                }
+                put_i64(out, i64::from(old.is_some()));
+            }
             Command::Append { key, value } => {
+                let grow = (value.len() as u64).saturating_add(if inner.kv.contains_key(&key) {
+                    0
+                } else {
+                    (key.len() as u64).saturating_add(ENTRY_OVERHEAD)
+                });
+                budget.reserve(grow)?;
                 inner.kv.entry(key.clone()).or_default().extend_from_slice(&value);
                 inner.wake_all(&key);
             }
             Command::MultiGet(keys) => {
+                let size = keys.iter().fold(0u64, |t, k| {
+                    t.saturating_add(8).saturating_add(inner.kv.get(k).map_or(0, |v| v.len() as u64))
+                });
+                reply_charge = reserve_reply(budget, size)?;
                 for k in &keys {
                     put_bytes(out, inner.kv.get(k).map_or(&[][..], Vec::as_slice));
                 }
             }
             Command::MultiSet(pairs) => {
+                // All or nothing: reserve every new entry, then give back
+                // what the overwritten ones held.
+                let need = pairs.iter().fold(0u64, |t, (k, v)| t.saturating_add(entry_size(k, v)));
+                budget.reserve(need)?;
                 for (k, v) in pairs {
-                    inner.set(k, v);
+                    let woken = k.clone();
+                    inner.put_reserved(k, v);
+                    inner.wake_all(&woken);
                 }
             }
             Command::CancelWait => {
-                if let Some(c) = inner.conns.get_mut(&conn) {
-                    c.parked = None;
-                }
+                inner.unpark(conn);
                 out.push(WAIT_CANCELED);
             }
             Command::QueuePush { key, value } => {
+                budget.reserve(entry_size(&key, &value))?;
                 inner.queues.entry(key.clone()).or_default().push_back(value);
                 inner.wake_one(&key);
             }
@@ -247,8 +443,15 @@ impl State {
                 let q = inner.queues.get_mut(&key);
                 let len = q.as_ref().map_or(0, |q| q.len());
                 put_i64(out, i64::try_from(len).unwrap_or(i64::MAX));
-                if let Some(value) = q.and_then(VecDeque::pop_front) {
+                if let Some(q) = q
+                    && let Some(value) = q.pop_front()
+                {
+                    let empty = q.is_empty();
                     put_bytes(out, &value);
+                    inner.refund += entry_size(&key, &value);
+                    if empty {
+                        inner.queues.remove(&key);
+                    }
                 }
             }
             Command::QueueLen(key) => {
@@ -256,23 +459,40 @@ impl State {
                 put_i64(out, i64::try_from(len).unwrap_or(i64::MAX));
             }
             Command::ListKeys => {
+                let size = inner.kv.keys().fold(8u64, |t, k| t.saturating_add(8).saturating_add(k.len() as u64));
+                reply_charge = reserve_reply(budget, size)?;
                 put_i64(out, i64::try_from(inner.kv.len()).unwrap_or(i64::MAX));
                 for k in inner.kv.keys() {
                     put_bytes(out, k);
                 }
             }
             Command::Barrier { key, world_size } => {
-                let arrived = inner.add(&key, 1)?;
+                let arrived = inner.add(budget, &key, 1)?;
                 if arrived >= world_size {
                     out.push(STOP_WAITING);
                     inner.wake_all(&key);
                 } else {
-                    inner.park(conn, vec![key]);
+                    let charge = (key.len() as u64).saturating_mul(2).saturating_add(ENTRY_OVERHEAD);
+                    budget.reserve(charge)?;
+                    inner.park(conn, vec![key], charge);
                 }
             }
         }
-        Ok(())
+        Ok(reply_charge)
     }
+}
+
+/// Replies up to this size are not charged to the budget (the server
+/// writes out whatever it has before it grows past this).
+pub const FREE_REPLY: u64 = 1024 * 1024;
+
+/// Reserve a reply of `size` bytes when it is large; returns the charge.
+fn reserve_reply(budget: &Budget, size: u64) -> Result<u64, ExecError> {
+    if size <= FREE_REPLY {
+        return Ok(0);
+    }
+    budget.reserve(size)?;
+    Ok(size)
 }
 
 /// Encode a list of keys the way LIST_KEYS replies (for tests and clients).
@@ -402,6 +622,77 @@ mod tests {
         assert_eq!(run(&s, c, Command::DeleteKey(k("/m1"))), 1i64.to_le_bytes());
         assert_eq!(run(&s, c, Command::DeleteKey(k("/m1"))), 0i64.to_le_bytes());
         assert_eq!(run(&s, c, Command::GetNumKeys), 0i64.to_le_bytes());
+    }
+
+    fn budgeted(limit: u64) -> State {
+        State::with_budget(std::sync::Arc::new(Budget::new(limit)))
+    }
+
+    fn set(key: &str, len: usize) -> Command {
+        Command::Set { key: k(key), value: vec![b'x'; len] }
+    }
+
+    #[test]
+    fn writes_past_the_budget_are_refused_and_change_nothing() {
+        let s = budgeted(1000);
+        let (c, _rx) = conn(&s);
+        run(&s, c, set("a", 400));
+        assert_eq!(s.budget().used(), 400 + 1 + ENTRY_OVERHEAD);
+        let mut out = Vec::new();
+        assert!(matches!(s.apply(c, set("b", 600), &mut out), Err(ExecError::Full { .. })));
+        assert_eq!(run(&s, c, Command::Get(k("b"))), bytes(b""), "nothing stored");
+        let pairs = vec![(k("c"), vec![1; 100]), (k("d"), vec![1; 500])];
+        assert!(matches!(s.apply(c, Command::MultiSet(pairs), &mut out), Err(ExecError::Full { .. })));
+        assert_eq!(run(&s, c, Command::GetNumKeys), 1i64.to_le_bytes(), "a MULTI_SET is all or nothing");
+        assert!(matches!(
+            s.apply(c, Command::Append { key: k("a"), value: vec![0; 600] }, &mut out),
+            Err(ExecError::Full { .. })
+        ));
+        // Overwriting with less, deleting and popping give memory back.
+        run(&s, c, set("a", 10));
+        assert_eq!(s.budget().used(), 10 + 1 + ENTRY_OVERHEAD);
+        run(&s, c, Command::DeleteKey(k("a")));
+        run(&s, c, Command::QueuePush { key: k("q"), value: vec![0; 500] });
+        run(&s, c, Command::QueuePop(k("q")));
+        assert_eq!(s.budget().used(), 0);
+        run(&s, c, set("b", 600));
+    }
+
+    #[test]
+    fn wait_registrations_are_freed_when_their_connection_closes_or_cancels() {
+        let s = budgeted(10_000_000);
+        let keys: Vec<Vec<u8>> = (0..1000).map(|i| format!("/never/{i}").into_bytes()).collect();
+        let (a, _ra) = conn(&s);
+        let (b, _rb) = conn(&s);
+        run(&s, a, Command::Wait(keys.clone()));
+        run(&s, b, Command::Wait(keys.clone()));
+        assert_eq!(s.registrations(), 2000);
+        assert!(s.budget().used() > 0);
+        s.disconnect(a);
+        assert_eq!(s.registrations(), 1000, "the closed connection's registrations are gone");
+        assert_eq!(run(&s, b, Command::CancelWait), vec![WAIT_CANCELED]);
+        assert_eq!(s.registrations(), 0, "a cancelled wait is unlisted");
+        // A second WAIT replaces the first (a hostile client can send two).
+        run(&s, b, Command::Wait(keys.clone()));
+        run(&s, b, Command::Wait(keys[..10].to_vec()));
+        assert_eq!(s.registrations(), 10);
+        s.disconnect(b);
+        assert_eq!((s.registrations(), s.budget().used()), (0, 0));
+    }
+
+    #[test]
+    fn large_replies_are_charged_until_written() {
+        let s = budgeted(20_000_000);
+        let (c, _rx) = conn(&s);
+        run(&s, c, set("big", 4_000_000));
+        let mut out = Vec::new();
+        let charge = s.apply(c, Command::MultiGet(vec![k("big"); 3]), &mut out).expect("fits");
+        assert_eq!(charge, 3 * (8 + 4_000_000));
+        // Many copies of one value cannot make one reply pass the budget.
+        let mut out = Vec::new();
+        assert!(matches!(s.apply(c, Command::MultiGet(vec![k("big"); 5]), &mut out), Err(ExecError::Full { .. })));
+        assert!(out.is_empty());
+        s.budget().release(charge);
     }
 
     #[test]

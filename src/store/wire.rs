@@ -7,6 +7,12 @@
 //! [`DecodeError::Incomplete`] (read more) or [`DecodeError::Invalid`] (close
 //! the connection). Lengths are checked against the libuv limits before any
 //! allocation, so a hostile length cannot make the server reserve memory.
+//!
+//! The server does not re-decode a frame that arrives in pieces: a
+//! [`Scanner`] walks it once, field by field, remembering where it stopped,
+//! and refuses it as soon as a length field would take it past
+//! [`MAX_FRAME_LEN`], before the bytes arrive. Only a whole frame is then
+//! decoded (once).
 
 /// The u32 every client sends in VALIDATE (`validationMagicNumber`).
 pub const MAGIC: u32 = 0x3C85_F7CE;
@@ -16,6 +22,10 @@ pub const MAX_KEY_LEN: u64 = 8 * 1024;
 pub const MAX_VALUE_LEN: u64 = 8 * 1024 * 1024;
 /// Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET (`MAX_KEY_COUNT`).
 pub const MAX_KEY_COUNT: u64 = 128 * 1024;
+/// Most bytes in one frame: room for a COMPARE_SET of two largest values,
+/// or a MULTI_SET of many values, and a bound on what one connection can
+/// make the server buffer.
+pub const MAX_FRAME_LEN: u64 = 64 * 1024 * 1024;
 
 /// One request, as decoded from the wire.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +126,161 @@ pub enum Invalid {
     /// More keys than [`MAX_KEY_COUNT`] in one request.
     #[error("{0} keys in one request exceed the limit of 131072")]
     TooManyKeys(u64),
+    /// A frame whose length fields add up past [`MAX_FRAME_LEN`].
+    #[error("a frame of at least {0} bytes exceeds the 64 MiB limit")]
+    FrameTooLong(u64),
+}
+
+/// One field of a frame, as the [`Scanner`] walks it.
+#[derive(Debug, Clone, Copy)]
+enum Field {
+    U32,
+    I64,
+    Key,
+    Value,
+    /// A count, then that many keys.
+    Keys,
+    /// A count, then that many (key, value) pairs.
+    Pairs,
+}
+
+/// The fields after the query-type byte.
+fn layout(query: u8) -> Result<&'static [Field], Invalid> {
+    use Field::{I64, Key, Keys, Pairs, U32, Value};
+    Ok(match query {
+        0 | 13 => &[U32],
+        1 | 9 | 14 => &[Key, Value],
+        2 => &[Key, Value, Value],
+        3 | 8 | 15 | 16 => &[Key],
+        4 | 18 => &[Key, I64],
+        5 | 6 | 10 => &[Keys],
+        7 | 12 | 17 => &[],
+        11 => &[Pairs],
+        other => return Err(Invalid::UnknownQuery(other)),
+    })
+}
+
+/// Finds where a frame ends without decoding it, resuming where the last
+/// call stopped, so a frame that arrives in many pieces is walked once
+/// (linear time) instead of re-decoded from its start on every read.
+#[derive(Debug, Default)]
+pub struct Scanner {
+    /// Bytes of the frame accepted so far (whole fields only).
+    pos: usize,
+    /// Fields done.
+    field: usize,
+    /// Items left in the current list, once its count is read.
+    items: Option<u64>,
+    /// Inside a pair: its key is done.
+    half: bool,
+}
+
+impl Scanner {
+    /// Walk on through the frame at the front of `buf` (the same frame as
+    /// the last call, with more bytes). Some(length) once it is whole;
+    /// the scanner is then reset for the next frame.
+    pub fn scan(&mut self, buf: &[u8]) -> Result<Option<usize>, Invalid> {
+        let Some(&query) = buf.first() else { return Ok(None) };
+        let fields = layout(query)?;
+        self.pos = self.pos.max(1);
+        while let Some(&field) = fields.get(self.field) {
+            let done = match field {
+                Field::U32 => self.fixed(buf, 4)?,
+                Field::I64 => self.fixed(buf, 8)?,
+                Field::Key => self.string(buf, MAX_KEY_LEN, Invalid::KeyTooLong)?,
+                Field::Value => self.string(buf, MAX_VALUE_LEN, Invalid::ValueTooLong)?,
+                Field::Keys | Field::Pairs => self.list(buf, matches!(field, Field::Pairs))?,
+            };
+            if !done {
+                return Ok(None);
+            }
+            self.field += 1;
+        }
+        let len = self.pos;
+        *self = Self::default();
+        Ok(Some(len))
+    }
+
+    /// Bytes of the current frame already known to be well formed.
+    pub fn scanned(&self) -> usize {
+        self.pos
+    }
+
+    /// Accept `n` more bytes of the frame if they are in `buf`, never past the frame limit.
+    fn take(&mut self, buf: &[u8], n: u64) -> Result<bool, Invalid> {
+        let end = (self.pos as u64).saturating_add(n);
+        if end > MAX_FRAME_LEN {
+            return Err(Invalid::FrameTooLong(end));
+        }
+        // `end` <= MAX_FRAME_LEN fits in usize on every supported target.
+        let end = usize::try_from(end).map_err(|_| Invalid::FrameTooLong(end))?;
+        if buf.len() < end {
+            return Ok(false);
+        }
+        self.pos = end;
+        Ok(true)
+    }
+
+    fn fixed(&mut self, buf: &[u8], n: u64) -> Result<bool, Invalid> {
+        self.take(buf, n)
+    }
+
+    /// The u64 at the scan position, if it has arrived.
+    fn peek_u64(&self, buf: &[u8]) -> Option<u64> {
+        let raw = buf.get(self.pos..self.pos.checked_add(8)?)?;
+        let mut b = [0u8; 8];
+        b.copy_from_slice(raw);
+        Some(u64::from_le_bytes(b))
+    }
+
+    /// A length-prefixed string, accepted whole or not at all; its length
+    /// is checked against `limit` and the frame limit as soon as it arrives.
+    fn string(&mut self, buf: &[u8], limit: u64, too_long: fn(u64) -> Invalid) -> Result<bool, Invalid> {
+        let Some(len) = self.peek_u64(buf) else { return Ok(false) };
+        if len > limit {
+            return Err(too_long(len));
+        }
+        self.take(buf, 8 + len)
+    }
+
+    fn list(&mut self, buf: &[u8], pairs: bool) -> Result<bool, Invalid> {
+        let mut left = match self.items {
+            Some(n) => n,
+            None => {
+                let Some(n) = self.peek_u64(buf) else { return Ok(false) };
+                if n > MAX_KEY_COUNT {
+                    return Err(Invalid::TooManyKeys(n));
+                }
+                // Every item needs at least one (pairs: two) length prefixes.
+                let least = n.saturating_mul(if pairs { 16 } else { 8 });
+                let end = (self.pos as u64).saturating_add(8).saturating_add(least);
+                if end > MAX_FRAME_LEN {
+                    return Err(Invalid::FrameTooLong(end));
+                }
+                self.take(buf, 8)?;
+                n
+            }
+        };
+        while left > 0 {
+            if pairs && !self.half {
+                if !self.string(buf, MAX_KEY_LEN, Invalid::KeyTooLong)? {
+                    self.items = Some(left);
+                    return Ok(false);
+                }
+                self.half = true;
+            }
+            let (limit, too_long): (u64, fn(u64) -> Invalid) =
+                if pairs { (MAX_VALUE_LEN, Invalid::ValueTooLong) } else { (MAX_KEY_LEN, Invalid::KeyTooLong) };
+            if !self.string(buf, limit, too_long)? {
+                self.items = Some(left);
+                return Ok(false);
+            }
+            self.half = false;
+            left -= 1;
+        }
+        self.items = None;
+        Ok(true)
+    }
 }
 
 struct Cursor<'a> {
@@ -366,6 +531,76 @@ mod tests {
     #[test_case(&[0x13], Invalid::UnknownQuery(0x13); "type after barrier")]
     fn rejects_unknown_types(raw: &[u8], want: Invalid) {
         assert_eq!(Command::decode(raw), Err(DecodeError::Invalid(want)));
+    }
+
+    fn frames() -> Vec<Vec<u8>> {
+        let cmds = [
+            Command::Validate(MAGIC),
+            Command::CompareSet { key: b"/k".to_vec(), expected: b"v".to_vec(), desired: b"w".to_vec() },
+            Command::Add { key: b"/n".to_vec(), delta: -3 },
+            Command::Wait(vec![b"a".to_vec(), b"bb".to_vec(), Vec::new()]),
+            Command::MultiSet(vec![(b"/m1".to_vec(), b"x1".to_vec()), (b"/m2".to_vec(), vec![7; 300])]),
+            Command::MultiGet(Vec::new()),
+            Command::ListKeys,
+            Command::Barrier { key: b"/b".to_vec(), world_size: 4 },
+        ];
+        cmds.iter()
+            .map(|c| {
+                let mut raw = Vec::new();
+                c.encode(&mut raw);
+                raw
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_scanner_finds_every_frame_end_fed_all_at_once_or_byte_by_byte() {
+        for raw in frames() {
+            let mut whole = Scanner::default();
+            assert_eq!(whole.scan(&raw), Ok(Some(raw.len())), "{raw:?}");
+            // One byte at a time: the scanner resumes where it stopped and
+            // its progress (whole fields) only moves forward.
+            let mut s = Scanner::default();
+            let mut last = 0;
+            for cut in 0..raw.len() {
+                assert_eq!(s.scan(&raw[..cut]), Ok(None), "cut at {cut} of {raw:?}");
+                assert!(s.scanned() >= last && s.scanned() <= cut, "progress went back at {cut}");
+                last = s.scanned();
+            }
+            assert_eq!(s.scan(&raw), Ok(Some(raw.len())));
+            assert_eq!(s.scanned(), 0, "reset for the next frame");
+        }
+    }
+
+    #[test]
+    fn the_scanner_refuses_a_frame_past_the_limit_as_soon_as_a_length_says_so() {
+        // A MULTI_SET whose eighth 8 MiB value would pass 64 MiB: refused
+        // when that value's length arrives, before its bytes.
+        let mut raw = vec![11];
+        raw.extend_from_slice(&9u64.to_le_bytes());
+        let value = vec![0u8; 8 << 20];
+        let mut s = Scanner::default();
+        let mut refused = None;
+        for i in 0..9 {
+            put_bytes(&mut raw, format!("k{i}").as_bytes());
+            raw.extend_from_slice(&MAX_VALUE_LEN.to_le_bytes());
+            if let Err(e) = s.scan(&raw) {
+                refused = Some((i, e));
+                break;
+            }
+            raw.extend_from_slice(&value);
+            assert_eq!(s.scan(&raw), Ok(None));
+        }
+        assert!(matches!(refused, Some((7, Invalid::FrameTooLong(_)))), "{refused:?}");
+        // A count that cannot fit is refused at the count.
+        let mut raw = vec![11];
+        raw.extend_from_slice(&MAX_KEY_COUNT.to_le_bytes());
+        assert_eq!(Scanner::default().scan(&raw), Ok(None), "128Ki pairs of 16 bytes fit");
+        let mut raw = vec![2];
+        put_bytes(&mut raw, b"k");
+        raw.extend_from_slice(&(MAX_VALUE_LEN + 1).to_le_bytes());
+        assert_eq!(Scanner::default().scan(&raw), Err(Invalid::ValueTooLong(MAX_VALUE_LEN + 1)));
+        assert_eq!(Scanner::default().scan(&[0x42]), Err(Invalid::UnknownQuery(0x42)));
     }
 
     #[test]

@@ -53,16 +53,23 @@ fn until_flag(flag: &std::path::Path) -> String {
     format!("if [ -e {f} ]; then echo DONE; else echo READY; exec sleep 100; fi", f = flag.display())
 }
 
-#[test]
-fn a_pod_stopped_by_sigterm_leaves_cleanly_and_is_readmitted_when_it_comes_back() {
+/// Two pods whose workers run until `<dir>/again` exists (then succeed),
+/// both running: (dir, port, script, pod 0, pod 1).
+fn two_running_pods() -> (tempfile::TempDir, u16, String, Pod, Pod) {
     let dir = tempfile::tempdir().expect("tmp");
-    let flag = dir.path().join("again");
-    let script = until_flag(&flag);
+    let script = until_flag(&dir.path().join("again"));
     let port = free_port();
     let mut a = pod(2, 1, 0, port, &script);
     let mut b = pod(2, 1, 1, port, &script);
     a.wait_for_output("READY", LIMIT);
     b.wait_for_output("READY", LIMIT);
+    (dir, port, script, a, b)
+}
+
+#[test]
+fn a_pod_stopped_by_sigterm_leaves_cleanly_and_is_readmitted_when_it_comes_back() {
+    let (dir, port, script, mut a, mut b) = two_running_pods();
+    let flag = dir.path().join("again");
     b.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(b.code(LIMIT), 143, "{}", b.stderr());
     a.wait_for_stderr("round decided", LIMIT);
@@ -186,4 +193,68 @@ fn a_pod_from_an_older_jobset_attempt_is_rejected_and_the_job_goes_on() {
     );
     assert_eq!(a.code(LIMIT), 0, "{}", a.stderr());
     assert_eq!(b.code(LIMIT), 0, "{}", b.stderr());
+}
+
+/// Lines of `log` that carry `needle`.
+fn lines_with<'a>(log: &'a str, needle: &str) -> Vec<&'a str> {
+    log.lines().filter(|l| l.contains(needle)).collect()
+}
+
+/// A pod that starts before the store, and pods that wait for a missing
+/// peer, say at info level what they wait for: the store's address and the
+/// last connect error, who joined and which node ranks are missing, and
+/// how long is left; again when that changes and every 10 s while it does
+/// not. The store host logs the round it formed.
+#[test]
+fn waiting_pods_say_what_they_wait_for_at_info_level() {
+    let port = free_port();
+    let extra = [("TRAINLET_JOIN_TIMEOUT", "60")];
+    let mut b = pod_with(3, 1, 1, port, "true", &extra);
+    let store = format!("waiting for the rendezvous store at 127.0.0.1:{port}: not reachable yet; last error: ");
+    b.wait_for_stderr(&store, LIMIT);
+    assert!(lines_with(&b.stderr(), &store)[0].contains(" INFO "), "{}", b.stderr());
+    let mut a = pod_with(3, 1, 0, port, "true", &extra);
+    let missing =
+        format!("waiting for pods to join round 0 at 127.0.0.1:{port}: 2 of 3 joined; missing node ranks [2]");
+    a.wait_for_stderr(&missing, LIMIT);
+    b.wait_for_stderr(&missing, LIMIT);
+    // Unchanged, the line comes back every 10 s (with less time left).
+    let started = std::time::Instant::now();
+    while lines_with(&a.stderr(), &missing).len() < 2 {
+        assert!(started.elapsed() < LIMIT, "the wait went silent:\n{}", a.stderr());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = a.stderr();
+    let repeats = lines_with(&log, &missing);
+    let left: Vec<u64> = repeats
+        .iter()
+        .map(|l| crate::util::parse_kv(l).get("left_s").and_then(|v| v.parse().ok()).expect("left_s"))
+        .collect();
+    assert!(left[1] + 9 <= left[0] && left[0] <= 60, "{left:?}\n{log}");
+    assert!(repeats.iter().all(|l| l.contains(" INFO ")), "{log}");
+    let mut c = pod_with(3, 1, 2, port, "true", &extra);
+    for p in [&mut a, &mut b, &mut c] {
+        assert_eq!(p.code(LIMIT), 0, "{}", p.stderr());
+    }
+    let formed = lines_with(&a.stderr(), "round formed").join("\n");
+    assert!(formed.contains("INFO") && formed.contains("round=0 nnodes=3"), "{}", a.stderr());
+}
+
+/// The store host stopped by SIGTERM leaves cleanly (preemption, scale
+/// down): the other pod logs why it lost the store as a warning, not an
+/// error, and carries on when the store host comes back.
+#[test]
+fn a_store_host_that_leaves_cleanly_is_not_an_error() {
+    let (dir, port, script, mut a, mut b) = two_running_pods();
+    let flag = dir.path().join("again");
+    a.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(a.code(LIMIT), 143, "{}", a.stderr());
+    b.wait_for_stderr("the store host left the job cleanly", LIMIT);
+    std::fs::write(&flag, "").expect("flag");
+    let mut a2 = pod(2, 1, 0, port, &script);
+    assert_eq!(a2.code(LIMIT), 0, "{}", a2.stderr());
+    assert_eq!(b.code(LIMIT), 0, "{}", b.stderr());
+    let log = b.stderr();
+    assert!(lines_with(&log, "the store host left the job cleanly")[0].contains(" WARN "), "{log}");
+    assert!(lines_with(&log, " ERROR ").is_empty(), "a clean leave logged an error:\n{log}");
 }

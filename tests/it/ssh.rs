@@ -355,3 +355,140 @@ fn a_command_that_cannot_be_executed_does_not_take_the_server_down() {
     server.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(server.code(LIMIT), 0, "sshd exits 0 on SIGTERM: {}", server.stderr());
 }
+
+/// A client that accepts any host key and does only what a test tells it
+/// (russh's client: OpenSSH never sends an auth method or channel the
+/// server did not offer, and never stalls on purpose).
+struct AnyHost;
+
+impl russh::client::Handler for AnyHost {
+    type Error = russh::Error;
+
+    async fn check_server_key(&mut self, _key: &russh::keys::PublicKeyOrCertificate) -> Result<bool, Self::Error> {
+        Ok(true)
+    }
+}
+
+fn raw_client(addr: &str) -> (tokio::runtime::Runtime, russh::client::Handle<AnyHost>) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let config = std::sync::Arc::new(russh::client::Config::default());
+    let handle = rt.block_on(russh::client::connect(config, addr, AnyHost)).expect("key exchange");
+    (rt, handle)
+}
+
+/// Read from `s` until the server closes it; what it sent.
+fn until_closed(s: &mut std::net::TcpStream) -> Vec<u8> {
+    use std::io::Read;
+    s.set_read_timeout(Some(LIMIT)).expect("timeout");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got,
+            Err(e) => panic!("the server kept an unauthenticated connection open: {e}"),
+        }
+    }
+}
+
+/// OpenSSH's LoginGraceTime: a connection that sends no banner, one that
+/// stops in key exchange and one that finishes it but never authenticates
+/// are all closed at the grace time; an authenticated session is not.
+#[test]
+fn unauthenticated_connections_are_closed_at_the_login_grace_time() {
+    use std::io::Write;
+    let keys = keygen("ed25519");
+    let work = tempfile::tempdir().expect("tmp");
+    let mut env = ssh_env(keys.path(), work.path());
+    env.push(("TRAINLET_SSH_RETRY".into(), "5".into()));
+    let mut server = Wrap::default().trainlet(&["sshd", "--listen=127.0.21.2:2222", "--login-grace-time", "2"], &env);
+    server.wait_for_output("trainlet sshd listening on", LIMIT);
+
+    let mut silent = std::net::TcpStream::connect("127.0.21.2:2222").expect("connect");
+    assert!(until_closed(&mut silent).starts_with(b"SSH-2.0-"), "the server speaks first, then gives up");
+    let mut stalled = std::net::TcpStream::connect("127.0.21.2:2222").expect("connect");
+    stalled.write_all(b"SSH-2.0-stalled_1.0\r\n").expect("banner");
+    until_closed(&mut stalled);
+    let (rt, handle) = raw_client("127.0.21.2:2222");
+    rt.block_on(async {
+        let started = std::time::Instant::now();
+        while !handle.is_closed() {
+            assert!(started.elapsed() < LIMIT, "a connection past key exchange was never closed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    // Authenticated sessions outlive the grace time.
+    let mut c = client(&["127.0.21.2", "sleep 4; echo done"], &env);
+    assert_eq!(c.code(LIMIT), 0, "{}", c.stderr());
+    assert_eq!(c.stdout(), "done\n");
+    let log = server.stderr();
+    assert!(log.contains("sent no SSH banner within the login grace time"), "{log}");
+    assert!(log.contains("did not authenticate within the login grace time"), "{log}");
+}
+
+/// OpenSSH's MaxStartups: with `--max-startups 3`, a fourth connection
+/// while three are unauthenticated is dropped at once (no banner); once
+/// they go, clients get in again.
+#[test]
+fn connections_past_max_startups_are_dropped_until_the_pending_ones_go() {
+    use std::io::{BufRead, BufReader};
+    let keys = keygen("ed25519");
+    let work = tempfile::tempdir().expect("tmp");
+    let mut env = ssh_env(keys.path(), work.path());
+    env.push(("TRAINLET_SSH_RETRY".into(), "30".into()));
+    let mut server = Wrap::default().trainlet(&["sshd", "--listen=127.0.21.3:2222", "--max-startups", "3"], &env);
+    server.wait_for_output("trainlet sshd listening on", LIMIT);
+    let held: Vec<std::net::TcpStream> = (0..3)
+        .map(|_| {
+            let s = std::net::TcpStream::connect("127.0.21.3:2222").expect("connect");
+            let mut banner = String::new();
+            BufReader::new(s.try_clone().expect("clone")).read_line(&mut banner).expect("banner");
+            assert!(banner.starts_with("SSH-2.0-"), "{banner:?}");
+            s
+        })
+        .collect();
+    let mut fourth = std::net::TcpStream::connect("127.0.21.3:2222").expect("connect");
+    assert!(until_closed(&mut fourth).is_empty(), "the fourth connection must be dropped before the banner");
+    server.wait_for_stderr("dropped a connection past MaxStartups", LIMIT);
+    drop(held);
+    let mut c = client(&["127.0.21.3", "echo", "in"], &env);
+    assert_eq!(c.code(LIMIT), 0, "{}", c.stderr());
+    assert_eq!(c.stdout(), "in\n");
+}
+
+/// Auth methods other than publickey (none, password, keyboard-interactive)
+/// and channel types other than session are refused and logged at info
+/// with the peer; the user name a client sends is escaped in the log.
+#[test]
+fn refused_auth_methods_and_channel_types_are_logged_with_the_peer() {
+    let keys = keygen("ed25519");
+    let work = tempfile::tempdir().expect("tmp");
+    let env = ssh_env(keys.path(), work.path());
+    let mut server = sshd("127.0.22.2:2222", &env, &Wrap::default());
+    let (rt, mut handle) = raw_client("127.0.22.2:2222");
+    let user = nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten().map_or("root".into(), |u| u.name);
+    rt.block_on(async {
+        let none = handle.authenticate_none("forged\nINFO line").await.expect("none");
+        assert!(!none.success());
+        let password = handle.authenticate_password(user.as_str(), "secret").await.expect("password");
+        assert!(!password.success());
+        let kbd = handle.authenticate_keyboard_interactive_start(user.as_str(), None::<String>).await.expect("kbd");
+        assert!(matches!(kbd, russh::client::KeyboardInteractiveAuthResponse::Failure { .. }), "{kbd:?}");
+        let key = russh::keys::load_secret_key(keys.path().join("id_rsa"), None).expect("key");
+        let key = russh::keys::PrivateKeyWithHashAlg::new(std::sync::Arc::new(key), None);
+        assert!(handle.authenticate_publickey(user.as_str(), key).await.expect("publickey").success());
+        assert!(handle.channel_open_direct_streamlocal("/run/docker.sock").await.is_err());
+    });
+    server.wait_for_stderr("request=\"direct-streamlocal\"", LIMIT);
+    let log = server.stderr();
+    for method in ["none", "password", "keyboard-interactive"] {
+        let line = log
+            .lines()
+            .find(|l| l.contains(&format!("method=\"{method}\"")) || l.contains(&format!("method={method}")))
+            .unwrap_or_else(|| panic!("no line for {method}:\n{log}"));
+        assert!(line.contains(" INFO ") && line.contains("peer=127.0.0.1:"), "{line}");
+    }
+    assert!(log.contains("forged\\nINFO line"), "the user name is escaped:\n{log}");
+    assert!(!log.lines().any(|l| l.starts_with("INFO line")), "a client forged a log line:\n{log}");
+}
