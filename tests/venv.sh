@@ -14,11 +14,14 @@ if .venv/bin/python -c "import yaml, torch.distributed as d; assert d.is_gloo_av
   # Trainer's initializers run).
   .venv/bin/python -c "import huggingface_hub, moto.server, boto3, opendal" 2>/dev/null ||
     .venv/bin/python -m pip install --quiet --disable-pip-version-check $init_packages
+  # ssh-audit audits trainlet sshd's algorithms.
+  .venv/bin/python -c "import ssh_audit" 2>/dev/null ||
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check ssh-audit
   exit 0
 fi
 python=${PYTHON:-python3}
 echo "installing torch into .venv (about a minute) ..." >&2
 rm -rf .venv
 "$python" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check torch numpy pyyaml prometheus_client $init_packages
+.venv/bin/python -m pip install --quiet --disable-pip-version-check torch numpy pyyaml prometheus_client ssh-audit $init_packages
 .venv/bin/python -c "import torch; print('torch', torch.__version__, 'ready in .venv')" >&2

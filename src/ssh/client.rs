@@ -142,6 +142,7 @@ fn ssh_config() -> Arc<client::Config> {
         keepalive_interval: Some(Duration::from_secs(30)),
         keepalive_max: 4,
         nodelay: true,
+        preferred: super::algorithms::preferred(),
         ..Default::default()
     })
 }

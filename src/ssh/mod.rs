@@ -11,6 +11,7 @@
 //! and the one reaper) and the launcher flow lives in `crate::mpi`.
 //! `ssh` does not import `store` or `supervise`.
 
+pub mod algorithms;
 pub mod argv;
 pub mod client;
 pub mod hostfile;

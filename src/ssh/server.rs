@@ -414,6 +414,7 @@ fn russh_config(config: &ServerConfig) -> russh::server::Config {
         keepalive_interval: Some(Duration::from_secs(30)),
         keepalive_max: 4,
         nodelay: true,
+        preferred: super::algorithms::preferred(),
         ..Default::default()
     }
 }

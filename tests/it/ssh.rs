@@ -492,3 +492,121 @@ fn refused_auth_methods_and_channel_types_are_logged_with_the_peer() {
     assert!(log.contains("forged\\nINFO line"), "the user name is escaped:\n{log}");
     assert!(!log.lines().any(|l| l.starts_with("INFO line")), "a client forged a log line:\n{log}");
 }
+
+/// ssh-audit's verdicts on the server on `addr`, by category (`kex`,
+/// `key`, `enc`, `mac`): (algorithm, warnings and failures).
+fn ssh_audit(addr: &str) -> (serde_json::Value, Vec<(String, String, Vec<String>)>) {
+    let out = Command::new(crate::util::python())
+        .args(["-m", "ssh_audit", "-j", "--skip-rate-test", "-p", "2222", addr])
+        .output()
+        .expect("ssh-audit (PyPI) in the test venv");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("ssh-audit output: {e}\n{}", String::from_utf8_lossy(&out.stdout)));
+    let mut flagged = Vec::new();
+    for kind in ["kex", "key", "enc", "mac"] {
+        for alg in report[kind].as_array().expect("category") {
+            let name = alg["algorithm"].as_str().expect("name").to_string();
+            let notes: Vec<String> = ["warn", "fail"]
+                .iter()
+                .flat_map(|level| alg["notes"][level].as_array().cloned().unwrap_or_default())
+                .filter_map(|n| n.as_str().map(str::to_string))
+                .collect();
+            flagged.push((kind.to_string(), name, notes));
+        }
+    }
+    (report, flagged)
+}
+
+/// ssh-audit (the tool that flagged encrypt-and-MAC) against trainlet
+/// sshd: MACs are etm only, ciphers AEAD or CTR (with those MACs), no
+/// SHA-1, nothing fails; with an ed25519 host key nothing but key
+/// exchange's post-quantum note is flagged (curve25519 stays for OpenSSH
+/// 8.x/9.x), with Trainer's ECDSA P-521 key only that key adds to it.
+#[test]
+fn ssh_audit_finds_only_etm_macs_aead_or_ctr_ciphers_and_no_failures() {
+    let work = tempfile::tempdir().expect("tmp");
+    for (kind, addr) in [("ed25519", "127.0.23.2"), ("ecdsa-p521", "127.0.23.3")] {
+        let keys = keygen(kind);
+        let mut server = sshd(&format!("{addr}:2222"), &ssh_env(keys.path(), work.path()), &Wrap::default());
+        let (report, flagged) = ssh_audit(addr);
+        let names = |k: &str| -> Vec<&str> { flagged.iter().filter(|f| f.0 == k).map(|f| f.1.as_str()).collect() };
+        assert_eq!(names("mac"), ["hmac-sha2-512-etm@openssh.com", "hmac-sha2-256-etm@openssh.com"]);
+        for c in names("enc") {
+            assert!(c.contains("poly1305") || c.ends_with("-gcm@openssh.com") || c.ends_with("-ctr"), "{c}");
+        }
+        for (cat, name, notes) in &flagged {
+            assert!(
+                !notes.iter().any(|n| n.contains("SHA-1") || n.contains("encrypt-and-MAC")),
+                "{cat} {name}: {notes:?}"
+            );
+            let post_quantum_only = notes.iter().all(|n| n.contains("post-quantum"));
+            match (cat.as_str(), kind) {
+                ("kex", _) => assert!(post_quantum_only, "{name}: {notes:?}"),
+                ("key", "ecdsa-p521") => assert_eq!(name, "ecdsa-sha2-nistp521"),
+                _ => assert!(notes.is_empty(), "{kind}: {cat} {name}: {notes:?}"),
+            }
+        }
+        assert!(names("kex").contains(&"curve25519-sha256"), "OpenSSH 8.x needs it");
+        if kind == "ed25519" {
+            let recs = &report["recommendations"];
+            assert!(recs.as_object().is_none_or(serde_json::Map::is_empty), "{recs}");
+        }
+        server.signal(nix::sys::signal::Signal::SIGTERM);
+        assert_eq!(server.code(LIMIT), 0);
+    }
+}
+
+/// OpenSSH clients limited to OpenSSH 8.0's default algorithm lists (the
+/// oldest in MPI images) connect with every offered cipher and MAC; a
+/// client that offers only encrypt-and-MAC is refused by name.
+#[test]
+fn openssh_8_defaults_connect_and_encrypt_and_mac_is_refused() {
+    let keys = trainer_keys();
+    let work = tempfile::tempdir().expect("tmp");
+    let _server = sshd("127.0.23.4:2222", &ssh_env(keys.path(), work.path()), &Wrap::default());
+    let key = private_copy(&keys.path().join("id_rsa"), work.path());
+    let openssh_8_0 = [
+        "-o",
+        "KexAlgorithms=curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,ecdh-sha2-nistp384,\
+         ecdh-sha2-nistp521,diffie-hellman-group-exchange-sha256,diffie-hellman-group16-sha512,\
+         diffie-hellman-group18-sha512,diffie-hellman-group14-sha256,diffie-hellman-group14-sha1",
+        "-o",
+        "HostKeyAlgorithms=ecdsa-sha2-nistp256,ecdsa-sha2-nistp384,ecdsa-sha2-nistp521,ssh-ed25519,\
+         rsa-sha2-512,rsa-sha2-256,ssh-rsa",
+    ];
+    let ciphers = [
+        "chacha20-poly1305@openssh.com",
+        "aes128-ctr",
+        "aes192-ctr",
+        "aes256-ctr",
+        "aes128-gcm@openssh.com",
+        "aes256-gcm@openssh.com",
+    ];
+    for cipher in ciphers {
+        for mac in ["hmac-sha2-256-etm@openssh.com", "hmac-sha2-512-etm@openssh.com"] {
+            let mut args: Vec<&str> = openssh_8_0.to_vec();
+            args.extend(["-c", cipher, "-m", mac, "127.0.23.4", "echo", "ok"]);
+            let out = openssh(&args, &key, "");
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "ok\n",
+                "{cipher} {mac}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let out = Command::new("/usr/bin/ssh")
+        .args(["-p", "2222", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"])
+        .args(["-o", "BatchMode=yes", "-o", "LogLevel=INFO", "-c", "aes128-ctr"])
+        .args(["-m", "hmac-sha2-256,hmac-sha2-512,hmac-sha1", "-i"])
+        .arg(&key)
+        .args(["127.0.23.4", "true"])
+        .output()
+        .expect("ssh");
+    assert_eq!(out.status.code(), Some(255));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no matching MAC found"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
