@@ -320,7 +320,7 @@ pub struct RunArgs {
     /// `spawn`, `fork` or `forkserver`; only meaningful to torchrun for function entrypoints.
     #[arg(long = "start-method", alias = "start_method")]
     pub start_method: Option<String>,
-    /// Seconds between forwarding a stop signal and SIGKILL (default 30).
+    /// Seconds between forwarding a stop signal and SIGKILL (default 25, so that it and --kill-timeout fit in a pod's default 30 s termination grace).
     #[arg(long = "shutdown-timeout", alias = "shutdown_timeout", visible_alias = "grace-period")]
     pub shutdown_timeout: Option<String>,
     /// Signals forwarded to workers as a stop request (default SIGTERM,SIGINT,SIGHUP,SIGQUIT).

@@ -333,7 +333,24 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     if let Some(s) = control {
         s.shutdown().await;
     }
+    forget_logs(&plan, &log_root, code);
     Ok(code)
+}
+
+/// A successful run that was not asked to keep files (no `--log-dir`,
+/// `--redirects` or `--tee`) removes its directory under the temporary
+/// directory, which would otherwise grow by one per run. Failed and
+/// stopped runs keep theirs: the failure report and error files are there.
+fn forget_logs(plan: &Plan, log_root: &Path, code: u8) {
+    let none = crate::config::Streams::default();
+    if code != exit::SUCCESS || plan.log_dir.is_some() || plan.redirects != none || plan.tee != none {
+        return;
+    }
+    if let Err(e) = std::fs::remove_dir_all(log_root)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::debug!(dir = %log_root.display(), error = %e, "cannot remove the run's temporary directory");
+    }
 }
 
 fn record(round: &Round, end: &str, verdict: &str) -> RoundRecord {

@@ -206,3 +206,32 @@ fn the_readme_exit_code_table_is_the_one_in_exit_rs() {
     assert!(want.len() > 10, "{want:?}");
     assert_eq!(rows(section, ""), want);
 }
+
+/// Run directories under `<tmp>/trainlet`.
+fn run_dirs(tmp: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(tmp.join("trainlet"))
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default()
+}
+
+/// `/tmp/trainlet` used to grow by one directory per run: a successful
+/// run with nothing asked to be kept removes its own; a failed run keeps
+/// its report; `--tee` keeps the files it was asked for.
+#[test]
+fn a_successful_run_leaves_no_directory_behind_and_a_failed_one_keeps_its_report() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let t = tmp.path().display().to_string();
+    let env = [("TMPDIR", t.as_str())];
+    let mut ok = Pod::start(&["run", "--standalone", "--nproc-per-node", "2", "--no-python", "/bin/true"], &env);
+    assert_eq!(ok.code(LIMIT), 0, "{}", ok.stderr());
+    assert!(run_dirs(tmp.path()).is_empty(), "{:?}", run_dirs(tmp.path()));
+    let mut failed =
+        Pod::start(&["run", "--standalone", "--nproc-per-node", "1", "--no-python", "/bin/sh", "-c", "exit 3"], &env);
+    assert_ne!(failed.code(LIMIT), 0);
+    let dirs = run_dirs(tmp.path());
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    assert!(dirs[0].join("failure_report.json").is_file(), "{}", failed.stderr());
+    let mut tee = Pod::start(&["run", "--standalone", "--tee", "3", "--no-python", "/bin/sh", "-c", "echo kept"], &env);
+    assert_eq!(tee.code(LIMIT), 0, "{}", tee.stderr());
+    assert_eq!(run_dirs(tmp.path()).len(), 2, "--tee asked for files: they stay");
+}

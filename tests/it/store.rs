@@ -265,20 +265,27 @@ fn waits_of_closed_connections_hold_nothing() {
         }
         f
     };
-    let round = |n: usize| -> usize {
-        let mut conns: Vec<TcpStream> = (0..n).map(|_| raw(port)).collect();
-        let mut parked = 0;
-        for (i, c) in conns.iter_mut().enumerate() {
-            if c.write_all(&wait_frame(i)).is_ok() && pings(c) {
-                parked += 1;
+    // A client whose WAIT was refused tries again `tries` times, 100 ms
+    // apart: the server frees a closed connection's registrations when it
+    // reads the close, which may come a moment after the next client.
+    let round = |n: usize, tries: usize| -> usize {
+        let mut held = Vec::new();
+        for i in 0..n {
+            for _ in 0..=tries {
+                let mut c = raw(port);
+                if c.write_all(&wait_frame(i)).is_ok() && pings(&mut c) {
+                    held.push(c);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
             }
         }
-        parked
+        held.len()
     };
     for r in 0..4 {
-        assert_eq!(round(32), 32, "round {r}: registrations of closed connections still held\n{}", pod.stderr());
+        assert_eq!(round(32, 50), 32, "round {r}: registrations of closed connections still held\n{}", pod.stderr());
     }
-    assert!(round(64) < 64, "64 waiting clients at once must pass a 64 MiB budget");
+    assert!(round(64, 0) < 64, "64 waiting clients at once must pass a 64 MiB budget");
     torch_client_works(port);
 }
 
