@@ -75,6 +75,29 @@ pub fn real_launcher(name: &str) -> Option<PathBuf> {
     })
 }
 
+/// The program `trainlet mpi -- PROGRAM ...` runs: PROGRAM itself, unless
+/// it is trainlet (the image's `mpirun` link first on PATH), which would
+/// wrap the job twice; then the real launcher, found as the link finds it.
+pub fn launcher_program(program: &str) -> Result<String, String> {
+    let path = if program.contains('/') {
+        Some(PathBuf::from(program))
+    } else {
+        std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(program)).find(|c| c.is_file()))
+    };
+    let me = std::env::current_exe().ok().and_then(|p| std::fs::canonicalize(p).ok());
+    let is_me = path.and_then(|p| std::fs::canonicalize(p).ok()).is_some_and(|p| Some(p) == me);
+    if !is_me {
+        return Ok(program.to_string());
+    }
+    let name = Path::new(program).file_name().map_or_else(|| program.to_string(), |n| n.to_string_lossy().into_owned());
+    real_launcher(&name).map(|p| p.display().to_string()).ok_or_else(|| {
+        format!(
+            "{program} is trainlet itself and there is no real {name} after it on PATH (set {})",
+            names::TRAINLET_MPIRUN
+        )
+    })
+}
+
 /// Hosts named on mpirun's own command line: a hostfile flag's file, or
 /// `-H`/`--host`/`-hosts` lists.
 fn hosts_in_command(cmd: &[String]) -> Option<Result<Vec<Host>, String>> {
@@ -416,8 +439,15 @@ pub async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Can
             return exit::INTERNAL;
         }
     };
+    let program = match launcher_program(&args.command[0]) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    if program != args.command[0] {
+        tracing::info!(link = %args.command[0], real = %program, "the launcher on PATH is trainlet's own link; running the real one");
+    }
     let spec = WorkerSpec {
-        program: args.command[0].clone(),
+        program: program.clone(),
         args: args.command[1..].to_vec(),
         env,
         unset: Vec::new(),
@@ -434,7 +464,7 @@ pub async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Can
             return e.exec_code().unwrap_or(exit::FORK_FAILED);
         }
     };
-    tracing::info!(pid, command = %args.command[0], tree_spawn = args.tree_spawn, "mpirun started");
+    tracing::info!(pid, command = %program, tree_spawn = args.tree_spawn, "mpirun started");
     let exited = reaper.watch(pid, forked);
     tokio::pin!(exited);
     let mut stopped_by: Option<i32> = None;
