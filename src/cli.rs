@@ -20,6 +20,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Sub {
     /// Launch and supervise a distributed PyTorch job (torchrun-compatible).
+    #[command(override_usage = "trainlet run [OPTIONS] SCRIPT [ARGS]...\n       trainlet run [OPTIONS] --no-python PROGRAM [ARGS]...")]
     Run(RunArgs),
     /// Print the resolved plan (ranks, world, store, how each value was found), the GPU topology with each rank's placement, and the pre-flight results; launch nothing. Exits with the pre-flight failure's code, if any.
     Doctor(RunArgs),
@@ -240,7 +241,12 @@ pub struct StoreArgs {
 
 /// When invoked as `torchrun`: the run options at the top level.
 #[derive(Debug, Parser)]
-#[command(name = "torchrun", version, about = "trainlet, answering to torchrun")]
+#[command(
+    name = "torchrun",
+    version,
+    about = "trainlet, answering to torchrun",
+    override_usage = "torchrun [OPTIONS] SCRIPT [ARGS]...\n       torchrun [OPTIONS] --no-python PROGRAM [ARGS]..."
+)]
 pub struct TorchrunCli {
     /// The options of `trainlet run`.
     #[command(flatten)]
