@@ -20,7 +20,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Sub {
     /// Launch and supervise a distributed PyTorch job (torchrun-compatible).
-    #[command(override_usage = "trainlet run [OPTIONS] SCRIPT [ARGS]...\n       trainlet run [OPTIONS] --no-python PROGRAM [ARGS]...")]
+    #[command(
+        override_usage = "trainlet run [OPTIONS] SCRIPT [ARGS]...\n       trainlet run [OPTIONS] --no-python PROGRAM [ARGS]..."
+    )]
     Run(RunArgs),
     /// Print the resolved plan (ranks, world, store, how each value was found), the GPU topology with each rank's placement, and the pre-flight results; launch nothing. Exits with the pre-flight failure's code, if any.
     Doctor(RunArgs),

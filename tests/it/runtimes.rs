@@ -126,3 +126,59 @@ fn the_shipped_failure_policy_parses() {
     assert!(out.contains("failure-policy.toml rule 1: 3=fail"), "{out}");
     assert!(out.contains("rule 2: 137,SIGSEGV,SIGBUS=restart"), "{out}");
 }
+
+/// Every image a runtime names is one that `images/` builds, under the
+/// documented tag scheme `ghcr.io/trainlet/<Dockerfile name>:<crate version>`;
+/// every Dockerfile takes its bases as build args with fully qualified
+/// defaults (podman and buildah refuse short names) and offers the
+/// prebuilt-binary path; the build context leaves out build outputs and
+/// virtualenvs.
+#[test]
+fn every_runtime_names_an_image_the_repository_builds() {
+    let version = env!("CARGO_PKG_VERSION");
+    let mut named = Vec::new();
+    for entry in std::fs::read_dir(repo().join("runtimes")).expect("runtimes") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("read");
+        for image in text.lines().filter_map(|l| l.trim().strip_prefix("image: ")) {
+            let rest = image.strip_prefix("ghcr.io/trainlet/").unwrap_or_else(|| panic!("{}: {image}", path.display()));
+            let (name, tag) = rest.split_once(':').unwrap_or_else(|| panic!("{}: {image} has no tag", path.display()));
+            assert_eq!(tag, version, "{}: {image}", path.display());
+            assert!(
+                repo().join(format!("images/{name}.Dockerfile")).is_file(),
+                "{}: no images/{name}.Dockerfile",
+                path.display()
+            );
+            named.push(name.to_string());
+        }
+    }
+    assert!(named.iter().any(|n| n == "torch-runtime") && named.iter().any(|n| n == "mpi-runtime"), "{named:?}");
+    for entry in std::fs::read_dir(repo().join("images")).expect("images") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("read");
+        let args: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("ARG ")).collect();
+        for arg in &args {
+            if let Some((_, default)) = arg.split_once('=').filter(|(k, _)| k.ends_with("_IMAGE")) {
+                let registry = default.split('/').next().unwrap_or("");
+                assert!(
+                    registry.contains('.') && default.contains(':'),
+                    "{}: {arg} is not fully qualified",
+                    path.display()
+                );
+            }
+        }
+        assert!(args.iter().any(|a| a.starts_with("RUST_IMAGE=")), "{}", path.display());
+        assert!(args.iter().any(|a| a.starts_with("TRAINLET_BINARY=")), "{}", path.display());
+        for from in text.lines().filter_map(|l| l.strip_prefix("FROM ")) {
+            let image = from.split_whitespace().next().unwrap_or("");
+            assert!(image.starts_with("${") || image == "scratch", "{}: FROM {from}", path.display());
+        }
+    }
+    let ignore = std::fs::read_to_string(repo().join(".dockerignore")).expect(".dockerignore");
+    for left_out in ["target", ".venv", ".venv-*", ".git"] {
+        assert!(ignore.lines().any(|l| l == left_out), ".dockerignore must leave out {left_out}");
+    }
+}
