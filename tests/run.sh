@@ -12,9 +12,10 @@ export TRAINLET_TEST_PYTHON="$PWD/.venv/bin/python"
 export RUSTFLAGS="-D warnings -C target-feature=+crt-static"
 cargo fmt --check
 cargo clippy --locked --workspace --all-targets
+# The release binary first: the container tests put it in the images.
+cargo build --locked --release
 # Every test binary runs even when an earlier one fails; the exit is non-zero then.
 cargo test --locked --workspace --no-fail-fast
-cargo build --locked --release
 kind=$(file target/x86_64-unknown-linux-gnu/release/trainlet)
 echo "$kind"
 if ! grep -Eq "static-pie linked|statically linked" <<<"$kind"; then

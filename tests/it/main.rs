@@ -6,6 +6,7 @@
 //! repository (what `.ci/run` installs).
 
 mod cli;
+mod containers;
 mod fault;
 mod fixture_server;
 mod gpu;

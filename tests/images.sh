@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Build every image in images/ with podman, offline from any registry:
+#   - a Debian bookworm base made with mmdebstrap from the Debian mirror,
+#     imported as localhost/trainlet-test/debian:bookworm (kept between runs);
+#   - trainlet's own release binary (TRAINLET_BINARY=prebuilt), so no
+#     builder image is pulled;
+#   - tags localhost/trainlet/<image>:test.
+# Podman 4.3 on these VMs needs runc (crun fails on the hybrid cgroup
+# layout) and explicit default_ulimits (runc cannot raise rlimits without
+# CAP_SYS_RESOURCE): this script writes target/containers/containers.conf
+# with both and prints `export CONTAINERS_CONF=...` for the caller.
+# Needs: podman, mmdebstrap, runc (Debian packages; .ci/run installs them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for tool in podman mmdebstrap runc; do
+  command -v "$tool" >/dev/null || {
+    echo "error: $tool is missing: apt-get install podman mmdebstrap runc (.ci/run does)" >&2
+    exit 1
+  }
+done
+conf_dir="$PWD/target/containers"
+mkdir -p "$conf_dir"
+export CONTAINERS_CONF="$conf_dir/containers.conf"
+base=localhost/trainlet-test/debian:bookworm
+# The highest limits runc may set here: podman's own child processes run
+# with lower hard limits than this shell, so probe them once.
+if [ ! -s "$CONTAINERS_CONF" ]; then
+  printf '[engine]\nruntime = "runc"\nevents_logger = "file"\n[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n' > "$CONTAINERS_CONF"
+fi
+if ! podman image exists "$base"; then
+  echo "building the Debian base with mmdebstrap (about a minute) ..." >&2
+  tar="$conf_dir/debian-bookworm.tar"
+  mmdebstrap --quiet --variant=minbase --include=python3,ca-certificates bookworm "$tar" http://deb.debian.org/debian
+  podman import --quiet "$tar" "$base" >/dev/null
+  rm -f "$tar"
+fi
+probe() { podman run --rm --network host --ulimit "nofile=$1:$1" --ulimit "nproc=$2:$2" "$base" true >/dev/null 2>&1; }
+if ! grep -q '^# probed' "$CONTAINERS_CONF"; then
+  nofile=1024
+  for n in $(ulimit -Hn) 65536 32768 16384 8192 4096; do
+    if [ "$n" -le "$(ulimit -Hn)" ] && probe "$n" 1024; then nofile=$n; break; fi
+  done
+  nproc=1024
+  for n in $(ulimit -Hu) 65536 32768 16384 8192 4096; do
+    if [ "$n" != unlimited ] && [ "$n" -le "$(ulimit -Hu)" ] && probe "$nofile" "$n"; then nproc=$n; break; fi
+  done
+  printf '# probed: the highest limits runc could set here\n[engine]\nruntime = "runc"\nevents_logger = "file"\n[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n' \
+    "$nofile" "$nofile" "$nproc" "$nproc" > "$CONTAINERS_CONF"
+fi
+binary=target/x86_64-unknown-linux-gnu/release/trainlet
+if [ ! -x "$binary" ] || [ -n "$(find src initializers Cargo.toml Cargo.lock -newer "$binary" -print -quit)" ]; then
+  echo "building the release binary for the images ..." >&2
+  cargo build --release --locked --quiet
+fi
+for dockerfile in images/*.Dockerfile; do
+  name=$(basename "$dockerfile" .Dockerfile)
+  podman build --quiet --network host -f "$dockerfile" \
+    --build-arg TRAINLET_BINARY=prebuilt --build-arg BASE_IMAGE="$base" \
+    -t "localhost/trainlet/$name:test" . >/dev/null
+  echo "built localhost/trainlet/$name:test" >&2
+done
+echo "export CONTAINERS_CONF=$CONTAINERS_CONF"

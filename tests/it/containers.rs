@@ -1,0 +1,243 @@
+//! trainlet as PID 1 of real containers: podman with runc (real PID, mount
+//! and UTS namespaces), images built from `images/` by `tests/images.sh` on
+//! a Debian base made with mmdebstrap (no registry). Containers share the
+//! host network and use loopback addresses only. PyTorch comes from the
+//! test venv's site-packages, bind-mounted read-only at /opt/torch and run
+//! by the image's own python3 (the same 3.11 on Debian bookworm).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::util::repo;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// `CONTAINERS_CONF` after the images are built (once per test run).
+fn images() -> &'static str {
+    static CONF: OnceLock<String> = OnceLock::new();
+    CONF.get_or_init(|| {
+        let out = Command::new("bash").arg(repo().join("tests/images.sh")).output().expect("bash tests/images.sh");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "tests/images.sh failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("export CONTAINERS_CONF="))
+            .expect("tests/images.sh prints CONTAINERS_CONF")
+            .to_string()
+    })
+}
+
+fn podman(args: &[&str]) -> Output {
+    Command::new("podman").env("CONTAINERS_CONF", images()).args(args).output().expect("podman")
+}
+
+/// The venv's site-packages (torch), for a read-only bind mount.
+fn torch_site() -> PathBuf {
+    let lib = PathBuf::from(crate::util::python()).parent().and_then(|b| b.parent()).expect("venv").join("lib");
+    let site = std::fs::read_dir(&lib)
+        .expect("venv lib")
+        .filter_map(|e| e.ok().map(|e| e.path().join("site-packages")))
+        .find(|p| p.join("torch").is_dir())
+        .expect("torch in the venv");
+    assert!(
+        site.display().to_string().contains("python3.11"),
+        "the images run Debian bookworm's python3.11; the venv has {}",
+        site.display()
+    );
+    site
+}
+
+/// A container started detached; removed (with force) when dropped.
+struct Container {
+    name: String,
+}
+
+impl Container {
+    /// `podman run -d --name NAME --network host [opts] IMAGE [args]`.
+    fn start(test: &str, opts: &[&str], image: &str, args: &[&str]) -> Self {
+        let name = format!("tl-{test}-{}", std::process::id());
+        let _ = podman(&["rm", "-f", &name]);
+        let mut all = vec!["run", "-d", "--name", &name, "--network", "host"];
+        all.extend_from_slice(opts);
+        all.push(image);
+        all.extend_from_slice(args);
+        let out = podman(&all);
+        assert!(out.status.success(), "podman run: {}", String::from_utf8_lossy(&out.stderr));
+        Self { name }
+    }
+
+    /// stdout and stderr so far.
+    fn logs(&self) -> String {
+        let out = podman(&["logs", &self.name]);
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    }
+
+    fn wait_for_log(&self, needle: &str, limit: Duration) {
+        let started = Instant::now();
+        while !self.logs().contains(needle) {
+            assert!(started.elapsed() < limit, "no {needle:?} within {limit:?}:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The exit code once the container stopped.
+    fn exit_code(&self, limit: Duration) -> i32 {
+        let started = Instant::now();
+        loop {
+            let out = podman(&["inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", &self.name]);
+            let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            if let Some(code) = state.strip_prefix("exited ") {
+                return code.parse().expect("exit code");
+            }
+            assert!(started.elapsed() < limit, "still {state} after {limit:?}:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// `podman stop -t GRACE`; returns how long it took.
+    fn stop(&self, grace: u64) -> Duration {
+        let started = Instant::now();
+        let out = podman(&["stop", "-t", &grace.to_string(), &self.name]);
+        assert!(out.status.success(), "podman stop: {}", String::from_utf8_lossy(&out.stderr));
+        started.elapsed()
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = podman(&["rm", "-f", "-t", "0", &self.name]);
+    }
+}
+
+/// The settings a shipped runtime gives the trainer container: (grace
+/// period, checkpoint timeout, termination grace of the pod).
+fn shipped_grace() -> (u64, u64, u64) {
+    let text = std::fs::read_to_string(repo().join("runtimes/torch-distributed.yaml")).expect("runtime");
+    let env_value = |name: &str| -> u64 {
+        let at = text.find(&format!("name: {name}")).unwrap_or_else(|| panic!("{name} in the runtime"));
+        let value = text[at..].lines().nth(1).and_then(|l| l.trim().strip_prefix("value: ")).expect("value");
+        value.trim_matches('"').parse().expect("seconds")
+    };
+    let pod: u64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("terminationGracePeriodSeconds: "))
+        .and_then(|v| v.parse().ok())
+        .expect("terminationGracePeriodSeconds");
+    (env_value("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"), env_value("TRAINLET_CHECKPOINT_TIMEOUT"), pod)
+}
+
+/// Mounts and env that give a container torch and the fixtures.
+fn torch_opts(site: &std::path::Path) -> Vec<String> {
+    let fixtures = repo().join("tests/fixtures");
+    vec![
+        "-v".into(),
+        format!("{}:/opt/torch:ro", site.display()),
+        "-e".into(),
+        "PYTHONPATH=/opt/torch".into(),
+        "-v".into(),
+        format!("{}:/fixtures:ro", fixtures.display()),
+        "-v".into(),
+        format!("{}:/examples:ro", repo().join("examples").display()),
+    ]
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// `podman stop` (SIGTERM to PID 1, SIGKILL after -t) of a running
+/// 2-worker job with the shipped runtime's settings: trainlet sends the
+/// checkpoint signal first, the workers checkpoint and exit, and the
+/// container exits 143 on its own, well before the runtime's SIGKILL.
+#[test]
+fn podman_stop_checkpoints_first_and_exits_143() {
+    let (grace, ckpt_timeout, pod_grace) = shipped_grace();
+    let site = torch_site();
+    let mut opts = torch_opts(&site);
+    for e in [
+        "TRAINLET_CHECKPOINT_SIGNAL=SIGUSR1".to_string(),
+        format!("TRAINLET_CHECKPOINT_TIMEOUT={ckpt_timeout}"),
+        format!("TORCH_ELASTIC_SHUTDOWN_TIMEOUT={grace}"),
+        "CKPT_SIGNAL=SIGUSR1".into(),
+        "CKPT_DIR=/tmp".into(),
+        "STEPS=100000".into(),
+    ] {
+        opts.extend(["-e".to_string(), e]);
+    }
+    let c = Container::start(
+        "stop",
+        &refs(&opts),
+        "localhost/trainlet/torch-runtime:test",
+        &["run", "--standalone", "--nproc-per-node", "2", "--python", "/usr/bin/python3", "/fixtures/ckpt_train.py"],
+    );
+    c.wait_for_log("START rank=1", LIMIT);
+    let took = c.stop(pod_grace);
+    assert_eq!(c.exit_code(LIMIT), 143, "{}", c.logs());
+    assert!(took < Duration::from_secs(pod_grace), "trainlet exited on its own ({took:?}), not by SIGKILL");
+    // The workers exit from their SIGUSR1 handler: before the checkpoint
+    // timeout, when trainlet would have sent SIGTERM.
+    assert!(took < Duration::from_secs(ckpt_timeout), "{took:?}");
+    let logs = c.logs();
+    assert!(logs.contains("CHECKPOINT step=") && logs.contains("reason=signal"), "{logs}");
+    assert!(logs.contains("stop signal; stopping workers signal=SIGTERM checkpoint=\"SIGUSR1\""), "{logs}");
+}
+
+/// A worker that ignores SIGTERM is killed at trainlet's grace deadline
+/// and the container still exits 143 by itself inside the pod's
+/// termination grace (never 137 from the runtime's SIGKILL).
+#[test]
+fn a_worker_ignoring_sigterm_is_killed_at_the_grace_deadline_and_the_container_exits_143() {
+    let (grace, _, pod_grace) = shipped_grace();
+    let fixtures = format!("{}:/fixtures:ro", repo().join("tests/fixtures").display());
+    let shutdown = format!("TORCH_ELASTIC_SHUTDOWN_TIMEOUT={grace}");
+    let c = Container::start(
+        "stubborn",
+        &["-v", &fixtures, "-e", &shutdown],
+        "localhost/trainlet/torch-runtime:test",
+        &["run", "--standalone", "--nproc-per-node", "2", "--no-python", "/fixtures/stubborn_worker.sh"],
+    );
+    c.wait_for_log("READY 1", LIMIT);
+    let took = c.stop(pod_grace);
+    assert_eq!(c.exit_code(LIMIT), 143, "{}", c.logs());
+    assert!(took >= Duration::from_secs(grace) && took < Duration::from_secs(pod_grace), "{took:?}");
+    assert!(c.logs().contains("grace period over; killing workers"), "{}", c.logs());
+}
+
+/// The restricted pod a platform admin runs: a non-root uid with no
+/// passwd entry, a read-only root and a tmpfs /tmp. A real 2-worker DDP
+/// job runs and exits 0, and leaves nothing behind in /tmp.
+#[test]
+fn a_torch_job_runs_as_uid_1000_on_a_read_only_root() {
+    let site = torch_site();
+    let mut opts = torch_opts(&site);
+    opts.extend(["--user", "1000:1000", "--read-only", "--tmpfs", "/tmp:rw,mode=1777"].map(String::from));
+    let c = Container::start(
+        "readonly",
+        &refs(&opts),
+        "localhost/trainlet/torch-runtime:test",
+        &[
+            "run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--python",
+            "/usr/bin/python3",
+            "/examples/train_ddp.py",
+            "--steps",
+            "5",
+            "--check",
+        ],
+    );
+    assert_eq!(c.exit_code(LIMIT), 0, "{}", c.logs());
+    assert!(c.logs().contains("round decided round=0 end=success"), "{}", c.logs());
+}
+
+/// The FROM-scratch image holds the static binary alone and runs it.
+#[test]
+fn the_scratch_image_runs_the_static_binary() {
+    let out = podman(&["run", "--rm", "--network", "host", "localhost/trainlet/trainlet:test", "--version"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("trainlet {}", env!("CARGO_PKG_VERSION")));
+}
