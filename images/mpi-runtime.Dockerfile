@@ -24,8 +24,12 @@ COPY target/x86_64-unknown-linux-gnu/release/trainlet /trainlet
 FROM ${TRAINLET_BINARY} AS binary
 
 FROM ${BASE_IMAGE}
+# openmpi-bin depends on openssh-client only for its default remote shell,
+# which trainlet's `ssh` replaces: it is removed, so no OpenSSH binary is in
+# the image at all.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openmpi-bin python3 python3-mpi4py ca-certificates \
+ && dpkg --purge --force-depends openssh-client \
  && rm -rf /var/lib/apt/lists/* \
  && useradd -m -u 1000 mpiuser
 COPY --from=binary /trainlet /usr/local/bin/trainlet

@@ -241,3 +241,71 @@ fn the_scratch_image_runs_the_static_binary() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("trainlet {}", env!("CARGO_PKG_VERSION")));
 }
+
+/// The MPI image as Trainer runs it: two worker containers serve SSH with
+/// `trainlet sshd` as uid 1000 from Trainer's root-owned 0640 ECDSA P-521
+/// key (group 1000, as fsGroup makes it), and a launcher container runs
+/// the TrainJob's own `mpirun -np 4` across them. No OpenSSH is in the
+/// image; every rank gets the exact sum; the workers exit 0 when told the
+/// job is done.
+#[test]
+fn the_mpi_image_runs_mpirun_across_two_containers_as_uid_1000_without_openssh() {
+    use std::os::unix::fs::PermissionsExt;
+    let keys = crate::sshkit::trainer_keys();
+    std::fs::set_permissions(keys.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let key = keys.path().join("id_rsa");
+    std::os::unix::fs::chown(&key, Some(0), Some(1000)).expect("chown");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    let mount = format!("{}:/home/mpiuser/.ssh:ro", keys.path().display());
+    let fixtures = format!("{}:/fixtures:ro", repo().join("tests/fixtures").display());
+    let image = "localhost/trainlet/mpi-runtime:test";
+    let no_openssh = podman(&["run", "--rm", image, "--version"]);
+    assert!(no_openssh.status.success(), "{}", String::from_utf8_lossy(&no_openssh.stderr));
+    let listing = podman(&[
+        "run",
+        "--rm",
+        "--entrypoint",
+        "/bin/sh",
+        image,
+        "-c",
+        "ls /usr/bin/ssh /usr/sbin/sshd.real /usr/lib/openssh 2>/dev/null; readlink -f $(command -v ssh) /usr/sbin/sshd",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&listing.stdout),
+        "/usr/local/bin/trainlet\n/usr/local/bin/trainlet\n",
+        "no OpenSSH: ssh and sshd are trainlet"
+    );
+    let workers: Vec<Container> = ["127.0.45.2", "127.0.45.3"]
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| {
+            let listen = format!("--listen={addr}:2222");
+            let c = Container::start(
+                &format!("mpi-node{i}"),
+                &["--user", "1000:1000", "-v", &mount, "-v", &fixtures],
+                image,
+                &["sshd", &listen],
+            );
+            c.wait_for_log("trainlet sshd listening on", LIMIT);
+            c
+        })
+        .collect();
+    let mut args = vec!["mpi", "--hosts", "127.0.45.2:2,127.0.45.3:2", "--", "mpirun", "-np", "4"];
+    args.extend_from_slice(&["--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo"]);
+    args.extend_from_slice(&["--mca", "btl", "self,tcp", "python3", "/fixtures/mpi_allreduce.py"]);
+    let launcher =
+        Container::start("mpi-launcher", &["--user", "1000:1000", "-v", &mount, "-v", &fixtures], image, &args);
+    assert_eq!(launcher.exit_code(LIMIT), 0, "{}", launcher.logs());
+    let logs = launcher.logs();
+    let rows: Vec<&str> = logs.lines().filter(|l| l.starts_with("RESULT ")).collect();
+    assert_eq!(rows.len(), 4, "{logs}");
+    for r in &rows {
+        assert!(r.contains("size=4 sum=10") && r.contains("ssh=/usr/local/bin/trainlet"), "{r}");
+    }
+    for node in ["127.0.45.2", "127.0.45.3"] {
+        assert!(rows.iter().any(|r| r.contains(&format!("node={node}"))), "ranks on {node}:\n{logs}");
+    }
+    for w in &workers {
+        assert_eq!(w.exit_code(LIMIT), 0, "a worker told the job is done exits 0:\n{}", w.logs());
+    }
+}
