@@ -309,3 +309,82 @@ fn the_mpi_image_runs_mpirun_across_two_containers_as_uid_1000_without_openssh()
         assert_eq!(w.exit_code(LIMIT), 0, "a worker told the job is done exits 0:\n{}", w.logs());
     }
 }
+
+/// Two "pods" (containers on the host network at 127.0.46.1 and .2) run
+/// the checkpointing training job. `podman stop` of the second, then
+/// `podman start` (the pod replaced in place); then the same with the
+/// store host. Each stop checkpoints; the job resumes and ends with
+/// exactly the parameters of an uninterrupted run.
+#[test]
+fn a_two_container_job_survives_restarts_of_either_container_with_identical_parameters() {
+    let steps = "150";
+    let reference = {
+        let out = Command::new(crate::util::python())
+            .arg(repo().join("tests/fixtures/ckpt_train.py"))
+            .arg("--reference")
+            .env("STEPS", steps)
+            .output()
+            .expect("python");
+        String::from_utf8_lossy(&out.stdout).split_whitespace().nth(1).expect("FINAL <digest>").to_string()
+    };
+    let site = torch_site();
+    let ckpt = tempfile::tempdir().expect("tmp");
+    let port = crate::util::free_port().to_string();
+    let pods: Vec<Container> = (0..2)
+        .map(|node| {
+            let mut opts = torch_opts(&site);
+            opts.extend(["-v".to_string(), format!("{}:/ckpt", ckpt.path().display())]);
+            for e in [
+                "PET_NNODES=2".to_string(),
+                "PET_NPROC_PER_NODE=1".into(),
+                format!("PET_NODE_RANK={node}"),
+                "PET_MASTER_ADDR=127.0.46.1".into(),
+                format!("PET_MASTER_PORT={port}"),
+                format!("PET_LOCAL_ADDR=127.0.46.{}", node + 1),
+                "TRAINLET_JOIN_TIMEOUT=90".into(),
+                "TRAINLET_CHECKPOINT_SIGNAL=SIGUSR1".into(),
+                "CKPT_SIGNAL=SIGUSR1".into(),
+                "CKPT_DIR=/ckpt".into(),
+                format!("STEPS={steps}"),
+                "STEP_SLEEP=0.1".into(),
+            ] {
+                opts.extend(["-e".to_string(), e]);
+            }
+            Container::start(
+                &format!("pod{node}"),
+                &refs(&opts),
+                "localhost/trainlet/torch-runtime:test",
+                &["run", "--python", "/usr/bin/python3", "/fixtures/ckpt_train.py"],
+            )
+        })
+        .collect();
+    let starts = |c: &Container| c.logs().matches("START rank=").count();
+    let wait_starts = |c: &Container, n: usize| {
+        let started = Instant::now();
+        while starts(c) < n {
+            assert!(started.elapsed() < LIMIT, "{} START lines wanted:\n{}", n, c.logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    wait_starts(&pods[1], 1);
+    std::thread::sleep(Duration::from_secs(3));
+    for (i, victim) in [1usize, 0].into_iter().enumerate() {
+        let c = &pods[victim];
+        c.stop(30);
+        assert_eq!(c.exit_code(LIMIT), 143, "{}", c.logs());
+        let out = podman(&["start", &c.name]);
+        assert!(out.status.success(), "podman start: {}", String::from_utf8_lossy(&out.stderr));
+        // Both pods train again (the other one regrouped without it).
+        wait_starts(&pods[1 - victim], 2 + i);
+        wait_starts(c, 2 + i);
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    for p in &pods {
+        assert_eq!(p.exit_code(Duration::from_secs(180)), 0, "{}", p.logs());
+    }
+    let logs = pods[0].logs();
+    let line = logs.lines().rfind(|l| l.contains("FINAL ")).unwrap_or_else(|| panic!("no FINAL line:\n{logs}"));
+    assert!(line.contains(&format!("FINAL {reference} world=2")), "{line}\n{logs}");
+    assert!(logs.matches("CHECKPOINT step=").count() >= 2, "{logs}");
+    assert!(pods[1].logs().contains("the store host left the job cleanly"), "{}", pods[1].logs());
+}
