@@ -50,6 +50,12 @@ pub enum Sub {
         #[arg(long, value_parser = seconds, value_name = "SECS")]
         every: Option<std::time::Duration>,
     },
+    /// Stop this container's trainlet agents as SIGTERM would, and wait for them (a preStop hook, whatever PID 1 is).
+    Stop {
+        /// Give up (exit 1) if an agent still runs after this long, e.g. `60`, `2m`.
+        #[arg(long, value_parser = sshd_time, default_value = "60")]
+        timeout: std::time::Duration,
+    },
 }
 
 /// `trainlet init`.

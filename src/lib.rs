@@ -35,6 +35,7 @@ pub mod ratelimit;
 pub mod rendezvous;
 pub mod ssh;
 pub mod sshd;
+pub mod stop;
 pub mod store;
 pub mod supervise;
 pub mod sys;

@@ -79,6 +79,7 @@ fn main() -> ExitCode {
         Sub::Ssh { args } => ssh(&args),
         Sub::NvmlProbe { every } => nvml_probe(every),
         Sub::Init(args) => init(&args),
+        Sub::Stop { timeout } => trainlet::stop::stop(timeout),
     })
 }
 

@@ -57,10 +57,39 @@ fn collected_set() -> SigSet {
     set
 }
 
+/// Signals trainlet acts on that must reach it as a container's PID 1 from
+/// inside the container too (a preStop hook's `trainlet stop`, `kill 1`).
+const CAUGHT: [libc::c_int; 6] =
+    [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2];
+
+extern "C" fn ignore_signal(_: libc::c_int) {}
+
 /// Block every asynchronous signal in the calling thread. Call first in
 /// `main`, before any thread exists, so that every thread inherits it.
+///
+/// The signals of [`CAUGHT`] also get a handler that does nothing (it never
+/// runs: they stay blocked and the signal thread takes them with
+/// `sigtimedwait`). The kernel drops a signal sent to a container's PID 1
+/// from inside its PID namespace when its disposition is SIG_DFL; with a
+/// handler installed it is queued like any other. The spawner resets them
+/// to SIG_DFL in each child before it unblocks signals.
 pub fn block_signals() -> Result<(), Errno> {
-    pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&collected_set()), None)
+    pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&collected_set()), None)?;
+    for sig in CAUGHT {
+        // SAFETY: installs an async-signal-safe handler (it does nothing)
+        // with an empty mask; `action` lives on the stack for the call.
+        let rc = unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = ignore_signal as *const () as libc::sighandler_t;
+            libc::sigemptyset(&mut action.sa_mask);
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigaction(sig, &action, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(Errno::last());
+        }
+    }
+    Ok(())
 }
 
 /// Wait up to `timeout` for one blocked signal; returns its number.
@@ -438,6 +467,11 @@ unsafe fn child_after_fork(
     // SAFETY: async-signal-safe calls on stack data and on `plan`, read only.
     unsafe {
         libc::setpgid(0, 0);
+        // The agent's do-nothing handlers go back to SIG_DFL (exec would
+        // reset them too, but a signal may come before exec).
+        for sig in CAUGHT {
+            libc::signal(sig, libc::SIG_DFL);
+        }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());

@@ -388,3 +388,79 @@ fn a_two_container_job_survives_restarts_of_either_container_with_identical_para
     assert!(logs.matches("CHECKPOINT step=").count() >= 2, "{logs}");
     assert!(pods[1].logs().contains("the store host left the job cleanly"), "{}", pods[1].logs());
 }
+
+/// The training function the Kubeflow SDK would ship: it joins the
+/// process group, checkpoints (prints) and exits on SIGUSR1, and trains
+/// (sleeps) until then. No `$` in it: the SDK's heredoc is unquoted.
+const SDK_FUNCTION: &str = r#"
+def train():
+    import os, signal, sys, time
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    def ckpt(signum, frame):
+        print(f"CKPT rank={rank}", flush=True)
+        os._exit(0)
+    signal.signal(signal.SIGUSR1, ckpt)
+    print(f"TRAINING rank={rank}", flush=True)
+    while True:
+        time.sleep(0.1)
+
+train()
+"#;
+
+/// A TrainJob's `command` replaces the ENTRYPOINT, so the shell is PID 1:
+/// the SDK's exact `bash -c "read -r -d '' SCRIPT << EOM ... torchrun
+/// file.py"`, and a `sh` (dash) script that keeps the shell around after
+/// torchrun. Without the runtime's preStop hook, `podman stop` of the dash
+/// one ends in SIGKILL (137, no checkpoint). With the hook run first
+/// (`trainlet stop`, as the kubelet runs preStop before SIGTERM), the agent
+/// stops as on SIGTERM: checkpoint signal, workers exit, 143.
+#[test]
+fn the_prestop_hook_stops_the_agent_when_a_shell_is_pid_1() {
+    let site = torch_site();
+    let sdk_bash = format!(
+        "read -r -d '' SCRIPT << EOM\n{SDK_FUNCTION}\nEOM\nprintf \"%s\" \"$SCRIPT\" > \"/tmp/train.py\"\ntorchrun \"/tmp/train.py\""
+    );
+    let dash = format!(
+        "cat > /tmp/train.py << 'EOM'\n{SDK_FUNCTION}\nEOM\ntorchrun /tmp/train.py\nstatus=$?\necho \"torchrun exited $status\"\nexit $status"
+    );
+    let run = |test: &str, shell: &str, script: &str| {
+        let mut opts = torch_opts(&site);
+        let port = crate::util::free_port();
+        for e in [
+            "PET_NNODES=1".to_string(),
+            "PET_NPROC_PER_NODE=2".into(),
+            "PET_MASTER_ADDR=127.0.0.1".into(),
+            format!("PET_MASTER_PORT={port}"),
+            "TRAINLET_CHECKPOINT_SIGNAL=SIGUSR1".into(),
+            "TRAINLET_CHECKPOINT_TIMEOUT=15".into(),
+        ] {
+            opts.extend(["-e".to_string(), e]);
+        }
+        opts.extend(["--entrypoint".to_string(), shell.to_string()]);
+        let c = Container::start(test, &refs(&opts), "localhost/trainlet/torch-runtime:test", &["-c", script]);
+        c.wait_for_log("TRAINING rank=1", LIMIT);
+        c
+    };
+    // Without the hook: the shell ignores SIGTERM and the runtime kills it.
+    let c = run("nohook", "/bin/sh", &dash);
+    c.stop(5);
+    assert_eq!(c.exit_code(LIMIT), 137, "{}", c.logs());
+    assert!(!c.logs().contains("CKPT"), "{}", c.logs());
+    drop(c);
+    for (test, shell, script) in [("hook-bash", "/bin/bash", &sdk_bash), ("hook-dash", "/bin/sh", &dash)] {
+        let c = run(test, shell, script);
+        let hook = podman(&["exec", &c.name, "trainlet", "stop"]);
+        let said = String::from_utf8_lossy(&hook.stderr).to_string();
+        // The hook itself may not see the end: once the agent exits, PID 1
+        // (the agent itself when bash exec'd torchrun, or the shell right
+        // after it) ends and the container's processes go with it.
+        assert!(said.contains("sending SIGTERM to trainlet run"), "{shell}: {said}");
+        let took = c.stop(30);
+        assert_eq!(c.exit_code(LIMIT), 143, "{shell}:\n{}", c.logs());
+        assert!(took < Duration::from_secs(10), "{shell}: {took:?}");
+        let logs = c.logs();
+        assert_eq!(logs.matches("CKPT rank=").count(), 2, "{shell}: both workers checkpointed:\n{logs}");
+    }
+}

@@ -182,3 +182,62 @@ fn every_runtime_names_an_image_the_repository_builds() {
         assert!(ignore.lines().any(|l| l == left_out), ".dockerignore must leave out {left_out}");
     }
 }
+
+/// For every container of every shipped runtime: /tmp is an emptyDir
+/// (trainlet and `import torch` need it writable under
+/// readOnlyRootFilesystem); every trainer container (torch nodes, the MPI
+/// launcher) runs `trainlet stop` as its preStop hook; the pod's
+/// termination grace covers trainlet's grace period plus its kill timeout,
+/// and the checkpoint time fits in the grace period; every exit code a
+/// podFailurePolicy names is one README's exit-code table documents.
+#[test]
+fn every_runtime_stops_gracefully_whatever_pid_1_is_and_routes_documented_codes() {
+    let files: Vec<PathBuf> = std::fs::read_dir(repo().join("runtimes"))
+        .expect("runtimes")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    let out = Command::new(python()).arg(repo().join("tests/runtime_facts.py")).args(&files).output().expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(rows.len() >= 6, "{rows:?}");
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README");
+    // The exit-code tables: trainlet's and the initializers'.
+    let documented = |code: u64| {
+        readme.lines().filter(|l| l.starts_with("| ")).any(|l| {
+            let cell = l.split('|').nth(1).unwrap_or("").trim();
+            cell == code.to_string()
+                || cell.split(" / ").any(|c| c.trim() == code.to_string())
+                || (code > 128 && cell == "128+N")
+                || cell.split(", ").any(|r| {
+                    r.split_once('-')
+                        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+                        .is_some_and(|(a, b)| (a..=b).contains(&code))
+                })
+        })
+    };
+    let secs = |row: &serde_json::Value, name: &str, default: u64| -> u64 {
+        row["env"][name].as_str().map_or(default, |v| v.parse().expect("seconds"))
+    };
+    for row in &rows {
+        let what = format!("{} {}/{}", row["file"], row["job"], row["container"]);
+        assert!(row["tmp_volume"].as_bool().unwrap_or(false), "{what}: /tmp is not an emptyDir");
+        let image = row["image"].as_str().unwrap_or("");
+        let command: Vec<&str> =
+            row["command"].as_array().expect("command").iter().filter_map(|c| c.as_str()).collect();
+        let trainer = (image.contains("torch-runtime") && !command.contains(&"init"))
+            || (image.contains("mpi-runtime") && !command.contains(&"sshd"));
+        if trainer {
+            assert_eq!(row["pre_stop"], serde_json::json!(["trainlet", "stop"]), "{what}");
+            let grace = secs(row, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 25);
+            let kill = secs(row, "TRAINLET_KILL_TIMEOUT", 3);
+            let ckpt = secs(row, "TRAINLET_CHECKPOINT_TIMEOUT", 0);
+            let pod = row["grace"].as_u64().expect("grace");
+            assert!(grace + kill <= pod, "{what}: grace {grace} + kill {kill} > terminationGracePeriodSeconds {pod}");
+            assert!(ckpt < grace, "{what}: checkpoint {ckpt} >= grace {grace}");
+        }
+        for code in row["exit_codes"].as_array().expect("codes").iter().filter_map(serde_json::Value::as_u64) {
+            assert!(documented(code), "{what}: exit code {code} is not in README's table");
+        }
+    }
+}
