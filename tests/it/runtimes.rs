@@ -35,6 +35,19 @@ fn runtimes_are_valid_cluster_training_runtimes() {
     assert!(text.contains("values: [200, 205, 208]") && text.contains("values: [143, 204]"), "{text}");
 }
 
+/// The restricted variant: valid, non-root, read-only root, /tmp writable.
+#[test]
+fn the_restricted_runtime_is_valid_non_root_and_read_only() {
+    let file = repo().join("runtimes/torch-distributed-restricted.yaml");
+    let (ok, out) = validate(std::slice::from_ref(&file));
+    assert!(ok, "{out}");
+    assert!(out.contains("ClusterTrainingRuntime trainlet-torch-distributed-restricted valid"), "{out}");
+    let text = std::fs::read_to_string(&file).expect("read");
+    for needle in ["runAsNonRoot: true", "runAsUser: 1000", "readOnlyRootFilesystem: true", "mountPath: /tmp"] {
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
+}
+
 #[test]
 fn the_mpi_runtime_is_valid_and_runs_trainlet_on_both_ends() {
     let file = repo().join("runtimes/mpi-distributed.yaml");
