@@ -680,6 +680,12 @@ pub fn is_root() -> bool {
 /// SIGTERM/SIGINT end it the ordinary way (the connection drops and the
 /// server kills the remote command), instead of collecting them.
 pub fn unblock_signals() -> Result<(), Errno> {
+    // The do-nothing handlers of `block_signals` would make these signals
+    // ignored once unblocked: give them their default action first.
+    for sig in CAUGHT {
+        // SAFETY: resetting a disposition to SIG_DFL has no preconditions.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
     pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
 }
 

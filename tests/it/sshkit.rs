@@ -178,9 +178,13 @@ pub fn openssh_processes() -> Vec<i32> {
 
 /// Pids of live processes whose command line contains `needle`.
 pub fn pids_with_cmdline(needle: &str) -> Vec<i32> {
+    // Not trainlet's own processes: a `trainlet ssh` client carries the
+    // remote command in its argv too, and must not stand in for it.
+    let trainlet = std::fs::canonicalize(crate::util::bin()).ok();
     live_pids(|pid| {
         let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        String::from_utf8_lossy(&cmd).replace('\0', " ").contains(needle)
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        exe != trainlet && String::from_utf8_lossy(&cmd).replace('\0', " ").contains(needle)
     })
 }
 
