@@ -189,6 +189,9 @@ impl Registration<'_> {
     /// Hold budget for `len` buffered bytes beyond [`FREE_BUFFER`].
     fn buffer(&mut self, len: usize) -> Result<(), ExecError> {
         let want = (len as u64).saturating_sub(FREE_BUFFER);
+        if want == self.buffered {
+            return Ok(());
+        }
         if want > self.buffered {
             self.state.budget().reserve(want - self.buffered)?;
         } else {

@@ -105,6 +105,9 @@ impl Budget {
 
     /// Give back `n` bytes.
     pub fn release(&self, n: u64) {
+        if n == 0 {
+            return;
+        }
         let _ = self.used.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| Some(u.saturating_sub(n)));
     }
 }
@@ -230,16 +233,25 @@ impl Inner {
         self.refund += p.charge;
     }
 
-    /// Store `value` under `key`, the growth reserved from `budget` first.
+    /// Store `value` under `key`, the growth reserved from `budget` first
+    /// (one map lookup).
     fn put(&mut self, budget: &Budget, key: Vec<u8>, value: Vec<u8>) -> Result<(), ExecError> {
         let new = entry_size(&key, &value);
-        let old = self.kv.get(&key).map_or(0, |v| entry_size(&key, v));
-        if new > old {
-            budget.reserve(new - old)?;
-        } else {
-            self.refund += old - new;
+        match self.kv.entry(key) {
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                let old = entry_size(e.key(), e.get());
+                if new > old {
+                    budget.reserve(new - old)?;
+                } else {
+                    self.refund += old - new;
+                }
+                e.insert(value);
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                budget.reserve(new)?;
+                e.insert(value);
+            }
         }
-        self.kv.insert(key, value);
         Ok(())
     }
 
@@ -252,9 +264,12 @@ impl Inner {
     }
 
     fn set(&mut self, budget: &Budget, key: Vec<u8>, value: Vec<u8>) -> Result<(), ExecError> {
-        let woken = key.clone();
+        // The key is only needed again when someone waits on it.
+        let woken = self.waiters.contains_key(&key).then(|| key.clone());
         self.put(budget, key, value)?;
-        self.wake_all(&woken);
+        if let Some(k) = woken {
+            self.wake_all(&k);
+        }
         Ok(())
     }
 
@@ -425,9 +440,11 @@ impl State {
                 let need = pairs.iter().fold(0u64, |t, (k, v)| t.saturating_add(entry_size(k, v)));
                 budget.reserve(need)?;
                 for (k, v) in pairs {
-                    let woken = k.clone();
+                    let woken = inner.waiters.contains_key(&k).then(|| k.clone());
                     inner.put_reserved(k, v);
-                    inner.wake_all(&woken);
+                    if let Some(k) = woken {
+                        inner.wake_all(&k);
+                    }
                 }
             }
             Command::CancelWait => {
