@@ -67,25 +67,24 @@ pub fn real_launcher(name: &str) -> Option<PathBuf> {
     if let Some(p) = std::env::var_os(names::TRAINLET_MPIRUN).filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(p));
     }
-    let me = std::env::current_exe().ok().and_then(|p| std::fs::canonicalize(p).ok());
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(name)).find(|c| {
-        use std::os::unix::fs::PermissionsExt;
-        let executable = std::fs::metadata(c).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-        executable && std::fs::canonicalize(c).ok() != me
-    })
+    let me = crate::sys::own_exe();
+    on_path(name, |c| std::fs::canonicalize(c).ok() != me)
+}
+
+/// The first executable `name` on PATH for which `keep` holds (execvp's search).
+fn on_path(name: &str, keep: impl Fn(&Path) -> bool) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|c| std::fs::metadata(c).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0) && keep(c))
 }
 
 /// The program `trainlet mpi -- PROGRAM ...` runs: PROGRAM itself, unless
 /// it is trainlet (the image's `mpirun` link first on PATH), which would
 /// wrap the job twice; then the real launcher, found as the link finds it.
 pub fn launcher_program(program: &str) -> Result<String, String> {
-    let path = if program.contains('/') {
-        Some(PathBuf::from(program))
-    } else {
-        std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(program)).find(|c| c.is_file()))
-    };
-    let me = std::env::current_exe().ok().and_then(|p| std::fs::canonicalize(p).ok());
-    let is_me = path.and_then(|p| std::fs::canonicalize(p).ok()).is_some_and(|p| Some(p) == me);
+    let path = if program.contains('/') { Some(PathBuf::from(program)) } else { on_path(program, |_| true) };
+    let is_me = path.and_then(|p| std::fs::canonicalize(p).ok()).is_some_and(|p| Some(p) == crate::sys::own_exe());
     if !is_me {
         return Ok(program.to_string());
     }

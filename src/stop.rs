@@ -46,7 +46,7 @@ pub fn classify(argv: &[String]) -> Option<&'static str> {
 
 /// The agents of this PID namespace (this binary, other than `me`).
 pub fn agents(me: i32) -> Vec<Agent> {
-    let Some(exe) = std::env::current_exe().ok().and_then(|p| std::fs::canonicalize(p).ok()) else {
+    let Some(exe) = sys::own_exe() else {
         return Vec::new();
     };
     let mut found: Vec<Agent> = sys::process_table()

@@ -64,6 +64,15 @@ const CAUGHT: [libc::c_int; 6] =
 
 extern "C" fn ignore_signal(_: libc::c_int) {}
 
+/// Give the signals of [`CAUGHT`] their default action back. Only calls
+/// `signal(2)`, which is async-signal-safe: the forked child uses it too.
+fn default_caught_signals() {
+    for sig in CAUGHT {
+        // SAFETY: resetting a disposition to SIG_DFL has no preconditions.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}
+
 /// Block every asynchronous signal in the calling thread. Call first in
 /// `main`, before any thread exists, so that every thread inherits it.
 ///
@@ -104,6 +113,11 @@ pub fn wait_signal(timeout: Duration) -> Option<i32> {
     // timespec on the stack. sigtimedwait only reads these.
     let sig = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
     (sig > 0).then_some(sig)
+}
+
+/// This binary's canonical path (links resolved), as `/proc/PID/exe` shows it.
+pub fn own_exe() -> Option<std::path::PathBuf> {
+    std::env::current_exe().ok().and_then(|p| std::fs::canonicalize(p).ok())
 }
 
 /// Reap every child that has exited (`waitpid(-1, WNOHANG)` until none).
@@ -390,7 +404,8 @@ pub fn fork_exec(plan: &ExecPlan) -> Result<Forked, ForkExecError> {
     let err_fd = err_w.as_raw_fd();
 
     // SAFETY: fork in a multi-threaded process: the child only calls
-    // async-signal-safe functions (setpgid, sigprocmask, signal, prctl,
+    // async-signal-safe functions (setpgid, sigprocmask, signal (also
+    // through default_caught_signals), prctl,
     // getppid, dup2, fcntl, chdir, open, write, close, the raw
     // sched_setaffinity syscall, execve, _exit) on data prepared above and
     // only read here; it allocates nothing and takes no locks, and it ends
@@ -469,9 +484,7 @@ unsafe fn child_after_fork(
         libc::setpgid(0, 0);
         // The agent's do-nothing handlers go back to SIG_DFL (exec would
         // reset them too, but a signal may come before exec).
-        for sig in CAUGHT {
-            libc::signal(sig, libc::SIG_DFL);
-        }
+        default_caught_signals();
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
@@ -682,10 +695,7 @@ pub fn is_root() -> bool {
 pub fn unblock_signals() -> Result<(), Errno> {
     // The do-nothing handlers of `block_signals` would make these signals
     // ignored once unblocked: give them their default action first.
-    for sig in CAUGHT {
-        // SAFETY: resetting a disposition to SIG_DFL has no preconditions.
-        unsafe { libc::signal(sig, libc::SIG_DFL) };
-    }
+    default_caught_signals();
     pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
 }
 

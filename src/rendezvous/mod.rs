@@ -354,12 +354,7 @@ impl Session {
         }
         let (addr, key, slot) = (self.addr, self.key("host_left"), self.host_left.clone());
         self.host_watch = tokio::spawn(async move {
-            let read = async {
-                let mut c = Client::connect(addr).await?;
-                c.wait(std::slice::from_ref(&key)).await?;
-                c.get(&key).await
-            };
-            if let Ok(v) = read.await
+            if let Ok(v) = wait_get(addr, &key).await
                 && let Ok(mut g) = slot.lock()
             {
                 *g = Some(String::from_utf8_lossy(&v).chars().take(200).collect());
@@ -505,8 +500,7 @@ impl Session {
         let mut last_call: Option<Instant> = None;
         let mut progress = Progress::new(format!("pods to join round {r} at {}", self.endpoint), Some(deadline));
         let mut seen: Vec<Option<Member>> = Vec::new();
-        let mut tick = tokio::time::interval_at(Instant::now() + PROGRESS_POLL, PROGRESS_POLL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tick = progress_tick();
         loop {
             tokio::select! {
                 ok = &mut closed_w => {
@@ -716,8 +710,7 @@ impl Session {
         let verdict_w = wait_on(self.addr, std::slice::from_ref(&verdict), day);
         tokio::pin!(next_w, verdict_w);
         let mut progress = Progress::new(format!("room in the job at {} (a spare)", self.endpoint), None);
-        let mut tick = tokio::time::interval_at(Instant::now() + PROGRESS_POLL, PROGRESS_POLL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tick = progress_tick();
         loop {
             tokio::select! {
                 ok = &mut next_w => {
@@ -805,12 +798,7 @@ impl Session {
         let addr = self.addr;
         let key = self.rkey(r, "end");
         async move {
-            let run = async {
-                let mut c = Client::connect(addr).await?;
-                c.wait(std::slice::from_ref(&key)).await?;
-                c.get(&key).await
-            };
-            match run.await {
+            match wait_get(addr, &key).await {
                 Ok(v) => {
                     let v = String::from_utf8_lossy(&v).to_string();
                     (parse_end(&v), v)
@@ -845,8 +833,7 @@ impl Session {
         tokio::pin!(all_w, dead_w);
         let what = format!("the other pods of round {r} to stop their workers");
         let mut progress = Progress::new(what, Some(Instant::now() + limit));
-        let mut tick = tokio::time::interval_at(Instant::now() + PROGRESS_POLL, PROGRESS_POLL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tick = progress_tick();
         let keys: Vec<String> = (0..round.nnodes).map(|n| self.rkey(r, &format!("failures/{n}"))).collect();
         loop {
             tokio::select! {
@@ -950,6 +937,21 @@ pub fn parse_end(v: &str) -> JobEnd {
         v if v.starts_with("dead:") => JobEnd::Regroup { planned: false },
         _ => JobEnd::Regroup { planned: true },
     }
+}
+
+/// WAIT for `key` on a fresh connection to `addr`, then read it.
+async fn wait_get(addr: SocketAddr, key: &String) -> Result<Vec<u8>, ClientError> {
+    let mut c = Client::connect(addr).await?;
+    c.wait(std::slice::from_ref(key)).await?;
+    c.get(key).await
+}
+
+/// The once-a-second poll of a wait's progress line ([`PROGRESS_POLL`]),
+/// first after one period: waits that end at once poll nothing.
+fn progress_tick() -> tokio::time::Interval {
+    let mut tick = tokio::time::interval_at(Instant::now() + PROGRESS_POLL, PROGRESS_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
 }
 
 /// WAIT for `keys` on a fresh connection to `addr`; Ok(false) after `limit`.

@@ -202,13 +202,18 @@ impl Inner {
         }
     }
 
-    /// Park `conn` until every key in `missing` has been written once;
-    /// its registrations cost `charge` bytes, already reserved.
-    fn park(&mut self, conn: ConnId, missing: Vec<Vec<u8>>, charge: u64) {
+    /// Park `conn` until every key in `missing` has been written once.
+    /// Its registrations are reserved from `budget` first: each key is held
+    /// twice (the list's map key, the wait's own list) plus the overhead.
+    fn park(&mut self, budget: &Budget, conn: ConnId, missing: Vec<Vec<u8>>) -> Result<(), ExecError> {
+        let charge = missing
+            .iter()
+            .fold(0u64, |t, k| t.saturating_add((k.len() as u64).saturating_mul(2)).saturating_add(ENTRY_OVERHEAD));
+        budget.reserve(charge)?;
         self.unpark(conn);
         let Some(c) = self.conns.get_mut(&conn) else {
             self.refund += charge;
-            return;
+            return Ok(());
         };
         let seq = c.next_seq;
         c.next_seq += 1;
@@ -216,6 +221,7 @@ impl Inner {
             self.waiters.entry(key.clone()).or_default().push((conn, seq));
         }
         c.parked = Some(Parked { seq, missing: missing.len(), keys: missing, charge });
+        Ok(())
     }
 
     /// End `conn`'s parked wait, if any, without releasing it: take its
@@ -399,12 +405,7 @@ impl State {
                     inner.unpark(conn);
                     out.push(STOP_WAITING);
                 } else {
-                    // Each key is held twice (the list's map key, the wait's own list).
-                    let charge = missing.iter().fold(0u64, |t, k| {
-                        t.saturating_add((k.len() as u64).saturating_mul(2)).saturating_add(ENTRY_OVERHEAD)
-                    });
-                    budget.reserve(charge)?;
-                    inner.park(conn, missing, charge);
+                    inner.park(budget, conn, missing)?;
                 }
             }
             Command::GetNumKeys => put_i64(out, i64::try_from(inner.kv.len()).unwrap_or(i64::MAX)),
@@ -489,9 +490,7 @@ impl State {
                     out.push(STOP_WAITING);
                     inner.wake_all(&key);
                 } else {
-                    let charge = (key.len() as u64).saturating_mul(2).saturating_add(ENTRY_OVERHEAD);
-                    budget.reserve(charge)?;
-                    inner.park(conn, vec![key], charge);
+                    inner.park(budget, conn, vec![key])?;
                 }
             }
         }

@@ -248,6 +248,20 @@ fn a_host_that_never_comes_up_is_named_within_the_deadline() {
     assert!(!err.contains("127.0.27.2:"), "ready hosts are not listed: {err}");
 }
 
+/// As in the MPI image: an `mpirun` link to trainlet first on PATH (in
+/// `<dir>/ours`, returned), the real Open MPI mpirun after it.
+fn mpirun_links(dir: &Path, env: &mut Vec<(String, String)>) -> std::path::PathBuf {
+    let ours = dir.join("ours");
+    let real = dir.join("real");
+    std::fs::create_dir_all(&ours).expect("dir");
+    std::fs::create_dir_all(&real).expect("dir");
+    std::os::unix::fs::symlink(crate::util::bin(), ours.join("mpirun")).expect("link");
+    std::os::unix::fs::symlink("/usr/bin/mpirun.openmpi", real.join("mpirun")).expect("link");
+    let path = format!("{}:{}:{}", ours.display(), real.display(), std::env::var("PATH").unwrap_or_default());
+    env.push(("PATH".into(), path));
+    ours
+}
+
 #[test]
 fn a_symlink_named_mpirun_runs_the_trainjob_command_under_trainlet_mpi() {
     let keys = keygen("ed25519");
@@ -255,15 +269,7 @@ fn a_symlink_named_mpirun_runs_the_trainjob_command_under_trainlet_mpi() {
     let mut env = ssh_env(keys.path(), work.path());
     let (addrs, list) = hosts(28, 2, 1);
     let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, &Wrap::default())).collect();
-    // Ours first on PATH, the real Open MPI mpirun after it.
-    let ours = work.path().join("ours");
-    let real = work.path().join("real");
-    std::fs::create_dir_all(&ours).expect("dir");
-    std::fs::create_dir_all(&real).expect("dir");
-    std::os::unix::fs::symlink(crate::util::bin(), ours.join("mpirun")).expect("link");
-    std::os::unix::fs::symlink("/usr/bin/mpirun.openmpi", real.join("mpirun")).expect("link");
-    let path = format!("{}:{}:{}", ours.display(), real.display(), std::env::var("PATH").unwrap_or_default());
-    env.push(("PATH".into(), path));
+    let ours = mpirun_links(work.path(), &mut env);
     env.push(("TRAINLET_MPI_HOSTS".into(), list));
     let mut args = vec!["-np", "2"];
     args.extend_from_slice(&OMPI_LOOPBACK);
@@ -289,14 +295,7 @@ fn trainlet_mpi_with_the_link_on_path_runs_the_real_mpirun_once() {
     let mut env = ssh_env(keys.path(), work.path());
     let (addrs, list) = hosts(31, 2, 1);
     let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, &Wrap::default())).collect();
-    let ours = work.path().join("ours");
-    let real = work.path().join("real");
-    std::fs::create_dir_all(&ours).expect("dir");
-    std::fs::create_dir_all(&real).expect("dir");
-    std::os::unix::fs::symlink(crate::util::bin(), ours.join("mpirun")).expect("link");
-    std::os::unix::fs::symlink("/usr/bin/mpirun.openmpi", real.join("mpirun")).expect("link");
-    let path = format!("{}:{}:{}", ours.display(), real.display(), std::env::var("PATH").unwrap_or_default());
-    env.push(("PATH".into(), path));
+    mpirun_links(work.path(), &mut env);
     let mut args = vec!["mpi", "--hosts", &list, "--", "mpirun", "-np", "2"];
     args.extend_from_slice(&OMPI_LOOPBACK);
     args.extend_from_slice(&["echo", "RESULT", "sum=hi"]);
