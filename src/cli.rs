@@ -134,13 +134,13 @@ pub struct SshdArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub listen: Option<std::net::SocketAddr>,
     /// Port when --listen is not given.
-    #[arg(long, env = crate::config::env::TRAINLET_SSH_PORT, default_value_t = 2222)]
+    #[arg(long, env = crate::env::TRAINLET_SSH_PORT, default_value_t = 2222)]
     pub port: u16,
     /// Key directory: the runtime's sshAuthMountPath (default $HOME/.ssh, else /root/.ssh).
-    #[arg(long, env = crate::config::env::TRAINLET_SSH_DIR, value_name = "DIR")]
+    #[arg(long, env = crate::env::TRAINLET_SSH_DIR, value_name = "DIR")]
     pub ssh_dir: Option<PathBuf>,
     /// Host key (default: <ssh-dir>/ssh_host_key, else the job key <ssh-dir>/id_*).
-    #[arg(long, env = crate::config::env::TRAINLET_SSH_HOST_KEY, value_name = "FILE")]
+    #[arg(long, env = crate::env::TRAINLET_SSH_HOST_KEY, value_name = "FILE")]
     pub host_key: Option<PathBuf>,
     /// authorized_keys file (default <ssh-dir>/authorized_keys).
     #[arg(long, value_name = "FILE")]
@@ -185,16 +185,16 @@ pub struct MpiArgs {
     #[arg(long, value_name = "FILE")]
     pub hostfile: Option<PathBuf>,
     /// Hosts when there is no hostfile: `h1,h2:4` (also TRAINLET_MPI_HOSTS).
-    #[arg(long, env = crate::config::env::TRAINLET_MPI_HOSTS, value_name = "LIST")]
+    #[arg(long, env = crate::env::TRAINLET_MPI_HOSTS, value_name = "LIST")]
     pub hosts: Option<String>,
     /// Slots per host written into a generated hostfile (default OMPI_MCA_orte_set_default_slots, else 1).
-    #[arg(long, env = crate::config::env::OMPI_MCA_ORTE_SET_DEFAULT_SLOTS)]
+    #[arg(long, env = crate::env::OMPI_MCA_ORTE_SET_DEFAULT_SLOTS)]
     pub slots: Option<u32>,
     /// The workers' SSH port.
-    #[arg(long, env = crate::config::env::TRAINLET_SSH_PORT, default_value_t = 2222)]
+    #[arg(long, env = crate::env::TRAINLET_SSH_PORT, default_value_t = 2222)]
     pub port: u16,
     /// Key directory (default $HOME/.ssh, else /root/.ssh).
-    #[arg(long, env = crate::config::env::TRAINLET_SSH_DIR, value_name = "DIR")]
+    #[arg(long, env = crate::env::TRAINLET_SSH_DIR, value_name = "DIR")]
     pub ssh_dir: Option<PathBuf>,
     /// Seconds to wait for every host to answer the SSH handshake.
     #[arg(long, value_parser = seconds, default_value = "300")]

@@ -20,8 +20,12 @@ use tokio_util::task::TaskTracker;
 
 use std::sync::Arc;
 
+use crate::config::rules::RuleAction;
 use crate::config::{Env, Plan};
 use crate::exit;
+use crate::process::signals::{SysEvent, now_us};
+use crate::process::spawn::{Spawner, WorkerSpec};
+use crate::process::sweep;
 use crate::rendezvous::host::{self, ServeFn};
 use crate::rendezvous::{self, Joined, Known, Member, Round, Session, Timing};
 use crate::store::{Endpoint, StoreLoop};
@@ -30,10 +34,7 @@ use crate::supervise::policy::{
     Action, Attempt, Event, FailKind, JobEnd, Outcome, RoundFacts, Timer, Verdict, backoff, verdict,
 };
 use crate::supervise::report::{Failure, Report, RoundRecord, fatal_root, root_cause};
-use crate::supervise::rules::RuleAction;
-use crate::supervise::signals::{SysEvent, now_us};
-use crate::supervise::spawn::{Spawner, WorkerSpec, WorldView, substitute, worker_env};
-use crate::supervise::sweep;
+use crate::supervise::worker::{WorldView, substitute, worker_env};
 use crate::sys::{self, Exit};
 use crate::{Error, Result};
 
@@ -61,7 +62,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     if let Some(addr) = plan.gpu.metrics_addr {
         crate::metrics::serve(addr, cancel.child_token())
             .await
-            .map_err(|e| Error::Config(crate::config::Error::Usage(crate::store::error_chain(&e))))?;
+            .map_err(|e| Error::Config(crate::config::Error::Usage(crate::error::error_chain(&e))))?;
     }
     if let Some(code) = preflight(&mut plan, &spawner).await {
         return Ok(code);
@@ -70,7 +71,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     let _sampler = (plan.gpu.metrics_addr.is_some() && !plan.gpu.gpus.is_empty()).then(|| {
         crate::metrics::sample_gpus(spawner.clone(), plan.gpu.gpus.clone(), METRICS_EVERY, plan.gpu.nvml_timeout)
     });
-    crate::supervise::oom::warn_if_group_kill(&plan.gpu.root);
+    crate::process::oom::warn_if_group_kill(&plan.gpu.root);
     let log_root = log_root(&plan);
     // Checked before anything starts: with --log-dir, an unwritable
     // directory is a configuration error; without it, worker files are off
@@ -171,7 +172,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
                 break if v == Verdict::Success { exit::SUCCESS } else { exit::PEER_LOST };
             }
             Ok(Err(rendezvous::Error::Lost { source, .. })) => {
-                match reconnect(&mut session, &plan, &mut events, &cancel, &crate::store::error_chain(&source)).await {
+                match reconnect(&mut session, &plan, &mut events, &cancel, &crate::error::error_chain(&source)).await {
                     Ok(()) => continue,
                     Err(code) => break code,
                 }
@@ -256,7 +257,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
             Err(e) => {
                 let cause = e.map_or_else(
                     || "the store connection broke while the workers ran".into(),
-                    |e| crate::store::error_chain(&e),
+                    |e| crate::error::error_chain(&e),
                 );
                 rounds.push(record(&round, "store lost", "regroup"));
                 history.extend(failures.iter().cloned());
@@ -271,7 +272,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
         let agreed = match session.decide(round.number, proposal).await {
             Ok(v) => v,
             Err(e) => {
-                match reconnect(&mut session, &plan, &mut events, &cancel, &crate::store::error_chain(&e)).await {
+                match reconnect(&mut session, &plan, &mut events, &cancel, &crate::error::error_chain(&e)).await {
                     Ok(()) => continue,
                     Err(code) => break code,
                 }
@@ -418,7 +419,7 @@ async fn reconnect(
             Ok(())
         }
         Ok(Err(e)) => {
-            tracing::error!(error = %crate::store::error_chain(&e), "the store host did not come back before the join deadline");
+            tracing::error!(error = %crate::error::error_chain(&e), "the store host did not come back before the join deadline");
             Err(u8::from(&Error::from(e)).max(exit::PEER_LOST))
         }
         Err(sig) => Err(exit::for_signal(sig)),
@@ -563,7 +564,7 @@ async fn spawn_retrying(
     spawner: &Spawner,
     spec: WorkerSpec,
     budget: Duration,
-) -> std::result::Result<crate::supervise::spawn::Spawned, crate::supervise::spawn::SpawnError> {
+) -> std::result::Result<crate::process::spawn::Spawned, crate::process::spawn::SpawnError> {
     let until = Instant::now() + budget;
     let mut pause = FORK_RETRY.0;
     let mut tries = 1u32;
@@ -574,7 +575,7 @@ async fn spawn_retrying(
                     program = %spec.program,
                     tries,
                     retry_in_ms = pause.as_millis(),
-                    error = %crate::store::error_chain(&e),
+                    error = %crate::error::error_chain(&e),
                     "fork failed; retrying"
                 );
                 tokio::time::sleep(pause).await;
@@ -604,7 +605,7 @@ async fn run_attempt(
     let mut early: Vec<Event> = Vec::new();
     let (placed, _) = crate::gpu::setup::placements(&plan.gpu, plan.nproc);
     let nics = if plan.gpu.nic_hint { crate::gpu::sysfs::Sysfs::new(&plan.gpu.root).nics() } else { Vec::new() };
-    let oom_adj = crate::supervise::oom::worker_adj(Path::new("/"));
+    let oom_adj = crate::process::oom::worker_adj(Path::new("/"));
 
     for local_rank in 0..plan.nproc {
         let rank = world.group_rank * plan.nproc + local_rank;
@@ -654,7 +655,7 @@ async fn run_attempt(
             }
             Err(e) => {
                 let code = e.exec_code().unwrap_or(exit::FORK_FAILED);
-                let why = crate::store::error_chain(&e);
+                let why = crate::error::error_chain(&e);
                 tracing::error!(local_rank, code, error = %why, "cannot start worker");
                 workers
                     .insert(local_rank, Worker { pid: 0, rank, error_file, not_started: Some(code), why: Some(why) });

@@ -7,7 +7,7 @@
 //!
 //! # Layout
 //! - [`cli`]: clap definitions, torchrun-compatible; no I/O.
-//! - [`config`]: CLI + env -> [`config::Plan`]; every env var name in `config::env`.
+//! - [`config`]: CLI + env -> [`config::Plan`]; every env var name in `env`.
 //! - [`store`]: the TCPStore wire protocol, server and client.
 //! - [`rendezvous`]: static and elastic rendezvous of the agents over the store, liveness.
 //! - [`supervise`]: signals/reaper thread, spawner, output, pure policy core, report.
@@ -25,11 +25,14 @@
 
 pub mod cli;
 pub mod config;
+pub mod env;
+pub mod error;
 pub mod exit;
 pub mod gpu;
 pub mod launch;
 pub mod metrics;
 pub mod mpi;
+pub mod process;
 pub mod progress;
 pub mod ratelimit;
 pub mod rendezvous;
@@ -55,18 +58,6 @@ pub enum Error {
     /// An OS call trainlet depends on failed.
     #[error("operating system call failed")]
     Os(#[source] std::io::Error),
-}
-
-/// "outer: inner: innermost" for logs and error text.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(inner) = cur {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        cur = inner.source();
-    }
-    s
 }
 
 /// Result alias for this crate.

@@ -7,8 +7,9 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 use trainlet::cli::{Cli, RunArgs, StoreArgs, Sub, TorchrunCli};
 use trainlet::config::{Env, Plan};
-use trainlet::store::{StoreServer, bind_listener, error_chain};
-use trainlet::supervise::signals::{self, SysEvent};
+use trainlet::error::error_chain;
+use trainlet::process::signals::{self, SysEvent};
+use trainlet::store::{StoreServer, bind_listener};
 use trainlet::{exit, sys};
 
 fn main() -> ExitCode {
@@ -101,7 +102,7 @@ fn init_tracing(default: &str) {
 /// the connection, and the server then kills the remote command); quiet
 /// logs unless -v, so mpirun's output stays clean.
 fn ssh(args: &[String]) -> u8 {
-    use trainlet::config::env as names;
+    use trainlet::env as names;
     use trainlet::ssh::{argv, client};
     let _ = sys::unblock_signals();
     let parsed = match argv::parse(args) {
@@ -132,7 +133,7 @@ fn ssh(args: &[String]) -> u8 {
         default_port: env(names::TRAINLET_SSH_PORT).and_then(|p| p.parse().ok()).unwrap_or(2222),
         retry,
         check,
-        local_user: trainlet::sshd::local_account().0,
+        local_user: trainlet::ssh::local::local_account().0,
     };
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -178,8 +179,8 @@ where
 /// then SIGKILL until none is left (bounded).
 fn kill_leftovers() {
     let swept =
-        trainlet::supervise::sweep::terminate_all(std::time::Duration::from_secs(2), std::time::Duration::from_secs(5));
-    trainlet::supervise::sweep::log(&swept, "exit");
+        trainlet::process::sweep::terminate_all(std::time::Duration::from_secs(2), std::time::Duration::from_secs(5));
+    trainlet::process::sweep::log(&swept, "exit");
 }
 
 fn keygen(args: &trainlet::cli::KeygenArgs) -> u8 {
@@ -244,7 +245,7 @@ fn doctor(args: &RunArgs) -> u8 {
         Err(code) => return code,
     };
     print!("{}", plan.describe());
-    let spawner = match trainlet::supervise::spawn::Spawner::start() {
+    let spawner = match trainlet::process::spawn::Spawner::start() {
         Ok(s) => s,
         Err(e) => {
             eprintln!("trainlet: error: cannot start the spawner thread: {e}");
@@ -362,7 +363,7 @@ fn init(args: &trainlet::cli::InitArgs) -> u8 {
 /// The NVML child (reference/gpu-pid1.md 2.3): whatever happens in here,
 /// the agent only sees a report, an error line, or a dead child.
 fn nvml_probe(every: Option<std::time::Duration>) -> u8 {
-    let lib = std::env::var_os(trainlet::config::env::TRAINLET_NVML_LIB).map(std::path::PathBuf::from);
+    let lib = std::env::var_os(trainlet::env::TRAINLET_NVML_LIB).map(std::path::PathBuf::from);
     match trainlet::gpu::nvml::probe_main(lib.as_deref(), every) {
         Ok(()) => exit::SUCCESS,
         Err(e) => {
@@ -397,7 +398,7 @@ fn store(args: &StoreArgs) -> u8 {
                 return exit::CONFIG;
             }
         };
-        let from_env = std::env::var(trainlet::config::env::TRAINLET_STORE_MEMORY).ok();
+        let from_env = std::env::var(trainlet::env::TRAINLET_STORE_MEMORY).ok();
         let memory = match args.store_memory.as_deref().or(from_env.as_deref()) {
             None => trainlet::store::default_budget(std::path::Path::new("/")),
             Some(v) => match trainlet::store::parse_size(v).filter(|n| *n >= trainlet::store::MIN_BUDGET) {

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::gpu::Gpu;
 use crate::gpu::nvml::{Probe, Report};
-use crate::supervise::spawn::Spawner;
+use crate::process::spawn::Spawner;
 
 /// Why metrics cannot be served.
 #[derive(Debug, thiserror::Error)]
@@ -52,10 +52,6 @@ pub struct Metrics {
     pub restarts: IntCounter,
     /// Time to form a round.
     pub rendezvous: Histogram,
-    /// Store connections accepted.
-    pub store_connections: IntCounter,
-    /// By position in [`crate::store::COMMAND_NAMES`].
-    store_ops: Vec<IntCounter>,
     nvml_up: IntGauge,
     utilization: GaugeVec,
     memory_used: GaugeVec,
@@ -84,10 +80,6 @@ fn build() -> Result<Metrics, prometheus::Error> {
     let gpu_labels = ["gpu", "bus_id", "uuid"];
     let counter = |name: &str, help: &str| IntCounter::new(name, help);
     let gauge_vec = |name: &str, help: &str| GaugeVec::new(Opts::new(name, help), &gpu_labels);
-    let ops = IntCounterVec::new(
-        Opts::new("trainlet_store_operations_total", "Store requests served, by command."),
-        &["op"],
-    )?;
     let m = Metrics {
         workers_started: counter("trainlet_workers_started_total", "Worker processes started.")?,
         worker_exits: IntCounterVec::new(
@@ -99,11 +91,6 @@ fn build() -> Result<Metrics, prometheus::Error> {
             HistogramOpts::new("trainlet_rendezvous_duration_seconds", "Time this pod waited for a round to form.")
                 .buckets(vec![0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0]),
         )?,
-        store_connections: counter("trainlet_store_connections_total", "Store connections accepted.")?,
-        store_ops: crate::store::COMMAND_NAMES
-            .iter()
-            .map(|op| ops.get_metric_with_label_values(&[op]))
-            .collect::<Result<_, prometheus::Error>>()?,
         nvml_up: IntGauge::new("trainlet_gpu_nvml_up", "1 while the NVML sampling child reports, else 0.")?,
         utilization: gauge_vec("trainlet_gpu_utilization_ratio", "Fraction of the last sample period a kernel ran.")?,
         memory_used: gauge_vec("trainlet_gpu_memory_used_bytes", "GPU memory in use.")?,
@@ -122,8 +109,9 @@ fn build() -> Result<Metrics, prometheus::Error> {
     r.register(Box::new(m.worker_exits.clone()))?;
     r.register(Box::new(m.restarts.clone()))?;
     r.register(Box::new(m.rendezvous.clone()))?;
-    r.register(Box::new(m.store_connections.clone()))?;
-    r.register(Box::new(ops))?;
+    let store = crate::store::counters();
+    r.register(Box::new(store.connections.clone()))?;
+    r.register(Box::new(store.operations.clone()))?;
     r.register(Box::new(m.nvml_up.clone()))?;
     for g in [&m.utilization, &m.memory_used, &m.memory_total, &m.temperature] {
         r.register(Box::new(g.clone()))?;
@@ -141,14 +129,6 @@ pub fn global() -> &'static Metrics {
 }
 
 impl Metrics {
-    /// Count one store request, by its position in
-    /// [`crate::store::COMMAND_NAMES`].
-    pub fn store_op(&self, index: usize) {
-        if let Some(c) = self.store_ops.get(index) {
-            c.inc();
-        }
-    }
-
     /// Count a worker exit: its code, or 128+N for signal N.
     pub fn worker_exited(&self, exit: crate::sys::Exit) {
         let code = match exit {
@@ -382,7 +362,7 @@ mod tests {
         let m = global();
         m.workers_started.inc();
         m.worker_exited(crate::sys::Exit::Code(0));
-        m.store_op(1);
+        crate::store::counters().op(1);
         let text = m.render();
         for family in [
             "trainlet_workers_started_total",

@@ -21,44 +21,21 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{MpiArgs, StopWorkers};
-use crate::config::env as names;
-use crate::error_chain;
+use crate::env as names;
+use crate::error::error_chain;
 use crate::exit;
+use crate::process::reaper::Reaper;
+use crate::process::signals::{STOP as STOP_SIGNALS, SysEvent};
+use crate::process::spawn::{Spawner, StdioMode, WorkerSpec};
 use crate::ssh::argv::HostKeyCheck;
 use crate::ssh::client::{self, ConnectError, Retry, Target};
 use crate::ssh::hostfile::{self, Host};
 use crate::ssh::keys::{self, Pins};
 use crate::ssh::server::JOB_DONE;
-use crate::supervise::reaper::Reaper;
-use crate::supervise::signals::{STOP as STOP_SIGNALS, SysEvent};
-use crate::supervise::spawn::{Spawner, StdioMode, WorkerSpec};
 use crate::sys::{self, Exit};
 
 /// Where the Trainer / MPI Operator hostfile is mounted.
 pub const TRAINER_HOSTFILE: &str = "/etc/mpi/hostfile";
-
-/// The directory of the `ssh` link MPI launchers run: TRAINLET_AGENT_DIR,
-/// else `$TMPDIR/trainlet-bin`. The same path on every pod, since tree
-/// spawn passes it on the daemons' command lines.
-pub fn agent_dir() -> PathBuf {
-    std::env::var_os(names::TRAINLET_AGENT_DIR).map_or_else(|| std::env::temp_dir().join("trainlet-bin"), PathBuf::from)
-}
-
-/// Make `<agent_dir>/ssh` a link to this binary (atomically) and return it.
-pub fn agent_link() -> std::io::Result<PathBuf> {
-    let dir = agent_dir();
-    std::fs::create_dir_all(&dir)?;
-    let exe = std::env::current_exe()?;
-    let link = dir.join("ssh");
-    if std::fs::read_link(&link).is_ok_and(|t| t == exe) {
-        return Ok(link);
-    }
-    let tmp = dir.join(format!(".ssh.{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(&exe, &tmp)?;
-    std::fs::rename(&tmp, &link)?;
-    Ok(link)
-}
 
 /// The real `name` (`mpirun`, `mpiexec`) when trainlet answers to that
 /// name through a symlink: `TRAINLET_MPIRUN`, else the first `name` on
@@ -265,7 +242,7 @@ fn mpi_env(
     }
     set(names::TRAINLET_SSH_DIR, key_dir.display().to_string());
     set(names::TRAINLET_SSH_PORT, port.to_string());
-    let dir = agent_dir().display().to_string();
+    let dir = crate::ssh::local::agent_dir().display().to_string();
     set("PATH", get("PATH").map_or(dir.clone(), |p| format!("{dir}:{p}")));
     env
 }
@@ -347,9 +324,14 @@ pub async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Can
         Ok(s) => s,
         Err(e) => return fail(e),
     };
-    let agent = match agent_link() {
+    let agent = match crate::ssh::local::agent_link() {
         Ok(a) => a,
-        Err(e) => return fail(format!("cannot create the ssh agent link in {}: {e}", agent_dir().display())),
+        Err(e) => {
+            return fail(format!(
+                "cannot create the ssh agent link in {}: {e}",
+                crate::ssh::local::agent_dir().display()
+            ));
+        }
     };
     let work = std::env::temp_dir().join(format!("trainlet-mpi-{}", std::process::id()));
     // Both forms, so whichever MPI family mpirun is reads a file it parses.
@@ -364,7 +346,7 @@ pub async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Can
     let pins = Arc::new(Pins::load(&key_dir, identities.iter().map(|k| k.public_key()), None));
     let check = std::env::var(names::TRAINLET_SSH_HOST_KEY_CHECKING)
         .map_or(HostKeyCheck::Strict, |v| HostKeyCheck::from_setting(&v));
-    let user = crate::sshd::local_account().0;
+    let user = crate::ssh::local::local_account().0;
     let identities: Vec<_> = identities.into_iter().map(Arc::new).collect();
     let (own, interfaces) = (sys::hostname(), sys::interface_addresses());
     let targets: Vec<Target> = source

@@ -14,12 +14,12 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::SshdArgs;
-use crate::error_chain;
+use crate::error::error_chain;
+use crate::process::reaper::Reaper;
+use crate::process::signals::{STOP, SysEvent};
+use crate::process::spawn::{SpawnError, Spawner, StdioMode, WorkerSpec};
 use crate::ssh::keys;
 use crate::ssh::server::{self, Account, Ended, ExecRequest, Processes, ServerConfig, Started};
-use crate::supervise::reaper::Reaper;
-use crate::supervise::signals::{STOP, SysEvent};
-use crate::supervise::spawn::{SpawnError, Spawner, StdioMode, WorkerSpec};
 use crate::{exit, sys};
 
 /// [`Processes`] on the one spawner thread and the one reaper.
@@ -64,24 +64,12 @@ impl Processes for Spawning {
     }
 }
 
-/// Our account: the password database, else HOME/USER/SHELL from the env
-/// (arbitrary uids have no entry), else `/` and `/bin/sh`.
-pub fn local_account() -> (String, PathBuf, PathBuf) {
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let (name, home, shell) = sys::current_user().map_or((None, None, None), |(n, h, s)| (Some(n), Some(h), Some(s)));
-    let name =
-        name.or_else(|| env("USER")).unwrap_or_else(|| if sys::is_root() { "root".into() } else { "trainlet".into() });
-    let home = env("HOME").map(PathBuf::from).or(home).unwrap_or_else(|| PathBuf::from("/"));
-    let shell = shell.filter(|s| s.is_file()).unwrap_or_else(|| PathBuf::from("/bin/sh"));
-    (name, home, shell)
-}
-
 fn load(args: &SshdArgs) -> Result<ServerConfig, String> {
     let dir = keys::key_dir(args.ssh_dir.as_deref(), std::env::var("HOME").ok().as_deref());
     let (host_path, host_key) = keys::load_host_key(&dir, args.host_key.as_deref()).map_err(|e| error_chain(&e))?;
     let ak = args.authorized_keys.clone().unwrap_or_else(|| dir.join("authorized_keys"));
     let authorized = keys::load_authorized(&ak).map_err(|e| error_chain(&e))?;
-    let (name, home, shell) = local_account();
+    let (name, home, shell) = crate::ssh::local::local_account();
     let allowed_users = if sys::is_root() {
         let mut v = vec!["root".to_string()];
         v.extend(args.allow_users.iter().cloned());
@@ -136,11 +124,10 @@ pub fn args_from_sshd(argv: &[String]) -> Result<SshdArgs, String> {
         cfg.apply_file(&text, &file.display().to_string()).map_err(|e| e.to_string())?;
     }
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let (user, home, _) = local_account();
+    let (user, home, _) = crate::ssh::local::local_account();
     // sshd's own default port is 22; MPI images configure 2222.
-    let port =
-        cfg.port.or_else(|| env(crate::config::env::TRAINLET_SSH_PORT).and_then(|p| p.parse().ok())).unwrap_or(22);
-    let ssh_dir = env(crate::config::env::TRAINLET_SSH_DIR)
+    let port = cfg.port.or_else(|| env(crate::env::TRAINLET_SSH_PORT).and_then(|p| p.parse().ok())).unwrap_or(22);
+    let ssh_dir = env(crate::env::TRAINLET_SSH_DIR)
         .map(PathBuf::from)
         .or_else(|| cfg.host_key.as_ref().and_then(|k| k.parent().map(std::path::Path::to_path_buf)));
     Ok(SshdArgs {
@@ -168,7 +155,7 @@ pub async fn run(args: SshdArgs, events: UnboundedReceiver<SysEvent>, cancel: Ca
     };
     // Tree spawn: daemons on this worker run the same agent path the
     // launcher uses; users' own `ssh` calls in ranks find trainlet's too.
-    match crate::mpi::agent_link() {
+    match crate::ssh::local::agent_link() {
         Ok(link) => config.path_prefix = link.parent().map(std::path::Path::to_path_buf),
         Err(e) => {
             tracing::warn!(error = %e, "cannot create the ssh agent link; tree-spawned launches from this worker will fail")

@@ -5,14 +5,14 @@
 //! `trainlet doctor` can say. Resolution reads files only to find GPUs and
 //! executables on PATH; it never touches the network.
 
-pub mod env;
 mod resolve;
+pub mod rules;
 
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use env::Env;
+pub use crate::env::Env;
 pub use resolve::Streams;
 
 use crate::store::Endpoint;
@@ -32,7 +32,7 @@ pub enum Error {
     },
     /// The failure policy file or a rule flag is bad.
     #[error(transparent)]
-    Policy(#[from] crate::supervise::rules::RuleError),
+    Policy(#[from] crate::config::rules::RuleError),
     /// A torchrun option or setting trainlet does not implement yet.
     #[error("{what} is not supported by trainlet yet: {hint}")]
     Unsupported {
@@ -47,31 +47,6 @@ pub enum Error {
     /// The GPU inventory (sysfs/procfs) could not be read.
     #[error("cannot list this pod's GPUs")]
     Gpu(#[from] crate::gpu::GpuError),
-}
-
-/// GPUs, binding and pre-flight checks.
-#[derive(Debug, Clone)]
-pub struct GpuPlan {
-    /// Root of the sysfs/procfs tree the inventory reads (`/` in production).
-    pub root: PathBuf,
-    /// The GPUs workers may use, in CUDA order.
-    pub gpus: Vec<crate::gpu::Gpu>,
-    /// `--pin`.
-    pub pin: crate::gpu::PinMode,
-    /// `--gpu-visibility`.
-    pub visibility: crate::gpu::Visibility,
-    /// CUDA_DEVICE_ORDER is the user's: trainlet does not set it.
-    pub user_order: bool,
-    /// `--preflight`.
-    pub checks: Vec<crate::gpu::preflight::Check>,
-    /// What the checks expect.
-    pub expect: crate::gpu::preflight::Expect,
-    /// Bound on one NVML probe.
-    pub nvml_timeout: Duration,
-    /// `--nic-hint`.
-    pub nic_hint: bool,
-    /// `--metrics-addr`.
-    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Where a resolved value came from.
@@ -161,7 +136,7 @@ pub struct Plan {
     /// Memory budget of the stores this pod serves, in bytes.
     pub store_memory: u64,
     /// The failure policy.
-    pub rules: crate::supervise::rules::Rules,
+    pub rules: crate::config::rules::Rules,
     /// Log directory given by the user (files are written for every rank).
     pub log_dir: Option<PathBuf>,
     /// Streams written to files only.
@@ -177,7 +152,7 @@ pub struct Plan {
     /// `OMP_NUM_THREADS` to give workers when it is unset (1 if nproc > 1).
     pub omp_default: Option<String>,
     /// GPUs, binding and pre-flight checks.
-    pub gpu: GpuPlan,
+    pub gpu: crate::gpu::GpuPlan,
     /// (setting, value, source) for `trainlet doctor`.
     pub provenance: Vec<(&'static str, String, Source)>,
 }

@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::env::{self, Env};
 use super::{Entrypoint, Error, Plan, Source};
 use crate::cli::RunArgs;
+use crate::env::{self, Env};
 use crate::store::Endpoint;
 
 /// Default store port (torchrun's `--master-port`, Trainer's PET_MASTER_PORT).
@@ -582,7 +582,7 @@ impl Plan {
         let checkpoint_signal = match l.value {
             None => None,
             Some(v) => Some(
-                crate::supervise::rules::parse_signal_name(v)
+                crate::config::rules::parse_signal_name(v)
                     .ok_or_else(|| invalid(&l.origin(), v, "a signal name such as SIGUSR1"))?,
             ),
         };
@@ -612,14 +612,11 @@ impl Plan {
         let l = lookup(args.policy.as_ref().and_then(|p| p.to_str()), "--policy", env, &[env::TRAINLET_POLICY]);
         let file_rules = match l.value {
             None => Vec::new(),
-            Some(path) => crate::supervise::rules::Rules::load(std::path::Path::new(path))?,
+            Some(path) => crate::config::rules::Rules::load(std::path::Path::new(path))?,
         };
-        let flag_rules = args
-            .on_exit
-            .iter()
-            .map(|r| crate::supervise::rules::Rules::parse_flag(r))
-            .collect::<Result<Vec<_>, _>>()?;
-        let rules = crate::supervise::rules::Rules::new(flag_rules, file_rules);
+        let flag_rules =
+            args.on_exit.iter().map(|r| crate::config::rules::Rules::parse_flag(r)).collect::<Result<Vec<_>, _>>()?;
+        let rules = crate::config::rules::Rules::new(flag_rules, file_rules);
         prov.push(("failure policy", rules.describe(), l.source));
 
         let gpu = resolve_gpu(args, env, root, gpus, nproc, &mut prov)?;
@@ -671,7 +668,7 @@ fn resolve_gpu(
     gpus: Vec<crate::gpu::Gpu>,
     nproc: u32,
     prov: &mut Vec<(&'static str, String, Source)>,
-) -> Result<super::GpuPlan, Error> {
+) -> Result<crate::gpu::GpuPlan, Error> {
     use crate::gpu::preflight::{Check, Expect};
     use crate::gpu::{PinMode, Visibility};
     let pin = match (&args.numa_binding, args.pin.as_deref()) {
@@ -739,7 +736,7 @@ fn resolve_gpu(
     if nic_hint {
         prov.push(("nic hint", "on".into(), src));
     }
-    Ok(super::GpuPlan {
+    Ok(crate::gpu::GpuPlan {
         root,
         expect: Expect { nproc, assign: pin.0 != PinMode::None, gpus: expect_gpus, mig },
         gpus,
@@ -909,7 +906,7 @@ mod tests {
         assert_eq!(p.restart_backoff, Duration::from_secs(2));
         assert_eq!(p.checkpoint_signal, Some(libc::SIGUSR1));
         assert_eq!(p.checkpoint_timeout, Duration::from_secs(5), "capped at half the grace period");
-        assert_eq!(p.rules.action(crate::sys::Exit::Code(3)), crate::supervise::rules::RuleAction::Fail);
+        assert_eq!(p.rules.action(crate::sys::Exit::Code(3)), crate::config::rules::RuleAction::Fail);
         let d = p.describe();
         assert!(d.contains("2:4") && d.contains("3=fail") && d.contains("SIGUSR1"), "{d}");
     }

@@ -11,7 +11,6 @@
 //! Nothing here starts a process or changes an affinity; the spawner applies
 //! the plan.
 
-pub mod cpuset;
 pub mod nvml;
 pub mod plan;
 pub mod preflight;
@@ -21,10 +20,11 @@ pub mod visible;
 
 use std::path::{Path, PathBuf};
 
-pub use cpuset::CpuSet;
+pub use crate::process::CpuSet;
 pub use plan::{PinMode, Topology, Visibility};
+pub use setup::GpuPlan;
 
-use crate::config::env::{self, Env};
+use crate::env::{self, Env};
 
 /// One NVIDIA GPU of this pod.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,7 +18,7 @@ use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSe
 use nvml_wrapper::error::NvmlError;
 use serde::{Deserialize, Serialize};
 
-use crate::supervise::spawn::{Spawned, Spawner, WorkerSpec};
+use crate::process::spawn::{Spawned, Spawner, WorkerSpec};
 
 /// One GPU as NVML sees it. A field is None when the GPU or driver does not
 /// support the query.
@@ -210,7 +210,7 @@ impl Probe {
             });
         }
         // The agent's own helper: round-end sweeps spare it.
-        crate::supervise::sweep::keep(sp.pid);
+        crate::process::sweep::keep(sp.pid);
         Self { pid: sp.pid, lines, stderr }
     }
 
@@ -237,13 +237,13 @@ impl Probe {
     /// SIGKILL its process group.
     pub fn kill(&self) {
         crate::sys::signal_group(self.pid, libc::SIGKILL);
-        crate::supervise::sweep::release(self.pid);
+        crate::process::sweep::release(self.pid);
     }
 }
 
 impl Drop for Probe {
     fn drop(&mut self) {
-        crate::supervise::sweep::release(self.pid);
+        crate::process::sweep::release(self.pid);
     }
 }
 

@@ -3,13 +3,39 @@
 //! and the topology table doctor prints.
 
 use std::fmt::Write;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use super::nvml::{self, Report};
 use super::plan::{self, RankPlacement};
 use super::preflight::{self, Status, Verdict};
 use super::{PinMode, Topology};
-use crate::config::GpuPlan;
-use crate::supervise::spawn::Spawner;
+use crate::process::spawn::Spawner;
+
+/// GPUs, binding and pre-flight checks.
+#[derive(Debug, Clone)]
+pub struct GpuPlan {
+    /// Root of the sysfs/procfs tree the inventory reads (`/` in production).
+    pub root: PathBuf,
+    /// The GPUs workers may use, in CUDA order.
+    pub gpus: Vec<super::Gpu>,
+    /// `--pin`.
+    pub pin: PinMode,
+    /// `--gpu-visibility`.
+    pub visibility: super::Visibility,
+    /// CUDA_DEVICE_ORDER is the user's: trainlet does not set it.
+    pub user_order: bool,
+    /// `--preflight`.
+    pub checks: Vec<super::preflight::Check>,
+    /// What the checks expect.
+    pub expect: super::preflight::Expect,
+    /// Bound on one NVML probe.
+    pub nvml_timeout: Duration,
+    /// `--nic-hint`.
+    pub nic_hint: bool,
+    /// `--metrics-addr`.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+}
 
 /// Pre-flight checks of `g`, with the NVML report they used (or why there
 /// is none). The probe runs only when there are GPUs and a check needs it.
@@ -60,7 +86,7 @@ pub fn placements(g: &GpuPlan, nproc: u32) -> (Vec<RankPlacement>, Option<Topolo
         match super::topology(&g.root) {
             Ok(t) => Some(t),
             Err(e) => {
-                tracing::warn!(error = %crate::store::error_chain(&e), "cannot read the CPU topology; GPUs are assigned but CPUs are not bound");
+                tracing::warn!(error = %crate::error::error_chain(&e), "cannot read the CPU topology; GPUs are assigned but CPUs are not bound");
                 None
             }
         }

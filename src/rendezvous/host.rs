@@ -32,7 +32,7 @@ pub async fn serve_rounds(addr: SocketAddr, base: String, timing: Timing, serve:
     tokio::select! {
         () = cancel.cancelled() => {}
         Err(e) = rounds(addr, &base, timing, &serve) => {
-            tracing::debug!(error = %crate::store::error_chain(&e), "round service stopped");
+            tracing::debug!(error = %crate::error::error_chain(&e), "round service stopped");
         }
     }
 }
@@ -50,7 +50,7 @@ async fn rounds(addr: SocketAddr, base: &str, timing: Timing, serve: &ServeFn) -
                 tracing::debug!(round, port, "serving the round's worker store");
                 stores.push_back(s);
             }
-            Err(e) => tracing::error!(round, error = %crate::store::error_chain(&e), "cannot serve a worker store"),
+            Err(e) => tracing::error!(round, error = %crate::error::error_chain(&e), "cannot serve a worker store"),
         }
         while stores.len() > 2 {
             if let Some(old) = stores.pop_front() {

@@ -326,7 +326,7 @@ pub async fn run(args: SshArgs, env: ClientEnv) -> u8 {
     for p in &paths {
         match keys::load_private(p) {
             Ok(k) => identities.push(Arc::new(k)),
-            Err(e) => eprintln!("trainlet ssh: {}", crate::error_chain(&e)),
+            Err(e) => eprintln!("trainlet ssh: {}", crate::error::error_chain(&e)),
         }
     }
     if identities.is_empty() {

@@ -7,8 +7,8 @@
 //! command's process group to its channel; the client retries connect and
 //! auth for a bounded time and pins host keys instead of trusting on first
 //! use. This module starts no process and waits for none: the server asks a
-//! [`server::Processes`] (wired by `crate::sshd` to the one spawner thread
-//! and the one reaper) and the launcher flow lives in `crate::mpi`.
+//! [`server::Processes`] (wired by `trainlet sshd` to the one spawner
+//! thread and the one reaper) and the launcher flow lives in `trainlet mpi`.
 //! `ssh` does not import `store` or `supervise`.
 
 pub mod algorithms;
@@ -17,6 +17,7 @@ pub mod client;
 pub mod hostfile;
 pub mod keygen;
 pub mod keys;
+pub mod local;
 pub mod server;
 pub mod sshd_config;
 

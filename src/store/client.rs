@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::wire::{Command, MAGIC, MAX_VALUE_LEN};
+use crate::error::error_chain;
 
 /// A store address as the user wrote it: host name or IP, and port.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -295,8 +296,6 @@ async fn connect_retrying(
         backoff = (backoff * 3 / 2).min(Duration::from_secs(2));
     }
 }
-
-pub use crate::error_chain;
 
 impl Client {
     /// The server's address.

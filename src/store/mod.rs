@@ -30,8 +30,8 @@ mod state;
 mod wire;
 
 pub use budget::{MIN_BUDGET, default_budget, parse_size};
-pub use client::{Client, ClientError, Endpoint, connect_quietly, connect_with_retry, error_chain};
-pub use server::{COMMAND_NAMES, ServerError, StoreLoop, StoreServer, bind_listener};
+pub use client::{Client, ClientError, Endpoint, connect_quietly, connect_with_retry};
+pub use server::{COMMAND_NAMES, Counters, ServerError, StoreLoop, StoreServer, bind_listener, counters};
 pub use state::{Budget, ENTRY_OVERHEAD, State};
 pub use wire::{
     Command, DecodeError, Invalid, MAGIC, MAX_FRAME_LEN, MAX_KEY_COUNT, MAX_KEY_LEN, MAX_VALUE_LEN, Scanner,

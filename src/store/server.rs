@@ -158,7 +158,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, cancel: Cancellat
         match accepted {
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(5);
-                crate::metrics::global().store_connections.inc();
+                counters().connections.inc();
                 // TCP_NODELAY comes from the listener (see `sys::tune_listener`).
                 conns.spawn(serve_conn(stream, peer, Arc::clone(&state), Arc::clone(&warnings), cancel.clone()));
             }
@@ -313,7 +313,7 @@ async fn serve_conn(
                         conn_warn!(warnings, %peer, first = ?short(&cmd), "store connection did not start with VALIDATE; closing");
                         return;
                     }
-                    crate::metrics::global().store_op(command_index(&cmd));
+                    counters().op(command_index(&cmd));
                     match state.apply(id, cmd, &mut out) {
                         Ok(reply) => charge += reply,
                         Err(e @ ExecError::Full { .. }) => {
@@ -347,6 +347,53 @@ async fn serve_conn(
             return;
         }
     }
+}
+
+/// The store's counters, kept here and registered by [`crate::metrics`]
+/// (which serves them): `trainlet_store_connections_total` and
+/// `trainlet_store_operations_total{op}`, one per [`COMMAND_NAMES`] entry.
+#[derive(Debug)]
+pub struct Counters {
+    /// Connections accepted.
+    pub connections: prometheus::IntCounter,
+    /// Requests served, by command (the family).
+    pub operations: prometheus::IntCounterVec,
+    /// Its members, by position in [`COMMAND_NAMES`].
+    by_command: Vec<prometheus::IntCounter>,
+}
+
+impl Counters {
+    fn build() -> Result<Self, prometheus::Error> {
+        let operations = prometheus::IntCounterVec::new(
+            prometheus::Opts::new("trainlet_store_operations_total", "Store requests served, by command."),
+            &["op"],
+        )?;
+        let by_command =
+            COMMAND_NAMES.iter().map(|op| operations.get_metric_with_label_values(&[op])).collect::<Result<_, _>>()?;
+        Ok(Self {
+            connections: prometheus::IntCounter::new(
+                "trainlet_store_connections_total",
+                "Store connections accepted.",
+            )?,
+            operations,
+            by_command,
+        })
+    }
+
+    /// Count one request, by its position in [`COMMAND_NAMES`].
+    pub fn op(&self, index: usize) {
+        if let Some(c) = self.by_command.get(index) {
+            c.inc();
+        }
+    }
+}
+
+/// The process's store counters (created on first use).
+pub fn counters() -> &'static Counters {
+    static C: std::sync::OnceLock<Counters> = std::sync::OnceLock::new();
+    // Constant names and labels that prometheus accepts; a failure here is
+    // a programming error caught by every test.
+    C.get_or_init(|| Counters::build().expect("valid store metric definitions"))
 }
 
 /// Every name [`short`] gives, in one place (metrics label by them).

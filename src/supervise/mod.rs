@@ -13,12 +13,7 @@
 //! attempt ends only when the policy says no worker is left, after which
 //! leftover process groups are killed and output drains get a bounded wait.
 
-pub mod oom;
 pub mod output;
 pub mod policy;
-pub mod reaper;
 pub mod report;
-pub mod rules;
-pub mod signals;
-pub mod spawn;
-pub mod sweep;
+pub mod worker;

@@ -24,7 +24,7 @@
 
 use std::collections::BTreeSet;
 
-use super::rules::{RuleAction, Rules};
+use crate::config::rules::{RuleAction, Rules};
 use crate::sys::Exit;
 
 /// How the job's current round ended, as published in the store.

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::rules::RuleAction;
+use crate::config::rules::RuleAction;
 use crate::sys::Exit;
 
 /// One worker failure, as shared between pods.

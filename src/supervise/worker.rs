@@ -1,0 +1,74 @@
+//! A torch worker's environment, exactly torchrun's (reference/torch.md
+//! 3.2), and its argument macros. The process itself is started by
+//! [`crate::process::spawn`], which knows nothing of torch.
+
+use crate::env as names;
+use crate::sys;
+
+/// What one attempt's workers on this pod have in common.
+#[derive(Debug, Clone)]
+pub struct WorldView<'a> {
+    /// The resolved plan.
+    pub plan: &'a crate::config::Plan,
+    /// Address workers dial for their store.
+    pub master_addr: &'a str,
+    /// Port of this attempt's worker store.
+    pub master_port: u16,
+    /// Job-wide restarts so far (TORCHELASTIC_RESTART_COUNT).
+    pub restarts: u32,
+    /// This pod's group rank in the round.
+    pub group_rank: u32,
+    /// Pods in the round.
+    pub nnodes: u32,
+}
+
+/// The environment torchrun gives a worker (reference/torch.md 3.2), on top
+/// of the inherited one. `error_file` is its TORCHELASTIC_ERROR_FILE.
+pub fn worker_env(
+    w: &WorldView<'_>,
+    local_rank: u32,
+    error_file: &str,
+    inherited: &names::Env,
+) -> Vec<(String, String)> {
+    let p = w.plan;
+    let rank = w.group_rank * p.nproc + local_rank;
+    let world = w.nnodes * p.nproc;
+    let mut env: Vec<(String, String)> = [
+        ("RANK", rank.to_string()),
+        ("LOCAL_RANK", local_rank.to_string()),
+        ("GROUP_RANK", w.group_rank.to_string()),
+        ("ROLE_RANK", rank.to_string()),
+        ("ROLE_NAME", p.role.clone()),
+        ("LOCAL_WORLD_SIZE", p.nproc.to_string()),
+        ("WORLD_SIZE", world.to_string()),
+        ("GROUP_WORLD_SIZE", w.nnodes.to_string()),
+        ("ROLE_WORLD_SIZE", world.to_string()),
+        ("MASTER_ADDR", w.master_addr.to_string()),
+        ("MASTER_PORT", w.master_port.to_string()),
+        ("TORCHELASTIC_RESTART_COUNT", w.restarts.to_string()),
+        ("TORCHELASTIC_MAX_RESTARTS", p.max_restarts.to_string()),
+        ("TORCHELASTIC_RUN_ID", p.run_id.clone()),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True".to_string()),
+        (names::TORCHELASTIC_ERROR_FILE, error_file.to_string()),
+        (
+            names::TORCH_NCCL_ASYNC_ERROR_HANDLING,
+            inherited.get(names::TORCH_NCCL_ASYNC_ERROR_HANDLING).unwrap_or("1").to_string(),
+        ),
+        (
+            names::TORCHELASTIC_SIGNALS_TO_HANDLE,
+            p.stop_signals.iter().map(|s| sys::signal_name(*s)).collect::<Vec<_>>().join(","),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    if let Some(omp) = &p.omp_default {
+        env.push((names::OMP_NUM_THREADS.to_string(), omp.clone()));
+    }
+    env
+}
+
+/// Substitute torchrun's `${local_rank}` macro in worker arguments.
+pub fn substitute(args: &[String], local_rank: u32) -> Vec<String> {
+    args.iter().map(|a| a.replace("${local_rank}", &local_rank.to_string())).collect()
+}
