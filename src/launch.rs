@@ -36,7 +36,27 @@ use crate::supervise::policy::{
 use crate::supervise::report::{Failure, Report, RoundRecord, fatal_root, root_cause};
 use crate::supervise::worker::{WorldView, substitute, worker_env};
 use crate::sys::{self, Exit};
-use crate::{Error, Result};
+
+/// Why `trainlet run` could not run the job to an outcome of its own
+/// (`crate::cmd` maps each to its exit code).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad flags or env.
+    #[error(transparent)]
+    Config(#[from] crate::config::Error),
+    /// The store could not be served.
+    #[error(transparent)]
+    Store(#[from] crate::store::ServerError),
+    /// The rendezvous failed.
+    #[error(transparent)]
+    Rendezvous(#[from] crate::rendezvous::Error),
+    /// An OS call trainlet depends on failed.
+    #[error("operating system call failed")]
+    Os(#[source] std::io::Error),
+}
+
+/// Result of the launch flow.
+pub type Result<T> = std::result::Result<T, Error>;
 
 /// How long output drains may lag behind the last worker exit.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
@@ -420,7 +440,7 @@ async fn reconnect(
         }
         Ok(Err(e)) => {
             tracing::error!(error = %crate::error::error_chain(&e), "the store host did not come back before the join deadline");
-            Err(u8::from(&Error::from(e)).max(exit::PEER_LOST))
+            Err(e.exit_code().max(exit::PEER_LOST))
         }
         Err(sig) => Err(exit::for_signal(sig)),
     }

@@ -24,6 +24,7 @@
 //! and `ssh` do not import each other.
 
 pub mod cli;
+pub mod cmd;
 pub mod config;
 pub mod env;
 pub mod error;
@@ -37,43 +38,6 @@ pub mod progress;
 pub mod ratelimit;
 pub mod rendezvous;
 pub mod ssh;
-pub mod sshd;
-pub mod stop;
 pub mod store;
 pub mod supervise;
 pub mod sys;
-
-/// Every error that can end trainlet, aggregated once.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// Bad flags or env.
-    #[error(transparent)]
-    Config(#[from] config::Error),
-    /// The store could not be served.
-    #[error(transparent)]
-    Store(#[from] store::ServerError),
-    /// The rendezvous failed.
-    #[error(transparent)]
-    Rendezvous(#[from] rendezvous::Error),
-    /// An OS call trainlet depends on failed.
-    #[error("operating system call failed")]
-    Os(#[source] std::io::Error),
-}
-
-/// Result alias for this crate.
-pub type Result<T> = std::result::Result<T, Error>;
-
-impl From<&Error> for u8 {
-    fn from(e: &Error) -> u8 {
-        match e {
-            Error::Config(_) | Error::Store(_) => exit::CONFIG,
-            Error::Rendezvous(r) => match r {
-                rendezvous::Error::Unreachable(_) | rendezvous::Error::Timeout { .. } => exit::RENDEZVOUS_TIMEOUT,
-                rendezvous::Error::Mismatch(_) | rendezvous::Error::Duplicate { .. } => exit::CONFIG,
-                rendezvous::Error::Lost { .. } => exit::PEER_LOST,
-                rendezvous::Error::Stale { .. } => exit::STALE_ATTEMPT,
-            },
-            Error::Os(_) => exit::INTERNAL,
-        }
-    }
-}

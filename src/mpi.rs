@@ -1,7 +1,8 @@
-//! The flow of `trainlet mpi -- mpirun ...` (MPI launcher role): find the
-//! hosts, wait until every one answers the SSH handshake, point the MPI
-//! implementation at trainlet's client, run mpirun under supervision, and
-//! tell the workers' `trainlet sshd` when the job is done.
+//! What the MPI launcher role needs to know, apart from its flow
+//! (`trainlet mpi`, in `cmd/mpi.rs`): where the hosts are (hostfiles,
+//! mpirun's own arguments, the Trainer torch env), which of them is this
+//! pod, which `mpirun` is the real one, and the environment that points
+//! every MPI family at trainlet's ssh client.
 //!
 //! mpirun's environment gets the remote-shell settings of every MPI family
 //! at once, since they are namespaced and each reads only its own
@@ -13,26 +14,11 @@
 //! workers need no client key (reference/mpi.md 7).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::sync::mpsc::UnboundedReceiver;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-
-use crate::cli::{MpiArgs, StopWorkers};
+use crate::cli::MpiArgs;
 use crate::env as names;
 use crate::error::error_chain;
-use crate::exit;
-use crate::process::reaper::Reaper;
-use crate::process::signals::{STOP as STOP_SIGNALS, SysEvent};
-use crate::process::spawn::{Spawner, StdioMode, WorkerSpec};
-use crate::ssh::argv::HostKeyCheck;
-use crate::ssh::client::{self, ConnectError, Retry, Target};
 use crate::ssh::hostfile::{self, Host};
-use crate::ssh::keys::{self, Pins};
-use crate::ssh::server::JOB_DONE;
-use crate::sys::{self, Exit};
 
 /// Where the Trainer / MPI Operator hostfile is mounted.
 pub const TRAINER_HOSTFILE: &str = "/etc/mpi/hostfile";
@@ -102,7 +88,7 @@ fn hosts_in_command(cmd: &[String]) -> Option<Result<Vec<Host>, String>> {
 /// in the hostfile)? As Open MPI decides: the name is ours or `localhost`,
 /// or it resolves to an address of one of our interfaces. mpirun starts
 /// that node's processes itself, so it needs no SSH server.
-fn is_local(host: &str, own_name: Option<&str>, interfaces: &[std::net::IpAddr]) -> bool {
+pub fn is_local(host: &str, own_name: Option<&str>, interfaces: &[std::net::IpAddr]) -> bool {
     // A pod's hostname is the first label of its FQDN in the hostfile.
     let first = |n: &str| n.split('.').next().map(str::to_string);
     let named = host.parse::<std::net::IpAddr>().is_err();
@@ -115,14 +101,18 @@ fn is_local(host: &str, own_name: Option<&str>, interfaces: &[std::net::IpAddr])
 
 /// How the hosts were found.
 #[derive(Debug)]
-struct HostSource {
-    hosts: Vec<Host>,
+pub struct HostSource {
+    /// The hosts, in order.
+    pub hosts: Vec<Host>,
     /// mpirun's own arguments name the hosts: no hostfile is handed over.
-    from_command: bool,
-    what: String,
+    pub from_command: bool,
+    /// Where they came from, for logs.
+    pub what: String,
 }
 
-fn find_hosts(args: &MpiArgs) -> Result<HostSource, String> {
+/// The hosts of the job: `--hostfile`, else the hosts mpirun's own
+/// arguments name, else the Trainer hostfile, else the Trainer torch env.
+pub fn find_hosts(args: &MpiArgs) -> Result<HostSource, String> {
     if let Some(found) = hosts_in_command(&args.command) {
         return Ok(HostSource { hosts: found?, from_command: true, what: "mpirun's arguments".into() });
     }
@@ -175,7 +165,7 @@ fn pet_hosts(master: Option<&str>, nnodes: Option<&str>, slots: Option<u32>) -> 
 }
 
 /// Write the hostfiles mpirun reads (Open MPI and hydra forms) into `dir`.
-fn write_hostfiles(dir: &Path, hosts: &[Host]) -> std::io::Result<(PathBuf, PathBuf)> {
+pub fn write_hostfiles(dir: &Path, hosts: &[Host]) -> std::io::Result<(PathBuf, PathBuf)> {
     std::fs::create_dir_all(dir)?;
     let ompi = dir.join("hostfile");
     let hydra = dir.join("hostfile.hydra");
@@ -185,7 +175,7 @@ fn write_hostfiles(dir: &Path, hosts: &[Host]) -> std::io::Result<(PathBuf, Path
 }
 
 /// The remote-shell environment for mpirun (see the module doc).
-fn mpi_env(
+pub fn mpi_env(
     agent: &Path,
     key_dir: &Path,
     port: u16,
@@ -245,261 +235,6 @@ fn mpi_env(
     let dir = crate::ssh::local::agent_dir().display().to_string();
     set("PATH", get("PATH").map_or(dir.clone(), |p| format!("{dir}:{p}")));
     env
-}
-
-/// Probe every host until it completes the SSH handshake (host key pinned,
-/// key accepted); returns the failures when the deadline passes.
-async fn wait_ready(targets: &[Target], deadline: Instant) -> Vec<(String, ConnectError)> {
-    let started = Instant::now();
-    let probes = targets.iter().cloned().map(|t| async move {
-        let retry = Retry { until: deadline, attempts: 1, connect_timeout: Duration::from_secs(10) };
-        match client::connect(&t, retry, |_, _| {}).await {
-            Ok(h) => {
-                tracing::info!(host = %t.host, after_ms = started.elapsed().as_millis(), "host ready");
-                let _ = h.disconnect(russh::Disconnect::ByApplication, "", "en").await;
-                None
-            }
-            Err(e) => Some((t.host.clone(), e)),
-        }
-    });
-    futures_join(probes).await.into_iter().flatten().collect()
-}
-
-async fn futures_join<F: std::future::Future + Send + 'static>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
-where
-    F::Output: Send + 'static,
-{
-    let handles: Vec<_> = futs.map(tokio::spawn).collect();
-    let mut out = Vec::with_capacity(handles.len());
-    for h in handles {
-        if let Ok(v) = h.await {
-            out.push(v);
-        }
-    }
-    out
-}
-
-/// Tell every worker's server that the job is done (bounded, best effort).
-async fn stop_workers(targets: &[Target]) {
-    let jobs = targets.iter().cloned().map(|t| async move {
-        let retry = Retry {
-            until: Instant::now() + Duration::from_secs(10),
-            attempts: 1,
-            connect_timeout: Duration::from_secs(5),
-        };
-        let result = match client::connect(&t, retry, |_, _| {}).await {
-            Ok(h) => {
-                let r = client::exec(&h, JOB_DONE, None, &mut std::io::sink(), &mut std::io::sink()).await;
-                let _ = h.disconnect(russh::Disconnect::ByApplication, "", "en").await;
-                r.map_err(|e| e.to_string())
-            }
-            Err(e) => Err(e.to_string()),
-        };
-        if let Err(e) = result {
-            tracing::warn!(host = %t.host, error = %e, "could not tell the worker the job is done");
-        }
-    });
-    futures_join(jobs).await;
-}
-
-/// Run `trainlet mpi`; returns the exit code.
-pub async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> u8 {
-    let fail = |msg: String| {
-        eprintln!("trainlet: error: {msg}");
-        exit::CONFIG
-    };
-    let key_dir = keys::key_dir(args.ssh_dir.as_deref(), std::env::var("HOME").ok().as_deref());
-    let identities: Vec<_> = match keys::default_identities(&key_dir).iter().map(|p| keys::load_private(p)).collect() {
-        Ok(v) => v,
-        Err(e) => return fail(error_chain(&e)),
-    };
-    if identities.is_empty() {
-        return fail(format!(
-            "no SSH identity in {}: mount the job's SSH Secret there (sshAuthMountPath) or set {}",
-            key_dir.display(),
-            names::TRAINLET_SSH_DIR
-        ));
-    }
-    let source = match find_hosts(&args) {
-        Ok(s) => s,
-        Err(e) => return fail(e),
-    };
-    let agent = match crate::ssh::local::agent_link() {
-        Ok(a) => a,
-        Err(e) => {
-            return fail(format!(
-                "cannot create the ssh agent link in {}: {e}",
-                crate::ssh::local::agent_dir().display()
-            ));
-        }
-    };
-    let work = std::env::temp_dir().join(format!("trainlet-mpi-{}", std::process::id()));
-    // Both forms, so whichever MPI family mpirun is reads a file it parses.
-    let files = if source.from_command {
-        None
-    } else {
-        match write_hostfiles(&work, &source.hosts) {
-            Ok(f) => Some(f),
-            Err(e) => return fail(format!("cannot write hostfiles in {}: {e}", work.display())),
-        }
-    };
-    let pins = Arc::new(Pins::load(&key_dir, identities.iter().map(|k| k.public_key()), None));
-    let check = std::env::var(names::TRAINLET_SSH_HOST_KEY_CHECKING)
-        .map_or(HostKeyCheck::Strict, |v| HostKeyCheck::from_setting(&v));
-    let user = crate::ssh::local::local_account().0;
-    let identities: Vec<_> = identities.into_iter().map(Arc::new).collect();
-    let (own, interfaces) = (sys::hostname(), sys::interface_addresses());
-    let targets: Vec<Target> = source
-        .hosts
-        .iter()
-        .filter(|h| {
-            let local = is_local(&h.name, own.as_deref(), &interfaces);
-            if local {
-                tracing::info!(host = %h.name, "this pod is one of the hosts; mpirun starts its processes without SSH");
-            }
-            !local
-        })
-        .map(|h| Target {
-            host: h.name.clone(),
-            port: args.port,
-            user: h.user.clone().unwrap_or_else(|| user.clone()),
-            identities: identities.clone(),
-            pins: Arc::clone(&pins),
-            check,
-        })
-        .collect();
-    tracing::info!(hosts = targets.len(), from = %source.what, port = args.port, "waiting for the MPI hosts' SSH servers");
-
-    let (reaper, mut signals) = Reaper::start(events);
-    let deadline = Instant::now() + args.wait_timeout;
-    let stop_signal = async {
-        loop {
-            match signals.recv().await {
-                Some(s) if STOP_SIGNALS.contains(&s) => return s,
-                Some(_) => {}
-                None => return std::future::pending().await,
-            }
-        }
-    };
-    let failures = tokio::select! {
-        f = wait_ready(&targets, deadline) => f,
-        s = stop_signal => {
-            tracing::info!(signal = %sys::signal_name(s), "stopped while waiting for the hosts");
-            return exit::for_signal(s);
-        }
-        () = cancel.cancelled() => return exit::INTERNAL,
-    };
-    if !failures.is_empty() {
-        let all_refused =
-            failures.iter().all(|(_, e)| matches!(e, ConnectError::Auth { .. } | ConnectError::HostKey { .. }));
-        eprintln!(
-            "trainlet: error: {} of {} MPI hosts did not complete the SSH handshake within {:?}:",
-            failures.len(),
-            targets.len(),
-            args.wait_timeout
-        );
-        for (host, e) in &failures {
-            eprintln!("  {host}: {}", e.to_string().replace('\n', " "));
-        }
-        return if all_refused { exit::CONFIG } else { exit::RENDEZVOUS_TIMEOUT };
-    }
-
-    let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let env = mpi_env(
-        &agent,
-        &key_dir,
-        args.port,
-        args.tree_spawn,
-        files.as_ref().map(|(a, b)| (a.as_path(), b.as_path())),
-        &get,
-    );
-    let spawner = match Spawner::start() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("trainlet: error: cannot start the spawner thread: {e}");
-            return exit::INTERNAL;
-        }
-    };
-    let program = match launcher_program(&args.command[0]) {
-        Ok(p) => p,
-        Err(e) => return fail(e),
-    };
-    if program != args.command[0] {
-        tracing::info!(link = %args.command[0], real = %program, "the launcher on PATH is trainlet's own link; running the real one");
-    }
-    let spec = WorkerSpec {
-        program: program.clone(),
-        args: args.command[1..].to_vec(),
-        env,
-        unset: Vec::new(),
-        stdio: StdioMode::Inherit,
-        cwd: None,
-        cpus: None,
-        mem_node: None,
-        oom_score_adj: None,
-    };
-    let (pid, forked) = match spawner.spawn(spec).await {
-        Ok(sp) => (sp.pid, sp.forked),
-        Err(e) => {
-            eprintln!("trainlet: error: {}", error_chain(&e));
-            return e.exec_code().unwrap_or(exit::FORK_FAILED);
-        }
-    };
-    tracing::info!(pid, command = %program, tree_spawn = args.tree_spawn, "mpirun started");
-    let exited = reaper.watch(pid, forked);
-    tokio::pin!(exited);
-    let mut stopped_by: Option<i32> = None;
-    let mut kill_at: Option<Instant> = None;
-    let mut open = true;
-    let status = loop {
-        let escalate = async {
-            match kill_at {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            e = &mut exited => break e.unwrap_or(Exit::Code(i32::from(exit::INTERNAL))),
-            s = signals.recv(), if open => {
-                let Some(s) = s else {
-                    open = false;
-                    continue;
-                };
-                if STOP_SIGNALS.contains(&s) {
-                    if stopped_by.is_some() {
-                        tracing::warn!("second stop signal: SIGKILL to mpirun");
-                        sys::signal_group(pid, libc::SIGKILL);
-                    } else {
-                        tracing::info!(signal = %sys::signal_name(s), grace = ?args.grace, "stopping mpirun");
-                        stopped_by = Some(s);
-                        sys::signal_group(pid, libc::SIGTERM);
-                        kill_at = Some(Instant::now() + args.grace);
-                    }
-                } else if [libc::SIGUSR1, libc::SIGUSR2].contains(&s) {
-                    sys::signal_process(pid, s);
-                }
-            }
-            () = escalate => {
-                tracing::warn!("mpirun outlived the grace period: SIGKILL");
-                sys::signal_group(pid, libc::SIGKILL);
-                kill_at = None;
-            }
-        }
-    };
-    tracing::info!(%status, "mpirun exited");
-    let _ = std::fs::remove_dir_all(&work);
-    let stop = match args.stop_workers {
-        StopWorkers::Always => true,
-        StopWorkers::Success => status.success() && stopped_by.is_none(),
-        StopWorkers::Never => false,
-    };
-    if stop {
-        stop_workers(&targets).await;
-    }
-    match stopped_by {
-        Some(s) => exit::for_signal(s),
-        None => exit::for_worker(status),
-    }
 }
 
 #[cfg(test)]

@@ -53,6 +53,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::exit;
 use crate::progress::Progress;
 use crate::store::{Client, ClientError, Endpoint, connect_quietly, connect_with_retry};
 use crate::supervise::policy::{JobEnd, Verdict};
@@ -107,6 +108,19 @@ pub enum Error {
         /// The job's newest attempt.
         current: u64,
     },
+}
+
+impl Error {
+    /// Its exit code ([`crate::exit`]): a deadline is 201, a disagreement
+    /// 200, a lost peer 203, a stale pod 204.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Unreachable(_) | Error::Timeout { .. } => exit::RENDEZVOUS_TIMEOUT,
+            Error::Mismatch(_) | Error::Duplicate { .. } => exit::CONFIG,
+            Error::Lost { .. } => exit::PEER_LOST,
+            Error::Stale { .. } => exit::STALE_ATTEMPT,
+        }
+    }
 }
 
 /// What an agent announces about itself when it joins a round.

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
+use super::Error;
 use crate::cli::SshdArgs;
 use crate::error::error_chain;
 use crate::process::reaper::Reaper;
@@ -144,15 +145,17 @@ pub fn args_from_sshd(argv: &[String]) -> Result<SshdArgs, String> {
     })
 }
 
-/// Run `trainlet sshd` until SIGTERM or job done; returns the exit code.
-pub async fn run(args: SshdArgs, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> u8 {
-    let mut config = match load(&args) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("trainlet: error: {e}");
-            return exit::CONFIG;
-        }
-    };
+/// `trainlet sshd` (or `sshd` through a link, with sshd(8)'s argv): serve
+/// until SIGTERM or job done, in the frame of every supervising mode.
+pub fn main(args: SshdArgs) -> Result<u8, Error> {
+    Ok(crate::process::supervised(|events, cancel| async move {
+        super::finish("trainlet", serve(args, events, cancel).await)
+    })?)
+}
+
+/// Serve until SIGTERM or job done.
+async fn serve(args: SshdArgs, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8, Error> {
+    let mut config = load(&args).map_err(Error::Usage)?;
     // Tree spawn: daemons on this worker run the same agent path the
     // launcher uses; users' own `ssh` calls in ranks find trainlet's too.
     match crate::ssh::local::agent_link() {
@@ -162,21 +165,11 @@ pub async fn run(args: SshdArgs, events: UnboundedReceiver<SysEvent>, cancel: Ca
         }
     }
     let config = Arc::new(config);
-    let listener = match bind(&args) {
-        Ok(l) => l,
-        Err(e) => {
-            let at = args.listen.map_or_else(|| format!("port {}", args.port), |a| a.to_string());
-            eprintln!("trainlet: error: cannot listen on {at}: {e}");
-            return exit::CONFIG;
-        }
-    };
-    let spawner = match Spawner::start() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("trainlet: error: cannot start the spawner thread: {e}");
-            return exit::INTERNAL;
-        }
-    };
+    let listener = bind(&args).map_err(|source| Error::Listen {
+        at: args.listen.map_or_else(|| format!("port {}", args.port), |a| a.to_string()),
+        source,
+    })?;
+    let spawner = Spawner::start().map_err(|source| Error::Thread { what: "spawner", source })?;
     let (reaper, mut signals) = Reaper::start(events);
     let procs = Arc::new(Spawning::new(spawner, reaper));
     if let Ok(addr) = listener.local_addr() {
@@ -212,5 +205,5 @@ pub async fn run(args: SshdArgs, events: UnboundedReceiver<SysEvent>, cancel: Ca
     if let Some(p) = &args.pid_file {
         let _ = std::fs::remove_file(p);
     }
-    exit::SUCCESS
+    Ok(exit::SUCCESS)
 }
