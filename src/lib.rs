@@ -6,22 +6,25 @@
 //! supervises the workers like `torchrun`, and exits with a documented code.
 //!
 //! # Layout
-//! - [`cli`]: clap definitions, torchrun-compatible; no I/O.
-//! - [`config`]: CLI + env -> [`config::Plan`]; every env var name in `env`.
-//! - [`store`]: the TCPStore wire protocol, server and client.
-//! - [`rendezvous`]: static and elastic rendezvous of the agents over the store, liveness.
-//! - [`supervise`]: signals/reaper thread, spawner, output, pure policy core, report.
-//! - [`launch`]: the flow of `trainlet run`.
-//! - [`gpu`]: the pod's GPUs (sysfs/procfs), visibility, placement planning.
-//! - [`ssh`]: keys, embedded SSH server, ssh(1)-compatible client, hostfiles.
-//! - [`sshd`]: the flow of `trainlet sshd` (MPI worker role).
-//! - [`mpi`]: the flow of `trainlet mpi` (MPI launcher role).
-//! - [`exit`]: exit codes (public API) and [`Error`] -> code.
-//! - [`sys`]: every unsafe block and raw syscall.
+//! Layers, bottom first. A module imports only from its own layer or the
+//! ones below, and the modules of a layer never import each other in a
+//! circle (`tests/it/layout.rs` reads this table and checks both).
 //!
-//! Dependency direction: `launch` -> {`config`, `store`, `rendezvous`,
-//! `supervise`}; `sshd`, `mpi` -> {`ssh`, `supervise`}; `store`, `supervise`
-//! and `ssh` do not import each other.
+//! | layer | modules | what they own |
+//! |---|---|---|
+//! | 0 | `sys` | every unsafe block and raw syscall, each with its SAFETY note |
+//! | 1 | `exit`, `env`, `error`, `ratelimit`, `progress` | exit codes (public API), every env var name, error text, log rate limits, "waiting for" lines |
+//! | 2 | `process` | the one signal/reaper thread, the spawner thread, sweeps of leftovers, the frame of every mode that owns processes |
+//! | 3 | `gpu`, `store`, `ssh` | the pod's GPUs and placement; the c10d TCPStore wire, server and client; SSH keys, server, client, hostfiles |
+//! | 4 | `cli`, `config`, `metrics`, `mpi` | clap definitions; CLI + env -> [`config::Plan`] (with the failure rules); Prometheus families; MPI hosts and environment |
+//! | 5 | `supervise`, `rendezvous` | the pure policy core, worker environment, output and reports; rounds of the agents over the store |
+//! | 6 | `launch` | the round loop of `trainlet run` |
+//! | 7 | `cmd` | one file per mode and the one error-to-exit-code mapping |
+//!
+//! `main.rs` sits above them all: argv[0] dispatch and the exit code.
+//! `config` is above `gpu` and `store` because a [`config::Plan`] carries
+//! their types ([`gpu::GpuPlan`], [`store::Endpoint`]); env var names,
+//! which every layer reads, are the foundation [`env`].
 
 pub mod cli;
 pub mod cmd;

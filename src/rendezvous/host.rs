@@ -20,7 +20,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Assignment, Member, Timing, raise, wait_on};
+use super::session::{raise, wait_on};
+use super::{Assignment, Member, Timing};
 use crate::store::{Client, ClientError, ServerError, StoreServer};
 
 /// Serves a fresh worker store; called once per round.

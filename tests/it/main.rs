@@ -13,6 +13,7 @@ mod gpu;
 mod hardening;
 mod init;
 mod init_remote;
+mod layout;
 mod mpi;
 mod rendezvous;
 mod runtimes;

@@ -1,0 +1,186 @@
+//! How a round ends: publishing a failure, an abort or this pod's done,
+//! watching for the end, reporting stopped workers and their failures,
+//! deciding the verdict once for every pod, and leaving.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Error;
+use super::join::MISSING_SHOWN;
+use super::session::{Round, Session, Stopped, progress_tick, wait_get, wait_on};
+use crate::progress::Progress;
+use crate::supervise::policy::{JobEnd, Verdict};
+use crate::supervise::report::Failure;
+
+impl Session {
+    async fn end(&mut self, r: u64, value: &str) -> Result<(), Error> {
+        let key = self.rkey(r, "end");
+        self.client.compare_set(&key, b"", value.as_bytes()).await.map_err(|e| self.lost(e))?;
+        Ok(())
+    }
+
+    /// A worker failed here: end the round as failed (first writer wins).
+    pub async fn publish_failure(&mut self, r: u64, fatal: bool) -> Result<(), Error> {
+        self.end(r, if fatal { "fatal" } else { "failure" }).await
+    }
+
+    /// This agent is leaving because of `signal`.
+    pub async fn publish_abort(&mut self, r: u64, signal: i32) -> Result<(), Error> {
+        let v = format!("abort:{}:{signal}", self.me.uid);
+        self.end(r, &v).await
+    }
+
+    /// Every worker here is done; the last pod to say so ends the round.
+    pub async fn publish_local_done(&mut self, round: &Round) -> Result<(), Error> {
+        let n = self.client.add(&self.rkey(round.number, "done"), 1).await.map_err(|e| self.lost(e))?;
+        if n >= i64::from(round.nnodes) {
+            self.end(round.number, "success").await?;
+        }
+        Ok(())
+    }
+
+    /// A future that resolves when the round's end is published, on its
+    /// own connection. A broken connection reads as [`JobEnd::Lost`].
+    pub fn watch_end(&self, r: u64) -> impl std::future::Future<Output = (JobEnd, String)> + Send + 'static {
+        let addr = self.addr;
+        let key = self.rkey(r, "end");
+        async move {
+            match wait_get(addr, &key).await {
+                Ok(v) => {
+                    let v = String::from_utf8_lossy(&v).to_string();
+                    (parse_end(&v), v)
+                }
+                Err(_) => (JobEnd::Lost, String::new()),
+            }
+        }
+    }
+
+    /// Record our failures and that our workers are gone; the last pod
+    /// marks the round fully stopped.
+    pub async fn report_stopped(&mut self, round: &Round, failures: &[Failure]) -> Result<(), Error> {
+        let key = self.rkey(round.number, &format!("failures/{}", round.group_rank));
+        let v = serde_json::to_vec(failures).unwrap_or_default();
+        self.client.set(&key, &v).await.map_err(|e| self.lost(e))?;
+        let n = self.client.add(&self.rkey(round.number, "stopped"), 1).await.map_err(|e| self.lost(e))?;
+        if n >= i64::from(round.nnodes) {
+            let k = self.rkey(round.number, "all_stopped");
+            self.client.set(&k, b"1").await.map_err(|e| self.lost(e))?;
+        }
+        Ok(())
+    }
+
+    /// Wait up to `limit` until every member reported stopped or the store
+    /// host declared one dead, saying which group ranks are still running.
+    pub async fn wait_stopped(&mut self, round: &Round, limit: Duration) -> Result<Stopped, Error> {
+        let r = round.number;
+        let all = self.rkey(r, "all_stopped");
+        let dead = self.rkey(r, "dead");
+        let all_w = wait_on(self.addr, std::slice::from_ref(&all), limit);
+        let dead_w = wait_on(self.addr, std::slice::from_ref(&dead), limit);
+        tokio::pin!(all_w, dead_w);
+        let what = format!("the other pods of round {r} to stop their workers");
+        let mut progress = Progress::new(what, Some(Instant::now() + limit));
+        let mut tick = progress_tick();
+        let keys: Vec<String> = (0..round.nnodes).map(|n| self.rkey(r, &format!("failures/{n}"))).collect();
+        loop {
+            tokio::select! {
+                ok = &mut all_w => { ok.map_err(|e| self.lost(e))?; break; }
+                ok = &mut dead_w => { ok.map_err(|e| self.lost(e))?; break; }
+                _ = tick.tick() => {
+                    let reported = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
+                    let running: Vec<String> = reported
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, v)| v.is_empty())
+                        .map(|(n, _)| n.to_string())
+                        .take(MISSING_SHOWN)
+                        .collect();
+                    progress.report(&format!("group ranks [{}] have not reported", running.join(", ")));
+                }
+            }
+        }
+        let present = self.client.multi_get(&[all.clone(), dead.clone()]).await.map_err(|e| self.lost(e))?;
+        Ok(Stopped { all_stopped: !present[0].is_empty(), dead: !present[1].is_empty() })
+    }
+
+    /// The round's published end as written (empty when none).
+    pub async fn end_text(&mut self, r: u64) -> Result<String, Error> {
+        Ok(String::from_utf8_lossy(&self.get(&self.rkey(r, "end")).await?).to_string())
+    }
+
+    /// Every member's failures in round `round` (members that did not report count as none).
+    pub async fn failures(&mut self, round: &Round) -> Result<Vec<Failure>, Error> {
+        let keys: Vec<String> = (0..round.nnodes).map(|n| self.rkey(round.number, &format!("failures/{n}"))).collect();
+        let values = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
+        Ok(values.iter().flat_map(|v| serde_json::from_slice::<Vec<Failure>>(v).unwrap_or_default()).collect())
+    }
+
+    /// Propose `v` as the round's verdict; returns the one every pod follows.
+    /// A restart raises the job-wide counter.
+    pub async fn decide(&mut self, r: u64, v: Verdict) -> Result<Verdict, Error> {
+        let key = self.rkey(r, "verdict");
+        let got = self.client.compare_set(&key, b"", v.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
+        let agreed = String::from_utf8_lossy(&got).parse::<Verdict>().unwrap_or(v);
+        if let Verdict::Restart(n) = agreed {
+            self.raise(&self.key("restarts"), u64::from(n)).await?;
+        }
+        Ok(agreed)
+    }
+
+    /// Move the job past round `r` (after a regroup or restart verdict).
+    pub async fn finish_round(&mut self, r: u64) -> Result<(), Error> {
+        self.advance(r, r + 1).await
+    }
+
+    /// Say we are done reading this round's results. The store host then
+    /// waits (up to `limit`) for every pod to say so before its store goes
+    /// away, so nobody loses the store in the middle of reading the outcome.
+    pub async fn leave(&mut self, round: &Round, host: bool, limit: Duration) -> Result<(), Error> {
+        let n = self.client.add(&self.rkey(round.number, "left"), 1).await.map_err(|e| self.lost(e))?;
+        let all = self.rkey(round.number, "all_left");
+        if n >= i64::from(round.nnodes) {
+            self.client.set(&all, b"1").await.map_err(|e| self.lost(e))?;
+        }
+        if host && !self.wait_for(&[all], limit).await? {
+            tracing::warn!(
+                round = round.number,
+                "not every pod confirmed the end of the job; closing the store anyway"
+            );
+        }
+        Ok(())
+    }
+
+    /// Stop heartbeating and tell the store host this agent left cleanly.
+    pub async fn bye(&mut self) {
+        self.heartbeat.abort();
+        let key = self.key(&format!("hb/{}", self.me.uid));
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.client.set(&key, b"bye")).await;
+    }
+}
+
+/// How a published end reads to the supervisor.
+pub fn parse_end(v: &str) -> JobEnd {
+    match v {
+        "success" => JobEnd::Success,
+        "failure" | "fatal" => JobEnd::Failure,
+        v if v.starts_with("dead:") => JobEnd::Regroup { planned: false },
+        _ => JobEnd::Regroup { planned: true },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use test_case::test_case;
+
+    #[test_case("success", JobEnd::Success; "success")]
+    #[test_case("failure", JobEnd::Failure; "failure")]
+    #[test_case("fatal", JobEnd::Failure; "fatal")]
+    #[test_case("dead:h#1#2", JobEnd::Regroup { planned: false }; "dead")]
+    #[test_case("waiting:h#1#2", JobEnd::Regroup { planned: true }; "waiting")]
+    #[test_case("abort:h#1#2:15", JobEnd::Regroup { planned: true }; "abort")]
+    fn ends(v: &str, want: JobEnd) {
+        assert_eq!(parse_end(v), want);
+    }
+}

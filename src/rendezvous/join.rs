@@ -1,0 +1,367 @@
+//! Joining a round: take a slot, wait for MIN/MAX pods and the last call,
+//! close the round (first writer wins), assign ranks, or wait as a spare;
+//! every wait says what it waits for.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Error;
+use super::member::{Assignment, Member, assign};
+use crate::progress::Progress;
+use crate::supervise::policy::Verdict;
+
+use super::session::{Joined, Known, Round, Session, Try, parse_u64, progress_tick, wait_on};
+
+/// Missing node ranks named in a progress line.
+pub(super) const MISSING_SHOWN: usize = 32;
+
+impl Session {
+    /// Join the next round (after `known.round`) and wait until it forms.
+    pub async fn next_round(&mut self, known: &mut Known, deadline: Instant) -> Result<Joined, Error> {
+        known.restarts =
+            u32::try_from(self.raise(&self.key("restarts"), u64::from(known.restarts)).await?).unwrap_or(u32::MAX);
+        let mut want = known.round.map_or(0, |r| r + 1);
+        let started = Instant::now();
+        loop {
+            let current = self.raise(&self.key("round"), 0).await?;
+            if current < want {
+                self.advance(current, want).await?;
+                continue;
+            }
+            match self.try_round(current, deadline, started).await? {
+                Try::Formed(mut round) => {
+                    known.round = Some(round.number);
+                    round.restarts = known.restarts;
+                    return Ok(Joined::Round(round));
+                }
+                Try::Moved(to) => want = to.max(current + 1),
+                Try::Ended(v) => return Ok(Joined::JobEnded(v)),
+            }
+        }
+    }
+
+    async fn try_round(&mut self, r: u64, deadline: Instant, started: Instant) -> Result<Try, Error> {
+        let (min, max) = (u64::from(self.me.min_nodes), u64::from(self.me.max_nodes));
+        let n = self.client.add(&self.rkey(r, "join"), 1).await.map_err(|e| self.lost(e))?;
+        self.open = Some(r);
+        let slot = u64::try_from(n - 1).unwrap_or(0);
+        let record = serde_json::to_vec(&self.me).unwrap_or_default();
+        self.client.set(&self.rkey(r, &format!("m/{slot}")), &record).await.map_err(|e| self.lost(e))?;
+        let closed = self.rkey(r, "closed");
+        let n = u64::try_from(n).unwrap_or(0);
+        if n == max {
+            self.client
+                .compare_set(&closed, b"", format!("{max}:{slot}").as_bytes())
+                .await
+                .map_err(|e| self.lost(e))?;
+        } else if n == min && min < max {
+            self.client.set(&self.rkey(r, "quorum"), b"1").await.map_err(|e| self.lost(e))?;
+        }
+        tracing::debug!(round = r, slot, "joined round");
+
+        // Wait for the round to close, our last call to end, or the job to
+        // move on, saying every so often who is still missing.
+        let next = self.rkey(r, "next");
+        let quorum = self.rkey(r, "quorum");
+        let limit = deadline.saturating_duration_since(Instant::now());
+        let elastic = min < max;
+        let closed_w = wait_on(self.addr, std::slice::from_ref(&closed), limit);
+        let next_w = wait_on(self.addr, std::slice::from_ref(&next), limit);
+        let quorum_w = wait_on(self.addr, std::slice::from_ref(&quorum), limit);
+        tokio::pin!(closed_w, next_w, quorum_w);
+        let mut quorum_seen = !elastic;
+        let mut last_call: Option<Instant> = None;
+        let mut progress = Progress::new(format!("pods to join round {r} at {}", self.endpoint), Some(deadline));
+        let mut seen: Vec<Option<Member>> = Vec::new();
+        let mut tick = progress_tick();
+        loop {
+            tokio::select! {
+                ok = &mut closed_w => {
+                    if ok.map_err(|e| self.lost(e))? { break }
+                    return Err(self.timeout(r, started).await);
+                }
+                ok = &mut next_w => {
+                    if ok.map_err(|e| self.lost(e))? {
+                        let to = parse_u64(&self.get(&next).await?).unwrap_or(r + 1);
+                        tracing::info!(round = r, next = to, "the job moved on before this round formed; following");
+                        return Ok(Try::Moved(to));
+                    }
+                    return Err(self.timeout(r, started).await);
+                }
+                ok = &mut quorum_w, if !quorum_seen => {
+                    quorum_seen = true;
+                    if !ok.map_err(|e| self.lost(e))? {
+                        return Err(self.timeout(r, started).await);
+                    }
+                    tracing::info!(round = r, min, last_call_s = self.timing.last_call.as_secs_f64(), "enough pods for a round; last call");
+                    last_call = Some(Instant::now() + self.timing.last_call);
+                }
+                () = sleep_until_opt(last_call) => {
+                    let count = u64::try_from(self.client.add(&self.rkey(r, "join"), 0).await.map_err(|e| self.lost(e))?).unwrap_or(0);
+                    let v = format!("{}:{slot}", count.min(max));
+                    self.client.compare_set(&closed, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
+                    break;
+                }
+                _ = tick.tick() => {
+                    let state = self.join_state(r, &mut seen, last_call).await?;
+                    progress.report(&state);
+                }
+            }
+        }
+        self.open = None;
+        let v = self.get(&closed).await?;
+        let v = String::from_utf8_lossy(&v).to_string();
+        let (size, closer) = v
+            .split_once(':')
+            .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+            .unwrap_or((0, u64::MAX));
+        if slot >= size {
+            return self.spare(r, size).await;
+        }
+        if closer == slot {
+            self.assign_round(r, size).await?;
+        }
+        let rank_key = self.rkey(r, &format!("rank/{slot}"));
+        let bound = self.timing.heartbeat_timeout + Duration::from_secs(2);
+        let assigned = tokio::select! {
+            ok = self.wait_for(std::slice::from_ref(&rank_key), bound) => ok?,
+            ok = self.wait_for(std::slice::from_ref(&next), bound) => {
+                if ok? {
+                    return Ok(Try::Moved(parse_u64(&self.get(&next).await?).unwrap_or(r + 1)));
+                }
+                false
+            }
+        };
+        if !assigned {
+            tracing::warn!(round = r, "the pod that closed the round never assigned ranks; starting a new round");
+            self.advance(r, r + 1).await?;
+            return Ok(Try::Moved(r + 1));
+        }
+        let a: Assignment = serde_json::from_slice(&self.get(&rank_key).await?)
+            .map_err(|_| Error::Mismatch(format!("unreadable rank assignment in round {r}")))?;
+        if let Some(e) = a.error {
+            return Err(Error::Mismatch(e));
+        }
+        let port_key = self.rkey(r, "port");
+        let limit = deadline.saturating_duration_since(Instant::now()).max(bound);
+        if !self.wait_for(std::slice::from_ref(&port_key), limit).await? {
+            return Err(Error::Timeout {
+                waited: started.elapsed(),
+                round: r,
+                detail: "the store host published no worker store".into(),
+                endpoint: self.endpoint.clone(),
+            });
+        }
+        let port = std::str::from_utf8(&self.get(&port_key).await?)
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| Error::Mismatch("the store host published an unreadable worker port".into()))?;
+        Ok(Try::Formed(Round {
+            number: r,
+            slot: u32::try_from(slot).unwrap_or(u32::MAX),
+            group_rank: a.group_rank,
+            nnodes: a.nnodes,
+            worker_port: port,
+            restarts: 0,
+        }))
+    }
+
+    /// Who has joined round `r` so far, for the wait's progress line.
+    /// Member records already read stay in `seen` (a slot is written once),
+    /// so each record is read once per round; slots past MAX are spares
+    /// and are only counted.
+    async fn join_state(
+        &mut self,
+        r: u64,
+        seen: &mut Vec<Option<Member>>,
+        last_call: Option<Instant>,
+    ) -> Result<String, Error> {
+        let count = self.client.add(&self.rkey(r, "join"), 0).await.map_err(|e| self.lost(e))?;
+        let count = usize::try_from(count).unwrap_or(0);
+        let slots = count.min(self.me.max_nodes as usize);
+        if seen.len() < slots {
+            seen.resize(slots, None);
+        }
+        let unread: Vec<usize> = (0..seen.len()).filter(|&s| seen[s].is_none()).collect();
+        if !unread.is_empty() {
+            let keys: Vec<String> = unread.iter().map(|s| self.rkey(r, &format!("m/{s}"))).collect();
+            let values = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
+            for (&s, v) in unread.iter().zip(values) {
+                seen[s] = serde_json::from_slice(&v).ok();
+            }
+        }
+        let present: Vec<&Member> = seen.iter().flatten().collect();
+        Ok(describe_join(&self.me, &present, count, last_call.map(|t| t.saturating_duration_since(Instant::now()))))
+    }
+
+    /// We closed the round: read every member, assign ranks, publish.
+    async fn assign_round(&mut self, r: u64, size: u64) -> Result<(), Error> {
+        let keys: Vec<String> = (0..size).map(|s| self.rkey(r, &format!("m/{s}"))).collect();
+        let bound = self.timing.heartbeat_timeout;
+        if !self.wait_for(&keys, bound).await? {
+            tracing::warn!(round = r, "a pod took a slot but never announced itself; starting a new round");
+            self.advance(r, r + 1).await?;
+            return Ok(());
+        }
+        let values = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
+        let members: Vec<Member> = values.iter().filter_map(|v| serde_json::from_slice(v).ok()).collect();
+        if let Some(m) = members
+            .iter()
+            .enumerate()
+            .find_map(|(i, a)| members[..i].iter().find(|b| b.host == a.host && b.node_rank == a.node_rank).map(|_| a))
+        {
+            // A pod left (or died) while the round was open and came back:
+            // its old slot is stale. The live pods meet again in a new round.
+            tracing::warn!(round = r, host = %m.host, node_rank = m.node_rank, "a pod joined this round twice (it restarted while the round was open); starting a new round");
+            self.advance(r, r + 1).await?;
+            return Ok(());
+        }
+        let nnodes = u32::try_from(members.len()).unwrap_or(u32::MAX);
+        let (ranks, error) = match (members.len() == values.len()).then(|| assign(&members)) {
+            Some(Ok(ranks)) => (ranks, None),
+            Some(Err(e)) => (vec![0; members.len()], Some(e)),
+            None => (vec![0; values.len()], Some("a pod announced unreadable data".to_string())),
+        };
+        let mut pairs: Vec<(String, Vec<u8>)> = ranks
+            .iter()
+            .enumerate()
+            .map(|(slot, &group_rank)| {
+                let a = Assignment { group_rank, nnodes, error: error.clone() };
+                (self.rkey(r, &format!("rank/{slot}")), serde_json::to_vec(&a).unwrap_or_default())
+            })
+            .collect();
+        let mut by_rank: Vec<(u32, &Member)> = ranks.iter().copied().zip(members.iter()).collect();
+        by_rank.sort_by_key(|(rank, _)| *rank);
+        let ordered: Vec<&Member> = by_rank.into_iter().map(|(_, m)| m).collect();
+        pairs.push((self.rkey(r, "members"), serde_json::to_vec(&ordered).unwrap_or_default()));
+        self.client.multi_set(&pairs).await.map_err(|e| self.lost(e))?;
+        if error.is_none() {
+            let hosts: Vec<&str> = ordered.iter().map(|m| m.host.as_str()).collect();
+            tracing::debug!(round = r, nnodes, members = ?hosts, "assigned the round's ranks");
+        }
+        Ok(())
+    }
+
+    /// The round is full or running without us.
+    async fn spare(&mut self, r: u64, size: u64) -> Result<Try, Error> {
+        let members_key = self.rkey(r, "members");
+        let bound = self.timing.heartbeat_timeout + Duration::from_secs(2);
+        let members: Vec<Member> = if self.wait_for(std::slice::from_ref(&members_key), bound).await? {
+            serde_json::from_slice(&self.get(&members_key).await?).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let end = self.rkey(r, "end");
+        if let Some(old) = members.iter().find(|m| m.host == self.me.host && m.node_rank == self.me.node_rank) {
+            // The same pod (host and node rank) restarted in place: the
+            // member we replace is our previous incarnation, and it is dead.
+            tracing::warn!(round = r, previous = %old.uid, "this pod restarted while its previous incarnation was a member; declaring it gone");
+            let dead = serde_json::to_vec(&[&old.uid]).unwrap_or_default();
+            self.client.compare_set(&self.rkey(r, "dead"), b"", &dead).await.map_err(|e| self.lost(e))?;
+            self.client
+                .compare_set(&end, b"", format!("dead:{}", old.uid).as_bytes())
+                .await
+                .map_err(|e| self.lost(e))?;
+        } else if let Some(holder) = members.iter().find(|m| !self.me.elastic() && m.node_rank == self.me.node_rank) {
+            return Err(Error::Duplicate { node_rank: self.me.node_rank, holder: holder.who() });
+        } else if size < u64::from(self.me.max_nodes) {
+            tracing::info!(
+                round = r,
+                running = size,
+                "a smaller round is running; asking it to regroup and admit this pod"
+            );
+            let v = format!("waiting:{}", self.me.uid);
+            self.client.compare_set(&end, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
+        } else {
+            tracing::info!(round = r, running = size, "the round is full; waiting as a spare");
+        }
+        // Wait until the job moves on, or ends without us.
+        let next = self.rkey(r, "next");
+        let verdict = self.rkey(r, "verdict");
+        let day = Duration::from_secs(86_400);
+        let next_w = wait_on(self.addr, std::slice::from_ref(&next), day);
+        let verdict_w = wait_on(self.addr, std::slice::from_ref(&verdict), day);
+        tokio::pin!(next_w, verdict_w);
+        let mut progress = Progress::new(format!("room in the job at {} (a spare)", self.endpoint), None);
+        let mut tick = progress_tick();
+        loop {
+            tokio::select! {
+                ok = &mut next_w => {
+                    if ok.map_err(|e| self.lost(e))? {
+                        return Ok(Try::Moved(parse_u64(&self.get(&next).await?).unwrap_or(r + 1)));
+                    }
+                    next_w.set(wait_on(self.addr, std::slice::from_ref(&next), day));
+                }
+                ok = &mut verdict_w => {
+                    if !ok.map_err(|e| self.lost(e))? {
+                        verdict_w.set(wait_on(self.addr, std::slice::from_ref(&verdict), day));
+                        continue;
+                    }
+                    let v = String::from_utf8_lossy(&self.get(&verdict).await?).parse::<Verdict>();
+                    match v {
+                        Ok(v @ (Verdict::Success | Verdict::Fail(_))) => return Ok(Try::Ended(v)),
+                        // Members move the job on right after a regroup or restart verdict.
+                        _ => {
+                            let bound = self.timing.heartbeat_timeout * 2;
+                            if self.wait_for(std::slice::from_ref(&next), bound).await? {
+                                return Ok(Try::Moved(parse_u64(&self.get(&next).await?).unwrap_or(r + 1)));
+                            }
+                            self.advance(r, r + 1).await?;
+                            return Ok(Try::Moved(r + 1));
+                        }
+                    }
+                }
+                _ = tick.tick() => {
+                    progress.report(&format!("round {r} runs with {size} of at most {} pods", self.me.max_nodes));
+                }
+            }
+        }
+    }
+
+    pub(super) async fn timeout(&mut self, r: u64, started: Instant) -> Error {
+        let count = self.client.add(&self.rkey(r, "join"), 0).await.unwrap_or(0);
+        let keys: Vec<String> = (0..count).map(|s| self.rkey(r, &format!("m/{s}"))).collect();
+        let present: Vec<Member> = self
+            .client
+            .multi_get(&keys)
+            .await
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|v| serde_json::from_slice(v).ok())
+            .collect();
+        let detail = if self.me.elastic() {
+            format!("{} of at least {} pods joined", present.len(), self.me.min_nodes)
+        } else {
+            let missing: Vec<u32> =
+                (0..self.me.max_nodes).filter(|n| !present.iter().any(|m| m.node_rank == *n)).collect();
+            format!("node ranks {missing:?} did not join")
+        };
+        Error::Timeout { waited: started.elapsed(), round: r, detail, endpoint: self.endpoint.clone() }
+    }
+}
+
+/// The progress line of a round that has not formed: how many pods are
+/// in and, for static jobs, which node ranks are missing (the first
+/// [`MISSING_SHOWN`] of them).
+fn describe_join(me: &Member, present: &[&Member], joined: usize, last_call: Option<Duration>) -> String {
+    if me.elastic() {
+        let mut s = format!("{joined} joined, {} to {} wanted", me.min_nodes, me.max_nodes);
+        if let Some(left) = last_call {
+            s.push_str(&format!("; the last call ends in {}s", left.as_secs()));
+        }
+        return s;
+    }
+    let missing: Vec<u32> = (0..me.max_nodes).filter(|n| !present.iter().any(|m| m.node_rank == *n)).collect();
+    let shown: Vec<String> = missing.iter().take(MISSING_SHOWN).map(u32::to_string).collect();
+    let more = missing.len().saturating_sub(MISSING_SHOWN);
+    let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+    format!("{joined} of {} joined; missing node ranks [{}]{tail}", me.max_nodes, shown.join(", "))
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,143 @@
+//! The source layout keeps the promise of `src/lib.rs`'s `# Layout` table:
+//! every module of the crate is in one layer, imports only from its layer
+//! or below, and the modules never import each other in a circle.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// (layer, module) from the table in lib.rs's docs.
+fn layers(lib: &str) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    for line in lib.lines().filter_map(|l| l.strip_prefix("//! | ")) {
+        let mut cells = line.split(" | ");
+        let (Some(layer), Some(mods)) = (cells.next(), cells.next()) else { continue };
+        let Ok(layer) = layer.trim().parse::<u32>() else { continue };
+        for m in mods.split(',') {
+            out.insert(m.trim().trim_matches('`').to_string(), layer);
+        }
+    }
+    out
+}
+
+/// The code of a file without comments and without its unit tests.
+fn code(text: &str) -> String {
+    let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or(text);
+    text.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
+}
+
+/// The crate's top-level modules each top-level module names (`crate::x`,
+/// `use crate::{x, y::z}`); the `limited!` macro is `ratelimit`'s.
+fn imports(code: &str, own: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            // Top-level names only: each item's first path segment, nested groups skipped.
+            let mut depth = 0;
+            let mut starts = vec![0];
+            for (j, c) in group[..end].char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => starts.push(j + 1),
+                    _ => {}
+                }
+            }
+            starts.iter().map(|&s| group[s..end].trim_start()).collect()
+        } else {
+            vec![rest]
+        };
+        for n in names {
+            let id: String = n.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            let id = if id == "limited" { "ratelimit".to_string() } else { id };
+            if !id.is_empty() && id != own && id != "self" {
+                out.insert(id);
+            }
+        }
+    }
+    out
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).expect("src").flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Module -> the modules it imports, for every file under src/ but the
+/// crate root and main.rs.
+fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in files {
+        let rel = f.strip_prefix(src).expect("under src");
+        let top = rel.components().next().expect("component").as_os_str().to_string_lossy();
+        let top = top.trim_end_matches(".rs").to_string();
+        if top == "lib" || top == "main" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).expect("read");
+        let found = imports(&code(&text), &top);
+        g.entry(top).or_default().extend(found);
+    }
+    g
+}
+
+#[test]
+fn every_module_imports_only_its_layer_or_below_and_there_is_no_cycle() {
+    let src = crate::util::repo().join("src");
+    let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
+    let layer = layers(&lib);
+    assert!(layer.len() >= 15, "the layer table in lib.rs: {layer:?}");
+    let g = graph(&src);
+    let mut wrong = Vec::new();
+    for (m, deps) in &g {
+        let Some(&mine) = layer.get(m) else {
+            wrong.push(format!("{m} is in no layer of lib.rs's table"));
+            continue;
+        };
+        for d in deps {
+            match layer.get(d) {
+                Some(&theirs) if theirs <= mine => {}
+                Some(&theirs) => wrong.push(format!("{m} (layer {mine}) imports {d} (layer {theirs})")),
+                None => wrong.push(format!("{m} imports {d}, which is in no layer")),
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // No cycle: repeatedly remove the modules that import nothing left.
+    let mut left: BTreeMap<&String, BTreeSet<&String>> =
+        g.iter().map(|(m, d)| (m, d.iter().filter(|x| g.contains_key(*x)).collect())).collect();
+    while let Some(leaf) = left.iter().find(|(_, d)| d.is_empty()).map(|(m, _)| *m) {
+        left.remove(leaf);
+        for d in left.values_mut() {
+            d.remove(leaf);
+        }
+    }
+    assert!(left.is_empty(), "modules that import each other in a circle: {:?}", left.keys().collect::<Vec<_>>());
+}
+
+/// The checker itself: it sees grouped, nested and plain paths, and no
+/// comment or unit test.
+#[test]
+fn the_import_reader_sees_every_form_of_path() {
+    let text = "use crate::{a, b::{c, d}, e::f};\n// crate::commented\nfn x() { crate::g::h(); limited!(); crate::limited!(); }\n#[cfg(test)]\nmod tests { use crate::t; }";
+    let got = imports(&code(text), "own");
+    let want: BTreeSet<String> = ["a", "b", "e", "g", "ratelimit"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(got, want);
+}
+
+/// `main.rs` stays the thin entry point the layout promises.
+#[test]
+fn main_rs_is_thin() {
+    let main = std::fs::read_to_string(crate::util::repo().join("src/main.rs")).expect("main.rs");
+    assert!(main.lines().count() < 120, "main.rs has {} lines", main.lines().count());
+}
