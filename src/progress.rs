@@ -68,6 +68,15 @@ impl Progress {
     }
 }
 
+/// Sleep until `at`, or forever when there is no deadline (a `select!`
+/// arm for an optional timer).
+pub async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -97,7 +97,7 @@ impl Session {
                     tracing::info!(round = r, min, last_call_s = self.timing.last_call.as_secs_f64(), "enough pods for a round; last call");
                     last_call = Some(Instant::now() + self.timing.last_call);
                 }
-                () = sleep_until_opt(last_call) => {
+                () = crate::progress::sleep_until(last_call) => {
                     let count = u64::try_from(self.client.add(&self.rkey(r, "join"), 0).await.map_err(|e| self.lost(e))?).unwrap_or(0);
                     let v = format!("{}:{slot}", count.min(max));
                     self.client.compare_set(&closed, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
@@ -357,11 +357,4 @@ fn describe_join(me: &Member, present: &[&Member], joined: usize, last_call: Opt
     let more = missing.len().saturating_sub(MISSING_SHOWN);
     let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
     format!("{joined} of {} joined; missing node ranks [{}]{tail}", me.max_nodes, shown.join(", "))
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(t) => tokio::time::sleep_until(t).await,
-        None => std::future::pending().await,
-    }
 }

@@ -13,6 +13,7 @@
 //! attempt ends only when the policy says no worker is left, after which
 //! leftover process groups are killed and output drains get a bounded wait.
 
+pub mod attempt;
 pub mod output;
 pub mod policy;
 pub mod report;

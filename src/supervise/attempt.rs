@@ -1,0 +1,381 @@
+//! One attempt of this pod's workers, the shell around the pure core
+//! ([`super::policy::Attempt`]): spawn the workers, take the next event
+//! (a worker exit, a signal, the round's end, a timer, a hung worker),
+//! carry out the actions the core returns, and build the failure records.
+//! What the rest of the job must learn, and how this pod hears that the
+//! round ended, go through [`Job`]: the rendezvous session in production
+//! (wired in [`crate::launch`]), a fake in tests.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Env;
+use crate::config::rules::RuleAction;
+use crate::exit;
+use crate::process::signals::{SysEvent, now_us};
+use crate::process::spawn::{Spawner, WorkerSpec};
+use crate::process::sweep;
+use crate::supervise::output::{self, Sink};
+use crate::supervise::policy::{Action, Attempt, Event, JobEnd, Outcome, Timer};
+use crate::supervise::report::Failure;
+use crate::supervise::worker::{WorldView, substitute, worker_env};
+use crate::sys::{self, Exit};
+
+/// How long output drains may lag behind the last worker exit.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
+/// Bound on killing leftover processes at the end of a round.
+const SWEEP_LIMIT: Duration = Duration::from_secs(5);
+/// How often workers are checked for uninterruptible sleep (with --hung-timeout).
+const HUNG_CHECK: Duration = Duration::from_secs(1);
+
+/// The job-wide side of one attempt.
+pub trait Job {
+    /// The round this attempt runs in.
+    fn round(&self) -> u64;
+    /// Resolves when the round ends anywhere: how, and the end's text.
+    fn watch_end(&self) -> impl std::future::Future<Output = (JobEnd, String)> + Send + 'static;
+    /// Why the store host said it left, if it did.
+    fn host_left(&self) -> Option<String>;
+    /// A worker failed here: end the round as failed (`fatal`: by a `fail` rule).
+    fn publish_failure(&mut self, fatal: bool) -> impl std::future::Future<Output = Result<(), String>>;
+    /// This pod was stopped by `signal`: end the round so the others stop too.
+    fn publish_abort(&mut self, signal: i32) -> impl std::future::Future<Output = Result<(), String>>;
+    /// Every worker here succeeded.
+    fn publish_local_done(&mut self) -> impl std::future::Future<Output = Result<(), String>>;
+}
+
+struct Worker {
+    pid: i32,
+    rank: u32,
+    error_file: PathBuf,
+    /// The code for a worker that never ran (126, 127, 210).
+    not_started: Option<u8>,
+    /// Why it never ran.
+    why: Option<String>,
+}
+
+/// First and longest pause between spawn attempts after a failed fork.
+const FORK_RETRY: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(2));
+
+/// Spawn, retrying a failed fork (EAGAIN/ENOMEM: the pids limit is often
+/// reached by what an earlier attempt left, which the sweep is removing)
+/// with backoff for up to `budget`; other failures are final at once.
+async fn spawn_retrying(
+    spawner: &Spawner,
+    spec: WorkerSpec,
+    budget: Duration,
+) -> std::result::Result<crate::process::spawn::Spawned, crate::process::spawn::SpawnError> {
+    let until = Instant::now() + budget;
+    let mut pause = FORK_RETRY.0;
+    let mut tries = 1u32;
+    loop {
+        match spawner.spawn(spec.clone()).await {
+            Err(e) if e.is_fork() && Instant::now() + pause <= until => {
+                tracing::warn!(
+                    program = %spec.program,
+                    tries,
+                    retry_in_ms = pause.as_millis(),
+                    error = %crate::error::error_chain(&e),
+                    "fork failed; retrying"
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(FORK_RETRY.1);
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Spawn this pod's workers for one round and supervise them to the end.
+pub async fn run_attempt(
+    world: &WorldView<'_>,
+    (dir, files_ok): (&Path, bool),
+    spawner: &Spawner,
+    env: &Env,
+    events: &mut UnboundedReceiver<SysEvent>,
+    job: &mut impl Job,
+) -> (Outcome, Vec<Failure>) {
+    let round = job.round();
+    let plan = world.plan;
+    let mut core = Attempt::new(plan.nproc, plan.rules.clone(), plan.checkpoint_signal);
+    let mut workers: HashMap<u32, Worker> = HashMap::new();
+    let mut by_pid: HashMap<i32, u32> = HashMap::new();
+    let drains = TaskTracker::new();
+    let mut early: Vec<Event> = Vec::new();
+    let (placed, _) = crate::gpu::setup::placements(&plan.gpu, plan.nproc);
+    let nics = if plan.gpu.nic_hint { crate::gpu::sysfs::Sysfs::new(&plan.gpu.root).nics() } else { Vec::new() };
+    let oom_adj = crate::process::oom::worker_adj(Path::new("/"));
+
+    for local_rank in 0..plan.nproc {
+        let rank = world.group_rank * plan.nproc + local_rank;
+        let rank_dir = dir.join(local_rank.to_string());
+        if files_ok && let Err(e) = std::fs::create_dir_all(&rank_dir) {
+            tracing::warn!(dir = %rank_dir.display(), error = %e, "cannot create the worker log directory");
+        }
+        let error_file = rank_dir.join("error.json");
+        // A stale error file from an earlier run must not be read as this one's.
+        let _ = std::fs::remove_file(&error_file);
+        let mut wenv = worker_env(world, local_rank, &error_file.display().to_string(), env);
+        let place = placed.get(local_rank as usize);
+        if let Some(p) = place {
+            // Later entries win: LOCAL_RANK 0 with --gpu-visibility single.
+            wenv.extend(crate::gpu::plan::rank_env(p, &plan.gpu.gpus, plan.gpu.visibility, plan.gpu.user_order));
+            wenv.extend(crate::gpu::plan::nic_env(p, &plan.gpu.gpus, &nics, |v| env.get(v).is_some()));
+        }
+        let mut spec = WorkerSpec::piped(plan.entry.program.clone(), substitute(&plan.entry.args, local_rank), wenv);
+        spec.cpus = place.and_then(|p| p.cpus.clone());
+        spec.mem_node = place.and_then(|p| p.mem_node);
+        spec.oom_score_adj = oom_adj;
+        match spawn_retrying(spawner, spec, plan.grace).await {
+            Ok(sp) => {
+                let prefix = output::prefix(&plan.prefix_template, &plan.role, local_rank, rank, &plan.host);
+                let shown = plan.console_ranks.as_ref().is_none_or(|r| r.contains(&local_rank));
+                // Without files, a redirected stream stays on the console.
+                let (red_out, red_err) = plan.redirects.for_rank(local_rank);
+                let (red_out, red_err) = (red_out && files_ok, red_err && files_ok);
+                let (tee_out, tee_err) = plan.tee.for_rank(local_rank);
+                let files = plan.log_dir.is_some();
+                for (fd, is_err, redirected, teed, name) in [
+                    (sp.stdout, false, red_out, tee_out, "stdout.log"),
+                    (sp.stderr, true, red_err, tee_err, "stderr.log"),
+                ] {
+                    let Some(fd) = fd else { continue };
+                    let sink = Sink {
+                        prefix: prefix.clone(),
+                        console: shown && (teed || !redirected),
+                        file: (files_ok && (files || redirected || teed)).then(|| rank_dir.join(name)),
+                        is_err,
+                    };
+                    drains.spawn(output::drain(fd, sink));
+                }
+                crate::metrics::global().workers_started.inc();
+                by_pid.insert(sp.pid, local_rank);
+                workers.insert(local_rank, Worker { pid: sp.pid, rank, error_file, not_started: None, why: None });
+            }
+            Err(e) => {
+                let code = e.exec_code().unwrap_or(exit::FORK_FAILED);
+                let why = crate::error::error_chain(&e);
+                tracing::error!(local_rank, code, error = %why, "cannot start worker");
+                workers
+                    .insert(local_rank, Worker { pid: 0, rank, error_file, not_started: Some(code), why: Some(why) });
+                crate::metrics::global().worker_exited(Exit::Code(i32::from(code)));
+                early.push(Event::WorkerExited { local_rank, exit: Exit::Code(i32::from(code)), at_us: now_us() });
+            }
+        }
+    }
+    drains.close();
+
+    let watch = job.watch_end();
+    tokio::pin!(watch);
+    let mut watching = true;
+    let mut timers: HashMap<Timer, Instant> = HashMap::new();
+    let mut outcome = Outcome::Lost;
+    let mut pending: std::collections::VecDeque<Event> = early.into();
+    let mut hung_check = tokio::time::interval(HUNG_CHECK);
+    hung_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut d_since: HashMap<u32, Instant> = HashMap::new();
+
+    while !core.finished() {
+        let next_timer = timers.iter().min_by_key(|(_, at)| **at).map(|(t, at)| (*t, *at));
+        let event = if let Some(e) = pending.pop_front() {
+            e
+        } else {
+            tokio::select! {
+                ev = events.recv() => match ev {
+                    Some(SysEvent::Exited { pid, exit, at_us, .. }) => match by_pid.remove(&pid) {
+                        Some(local_rank) => {
+                            crate::metrics::global().worker_exited(exit);
+                            Event::WorkerExited { local_rank, exit, at_us }
+                        }
+                        None => {
+                            tracing::debug!(pid, %exit, "reaped orphan");
+                            continue;
+                        }
+                    },
+                    Some(SysEvent::Signal(s)) if plan.stop_signals.contains(&s) => {
+                        tracing::warn!(signal = %sys::signal_name(s), checkpoint = plan.checkpoint_signal.map(sys::signal_name), "stop signal; stopping workers");
+                        Event::StopSignal(s)
+                    }
+                    Some(SysEvent::Signal(s)) if s == libc::SIGUSR1 || s == libc::SIGUSR2 => Event::ForwardSignal(s),
+                    Some(SysEvent::Signal(_)) => continue,
+                    None => Event::StopSignal(libc::SIGTERM),
+                },
+                (end, text) = &mut watch, if watching => {
+                    watching = false;
+                    match end {
+                        JobEnd::Lost => match job.host_left() {
+                            Some(why) => tracing::warn!(store_host = %why, "the store host left the job; stopping workers"),
+                            None => tracing::error!("lost the rendezvous store; stopping workers"),
+                        },
+                        JobEnd::Success => {}
+                        _ => tracing::warn!(round, end = %text, "the round ended; stopping workers"),
+                    }
+                    Event::Job(end)
+                }
+                () = crate::progress::sleep_until(next_timer.map(|(_, at)| at)) => {
+                    let Some((t, _)) = next_timer else { continue };
+                    timers.remove(&t);
+                    match t {
+                        Timer::Checkpoint => tracing::warn!("checkpoint time over; sending SIGTERM"),
+                        Timer::Grace => tracing::warn!(grace_s = plan.grace.as_secs_f64(), "grace period over; killing workers"),
+                        Timer::Kill => tracing::error!(kill_timeout_s = plan.kill_timeout.as_secs_f64(), "workers survived SIGKILL; abandoning them"),
+                    }
+                    Event::Timer(t)
+                }
+                _ = hung_check.tick(), if plan.hung_timeout.is_some() => {
+                    match hung_worker(&core, &workers, &mut d_since, plan.hung_timeout) {
+                        Some(local_rank) => {
+                            tracing::error!(local_rank, "worker stuck in uninterruptible sleep (D state) past --hung-timeout");
+                            Event::Hung { local_rank, at_us: now_us() }
+                        }
+                        None => continue,
+                    }
+                }
+            }
+        };
+        if let Event::WorkerExited { local_rank, exit, .. } = &event {
+            tracing::info!(local_rank, %exit, action = %plan.rules.action(*exit), "worker exited");
+        }
+        for action in core.handle(event) {
+            let published = match action {
+                Action::Signal(sig) => {
+                    signal_alive(&core, &workers, sig);
+                    Ok(())
+                }
+                Action::KillAll => {
+                    signal_alive(&core, &workers, libc::SIGKILL);
+                    Ok(())
+                }
+                Action::Arm(t) => {
+                    let after = match t {
+                        Timer::Checkpoint => plan.checkpoint_timeout,
+                        Timer::Grace => plan.grace,
+                        Timer::Kill => plan.kill_timeout,
+                    };
+                    timers.insert(t, Instant::now() + after);
+                    Ok(())
+                }
+                Action::PublishFailure { fatal } => job.publish_failure(fatal).await,
+                Action::PublishAbort(sig) => job.publish_abort(sig).await,
+                Action::PublishLocalDone => job.publish_local_done().await,
+                Action::Finish(o) => {
+                    outcome = o;
+                    Ok(())
+                }
+            };
+            if let Err(e) = published {
+                tracing::error!(error = %e, "cannot reach the rendezvous store");
+                pending.push_back(Event::Job(JobEnd::Lost));
+            }
+        }
+    }
+
+    // Processes a worker left in its group (grandchildren) go too, and so
+    // does every other descendant of the agent (those that called setsid()
+    // or were re-parented to us), before the next round starts.
+    for w in workers.values() {
+        sys::signal_group(w.pid, libc::SIGKILL);
+    }
+    let swept = tokio::task::block_in_place(|| sweep::kill_all(SWEEP_LIMIT));
+    sweep::log(&swept, "end of round");
+    if tokio::time::timeout(DRAIN_WAIT, drains.wait()).await.is_err() {
+        tracing::warn!("worker output still open after the workers exited; no longer reading it");
+    }
+
+    let record = |local_rank: u32, exit: Option<Exit>, at_us: u64, action: RuleAction, hung: bool| {
+        let w = &workers[&local_rank];
+        let (exit_code, signal) = match exit {
+            Some(Exit::Code(c)) => (Some(c), None),
+            Some(Exit::Signal(s)) => (None, Some(s)),
+            None => (None, None),
+        };
+        let mut rec = Failure {
+            attempt: u32::try_from(round).unwrap_or(u32::MAX),
+            rank: w.rank,
+            local_rank,
+            node_rank: world.group_rank,
+            host: plan.host.clone(),
+            pid: w.pid,
+            exit_code,
+            signal,
+            at_us,
+            error_file: None,
+            message: None,
+            traceback: None,
+            action,
+            hung,
+            not_started: w.not_started,
+        };
+        rec.read_error_file(&w.error_file);
+        if rec.message.is_none() {
+            rec.message.clone_from(&w.why);
+        }
+        if hung && rec.message.is_none() {
+            rec.message = Some(if exit.is_none() {
+                "stuck in uninterruptible sleep (D state) past --hung-timeout".into()
+            } else {
+                "survived SIGKILL past --kill-timeout (uninterruptible sleep)".into()
+            });
+        }
+        rec
+    };
+    let mut failures: Vec<Failure> =
+        core.failures().iter().map(|f| record(f.local_rank, f.exit, f.at_us, f.action, f.exit.is_none())).collect();
+    for &lr in core.abandoned() {
+        failures.push(record(lr, None, now_us(), RuleAction::Fail, true));
+    }
+    (outcome, failures)
+}
+
+/// The first live worker in D state for longer than `limit`.
+fn hung_worker(
+    core: &Attempt,
+    workers: &HashMap<u32, Worker>,
+    since: &mut HashMap<u32, Instant>,
+    limit: Option<Duration>,
+) -> Option<u32> {
+    let limit = limit?;
+    let now = Instant::now();
+    let mut found = None;
+    for lr in core.alive() {
+        let Some(w) = workers.get(&lr) else { continue };
+        if sys::proc_state(w.pid) == Some('D') {
+            let t = *since.entry(lr).or_insert(now);
+            if found.is_none() && now.duration_since(t) >= limit {
+                found = Some(lr);
+            }
+        } else {
+            since.remove(&lr);
+        }
+    }
+    found
+}
+
+/// Signal every live worker. Stop signals (TERM, INT, HUP, QUIT, KILL) go
+/// to the worker's whole process group, as torchrun's killpg; any other
+/// signal (the checkpoint signal, forwarded SIGUSR1/SIGUSR2) goes to the
+/// rank's main process only: DataLoader workers of the `spawn` context die
+/// of an unhandled SIGUSR1, and with `fork` the handler would run in each.
+fn signal_alive(core: &Attempt, workers: &HashMap<u32, Worker>, sig: i32) {
+    let group = is_group_signal(sig);
+    for lr in core.alive() {
+        if let Some(w) = workers.get(&lr) {
+            if group {
+                sys::signal_group(w.pid, sig);
+            } else {
+                sys::signal_process(w.pid, sig);
+            }
+        }
+    }
+}
+
+/// Does `sig` go to a worker's process group (else to its main process)?
+fn is_group_signal(sig: i32) -> bool {
+    matches!(sig, libc::SIGTERM | libc::SIGINT | libc::SIGHUP | libc::SIGQUIT | libc::SIGKILL)
+}
