@@ -14,6 +14,7 @@
 pub mod algorithms;
 pub mod argv;
 pub mod client;
+mod conn;
 pub mod hostfile;
 pub mod keygen;
 pub mod keys;
