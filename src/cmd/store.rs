@@ -11,20 +11,6 @@ use crate::process::signals::{self, SysEvent};
 use crate::store::{Budget, StoreServer, bind_listener};
 use crate::{exit, sys};
 
-/// The memory budget: `--store-memory`, else TRAINLET_STORE_MEMORY, else
-/// a quarter of the container's memory.
-pub fn memory(flag: Option<&str>, env: Option<&str>) -> Result<u64, Error> {
-    let Some(v) = flag.or(env) else {
-        return Ok(crate::store::default_budget(std::path::Path::new("/")));
-    };
-    crate::store::parse_size(v).filter(|n| *n >= crate::store::MIN_BUDGET).ok_or_else(|| {
-        Error::Usage(format!(
-            "invalid store memory {v:?} (--store-memory or {}): expected a size of at least 64M, e.g. 512M or 2G",
-            crate::env::TRAINLET_STORE_MEMORY
-        ))
-    })
-}
-
 /// Serve until a stop signal.
 pub fn main(args: &StoreArgs) -> Result<u8, Error> {
     // One event loop, as torch's libuv server and the agent's StoreLoop.
@@ -36,8 +22,8 @@ pub fn main(args: &StoreArgs) -> Result<u8, Error> {
     rt.block_on(async {
         let cancel = CancellationToken::new();
         let listener = bind_listener(args.host, args.port)?;
-        let from_env = std::env::var(crate::env::TRAINLET_STORE_MEMORY).ok();
-        let memory = memory(args.store_memory.as_deref(), from_env.as_deref())?;
+        let (memory, _) =
+            crate::config::store_memory(args.store_memory.as_deref(), &crate::config::Env::from_process())?;
         let server =
             StoreServer::start(listener, Arc::new(Budget::new(memory)), cancel.child_token()).map_err(Error::Serve)?;
         // Tests and scripts read the port from this line.

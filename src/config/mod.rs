@@ -2,18 +2,31 @@
 //!
 //! Precedence is CLI > env > default, applied in [`Plan::resolve`] and
 //! nowhere else; every value remembers where it came from so that
-//! `trainlet doctor` can say. Resolution reads files only to find GPUs and
-//! executables on PATH; it never touches the network.
+//! `trainlet doctor` can say. What resolution needs of the machine (GPUs,
+//! CPUs, host name) is discovered once ([`Machine`]) and passed in; beyond
+//! that it reads only the failure policy file and PATH, never the network.
+//! One file per concern: nodes, rendezvous, timeouts, output, entry, gpu,
+//! over one lookup helper (`setting.rs`).
 
+mod entry;
+mod gpu;
+pub mod machine;
+mod nodes;
+mod output;
+mod rendezvous;
 mod resolve;
 pub mod rules;
+mod setting;
+mod timeouts;
 
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub use crate::env::Env;
-pub use resolve::Streams;
+pub use machine::Machine;
+pub use output::Streams;
+pub use setting::store_memory;
 
 use crate::store::Endpoint;
 

@@ -1,0 +1,107 @@
+//! How many pods and workers: `--nnodes` (N or MIN:MAX), the node rank
+//! (with JOB_COMPLETION_INDEX as the last fallback) and
+//! `--nproc-per-node` (`auto`/`gpu`/`cpu` count what [`Machine`] found).
+
+use super::machine::Machine;
+use super::setting::{Provenance, invalid, lookup, parse_u32};
+use super::{Error, Source};
+use crate::cli::RunArgs;
+use crate::env::{self, Env};
+
+/// The pods and workers of the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Nodes {
+    pub min_nodes: u32,
+    pub nnodes: u32,
+    pub node_rank: u32,
+    pub nproc: u32,
+}
+
+/// Resolve the node counts, this pod's rank and its workers.
+pub(super) fn resolve(args: &RunArgs, env: &Env, machine: &Machine, prov: &mut Provenance) -> Result<Nodes, Error> {
+    // nnodes: N or MIN:MAX.
+    let l = lookup(args.nnodes.as_deref(), "--nnodes", env, &[env::PET_NNODES]);
+    let (min_nodes, nnodes) = match l.value {
+        None => (1, 1),
+        Some(v) => {
+            let expected = "a node count N >= 1 or MIN:MAX";
+            let num = |s: &str| s.trim().parse::<u32>().ok().filter(|n| *n > 0);
+            match v.split_once(':') {
+                None => {
+                    let n = num(v).ok_or_else(|| invalid(&l.origin(), v, expected))?;
+                    (n, n)
+                }
+                Some((a, b)) => {
+                    let (min, max) = (
+                        num(a).ok_or_else(|| invalid(&l.origin(), v, expected))?,
+                        num(b).ok_or_else(|| invalid(&l.origin(), v, expected))?,
+                    );
+                    if min > max {
+                        return Err(invalid(&l.origin(), v, "MIN <= MAX"));
+                    }
+                    (min, max)
+                }
+            }
+        }
+    };
+    let spec = if min_nodes == nnodes { nnodes.to_string() } else { format!("{min_nodes}:{nnodes}") };
+    prov.push(("nnodes", spec, l.source.clone()));
+
+    // node rank, with JOB_COMPLETION_INDEX as the last fallback.
+    let l = lookup(args.node_rank.as_deref(), "--node-rank", env, &[env::PET_NODE_RANK, env::JOB_COMPLETION_INDEX]);
+    let node_rank = parse_u32(&l, 0, "a node rank >= 0")?;
+    if node_rank >= nnodes {
+        return Err(invalid(
+            &l.origin(),
+            l.value.unwrap_or("0"),
+            &format!("a node rank below nnodes ({nnodes}), i.e. 0..={}", nnodes - 1),
+        ));
+    }
+    prov.push(("node rank", node_rank.to_string(), l.source));
+    prov.push((
+        "gpus",
+        machine.gpus.len().to_string(),
+        Source::Derived(format!("{} and sysfs", machine.gpu_root.join("proc/driver/nvidia/gpus").display())),
+    ));
+
+    // nproc per node.
+    let l = lookup(args.nproc_per_node.as_deref(), "--nproc-per-node", env, &[env::PET_NPROC_PER_NODE]);
+    let (nproc, src) = match l.value.map(str::trim) {
+        None => (1, l.source.clone()),
+        Some("auto") => {
+            let gpus = machine.gpus.len();
+            if gpus > 0 {
+                (gpus, Source::Derived(format!("auto: {gpus} visible GPUs")))
+            } else {
+                let cpus = machine.cpus;
+                (cpus, Source::Derived(format!("auto: no GPU, {cpus} CPUs")))
+            }
+        }
+        Some("cpu") => {
+            let cpus = machine.cpus;
+            (cpus, Source::Derived(format!("cpu: {cpus} CPUs")))
+        }
+        Some("gpu") => {
+            let gpus = machine.gpus.len();
+            if gpus == 0 {
+                return Err(invalid(
+                    &l.origin(),
+                    "gpu",
+                    "auto, cpu or an integer: no GPU is usable here (none in /proc/driver/nvidia/gpus, \
+                         or hidden by CUDA_VISIBLE_DEVICES/NVIDIA_VISIBLE_DEVICES)",
+                ));
+            }
+            (gpus, Source::Derived(format!("gpu: {gpus} visible GPUs")))
+        }
+        Some(v) => (
+            v.parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| invalid(&l.origin(), v, "an integer >= 1, auto, cpu or gpu"))?,
+            l.source.clone(),
+        ),
+    };
+    let nproc = u32::try_from(nproc).map_err(|_| invalid(&l.origin(), &nproc.to_string(), "fewer workers"))?;
+    prov.push(("nproc per node", nproc.to_string(), src));
+    Ok(Nodes { min_nodes, nnodes, node_rank, nproc })
+}

@@ -1,0 +1,107 @@
+//! Workers' names and output: `--role`, the log directory, `--redirects`,
+//! `--tee`, `--local-ranks-filter`, the line prefix template, and this
+//! pod's name in reports.
+
+use std::path::PathBuf;
+
+use super::machine::Machine;
+use super::setting::{Provenance, invalid, lookup};
+use super::{Error, Source};
+use crate::cli::RunArgs;
+use crate::env::{self, Env};
+
+/// Which output streams a setting applies to, per local rank.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Streams {
+    all: (bool, bool),
+    per_rank: Vec<(u32, (bool, bool))>,
+}
+
+impl Streams {
+    /// (stdout, stderr) selected for `local_rank`.
+    pub fn for_rank(&self, local_rank: u32) -> (bool, bool) {
+        self.per_rank.iter().find(|(r, _)| *r == local_rank).map_or(self.all, |(_, s)| *s)
+    }
+
+    pub(super) fn parse(origin: &str, v: &str) -> Result<Self, Error> {
+        let bits = |d: &str| -> Result<(bool, bool), Error> {
+            match d.trim() {
+                "0" => Ok((false, false)),
+                "1" => Ok((true, false)),
+                "2" => Ok((false, true)),
+                "3" => Ok((true, true)),
+                _ => Err(invalid(origin, v, "0, 1, 2, 3 or local_rank:value pairs like 0:3,1:1")),
+            }
+        };
+        if !v.contains(':') {
+            return Ok(Self { all: bits(v)?, per_rank: Vec::new() });
+        }
+        let mut per_rank = Vec::new();
+        for pair in v.split(',') {
+            let (r, d) = pair.split_once(':').ok_or_else(|| invalid(origin, v, "local_rank:value pairs"))?;
+            let r = r.trim().parse().map_err(|_| invalid(origin, v, "local_rank:value pairs"))?;
+            per_rank.push((r, bits(d)?));
+        }
+        Ok(Self { all: (false, false), per_rank })
+    }
+}
+
+/// Names and output of the workers.
+#[derive(Debug, Clone)]
+pub(super) struct Output {
+    pub role: String,
+    pub log_dir: Option<PathBuf>,
+    pub redirects: Streams,
+    pub tee: Streams,
+    pub console_ranks: Option<Vec<u32>>,
+    pub prefix_template: String,
+    pub host: String,
+}
+
+/// Resolve the output settings.
+pub(super) fn resolve(args: &RunArgs, env: &Env, machine: &Machine, prov: &mut Provenance) -> Result<Output, Error> {
+    let l = lookup(args.role.as_deref(), "--role", env, &[env::PET_ROLE]);
+    let role = l.value.unwrap_or("default").to_string();
+    prov.push(("role", role.clone(), l.source.clone()));
+
+    let l = lookup(None, "--log-dir", env, &[env::PET_LOG_DIR]);
+    let log_dir = args.log_dir.clone().or_else(|| l.value.map(PathBuf::from));
+    if let Some(dir) = &log_dir {
+        let source = if args.log_dir.is_some() { Source::Flag("--log-dir") } else { l.source.clone() };
+        prov.push(("log dir", dir.display().to_string(), source));
+    }
+    let l = lookup(args.redirects.as_deref(), "--redirects", env, &[env::PET_REDIRECTS]);
+    let redirects = l.value.map_or(Ok(Streams::default()), |v| Streams::parse(&l.origin(), v))?;
+    prov.push(("redirects", l.value.unwrap_or("0").to_string(), l.source.clone()));
+    let l = lookup(args.tee.as_deref(), "--tee", env, &[env::PET_TEE]);
+    let tee = l.value.map_or(Ok(Streams::default()), |v| Streams::parse(&l.origin(), v))?;
+    prov.push(("tee", l.value.unwrap_or("0").to_string(), l.source.clone()));
+    let l = lookup(args.local_ranks_filter.as_deref(), "--local-ranks-filter", env, &[env::PET_LOCAL_RANKS_FILTER]);
+    let console_ranks = match l.value {
+        None => None,
+        Some(v) => Some(
+            v.split(',')
+                .filter(|s| !s.trim().is_empty())
+                .map(|s| s.trim().parse::<u32>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| invalid(&l.origin(), v, "a comma list of local ranks like 0,2"))?,
+        ),
+    };
+    prov.push(("console ranks", l.value.unwrap_or("all").to_string(), l.source.clone()));
+
+    let l = lookup(
+        args.log_line_prefix_template.as_deref(),
+        "--log-line-prefix-template",
+        env,
+        &[env::TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE],
+    );
+    let prefix_template = l.value.unwrap_or("[${role_name}${local_rank}]:").to_string();
+    prov.push(("line prefix", prefix_template.clone(), l.source.clone()));
+
+    let l = lookup(args.local_addr.as_deref(), "--local-addr", env, &[env::PET_LOCAL_ADDR]);
+    let host = l.value.map_or_else(|| machine.hostname.clone(), str::to_string);
+
+    let source = if l.value.is_some() { l.source } else { Source::Derived("host name".into()) };
+    prov.push(("host", host.clone(), source));
+    Ok(Output { role, log_dir, redirects, tee, console_ranks, prefix_template, host })
+}

@@ -1,0 +1,243 @@
+//! Where and how the pods meet: `--rdzv-backend`/`--rdzv-conf`,
+//! standalone or a store endpoint, which pod serves the store, the run id,
+//! the join deadline, the store's memory, the JobSet restart attempt, the
+//! elastic last call and the heartbeat.
+
+use std::time::Duration;
+
+use super::nodes::Nodes;
+use super::resolve::{
+    DEFAULT_HEARTBEAT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_JOIN_TIMEOUT, DEFAULT_LAST_CALL, DEFAULT_PORT,
+};
+use super::setting::{Provenance, flag_or_env, invalid, lookup, parse_secs};
+use super::setting::{parse_port, store_memory};
+use super::{Error, Source};
+use crate::cli::RunArgs;
+use crate::env::{self, Env};
+use crate::store::Endpoint;
+
+/// The rendezvous settings of a plan.
+#[derive(Debug, Clone)]
+pub(super) struct Rendezvous {
+    pub standalone: bool,
+    pub endpoint: Endpoint,
+    pub serve_store: bool,
+    pub run_id: String,
+    pub join_timeout: Duration,
+    pub store_memory: u64,
+    pub jobset_attempt: u64,
+    pub last_call: Duration,
+    pub heartbeat: Duration,
+    pub heartbeat_timeout: Duration,
+}
+
+/// Resolve the rendezvous settings for `nodes`.
+pub(super) fn resolve(args: &RunArgs, env: &Env, nodes: Nodes, prov: &mut Provenance) -> Result<Rendezvous, Error> {
+    let Nodes { min_nodes, nnodes, node_rank, .. } = nodes;
+    // Rendezvous backend, endpoint, standalone.
+    let l = lookup(args.rdzv_backend.as_deref(), "--rdzv-backend", env, &[env::PET_RDZV_BACKEND]);
+    let backend = l.value.unwrap_or("static");
+    if !matches!(backend, "static" | "c10d") {
+        return Err(Error::Unsupported {
+            what: format!("{} {backend}", l.origin()),
+            hint: "use static or c10d; both are served by trainlet's own store".into(),
+        });
+    }
+    let conf_l = lookup(args.rdzv_conf.as_deref(), "--rdzv-conf", env, &[env::PET_RDZV_CONF]);
+    let conf = conf_l.value.map_or(Ok(RdzvConf::default()), |v| parse_rdzv_conf(&conf_l.origin(), v))?;
+    let (standalone_flag, standalone_src) = flag_or_env(args.standalone, "--standalone", env, env::PET_STANDALONE)?;
+    let port_l = lookup(args.master_port.as_deref(), "--master-port", env, &[env::PET_MASTER_PORT]);
+    let master_port = port_l.value.map_or(Ok(DEFAULT_PORT), |v| parse_port(&port_l.origin(), v))?;
+    let addr_l = lookup(args.master_addr.as_deref(), "--master-addr", env, &[env::PET_MASTER_ADDR]);
+    let ep_l = lookup(args.rdzv_endpoint.as_deref(), "--rdzv-endpoint", env, &[env::PET_RDZV_ENDPOINT]);
+    let implicit = backend == "static" && ep_l.value.is_none() && port_l.value.is_none() && nnodes == 1;
+    let standalone = standalone_flag || implicit;
+    if standalone_flag && nnodes > 1 {
+        return Err(Error::Usage(format!("--standalone runs one node, but nnodes is {nnodes}")));
+    }
+    let (endpoint, ep_src) = if standalone {
+        let how = if standalone_flag { standalone_src } else { Source::Derived("one node, no endpoint".into()) };
+        (Endpoint { host: "127.0.0.1".into(), port: 0 }, how)
+    } else if let Some(v) = ep_l.value {
+        let default_port = if backend == "c10d" { 29400 } else { master_port };
+        (parse_endpoint(&ep_l.origin(), v, default_port)?, ep_l.source.clone())
+    } else {
+        let host = addr_l.value.unwrap_or("127.0.0.1").trim().to_string();
+        if host.is_empty() || host.contains(char::is_whitespace) {
+            return Err(invalid(&addr_l.origin(), &host, "a host name or IP address"));
+        }
+        let src = if addr_l.value.is_some() { addr_l.source.clone() } else { port_l.source.clone() };
+        (Endpoint { host, port: master_port }, src)
+    };
+    prov.push((
+        "store endpoint",
+        if standalone { "127.0.0.1:<free port>".into() } else { endpoint.to_string() },
+        ep_src,
+    ));
+    let serve_store = standalone || conf.is_host.unwrap_or(node_rank == 0);
+
+    let l = lookup(args.rdzv_id.as_deref(), "--rdzv-id", env, &[env::PET_RDZV_ID]);
+    let run_id = match l.value {
+        Some(v) => v.to_string(),
+        None if standalone => random_id(),
+        None => "none".to_string(),
+    };
+    prov.push(("run id", run_id.clone(), l.source));
+
+    let l = lookup(args.join_timeout.as_deref(), "--join-timeout", env, &[env::TRAINLET_JOIN_TIMEOUT]);
+    let join_timeout = match (l.value, conf.join_timeout) {
+        (None, Some(t)) => t,
+        _ => parse_secs(&l, DEFAULT_JOIN_TIMEOUT)?,
+    };
+    prov.push(("join timeout", format!("{join_timeout:?}"), l.source));
+
+    let (store_memory, source) = store_memory(args.store_memory.as_deref(), env)?;
+    prov.push(("store memory budget", format!("{store_memory} bytes"), source));
+
+    let l = lookup(None, "--job-set-attempt", env, &[env::JOBSET_RESTART_ATTEMPT]);
+    let jobset_attempt = match l.value {
+        None => 0,
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| invalid(&l.origin(), v, "the JobSet restart attempt, an integer >= 0"))?,
+    };
+    prov.push(("jobset attempt", jobset_attempt.to_string(), l.source));
+    let l = lookup(args.last_call_timeout.as_deref(), "--last-call-timeout", env, &[env::TRAINLET_LAST_CALL_TIMEOUT]);
+    let last_call = match (l.value, conf.last_call) {
+        (None, Some(t)) => t,
+        _ => parse_secs(&l, DEFAULT_LAST_CALL)?,
+    };
+    if min_nodes != nnodes {
+        prov.push(("last call", format!("{last_call:?}"), l.source));
+    }
+    let heartbeat = conf.keep_alive_interval.unwrap_or(DEFAULT_HEARTBEAT);
+    let l = lookup(args.heartbeat_timeout.as_deref(), "--heartbeat-timeout", env, &[env::TRAINLET_HEARTBEAT_TIMEOUT]);
+    let heartbeat_timeout = match (l.value, conf.keep_alive_interval, conf.keep_alive_max_attempt) {
+        (None, Some(i), Some(n)) => i * n,
+        (None, None, Some(n)) => DEFAULT_HEARTBEAT * n,
+        _ => parse_secs(&l, DEFAULT_HEARTBEAT_TIMEOUT)?,
+    };
+    if heartbeat_timeout < heartbeat * 2 {
+        return Err(invalid(
+            &l.origin(),
+            l.value.unwrap_or("(from --rdzv-conf)"),
+            &format!("a heartbeat timeout of at least two heartbeat periods ({:?})", heartbeat * 2),
+        ));
+    }
+    // A period well below the timeout, so one late heartbeat is not a death.
+    let heartbeat = heartbeat.min(heartbeat_timeout / 4).max(Duration::from_millis(100));
+    prov.push(("heartbeat timeout", format!("{heartbeat_timeout:?} (every {heartbeat:?})"), l.source));
+
+    Ok(Rendezvous {
+        standalone,
+        endpoint,
+        serve_store,
+        run_id,
+        join_timeout,
+        store_memory,
+        jobset_attempt,
+        last_call,
+        heartbeat,
+        heartbeat_timeout,
+    })
+}
+
+/// `host`, `host:port`, `[v6]`, `[v6]:port`.
+fn parse_endpoint(origin: &str, v: &str, default_port: u16) -> Result<Endpoint, Error> {
+    let bad = || invalid(origin, v, "host[:port] or [ipv6][:port]");
+    let v = v.trim();
+    let (host, port) = if let Some(rest) = v.strip_prefix('[') {
+        let (h, after) = rest.split_once(']').ok_or_else(bad)?;
+        match after.strip_prefix(':') {
+            Some(p) => (h, Some(p)),
+            None if after.is_empty() => (h, None),
+            None => return Err(bad()),
+        }
+    } else if v.matches(':').count() == 1 {
+        let (h, p) = v.split_once(':').ok_or_else(bad)?;
+        (h, Some(p))
+    } else {
+        (v, None)
+    };
+    if host.is_empty() {
+        return Err(bad());
+    }
+    let port = port.map_or(Ok(default_port), |p| parse_port(origin, p))?;
+    Ok(Endpoint { host: host.to_string(), port })
+}
+
+/// Settings accepted in `--rdzv-conf`.
+#[derive(Debug, Default)]
+struct RdzvConf {
+    join_timeout: Option<Duration>,
+    is_host: Option<bool>,
+    last_call: Option<Duration>,
+    keep_alive_interval: Option<Duration>,
+    keep_alive_max_attempt: Option<u32>,
+}
+
+fn parse_rdzv_conf(origin: &str, v: &str) -> Result<RdzvConf, Error> {
+    let mut conf = RdzvConf::default();
+    for item in v.split(',').filter(|s| !s.trim().is_empty()) {
+        let (k, val) = item.split_once('=').ok_or_else(|| invalid(origin, v, "key=value pairs"))?;
+        let (k, val) = (k.trim(), val.trim());
+        if val.is_empty() {
+            return Err(invalid(origin, v, &format!("a value for {k}")));
+        }
+        let secs = || {
+            val.parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| invalid(origin, v, &format!("{k} in seconds > 0")))
+        };
+        match k {
+            "join_timeout" | "timeout" => conf.join_timeout = Some(secs()?),
+            "read_timeout" => {
+                secs()?;
+            }
+            "is_host" => {
+                conf.is_host = Some(match val.to_ascii_lowercase().as_str() {
+                    "1" | "true" | "yes" | "y" => true,
+                    "0" | "false" | "no" | "n" => false,
+                    _ => return Err(invalid(origin, v, "is_host=true|false")),
+                });
+            }
+            "last_call_timeout" => conf.last_call = Some(secs()?),
+            "keep_alive_interval" => conf.keep_alive_interval = Some(secs()?),
+            "keep_alive_max_attempt" => {
+                conf.keep_alive_max_attempt = Some(
+                    val.parse::<u32>()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| invalid(origin, v, "keep_alive_max_attempt >= 1"))?,
+                );
+            }
+            // torch's own tuning of its CAS-based state; nothing to tune here.
+            "close_timeout" | "heartbeat_timeout" | "cas_backoff_max_seconds" => {
+                secs()?;
+            }
+            "store_type" if val == "tcp" => {}
+            "use_libuv" => {}
+            "store_type" => {
+                return Err(Error::Unsupported {
+                    what: format!("--rdzv-conf {k}={val}"),
+                    hint: "trainlet serves its own TCP store; remove the setting".into(),
+                });
+            }
+            _ => {
+                return Err(invalid(
+                    origin,
+                    v,
+                    "keys among join_timeout, timeout, read_timeout, is_host, last_call_timeout, keep_alive_interval, keep_alive_max_attempt",
+                ));
+            }
+        }
+    }
+    Ok(conf)
+}
+
+fn random_id() -> String {
+    format!("{:016x}", crate::sys::random_u64())
+}

@@ -1,0 +1,92 @@
+//! One setting looked up with CLI > env > default precedence, parsed, and
+//! named in errors by where it came from; [`Provenance`] collects what
+//! `trainlet doctor` prints for every value.
+
+use std::time::Duration;
+
+use super::{Error, Source};
+use crate::env::Env;
+
+/// (setting, value, where it came from), in the order doctor prints them.
+pub(super) type Provenance = Vec<(&'static str, String, Source)>;
+
+pub(super) fn invalid(origin: &str, value: &str, expected: &str) -> Error {
+    Error::Invalid { origin: origin.to_string(), value: value.to_string(), expected: expected.to_string() }
+}
+
+/// One setting looked up with CLI > env > default precedence.
+pub(super) struct Lookup<'a> {
+    pub value: Option<&'a str>,
+    pub source: Source,
+}
+
+impl Lookup<'_> {
+    pub fn origin(&self) -> String {
+        match &self.source {
+            Source::Flag(n) => n.to_string(),
+            Source::Env(n) => n.to_string(),
+            Source::Default | Source::Derived(_) => "default".to_string(),
+        }
+    }
+}
+
+pub(super) fn lookup<'a>(cli: Option<&'a str>, flag: &'static str, env: &'a Env, names: &[&'static str]) -> Lookup<'a> {
+    if let Some(v) = cli {
+        return Lookup { value: Some(v), source: Source::Flag(flag) };
+    }
+    for name in names {
+        if let Some(v) = env.get(name) {
+            return Lookup { value: Some(v), source: Source::Env(name) };
+        }
+    }
+    Lookup { value: None, source: Source::Default }
+}
+
+pub(super) fn flag_or_env(
+    cli: bool,
+    flag: &'static str,
+    env: &Env,
+    name: &'static str,
+) -> Result<(bool, Source), Error> {
+    if cli {
+        return Ok((true, Source::Flag(flag)));
+    }
+    match env.get(name) {
+        None => Ok((false, Source::Default)),
+        Some("1" | "true" | "True") => Ok((true, Source::Env(name))),
+        Some("0" | "false" | "False") => Ok((false, Source::Env(name))),
+        Some(v) => Err(invalid(name, v, "0 or 1")),
+    }
+}
+
+/// `--store-memory` (else TRAINLET_STORE_MEMORY): a size of at least
+/// [`crate::store::MIN_BUDGET`], or the default sized from the container's
+/// memory limit; with where it came from. `trainlet run` and `trainlet
+/// store` both read it here.
+pub fn store_memory(cli: Option<&str>, env: &Env) -> Result<(u64, Source), Error> {
+    let l = lookup(cli, "--store-memory", env, &[crate::env::TRAINLET_STORE_MEMORY]);
+    let Some(v) = l.value else { return Ok((crate::store::default_budget(std::path::Path::new("/")), l.source)) };
+    let n = crate::store::parse_size(v)
+        .filter(|n| *n >= crate::store::MIN_BUDGET)
+        .ok_or_else(|| invalid(&l.origin(), v, "a size of at least 64M, e.g. 512M or 2G"))?;
+    Ok((n, l.source))
+}
+
+pub(super) fn parse_u32(l: &Lookup<'_>, default: u32, expected: &str) -> Result<u32, Error> {
+    l.value.map_or(Ok(default), |v| v.trim().parse::<u32>().map_err(|_| invalid(&l.origin(), v, expected)))
+}
+
+pub(super) fn parse_secs(l: &Lookup<'_>, default: Duration) -> Result<Duration, Error> {
+    l.value.map_or(Ok(default), |v| {
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| invalid(&l.origin(), v, "a number of seconds >= 0"))
+    })
+}
+
+pub(super) fn parse_port(origin: &str, v: &str) -> Result<u16, Error> {
+    v.trim().parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| invalid(origin, v, "a TCP port 1-65535"))
+}

@@ -1,0 +1,120 @@
+//! Restarts and stopping: `--max-restarts`, the grace period and the stop
+//! signals, the restart backoff, the kill and hung timeouts, the
+//! checkpoint signal and its timeout, and the failure policy.
+
+use std::time::Duration;
+
+use super::Error;
+use super::resolve::{DEFAULT_CHECKPOINT_TIMEOUT, DEFAULT_GRACE, DEFAULT_KILL_TIMEOUT};
+use super::setting::{Provenance, invalid, lookup, parse_secs, parse_u32};
+use crate::cli::RunArgs;
+use crate::env::{self, Env};
+
+/// How the job restarts and stops.
+#[derive(Debug, Clone)]
+pub(super) struct Timeouts {
+    pub max_restarts: u32,
+    pub grace: Duration,
+    pub stop_signals: Vec<i32>,
+    pub restart_backoff: Duration,
+    pub kill_timeout: Duration,
+    pub hung_timeout: Option<Duration>,
+    pub checkpoint_signal: Option<i32>,
+    pub checkpoint_timeout: Duration,
+    pub rules: super::rules::Rules,
+}
+
+/// Resolve restarts, stop signals, timeouts and the failure policy.
+pub(super) fn resolve(args: &RunArgs, env: &Env, prov: &mut Provenance) -> Result<Timeouts, Error> {
+    let l = lookup(args.max_restarts.as_deref(), "--max-restarts", env, &[env::PET_MAX_RESTARTS]);
+    let max_restarts = parse_u32(&l, 0, "an integer >= 0")?;
+    prov.push(("max restarts", max_restarts.to_string(), l.source));
+
+    let l = lookup(args.monitor_interval.as_deref(), "--monitor-interval", env, &[env::PET_MONITOR_INTERVAL]);
+    parse_secs(&l, Duration::ZERO)?;
+
+    let l = lookup(args.shutdown_timeout.as_deref(), "--shutdown-timeout", env, &[env::TORCH_ELASTIC_SHUTDOWN_TIMEOUT]);
+    let grace = parse_secs(&l, DEFAULT_GRACE)?;
+    prov.push(("grace period", format!("{grace:?}"), l.source));
+
+    let l =
+        lookup(args.signals_to_handle.as_deref(), "--signals-to-handle", env, &[env::TORCHELASTIC_SIGNALS_TO_HANDLE]);
+    let mut stop_signals = Vec::new();
+    for name in l.value.unwrap_or("SIGTERM,SIGINT,SIGHUP,SIGQUIT").split(',').filter(|s| !s.trim().is_empty()) {
+        stop_signals.push(parse_signal(&l.origin(), l.value.unwrap_or(""), name)?);
+    }
+    for always in [libc::SIGTERM, libc::SIGINT] {
+        if !stop_signals.contains(&always) {
+            stop_signals.push(always);
+        }
+    }
+    let names: Vec<String> = stop_signals.iter().map(|s| crate::sys::signal_name(*s)).collect();
+    prov.push(("stop signals", names.join(","), l.source.clone()));
+
+    let l = lookup(args.restart_backoff.as_deref(), "--restart-backoff", env, &[env::TRAINLET_RESTART_BACKOFF]);
+    let restart_backoff = parse_secs(&l, Duration::ZERO)?;
+    prov.push(("restart backoff", format!("{restart_backoff:?}"), l.source.clone()));
+    let l = lookup(args.kill_timeout.as_deref(), "--kill-timeout", env, &[env::TRAINLET_KILL_TIMEOUT]);
+    let kill_timeout = parse_secs(&l, DEFAULT_KILL_TIMEOUT)?;
+    prov.push(("kill timeout", format!("{kill_timeout:?}"), l.source.clone()));
+    let l =
+        lookup(args.hung_timeout.as_deref(), "--hung-timeout", env, &[env::TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT]);
+    let hung_timeout = match l.value {
+        None => None,
+        Some(_) => Some(parse_secs(&l, Duration::ZERO)?).filter(|d| !d.is_zero()),
+    };
+    prov.push(("hung timeout", hung_timeout.map_or_else(|| "off".to_string(), |d| format!("{d:?}")), l.source.clone()));
+
+    let l = lookup(args.checkpoint_signal.as_deref(), "--checkpoint-signal", env, &[env::TRAINLET_CHECKPOINT_SIGNAL]);
+    let checkpoint_signal = match l.value {
+        None => None,
+        Some(v) => Some(
+            crate::config::rules::parse_signal_name(v)
+                .ok_or_else(|| invalid(&l.origin(), v, "a signal name such as SIGUSR1"))?,
+        ),
+    };
+    let lt =
+        lookup(args.checkpoint_timeout.as_deref(), "--checkpoint-timeout", env, &[env::TRAINLET_CHECKPOINT_TIMEOUT]);
+    let checkpoint_timeout = match lt.value {
+        None => DEFAULT_CHECKPOINT_TIMEOUT.min(grace / 2),
+        Some(_) => parse_secs(&lt, DEFAULT_CHECKPOINT_TIMEOUT)?,
+    };
+    if checkpoint_signal.is_some() && checkpoint_timeout >= grace {
+        return Err(Error::Usage(format!(
+            "the checkpoint timeout ({checkpoint_timeout:?}) must be shorter than the grace period \
+                 (--shutdown-timeout, {grace:?}): SIGTERM and SIGKILL both come within the grace period"
+        )));
+    }
+    if let Some(sig) = checkpoint_signal {
+        prov.push(("checkpoint", format!("{} then {checkpoint_timeout:?}", crate::sys::signal_name(sig)), l.source));
+    }
+    let l = lookup(args.policy.as_ref().and_then(|p| p.to_str()), "--policy", env, &[env::TRAINLET_POLICY]);
+    let file_rules = match l.value {
+        None => Vec::new(),
+        Some(path) => crate::config::rules::Rules::load(std::path::Path::new(path))?,
+    };
+    let flag_rules =
+        args.on_exit.iter().map(|r| crate::config::rules::Rules::parse_flag(r)).collect::<Result<Vec<_>, _>>()?;
+    let rules = crate::config::rules::Rules::new(flag_rules, file_rules);
+    prov.push(("failure policy", rules.describe(), l.source));
+
+    Ok(Timeouts {
+        max_restarts,
+        grace,
+        stop_signals,
+        restart_backoff,
+        kill_timeout,
+        hung_timeout,
+        checkpoint_signal,
+        checkpoint_timeout,
+        rules,
+    })
+}
+
+fn parse_signal(origin: &str, v: &str, name: &str) -> Result<i32, Error> {
+    let upper = name.trim().to_ascii_uppercase();
+    let full = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
+    full.parse::<nix::sys::signal::Signal>()
+        .map(|s| s as i32)
+        .map_err(|_| invalid(origin, v, "a comma list of signal names like SIGTERM,SIGINT"))
+}
