@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use crate::InitError;
+use crate::error::InitError;
 use crate::pattern::Filter;
 
 /// Which initializer.

@@ -17,7 +17,7 @@
 //! partial state and fails the run (exit 223); a full disk removes every
 //! partial file of the run (exit 224).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::Write;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
@@ -27,14 +27,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::Control;
+use crate::config::Config;
+use crate::error::InitError;
 use crate::progress::Progress;
-use crate::remote::{Check, Client, Failure, Remote, RemoteFile, check_rel, escaped};
-use crate::volume::{FileEntry, JOURNAL, partial_name};
-use crate::{Config, InitError};
+use crate::remote::{Client, Failure, Remote, RemoteFile, check_rel, escaped};
+use crate::resume::{Header, Journaled, preallocate, read_journal, resumed, split, state_name};
+use crate::verify::{Digest, Hashing, verify};
+use crate::volume::{Fetched, FileEntry, JOURNAL, partial_name};
 
 /// Bytes gathered from the network before one positioned write.
 pub const FLUSH: usize = 1 << 20;
@@ -57,33 +59,6 @@ pub struct Options {
     pub verify_content: bool,
 }
 
-/// What a remote fetch published.
-#[derive(Debug)]
-pub struct Fetched {
-    /// Every file, as in the marker.
-    pub files: Vec<FileEntry>,
-    /// The commit, for the Hub.
-    pub commit: Option<String>,
-    /// `size` when content hashes were not checked (`--verify size`).
-    pub verified: Option<String>,
-}
-
-/// The state file's first line.
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
-struct Header {
-    size: u64,
-    check: String,
-    chunk: u64,
-}
-
-/// One journal line.
-#[derive(Debug, Serialize, Deserialize)]
-struct Journaled {
-    path: String,
-    size: u64,
-    check: String,
-}
-
 /// One file being fetched.
 #[derive(Debug)]
 struct Job {
@@ -101,129 +76,6 @@ struct Job {
     hash: Mutex<Hashing>,
     /// A background catch-up of `hash` is running.
     hashing: std::sync::atomic::AtomicBool,
-}
-
-/// A digest that follows the written prefix of a part file, so verifying a
-/// large file overlaps its download instead of rereading it all at the end.
-#[derive(Debug)]
-struct Hashing {
-    digest: Digest,
-    upto: u64,
-}
-
-/// The running digest of one check.
-#[derive(Clone)]
-enum Digest {
-    Ring(ring::digest::Context),
-    Md5(md5::Md5),
-    None,
-}
-
-impl std::fmt::Debug for Digest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Digest::Ring(_) => "Digest::Ring",
-            Digest::Md5(_) => "Digest::Md5",
-            Digest::None => "Digest::None",
-        })
-    }
-}
-
-impl Digest {
-    fn new(check: &Check, size: u64) -> Self {
-        use md5::Digest as _;
-        match check {
-            Check::Sha256(_) => Digest::Ring(ring::digest::Context::new(&ring::digest::SHA256)),
-            Check::GitSha1(_) => {
-                let mut c = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
-                c.update(format!("blob {size}\0").as_bytes());
-                Digest::Ring(c)
-            }
-            Check::Md5(_) => Digest::Md5(md5::Md5::new()),
-            Check::Size(_) => Digest::None,
-        }
-    }
-
-    fn update(&mut self, b: &[u8]) {
-        use md5::Digest as _;
-        match self {
-            Digest::Ring(c) => c.update(b),
-            Digest::Md5(m) => m.update(b),
-            Digest::None => {}
-        }
-    }
-
-    fn hex(self) -> Option<String> {
-        use md5::Digest as _;
-        let hex = |b: &[u8]| data_encoding::HEXLOWER.encode(b);
-        match self {
-            Digest::Ring(c) => Some(hex(c.finish().as_ref())),
-            Digest::Md5(m) => Some(hex(&m.finalize())),
-            Digest::None => None,
-        }
-    }
-}
-
-impl Hashing {
-    /// Hash the part file's bytes from `upto` to `to`.
-    fn advance(&mut self, data: &std::fs::File, part: &Path, to: u64) -> Result<(), InitError> {
-        if matches!(self.digest, Digest::None) {
-            self.upto = self.upto.max(to);
-            return Ok(());
-        }
-        let mut buf = vec![0u8; usize::try_from((to - self.upto.min(to)).min(4 << 20)).unwrap_or(4 << 20)];
-        while self.upto < to {
-            let want = usize::try_from((to - self.upto).min(buf.len() as u64)).unwrap_or(buf.len());
-            let n = data.read_at(&mut buf[..want], self.upto).map_err(InitError::at("cannot read", part))?;
-            if n == 0 {
-                break;
-            }
-            self.digest.update(&buf[..n]);
-            self.upto += n as u64;
-        }
-        Ok(())
-    }
-}
-
-fn state_name(dest: &Path) -> PathBuf {
-    crate::volume::temp_name(dest, crate::volume::STATE)
-}
-
-fn split(size: u64, chunk: u64, ranges: bool) -> Vec<Range<u64>> {
-    if size == 0 {
-        return Vec::new();
-    }
-    if !ranges {
-        return std::iter::once(0..size).collect();
-    }
-    (0..size.div_ceil(chunk)).map(|i| i * chunk..((i + 1) * chunk).min(size)).collect()
-}
-
-/// Ranges already written by an earlier run, if its state matches `header`.
-fn resumed(state: &Path, part: &Path, header: &Header) -> Option<Vec<usize>> {
-    let text = std::fs::read_to_string(state).ok()?;
-    let mut lines = text.split_inclusive('\n');
-    let first: Header = serde_json::from_str(lines.next()?.trim()).ok()?;
-    if first != *header || std::fs::metadata(part).ok()?.len() != header.size {
-        return None;
-    }
-    // A line cut short by a kill has no newline: not counted.
-    Some(lines.filter(|l| l.ends_with('\n')).filter_map(|l| l.trim().parse().ok()).collect())
-}
-
-/// Reserve `size` bytes for `f`: a full volume fails now, not mid-way.
-fn preallocate(f: &std::fs::File, path: &Path, size: u64) -> Result<(), InitError> {
-    use std::os::fd::AsRawFd;
-    let len =
-        i64::try_from(size).map_err(|_| InitError::Config(format!("{}: size {size} too large", path.display())))?;
-    match nix::fcntl::posix_fallocate(f.as_raw_fd(), 0, len) {
-        Ok(()) => Ok(()),
-        Err(nix::errno::Errno::ENOSPC) => {
-            Err(InitError::io("cannot reserve space for", path, std::io::Error::from_raw_os_error(libc::ENOSPC)))
-        }
-        // NFS and others without fallocate: a sparse file of the right size.
-        Err(_) => f.set_len(size).map_err(InitError::at("cannot size", path)),
-    }
 }
 
 impl Job {
@@ -361,15 +213,6 @@ async fn run(
 /// Sum of sizes a source listed, u64::MAX when it would wrap.
 pub(crate) fn saturating_sum(sizes: impl IntoIterator<Item = u64>) -> u64 {
     sizes.into_iter().fold(0u64, u64::saturating_add)
-}
-
-fn read_journal(path: &Path) -> HashMap<String, (u64, String)> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Journaled>(l).ok())
-        .map(|j| (j.path, (j.size, j.check)))
-        .collect()
 }
 
 async fn fetch(
@@ -726,33 +569,10 @@ async fn finish(shared: &Shared, j: usize) -> Result<(), InitError> {
     Ok(())
 }
 
-/// Finish hashing the part file (from where `hashing` stopped), sync it;
-/// `Some((want, got))` on a mismatch.
-fn verify(
-    data: &std::fs::File,
-    part: &Path,
-    size: u64,
-    check: &Check,
-    mut hashing: Hashing,
-) -> Result<Option<(String, String)>, InitError> {
-    let len = data.metadata().map_err(InitError::at("cannot read", part))?.len();
-    if len != size {
-        return Ok(Some((format!("{size} bytes"), format!("{len} bytes"))));
-    }
-    hashing.advance(data, part, size)?;
-    // No digest (`--verify size`): the size above was the check.
-    if let (Some((algorithm, want)), Some(got)) = (check.digest(), hashing.digest.hex())
-        && want != got
-    {
-        return Ok(Some((format!("{algorithm} {want}"), got)));
-    }
-    data.sync_data().map_err(InitError::at("cannot sync", part))?;
-    Ok(None)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::remote::Check;
 
     #[test]
     fn listed_sizes_that_would_wrap_fail_the_space_check() {

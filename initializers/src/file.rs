@@ -11,10 +11,11 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::fetch::Fetched;
 use crate::remote::{check_rel, escaped};
-use crate::volume::{FileEntry, partial_name};
-use crate::{Config, InitError};
+
+use crate::config::Config;
+use crate::error::InitError;
+use crate::volume::{Fetched, FileEntry, partial_name};
 
 /// What the walk found under the source root.
 #[derive(Debug, Default)]

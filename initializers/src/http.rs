@@ -7,9 +7,10 @@
 
 use std::ops::Range;
 
+use crate::config::Config;
 use crate::config::Secret;
+use crate::error::InitError;
 use crate::remote::{Body, Check, Client, Failure, Listing, RemoteFile, describe, safe_rel, status_failure};
-use crate::{Config, InitError};
 
 /// One URL.
 #[derive(Debug)]

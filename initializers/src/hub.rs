@@ -21,8 +21,9 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Deserialize;
 
 use crate::config::Secret;
+use crate::config::{Config, Kind};
+use crate::error::InitError;
 use crate::remote::{Body, Check, Client, Failure, Listing, RemoteFile, describe, status_failure};
-use crate::{Config, InitError, Kind};
 
 /// The public Hub, when neither ENDPOINT nor HF_ENDPOINT is set.
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";

@@ -15,7 +15,8 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use crate::config::Secret;
-use crate::{Config, InitError, Source};
+use crate::config::{Config, Source};
+use crate::error::InitError;
 
 /// What a file is checked against before it is published.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,8 +14,9 @@ use futures_util::TryStreamExt;
 use opendal::{ErrorKind, HttpTransporter, OperationContext, Operator, services};
 use opendal_http_transport_reqwest::ReqwestTransport;
 
+use crate::config::Config;
+use crate::error::InitError;
 use crate::remote::{Body, Check, Client, Failure, Listing, RemoteFile};
-use crate::{Config, InitError};
 
 /// A bucket and key prefix.
 #[derive(Debug)]

@@ -18,8 +18,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::fetch::Fetched;
-use crate::{Config, InitError, Outcome};
+use crate::config::Config;
+use crate::error::InitError;
 
 /// The completion marker, in the output directory.
 pub const MARKER: &str = ".trainlet-complete.json";
@@ -268,4 +268,29 @@ pub fn exactly_once(
     sweep(&cfg.output);
     drop(lock);
     Ok(Outcome::Fetched { files: marker.files.len(), bytes })
+}
+
+/// What a remote fetch published.
+#[derive(Debug)]
+pub struct Fetched {
+    /// Every file, as in the marker.
+    pub files: Vec<FileEntry>,
+    /// The commit, for the Hub.
+    pub commit: Option<String>,
+    /// `size` when content hashes were not checked (`--verify size`).
+    pub verified: Option<String>,
+}
+
+/// What a finished run did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// This process fetched and published the files.
+    Fetched {
+        /// Files written.
+        files: usize,
+        /// Bytes written.
+        bytes: u64,
+    },
+    /// The marker was already there, for this URI.
+    AlreadyDone,
 }
