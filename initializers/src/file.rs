@@ -11,10 +11,9 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::remote::{check_rel, escaped};
-
 use crate::config::Config;
 use crate::error::InitError;
+use crate::remote::{check_rel, escaped};
 use crate::volume::{Fetched, FileEntry, partial_name};
 
 /// What the walk found under the source root.

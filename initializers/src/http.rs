@@ -7,8 +7,7 @@
 
 use std::ops::Range;
 
-use crate::config::Config;
-use crate::config::Secret;
+use crate::config::{Config, Secret};
 use crate::error::InitError;
 use crate::remote::{Body, Check, Client, Failure, Listing, RemoteFile, describe, safe_rel, status_failure};
 

@@ -20,8 +20,7 @@ use std::ops::Range;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Deserialize;
 
-use crate::config::Secret;
-use crate::config::{Config, Kind};
+use crate::config::{Config, Kind, Secret};
 use crate::error::InitError;
 use crate::remote::{Body, Check, Client, Failure, Listing, RemoteFile, describe, status_failure};
 

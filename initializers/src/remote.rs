@@ -14,8 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 
-use crate::config::Secret;
-use crate::config::{Config, Source};
+use crate::config::{Config, Secret, Source};
 use crate::error::InitError;
 
 /// What a file is checked against before it is published.
