@@ -142,6 +142,12 @@ pub struct Config {
     pub secret_access_key: Option<Secret>,
     /// S3 region (default `auto`, as Trainer's).
     pub region: String,
+    /// Silence of the lock holder's heartbeat after which another pod
+    /// takes the volume over (TRAINLET_INIT_STALE_SECS, default 30 s).
+    pub stale_after: std::time::Duration,
+    /// This pod's host name, named in the lock file ([`Config::with_host`];
+    /// empty when unknown).
+    pub host: String,
 }
 
 /// Trainer's model allow patterns (Hub only).
@@ -176,6 +182,20 @@ impl Config {
             (Source::Hf { .. }, Kind::Model) => MODEL_ALLOW.iter().map(ToString::to_string).collect(),
             _ => Vec::new(),
         };
+        let stale_after = match get("TRAINLET_INIT_STALE_SECS") {
+            None => std::time::Duration::from_secs(30),
+            Some(v) => v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .map(std::time::Duration::from_secs_f64)
+                .ok_or_else(|| {
+                    InitError::Config(format!(
+                        "invalid TRAINLET_INIT_STALE_SECS value {v:?}: expected a number of seconds > 0"
+                    ))
+                })?,
+        };
         let endpoint = match &source {
             Source::Hf { .. } => get("ENDPOINT").or_else(|| get("HF_ENDPOINT")),
             _ => get("ENDPOINT"),
@@ -196,7 +216,16 @@ impl Config {
             access_key_id: get("ACCESS_KEY_ID").map(Secret),
             secret_access_key: get("SECRET_ACCESS_KEY").map(Secret),
             region: get("REGION").unwrap_or_else(|| "auto".to_string()),
+            stale_after,
+            host: String::new(),
         })
+    }
+
+    /// Name this pod's host in the lock file (the agent knows it; this
+    /// crate reads no system state of its own for it).
+    pub fn with_host(mut self, host: Option<String>) -> Self {
+        self.host = host.unwrap_or_default();
+        self
     }
 
     /// Take the Hub revision from an option (`--revision`) instead of the
@@ -296,5 +325,19 @@ mod tests {
         assert_eq!(c.region, "auto");
         let e = Config::resolve(Kind::Dataset, None, None, env(&[])).expect_err("no uri").to_string();
         assert!(e.contains("STORAGE_URI"), "{e}");
+    }
+
+    /// The stale time is read through the given environment, never the
+    /// process's, and a bad value is a configuration error naming it.
+    #[test]
+    fn the_stale_time_comes_from_the_given_env_and_a_bad_one_is_named() {
+        let with = |v: &'static str| move |k: &str| (k == "TRAINLET_INIT_STALE_SECS").then(|| v.to_string());
+        let c = Config::resolve(Kind::Dataset, Some("s3://b/p"), None, with("2.5")).expect("valid");
+        assert_eq!(c.stale_after, std::time::Duration::from_millis(2500));
+        let c = Config::resolve(Kind::Dataset, Some("s3://b/p"), None, |_: &str| None).expect("valid");
+        assert_eq!(c.stale_after, std::time::Duration::from_secs(30));
+        let e = Config::resolve(Kind::Dataset, Some("s3://b/p"), None, with("soon")).expect_err("refused");
+        assert!(e.to_string().contains("TRAINLET_INIT_STALE_SECS"), "{e}");
+        assert_eq!(e.exit_code(), crate::exit::CONFIG);
     }
 }

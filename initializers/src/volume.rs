@@ -156,10 +156,11 @@ enum Try {
     Held { owner: String, age: Duration },
 }
 
-fn try_lock(dir: &Path, stale: Duration) -> Result<Try, InitError> {
+fn try_lock(dir: &Path, host: &str, stale: Duration) -> Result<Try, InitError> {
     let path = dir.join(LOCK);
     let nonce = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_nanos();
-    let me = format!("pid {} on {} ({nonce:x})", std::process::id(), hostname());
+    let host = if host.is_empty() { "an unknown host" } else { host };
+    let me = format!("pid {} on {host} ({nonce:x})", std::process::id());
     match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
         Ok(mut f) => {
             use std::io::Write;
@@ -202,18 +203,6 @@ fn try_lock(dir: &Path, stale: Duration) -> Result<Try, InitError> {
     }
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
-}
-
-fn stale_after() -> Duration {
-    std::env::var("TRAINLET_INIT_STALE_SECS")
-        .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .map_or(Duration::from_secs(30), Duration::from_secs_f64)
-}
-
 /// Run `fetch` once for this volume: skip it when the marker says the URI
 /// is already in place, wait while another process holds the lock, take
 /// over from a dead one, and write the marker only after `fetch` succeeds.
@@ -225,7 +214,7 @@ pub fn exactly_once(
     fetch: impl FnOnce(&Arc<AtomicBool>) -> Result<Fetched, InitError>,
 ) -> Result<Outcome, InitError> {
     std::fs::create_dir_all(&cfg.output).map_err(InitError::at("cannot create the output directory", &cfg.output))?;
-    let stale = stale_after();
+    let stale = cfg.stale_after;
     let mut told = false;
     let lock = loop {
         if done(cfg) {
@@ -234,7 +223,7 @@ pub fn exactly_once(
         if let Some(signal) = ctl.stopped() {
             return Err(InitError::Terminated { signal });
         }
-        match try_lock(&cfg.output, stale)? {
+        match try_lock(&cfg.output, &cfg.host, stale)? {
             Try::Got(l) => break l,
             Try::Held { owner, age } if age > stale => {
                 tracing::warn!(%owner, silent = ?age, "the initializer holding this volume stopped; taking over");

@@ -68,7 +68,8 @@ pub fn main(args: &InitArgs) -> Result<u8, Error> {
         InitKind::Model => Kind::Model,
     };
     let cfg = Config::resolve(kind, args.storage_uri.as_deref(), args.output.clone(), |k| std::env::var(k).ok())
-        .and_then(|c| c.with_revision(args.revision.as_deref()))?;
+        .and_then(|c| c.with_revision(args.revision.as_deref()))?
+        .with_host(crate::sys::hostname());
     let opts = initializers::fetch::Options {
         concurrency: usize::from(args.concurrency),
         chunk: u64::from(args.chunk_mib) << 20,

@@ -107,7 +107,7 @@ pub const CODES: &[(&str, &str)] = &[
     ("store", "0, 200, 202"),
     ("sshd", "0, 200, 202"),
     ("mpi, mpirun, mpiexec", "0, 1-127, 128+N, 200, 201, 202, 209, 210, 211-255"),
-    ("ssh", "0-254 (the remote command's), 255"),
+    ("ssh", "0-254 (the remote command's), 200 (a bad TRAINLET_SSH_PORT or TRAINLET_SSH_RETRY), 255"),
     ("init", "0, 143, 200, 202, 221-226"),
     ("keygen", "0, 200, 202"),
     ("stop", "0, 1"),

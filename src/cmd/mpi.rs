@@ -33,7 +33,8 @@ pub fn main(args: MpiArgs) -> Result<u8, Error> {
 }
 
 /// Probe every host until it completes the SSH handshake (host key pinned,
-/// key accepted); returns the failures when the deadline passes.
+/// key accepted); returns the failures when the deadline passes. A probe
+/// that panicked is a failure of its host, never a ready one.
 async fn wait_ready(targets: &[Target], deadline: Instant) -> Vec<(String, ConnectError)> {
     let started = Instant::now();
     let probes = targets.iter().cloned().map(|t| async move {
@@ -47,19 +48,32 @@ async fn wait_ready(targets: &[Target], deadline: Instant) -> Vec<(String, Conne
             Err(e) => Some((t.host.clone(), e)),
         }
     });
-    futures_join(probes).await.into_iter().flatten().collect()
+    let done = join_all(probes).await;
+    targets
+        .iter()
+        .zip(done)
+        .filter_map(|(t, r)| match r {
+            Ok(failed) => failed,
+            Err(e) => Some((
+                t.host.clone(),
+                ConnectError::Protocol { host: t.host.clone(), port: t.port, why: format!("the probe failed: {e}") },
+            )),
+        })
+        .collect()
 }
 
-async fn futures_join<F: std::future::Future + Send + 'static>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
+/// Run every future on its own task; each result in input order, or the
+/// task's join error (a panic) in its place.
+async fn join_all<F: std::future::Future + Send + 'static>(
+    futs: impl Iterator<Item = F>,
+) -> Vec<Result<F::Output, tokio::task::JoinError>>
 where
     F::Output: Send + 'static,
 {
     let handles: Vec<_> = futs.map(tokio::spawn).collect();
     let mut out = Vec::with_capacity(handles.len());
     for h in handles {
-        if let Ok(v) = h.await {
-            out.push(v);
-        }
+        out.push(h.await);
     }
     out
 }
@@ -84,7 +98,11 @@ async fn stop_workers(targets: &[Target]) {
             tracing::warn!(host = %t.host, error = %e, "could not tell the worker the job is done");
         }
     });
-    futures_join(jobs).await;
+    for r in join_all(jobs).await {
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "telling a worker the job is done failed");
+        }
+    }
 }
 
 /// Run `trainlet mpi`: mpirun's code, a signal's, or the hosts' verdict.
@@ -271,4 +289,23 @@ async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Cancell
         Some(s) => exit::for_signal(s),
         None => exit::for_worker(status),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A probe that panics must not count as a host that answered.
+    #[tokio::test]
+    async fn a_panicking_task_is_an_error_in_its_place() {
+        let got = join_all((0..3).map(|i| async move {
+            assert!(i != 1, "probe {i} panics");
+            i
+        }))
+        .await;
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0].as_ref().ok(), Some(&0));
+        assert!(got[1].as_ref().is_err_and(tokio::task::JoinError::is_panic));
+        assert_eq!(got[2].as_ref().ok(), Some(&2));
+    }
 }

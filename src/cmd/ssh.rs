@@ -25,16 +25,20 @@ pub fn main(args: &[String]) -> u8 {
         _ => "debug",
     });
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let retry = env(names::TRAINLET_SSH_RETRY)
-        .and_then(|v| crate::cli::seconds(&v).ok())
-        .unwrap_or(std::time::Duration::from_secs(60));
+    let (default_port, retry) = match settings(env) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("trainlet ssh: error: {e}");
+            return crate::exit::CONFIG;
+        }
+    };
     let check = env(names::TRAINLET_SSH_HOST_KEY_CHECKING).map(|v| argv::HostKeyCheck::from_setting(&v));
     let client_env = client::ClientEnv {
         key_dir: crate::ssh::keys::key_dir(
             env(names::TRAINLET_SSH_DIR).as_deref().map(std::path::Path::new),
             env("HOME").as_deref(),
         ),
-        default_port: env(names::TRAINLET_SSH_PORT).and_then(|p| p.parse().ok()).unwrap_or(2222),
+        default_port,
         retry,
         check,
         local_user: crate::ssh::local::local_account().0,
@@ -50,4 +54,43 @@ pub fn main(args: &[String]) -> u8 {
     // stdin may be a pipe that never closes: do not wait for its reader.
     rt.shutdown_background();
     code
+}
+
+/// The default port (TRAINLET_SSH_PORT, 2222) and how long to retry
+/// connecting (TRAINLET_SSH_RETRY, 60 s); a bad value is an error naming
+/// the variable, as everywhere else, never a silent default.
+fn settings(env: impl Fn(&str) -> Option<String>) -> Result<(u16, std::time::Duration), String> {
+    let port =
+        match env(names::TRAINLET_SSH_PORT) {
+            None => 2222,
+            Some(v) => v.trim().parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+                format!("invalid {} value {v:?}: expected a TCP port 1-65535", names::TRAINLET_SSH_PORT)
+            })?,
+        };
+    let retry = match env(names::TRAINLET_SSH_RETRY) {
+        None => std::time::Duration::from_secs(60),
+        Some(v) => crate::cli::seconds(&v)
+            .map_err(|_| format!("invalid {} value {v:?}: expected seconds, e.g. 60", names::TRAINLET_SSH_RETRY))?,
+    };
+    Ok((port, retry))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use test_case::test_case;
+
+    #[test_case(&[], Ok((2222, 60.0)); "defaults")]
+    #[test_case(&[("TRAINLET_SSH_PORT", "2200"), ("TRAINLET_SSH_RETRY", "5")], Ok((2200, 5.0)); "given")]
+    #[test_case(&[("TRAINLET_SSH_PORT", "22x")], Err("TRAINLET_SSH_PORT"); "bad port")]
+    #[test_case(&[("TRAINLET_SSH_PORT", "0")], Err("TRAINLET_SSH_PORT"); "port zero")]
+    #[test_case(&[("TRAINLET_SSH_RETRY", "soon")], Err("TRAINLET_SSH_RETRY"); "bad retry")]
+    fn bad_values_are_named_not_replaced(env: &[(&str, &str)], want: Result<(u16, f64), &str>) {
+        let got = settings(|k| env.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_string()));
+        match (got, want) {
+            (Ok((port, retry)), Ok((p, r))) => assert_eq!((port, retry.as_secs_f64()), (p, r)),
+            (Err(e), Err(name)) => assert!(e.contains(name), "{e}"),
+            (got, want) => panic!("{got:?} vs {want:?}"),
+        }
+    }
 }

@@ -41,7 +41,9 @@ pub(super) fn resolve(args: &RunArgs, env: &Env, prov: &mut Provenance) -> Resul
         lookup(args.signals_to_handle.as_deref(), "--signals-to-handle", env, &[env::TORCHELASTIC_SIGNALS_TO_HANDLE]);
     let mut stop_signals = Vec::new();
     for name in l.value.unwrap_or("SIGTERM,SIGINT,SIGHUP,SIGQUIT").split(',').filter(|s| !s.trim().is_empty()) {
-        stop_signals.push(parse_signal(&l.origin(), l.value.unwrap_or(""), name)?);
+        stop_signals.push(super::rules::parse_signal_name(name).ok_or_else(|| {
+            invalid(&l.origin(), l.value.unwrap_or(""), "a comma list of signal names like SIGTERM,SIGINT")
+        })?);
     }
     for always in [libc::SIGTERM, libc::SIGINT] {
         if !stop_signals.contains(&always) {
@@ -69,7 +71,7 @@ pub(super) fn resolve(args: &RunArgs, env: &Env, prov: &mut Provenance) -> Resul
     let checkpoint_signal = match l.value {
         None => None,
         Some(v) => Some(
-            crate::config::rules::parse_signal_name(v)
+            super::rules::parse_signal_name(v)
                 .ok_or_else(|| invalid(&l.origin(), v, "a signal name such as SIGUSR1"))?,
         ),
     };
@@ -109,12 +111,4 @@ pub(super) fn resolve(args: &RunArgs, env: &Env, prov: &mut Provenance) -> Resul
         checkpoint_timeout,
         rules,
     })
-}
-
-fn parse_signal(origin: &str, v: &str, name: &str) -> Result<i32, Error> {
-    let upper = name.trim().to_ascii_uppercase();
-    let full = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
-    full.parse::<nix::sys::signal::Signal>()
-        .map(|s| s as i32)
-        .map_err(|_| invalid(origin, v, "a comma list of signal names like SIGTERM,SIGINT"))
 }

@@ -222,11 +222,6 @@ impl Pins {
         pins
     }
 
-    /// Pins from explicit keys (tests, and the launcher's readiness probe).
-    pub fn from_keys(any: Vec<PublicKey>) -> Self {
-        Self { any, listed: Vec::new() }
-    }
-
     /// Is `key` pinned for `host`:`port`?
     pub fn accepts(&self, host: &str, port: u16, key: &PublicKey) -> bool {
         let same = |k: &PublicKey| k.key_data() == key.key_data();

@@ -50,7 +50,8 @@ pub trait Job {
 }
 
 struct Worker {
-    pid: i32,
+    /// Its pid and process group; None when it never started.
+    pid: Option<i32>,
     rank: u32,
     error_file: PathBuf,
     /// The code for a worker that never ran (126, 127, 210).
@@ -156,14 +157,17 @@ pub async fn run_attempt(
                 }
                 crate::metrics::global().workers_started.inc();
                 by_pid.insert(sp.pid, local_rank);
-                workers.insert(local_rank, Worker { pid: sp.pid, rank, error_file, not_started: None, why: None });
+                workers
+                    .insert(local_rank, Worker { pid: Some(sp.pid), rank, error_file, not_started: None, why: None });
             }
             Err(e) => {
                 let code = e.exec_code().unwrap_or(exit::FORK_FAILED);
                 let why = crate::error::error_chain(&e);
                 tracing::error!(local_rank, code, error = %why, "cannot start worker");
-                workers
-                    .insert(local_rank, Worker { pid: 0, rank, error_file, not_started: Some(code), why: Some(why) });
+                workers.insert(
+                    local_rank,
+                    Worker { pid: None, rank, error_file, not_started: Some(code), why: Some(why) },
+                );
                 crate::metrics::global().worker_exited(Exit::Code(i32::from(code)));
                 early.push(Event::WorkerExited { local_rank, exit: Exit::Code(i32::from(code)), at_us: now_us() });
             }
@@ -280,7 +284,9 @@ pub async fn run_attempt(
     // does every other descendant of the agent (those that called setsid()
     // or were re-parented to us), before the next round starts.
     for w in workers.values() {
-        sys::signal_group(w.pid, libc::SIGKILL);
+        if let Some(pid) = w.pid {
+            sys::signal_group(pid, libc::SIGKILL);
+        }
     }
     let swept = tokio::task::block_in_place(|| sweep::kill_all(SWEEP_LIMIT));
     sweep::log(&swept, "end of round");
@@ -301,7 +307,8 @@ pub async fn run_attempt(
             local_rank,
             node_rank: world.group_rank,
             host: plan.host.clone(),
-            pid: w.pid,
+            // The report's schema (torchrun's) has a pid: 0 for one that never ran.
+            pid: w.pid.unwrap_or(0),
             exit_code,
             signal,
             at_us,
@@ -345,7 +352,7 @@ fn hung_worker(
     let mut found = None;
     for lr in core.alive() {
         let Some(w) = workers.get(&lr) else { continue };
-        if sys::proc_state(w.pid) == Some('D') {
+        if w.pid.and_then(sys::proc_state) == Some('D') {
             let t = *since.entry(lr).or_insert(now);
             if found.is_none() && now.duration_since(t) >= limit {
                 found = Some(lr);
@@ -365,11 +372,11 @@ fn hung_worker(
 fn signal_alive(core: &Attempt, workers: &HashMap<u32, Worker>, sig: i32) {
     let group = is_group_signal(sig);
     for lr in core.alive() {
-        if let Some(w) = workers.get(&lr) {
+        if let Some(pid) = workers.get(&lr).and_then(|w| w.pid) {
             if group {
-                sys::signal_group(w.pid, sig);
+                sys::signal_group(pid, sig);
             } else {
-                sys::signal_process(w.pid, sig);
+                sys::signal_process(pid, sig);
             }
         }
     }
