@@ -235,3 +235,27 @@ fn a_successful_run_leaves_no_directory_behind_and_a_failed_one_keeps_its_report
     assert_eq!(tee.code(LIMIT), 0, "{}", tee.stderr());
     assert_eq!(run_dirs(tmp.path()).len(), 2, "--tee asked for files: they stay");
 }
+
+/// README's "Exit codes by mode" table is `cmd::CODES`, row for row, and
+/// every single code it names is one the exit-code tables document.
+#[test]
+fn the_readme_exit_codes_by_mode_are_the_ones_in_cmd() {
+    let readme = std::fs::read_to_string(crate::util::repo().join("README.md")).expect("README");
+    let section = readme.split("### Exit codes by mode").nth(1).expect("section").split("\n## ").next().unwrap_or("");
+    let rows: Vec<(String, String)> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| ")?.strip_suffix(" |")?.split_once(" | "))
+        .filter(|(m, _)| *m != "mode" && !m.starts_with("---"))
+        .map(|(m, c)| (m.to_string(), c.to_string()))
+        .collect();
+    let want: Vec<(String, String)> =
+        trainlet::cmd::CODES.iter().map(|(m, c)| ((*m).to_string(), (*c).to_string())).collect();
+    assert_eq!(rows, want);
+    let documented =
+        |code: u32| readme.contains(&format!("| {code} |")) || (1..=127).contains(&code) || (211..=255).contains(&code);
+    for (mode, codes) in &want {
+        for c in codes.split([',', ' ']).filter_map(|c| c.parse::<u32>().ok()) {
+            assert!(documented(c), "{mode}: code {c} is in no exit-code table of README");
+        }
+    }
+}

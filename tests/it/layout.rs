@@ -5,10 +5,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// (layer, module) from the table in lib.rs's docs.
-fn layers(lib: &str) -> BTreeMap<String, u32> {
+/// (layer, module) from a layer table whose rows start with `prefix`
+/// (`//! | ` in lib.rs's docs, `| ` in README).
+fn layers(text: &str, prefix: &str) -> BTreeMap<String, u32> {
     let mut out = BTreeMap::new();
-    for line in lib.lines().filter_map(|l| l.strip_prefix("//! | ")) {
+    for line in text.lines().filter_map(|l| l.strip_prefix(prefix)) {
         let mut cells = line.split(" | ");
         let (Some(layer), Some(mods)) = (cells.next(), cells.next()) else { continue };
         let Ok(layer) = layer.trim().parse::<u32>() else { continue };
@@ -33,13 +34,18 @@ fn imports(code: &str, own: &str) -> BTreeSet<String> {
     while let Some(i) = rest.find("crate::") {
         rest = &rest[i + "crate::".len()..];
         let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
-            let end = group.find('}').unwrap_or(group.len());
-            // Top-level names only: each item's first path segment, nested groups skipped.
+            // Top-level names only: each item's first path segment, up to
+            // the brace that closes the group (nested groups skipped).
             let mut depth = 0;
+            let mut end = group.len();
             let mut starts = vec![0];
-            for (j, c) in group[..end].char_indices() {
+            for (j, c) in group.char_indices() {
                 match c {
                     '{' => depth += 1,
+                    '}' if depth == 0 => {
+                        end = j;
+                        break;
+                    }
                     '}' => depth -= 1,
                     ',' if depth == 0 => starts.push(j + 1),
                     _ => {}
@@ -95,8 +101,12 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
 fn every_module_imports_only_its_layer_or_below_and_there_is_no_cycle() {
     let src = crate::util::repo().join("src");
     let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
-    let layer = layers(&lib);
+    let layer = layers(&lib, "//! | ");
     assert!(layer.len() >= 15, "the layer table in lib.rs: {layer:?}");
+    let readme = std::fs::read_to_string(crate::util::repo().join("README.md")).expect("README");
+    let section = readme.split("## Source layout").nth(1).expect("README's layout section");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    assert_eq!(layers(section, "| "), layer, "README's layer table and lib.rs's");
     let g = graph(&src);
     let mut wrong = Vec::new();
     for (m, deps) in &g {
@@ -140,4 +150,24 @@ fn the_import_reader_sees_every_form_of_path() {
 fn main_rs_is_thin() {
     let main = std::fs::read_to_string(crate::util::repo().join("src/main.rs")).expect("main.rs");
     assert!(main.lines().count() < 120, "main.rs has {} lines", main.lines().count());
+}
+
+/// No source file holds more than 600 lines of code before its unit tests
+/// (tables of tests may make a file longer): past that, a file does several
+/// jobs and is split by job.
+#[test]
+fn no_file_is_over_600_lines_of_code() {
+    let mut files = Vec::new();
+    rust_files(&crate::util::repo().join("src"), &mut files);
+    rust_files(&crate::util::repo().join("initializers/src"), &mut files);
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let text = std::fs::read_to_string(f).expect("read");
+            let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or(&text).lines().count();
+            (code > 600).then(|| format!("{}: {code}", f.display()))
+        })
+        .collect();
+    assert!(files.len() > 60, "{}", files.len());
+    assert!(long.is_empty(), "{long:?}");
 }
