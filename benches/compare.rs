@@ -23,22 +23,17 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 mod init_bench;
 #[path = "mpi_bench.rs"]
 mod mpi_bench;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use support::{free_port, python};
 
 fn trainlet() -> &'static str {
     env!("CARGO_BIN_EXE_trainlet")
 }
 
-fn python() -> String {
-    std::env::var("TRAINLET_TEST_PYTHON")
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python").display().to_string())
-}
-
 fn bench_file(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches").join(name).display().to_string()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    support::repo().join("benches").join(name).display().to_string()
 }
 
 fn quiet(cmd: &mut Command) -> &mut Command {
@@ -566,7 +561,7 @@ fn pinning_cost(rows: &mut Vec<Row>) {
 fn main() {
     let hard = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_or(4096, |(_, h)| h);
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
-    assert!(std::path::Path::new(&python()).exists(), "no python with torch at {}; run .ci/run first", python());
+    let _ = python(); // says what to run when torch is missing
     let wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     // `loadgen PORT RANKS`: drive one running store (for profiling a server).
     if let [mode, port, ranks] = wanted.as_slice()

@@ -24,9 +24,7 @@ const FILES: [(&str, usize); 5] = [
     ("tokenizer.json", 0),
 ];
 
-#[path = "../tests/it/fixture_server.rs"]
-mod fixture_server;
-use fixture_server::Server;
+use crate::support::fixture_server::Server;
 
 /// Start a fixture server (seeding 1 GiB into moto takes a while).
 fn serve(script: &str, args: &[String]) -> Server {

@@ -88,7 +88,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     let files_ok = match check_writable(&log_root) {
         Ok(()) => true,
         Err(e) => {
-            if let Some(dir) = &plan.log_dir {
+            if let Some(dir) = &plan.output.log_dir {
                 return Err(Error::Config(crate::config::Error::Usage(format!(
                     "--log-dir {}: cannot write worker logs under {} ({e}); give a writable directory (an emptyDir volume) or drop --log-dir",
                     dir.display(),
@@ -138,7 +138,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
 
     let me = Member {
         uid: String::new(),
-        host: plan.host.clone(),
+        host: plan.output.host.clone(),
         pid: std::process::id(),
         node_rank: plan.node_rank,
         nproc: plan.nproc,
@@ -360,7 +360,11 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
 /// stopped runs keep theirs: the failure report and error files are there.
 fn forget_logs(plan: &Plan, log_root: &Path, code: u8) {
     let none = crate::config::Streams::default();
-    if code != exit::SUCCESS || plan.log_dir.is_some() || plan.redirects != none || plan.tee != none {
+    if code != exit::SUCCESS
+        || plan.output.log_dir.is_some()
+        || plan.output.redirects != none
+        || plan.output.tee != none
+    {
         return;
     }
     if let Err(e) = std::fs::remove_dir_all(log_root)
@@ -506,7 +510,7 @@ fn check_writable(dir: &Path) -> std::io::Result<()> {
 
 /// `<log_dir>/<run_id>_<pid>`, torchrun's layout; a temp dir when no --log-dir.
 fn log_root(plan: &Plan) -> PathBuf {
-    let base = plan.log_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("trainlet"));
+    let base = plan.output.log_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("trainlet"));
     base.join(format!("{}_{}", plan.run_id, std::process::id()))
 }
 

@@ -20,12 +20,11 @@ mod setting;
 mod timeouts;
 
 use std::fmt;
-use std::path::PathBuf;
 use std::time::Duration;
 
 pub use crate::env::Env;
 pub use machine::Machine;
-pub use output::Streams;
+pub use output::{Output, Streams};
 pub use setting::store_memory;
 
 use crate::store::Endpoint;
@@ -116,8 +115,6 @@ pub struct Plan {
     pub serve_store: bool,
     /// Job id shared by all pods (TORCHELASTIC_RUN_ID).
     pub run_id: String,
-    /// ROLE_NAME.
-    pub role: String,
     /// Job-wide restart budget.
     pub max_restarts: u32,
     /// Deadline for reaching the store and every peer.
@@ -150,18 +147,8 @@ pub struct Plan {
     pub store_memory: u64,
     /// The failure policy.
     pub rules: crate::config::rules::Rules,
-    /// Log directory given by the user (files are written for every rank).
-    pub log_dir: Option<PathBuf>,
-    /// Streams written to files only.
-    pub redirects: Streams,
-    /// Streams written to files and the console.
-    pub tee: Streams,
-    /// Local ranks shown on the console (None = all).
-    pub console_ranks: Option<Vec<u32>>,
-    /// Worker line prefix template.
-    pub prefix_template: String,
-    /// This pod's name for reports (`--local-addr`, else the hostname).
-    pub host: String,
+    /// Names and output of the workers, and this pod's name in reports.
+    pub output: Output,
     /// `OMP_NUM_THREADS` to give workers when it is unset (1 if nproc > 1).
     pub omp_default: Option<String>,
     /// GPUs, binding and pre-flight checks.

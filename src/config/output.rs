@@ -46,15 +46,22 @@ impl Streams {
     }
 }
 
-/// Names and output of the workers.
+/// Names and output of the workers, and this pod's name in reports.
 #[derive(Debug, Clone)]
-pub(super) struct Output {
+pub struct Output {
+    /// `--role` (ROLE_NAME).
     pub role: String,
+    /// Log directory given by the user (files are written for every rank).
     pub log_dir: Option<PathBuf>,
+    /// Streams written to files only.
     pub redirects: Streams,
+    /// Streams written to files and the console.
     pub tee: Streams,
+    /// Local ranks shown on the console (None = all).
     pub console_ranks: Option<Vec<u32>>,
+    /// Worker line prefix template.
     pub prefix_template: String,
+    /// This pod's name for reports (`--local-addr`, else the hostname).
     pub host: String,
 }
 

@@ -135,13 +135,19 @@ pub async fn run_attempt(
         spec.oom_score_adj = oom_adj;
         match spawn_retrying(spawner, spec, plan.grace).await {
             Ok(sp) => {
-                let prefix = output::prefix(&plan.prefix_template, &plan.role, local_rank, rank, &plan.host);
-                let shown = plan.console_ranks.as_ref().is_none_or(|r| r.contains(&local_rank));
+                let prefix = output::prefix(
+                    &plan.output.prefix_template,
+                    &plan.output.role,
+                    local_rank,
+                    rank,
+                    &plan.output.host,
+                );
+                let shown = plan.output.console_ranks.as_ref().is_none_or(|r| r.contains(&local_rank));
                 // Without files, a redirected stream stays on the console.
-                let (red_out, red_err) = plan.redirects.for_rank(local_rank);
+                let (red_out, red_err) = plan.output.redirects.for_rank(local_rank);
                 let (red_out, red_err) = (red_out && files_ok, red_err && files_ok);
-                let (tee_out, tee_err) = plan.tee.for_rank(local_rank);
-                let files = plan.log_dir.is_some();
+                let (tee_out, tee_err) = plan.output.tee.for_rank(local_rank);
+                let files = plan.output.log_dir.is_some();
                 for (fd, is_err, redirected, teed, name) in [
                     (sp.stdout, false, red_out, tee_out, "stdout.log"),
                     (sp.stderr, true, red_err, tee_err, "stderr.log"),
@@ -306,7 +312,7 @@ pub async fn run_attempt(
             rank: w.rank,
             local_rank,
             node_rank: world.group_rank,
-            host: plan.host.clone(),
+            host: plan.output.host.clone(),
             // The report's schema (torchrun's) has a pid: 0 for one that never ran.
             pid: w.pid.unwrap_or(0),
             exit_code,

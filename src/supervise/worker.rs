@@ -38,7 +38,7 @@ pub fn worker_env(
         ("LOCAL_RANK", local_rank.to_string()),
         ("GROUP_RANK", w.group_rank.to_string()),
         ("ROLE_RANK", rank.to_string()),
-        ("ROLE_NAME", p.role.clone()),
+        ("ROLE_NAME", p.output.role.clone()),
         ("LOCAL_WORLD_SIZE", p.nproc.to_string()),
         ("WORLD_SIZE", world.to_string()),
         ("GROUP_WORLD_SIZE", w.nnodes.to_string()),

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::fixture_server::Server;
+use crate::support::fixture_server::Server;
 use crate::util::{Pod, bin, fixture, free_port, python};
 
 const LIMIT: Duration = Duration::from_secs(180);

@@ -8,7 +8,6 @@
 mod cli;
 mod containers;
 mod fault;
-mod fixture_server;
 mod gpu;
 mod hardening;
 mod init;
@@ -21,5 +20,7 @@ mod signals;
 mod ssh;
 mod sshkit;
 mod store;
+#[path = "../support/mod.rs"]
+mod support;
 mod torch;
 mod util;

@@ -10,27 +10,10 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_trainlet"))
 }
 
-pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+pub use crate::support::{free_port, python, repo};
 
 pub fn fixture(name: &str) -> String {
     repo().join("tests/fixtures").join(name).display().to_string()
-}
-
-/// The python with torch installed; panics with instructions when missing.
-pub fn python() -> String {
-    let p =
-        std::env::var("TRAINLET_TEST_PYTHON").unwrap_or_else(|_| repo().join(".venv/bin/python").display().to_string());
-    assert!(
-        Path::new(&p).exists(),
-        "no python with torch at {p}: run .ci/run (or set TRAINLET_TEST_PYTHON) before the tests"
-    );
-    p
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
 /// A trainlet process with captured output, killed (whole group) on drop.

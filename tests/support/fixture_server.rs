@@ -2,7 +2,7 @@
 //! process: started with `--port-file`, ready once that file appears, its
 //! fields (ports, keys) parsed, its output kept for failure messages, and
 //! killed with its process group on drop. Shared by the integration tests
-//! and the benchmarks (`benches/init_bench.rs` includes this file).
+//! and the benchmarks (through `tests/support`).
 
 use std::os::unix::process::CommandExt;
 use std::path::Path;
