@@ -78,7 +78,6 @@ fn timed(mut cmd: Command, out: &Path) -> Duration {
 }
 
 fn throughput_row(name: String, bytes: u64, ours: Duration, theirs: Duration, goal: &'static str) -> Row {
-    #[allow(clippy::cast_precision_loss)]
     let rate =
         |d: Duration| format!("{:.2} s ({:.0} MiB/s)", d.as_secs_f64(), bytes as f64 / 1048576.0 / d.as_secs_f64());
     Row { name, ours: rate(ours), theirs: rate(theirs), ratio: theirs.as_secs_f64() / ours.as_secs_f64(), goal }

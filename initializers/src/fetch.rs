@@ -352,7 +352,7 @@ fn forget_all(jobs: &[Job]) {
 /// Refuse up front when the volume cannot hold what is left to fetch.
 fn check_space(output: &Path, need: u64) -> Result<(), InitError> {
     let Ok(st) = nix::sys::statvfs::statvfs(output) else { return Ok(()) };
-    #[allow(clippy::useless_conversion)]
+    #[expect(clippy::useless_conversion, reason = "the type differs between targets")]
     let free = u64::from(st.blocks_available()).saturating_mul(u64::from(st.fragment_size()));
     if need > free {
         return Err(InitError::TooBig { output: output.to_path_buf(), need, free });

@@ -82,9 +82,7 @@ impl Progress {
             .map_or(Duration::ZERO, |s| s.elapsed())
             .as_secs_f64();
         let (total, done, fetched) = (get(&self.bytes_total), get(&self.bytes_done), get(&self.bytes_fetched));
-        #[allow(clippy::cast_precision_loss)]
         let rate = if elapsed > 0.0 { fetched as f64 / elapsed } else { 0.0 };
-        #[allow(clippy::cast_precision_loss)]
         let eta = (rate > 0.0).then(|| total.saturating_sub(done) as f64 / rate);
         Snapshot {
             files_total: get(&self.files_total),
@@ -102,9 +100,12 @@ impl Progress {
 impl std::fmt::Display for Snapshot {
     /// `files 3/10, 1.2 GiB/4.0 GiB (30%), 210.0 MiB/s, ETA 14s`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        #[allow(clippy::cast_precision_loss)]
         let pct = if self.bytes_total > 0 { 100.0 * self.bytes_done as f64 / self.bytes_total as f64 } else { 100.0 };
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a finite, non-negative f64 rounded to u64"
+        )]
         let rate = bytes(self.rate.max(0.0) as u64);
         write!(
             f,
@@ -131,7 +132,6 @@ pub fn bytes(n: u64) -> String {
     if n < 1024 {
         return format!("{n} B");
     }
-    #[allow(clippy::cast_precision_loss)]
     let mut v = n as f64 / 1024.0;
     let mut unit = UNITS[0];
     for u in &UNITS[1..] {
@@ -145,7 +145,11 @@ pub fn bytes(n: u64) -> String {
 }
 
 fn secs(s: f64) -> String {
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a finite, non-negative f64 rounded to u64"
+    )]
     let s = s.ceil().max(0.0) as u64;
     match s {
         0..60 => format!("{s}s"),
