@@ -28,17 +28,17 @@
 
 pub mod cli;
 pub mod cmd;
-pub mod config;
-pub mod env;
-pub mod error;
+pub(crate) mod config;
+pub(crate) mod env;
+pub(crate) mod error;
 pub mod exit;
 pub mod gpu;
-pub mod launch;
-pub mod metrics;
+pub(crate) mod launch;
+pub(crate) mod metrics;
 pub mod mpi;
-pub mod process;
-pub mod progress;
-pub mod ratelimit;
+pub(crate) mod process;
+pub(crate) mod progress;
+pub(crate) mod ratelimit;
 pub mod rendezvous;
 pub mod ssh;
 pub mod store;

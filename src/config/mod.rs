@@ -3,7 +3,7 @@
 //! Precedence is CLI > env > default, applied in [`Plan::resolve`] and
 //! nowhere else; every value remembers where it came from so that
 //! `trainlet doctor` can say. What resolution needs of the machine (GPUs,
-//! CPUs, host name) is discovered once ([`Machine`]) and passed in; beyond
+//! CPUs, host name) is discovered once ([`machine::Machine`]) and passed in; beyond
 //! that it reads only the failure policy file and PATH, never the network.
 //! One file per concern: nodes, rendezvous, timeouts, output, entry, gpu,
 //! over one lookup helper (`setting.rs`).
@@ -23,7 +23,7 @@ use std::fmt;
 use std::time::Duration;
 
 pub use crate::env::Env;
-pub use machine::Machine;
+
 pub use output::{Output, Streams};
 pub use setting::store_memory;
 

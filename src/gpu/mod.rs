@@ -11,12 +11,12 @@
 //! Nothing here starts a process or changes an affinity; the spawner applies
 //! the plan.
 
-pub mod nvml;
-pub mod plan;
-pub mod preflight;
-pub mod setup;
+pub(crate) mod nvml;
+pub(crate) mod plan;
+pub(crate) mod preflight;
+pub(crate) mod setup;
 pub mod sysfs;
-pub mod visible;
+pub(crate) mod visible;
 
 use std::path::{Path, PathBuf};
 

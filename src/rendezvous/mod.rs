@@ -39,11 +39,11 @@
 //! joins, so a store host that restarts with an empty store is rebuilt by
 //! the agents that reconnect.
 
-pub mod end;
+mod end;
 pub mod host;
-pub mod join;
-pub mod member;
-pub mod session;
+mod join;
+mod member;
+mod session;
 
 pub use end::parse_end;
 pub use member::{Assignment, Member, assign};

@@ -11,16 +11,16 @@
 //! thread and the one reaper) and the launcher flow lives in `trainlet mpi`.
 //! `ssh` does not import `store` or `supervise`.
 
-pub mod algorithms;
-pub mod argv;
-pub mod client;
+pub(crate) mod algorithms;
+pub(crate) mod argv;
+pub(crate) mod client;
 mod conn;
-pub mod hostfile;
-pub mod keygen;
-pub mod keys;
-pub mod local;
+pub(crate) mod hostfile;
+pub(crate) mod keygen;
+pub(crate) mod keys;
+pub(crate) mod local;
 pub mod server;
-pub mod sshd_config;
+pub(crate) mod sshd_config;
 
 pub use keys::KeyError;
 

@@ -13,8 +13,8 @@
 //! attempt ends only when the policy says no worker is left, after which
 //! leftover process groups are killed and output drains get a bounded wait.
 
-pub mod attempt;
-pub mod output;
+pub(crate) mod attempt;
+pub(crate) mod output;
 pub mod policy;
-pub mod report;
-pub mod worker;
+pub(crate) mod report;
+pub(crate) mod worker;
