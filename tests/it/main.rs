@@ -20,6 +20,7 @@ mod signals;
 mod ssh;
 mod sshkit;
 mod store;
+mod store_inproc;
 #[path = "../support/mod.rs"]
 mod support;
 mod torch;
