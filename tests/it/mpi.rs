@@ -131,7 +131,7 @@ fn open_mpi_tree_spawn_with_more_hosts_than_the_radix() {
     let keys = keygen("ed25519");
     let work = tempfile::tempdir().expect("tmp");
     let mut env = ssh_env(keys.path(), work.path());
-    env.push(("TRAINLET_LOG".into(), "info,trainlet::ssh::server=debug".into()));
+    env.push(("TRAINLET_LOG".into(), "info,trainlet::ssh=debug".into()));
     let (addrs, list) = hosts(23, 4, 1);
     let mut servers: Vec<Pod> = addrs.iter().map(|a| sshd(&format!("{a}:2222"), &env, &Wrap::default())).collect();
     let script = fixture("mpi_allreduce.py");
