@@ -16,15 +16,15 @@
 //! | 1 | `exit`, `env`, `error`, `ratelimit`, `progress` | exit codes (public API), every env var name, error text, log rate limits, "waiting for" lines |
 //! | 2 | `process` | the one signal/reaper thread, the spawner thread, sweeps of leftovers, the frame of every mode that owns processes |
 //! | 3 | `gpu`, `store`, `ssh` | the pod's GPUs and placement; the c10d TCPStore wire, server and client; SSH keys, server, client, hostfiles |
-//! | 4 | `cli`, `config`, `metrics`, `mpi` | clap definitions; CLI + env -> [`config::Plan`] (with the failure rules); Prometheus families; MPI hosts and environment |
+//! | 4 | `cli`, `config`, `metrics`, `mpi` | clap definitions; CLI + env -> `config::Plan` (with the failure rules); Prometheus families; MPI hosts and environment |
 //! | 5 | `supervise`, `rendezvous` | the pure policy core, worker environment, output and reports; rounds of the agents over the store |
 //! | 6 | `launch` | the round loop of `trainlet run` |
 //! | 7 | `cmd` | one file per mode and the one error-to-exit-code mapping |
 //!
-//! `main.rs` sits above them all: argv[0] dispatch and the exit code.
-//! `config` is above `gpu` and `store` because a [`config::Plan`] carries
-//! their types ([`gpu::GpuPlan`], [`store::Endpoint`]); env var names,
-//! which every layer reads, are the foundation [`env`].
+//! `main.rs` sits above them all: `argv[0]` dispatch and the exit code.
+//! `config` is above `gpu` and `store` because a `config::Plan` carries
+//! their types (`gpu::GpuPlan`, `store::Endpoint`); env var names,
+//! which every layer reads, are the foundation `env`.
 
 pub mod cli;
 pub mod cmd;

@@ -1,5 +1,5 @@
 //! The modes of the binary, one file each: what `main` dispatches to once
-//! argv[0] and the subcommand are known. Each mode returns `Ok(code)` for
+//! `argv[0]` and the subcommand are known. Each mode returns `Ok(code)` for
 //! an outcome it decided (the workers' code, doctor's verdict, mpirun's
 //! status) or an [`Error`], and [`Error`]'s one `From` impl says which
 //! exit code each failure is ([`crate::exit`] documents the codes;
@@ -27,7 +27,7 @@ pub enum Error {
     /// A bad flag or variable.
     #[error(transparent)]
     Config(#[from] crate::config::Error),
-    /// A bad argument of a mode without a [`crate::config::Error`] (its text says what and where).
+    /// A bad argument of a mode without a `crate::config::Error` (its text says what and where).
     #[error("{0}")]
     Usage(String),
     /// The address the mode was told to listen on cannot be had.

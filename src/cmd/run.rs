@@ -1,6 +1,6 @@
 //! `trainlet run` (and `torchrun`): resolve the plan, then the launch flow
-//! ([`crate::launch`]) inside the process frame every supervising mode
-//! shares ([`crate::process::supervised`]).
+//! (`crate::launch`) inside the process frame every supervising mode
+//! shares (`crate::process::supervised`).
 
 use super::Error;
 use crate::cli::RunArgs;

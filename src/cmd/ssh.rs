@@ -7,7 +7,7 @@
 use crate::env as names;
 use crate::ssh::{argv, client};
 
-/// Run one remote command; `args` is ssh(1)'s argv without argv[0].
+/// Run one remote command; `args` is ssh(1)'s argv without `argv[0]`.
 pub fn main(args: &[String]) -> u8 {
     let _ = crate::sys::unblock_signals();
     let parsed = match argv::parse(args) {

@@ -349,7 +349,7 @@ async fn serve_conn(
     }
 }
 
-/// The store's counters, kept here and registered by [`crate::metrics`]
+/// The store's counters, kept here and registered by `crate::metrics`
 /// (which serves them): `trainlet_store_connections_total` and
 /// `trainlet_store_operations_total{op}`, one per [`COMMAND_NAMES`] entry.
 #[derive(Debug)]

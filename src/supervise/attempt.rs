@@ -4,7 +4,7 @@
 //! carry out the actions the core returns, and build the failure records.
 //! What the rest of the job must learn, and how this pod hears that the
 //! round ended, go through [`Job`]: the rendezvous session in production
-//! (wired in [`crate::launch`]), a fake in tests.
+//! (wired in `crate::launch`), a fake in tests.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,12 +1,16 @@
-//! Worker supervision: spawn, drain output, reap, signal, decide.
+//! Worker supervision: the worker environment, output, the pure policy
+//! core, the attempt shell around it, and reports. Processes themselves
+//! (spawner, signals, reaper) are `crate::process`'s.
 //!
 //! # Design
-//! The attempt loop in `crate::launch` `select!`s over [`signals::SysEvent`]s
-//! (signals and reaped pids from the one signals thread), the store's
-//! end-of-round watch, the stop timers and the hung-worker check, turns each
-//! into a [`policy::Event`], and executes the [`policy::Action`]s that the
-//! pure [`policy::Attempt`] returns; [`rules`] (the failure policy) is pure too. Nothing here waits on a child except the
-//! signals thread; nothing in `policy` does I/O.
+//! `attempt::run_attempt` `select!`s over `process::signals::SysEvent`s
+//! (signals and reaped pids from the one signals thread), the round's end
+//! (through `attempt::Job`), the stop timers and the hung-worker check,
+//! turns each into a [`policy::Event`], and executes the [`policy::Action`]s
+//! that the pure [`policy::Attempt`] returns; the failure rules
+//! (`config::rules`) are pure too. Nothing here waits on a child except the
+//! signals thread; nothing in `policy` does I/O. The round loop around the
+//! attempts is `crate::launch`'s.
 //!
 //! Synchronisation points: a worker's pid is recorded before the loop reads
 //! the next event, so its exit can never be seen as an unknown orphan; the

@@ -25,7 +25,7 @@ pub enum ChildIo {
 pub struct ExecPlan {
     /// Paths to try in order (a PATH search done before the fork).
     pub candidates: Vec<std::ffi::CString>,
-    /// argv, argv[0] first.
+    /// argv, `argv[0]` first.
     pub argv: Vec<std::ffi::CString>,
     /// The complete environment, `NAME=value`.
     pub envp: Vec<std::ffi::CString>,
@@ -33,7 +33,7 @@ pub struct ExecPlan {
     pub cwd: Option<std::ffi::CString>,
     /// stdin, stdout, stderr.
     pub stdio: [ChildIo; 3],
-    /// CPU mask from [`cpu_mask`] for sched_setaffinity, if any.
+    /// CPU mask from `cpu_mask` for sched_setaffinity, if any.
     pub affinity: Option<Vec<libc::c_ulong>>,
     /// Written to /proc/self/oom_score_adj (best effort), if any.
     pub oom_score_adj: Option<i32>,
