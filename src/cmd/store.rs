@@ -22,8 +22,11 @@ pub fn main(args: &StoreArgs) -> Result<u8, Error> {
     rt.block_on(async {
         let cancel = CancellationToken::new();
         let listener = bind_listener(args.host, args.port)?;
-        let (memory, _) =
-            crate::config::store_memory(args.store_memory.as_deref(), &crate::config::Env::from_process())?;
+        let (memory, _) = crate::config::store_memory(
+            args.store_memory.as_deref(),
+            &crate::config::Env::from_process(),
+            crate::store::default_budget(std::path::Path::new("/")),
+        )?;
         let server =
             StoreServer::start(listener, Arc::new(Budget::new(memory)), cancel.child_token()).map_err(Error::Serve)?;
         // Tests and scripts read the port from this line.

@@ -1,4 +1,5 @@
-//! What resolution needs to know of the machine, discovered once and
+//! What resolution needs to know of the machine (GPUs, CPUs, host name,
+//! memory), discovered once and
 //! passed in, so that [`super::Plan::resolve_on`] itself reads no file and
 //! is table-tested with any machine.
 
@@ -18,10 +19,14 @@ pub struct Machine {
     pub cpus: usize,
     /// This pod's host name.
     pub hostname: String,
+    /// The store's default memory budget: a quarter of the container's
+    /// memory limit (cgroup v2 or v1), else of the machine's memory.
+    pub store_memory: u64,
 }
 
 impl Machine {
-    /// Look at this machine: GPUs (as `env` restricts them), CPUs, host name.
+    /// Look at this machine: GPUs (as `env` restricts them), CPUs, host
+    /// name, memory.
     pub fn discover(env: &Env) -> Result<Self, Error> {
         let gpu_root = crate::gpu::root(env);
         let gpus = crate::gpu::discover(&crate::gpu::sysfs::Sysfs::new(&gpu_root), env)?;
@@ -30,6 +35,7 @@ impl Machine {
             gpus,
             cpus: crate::sys::cpu_count(),
             hostname: crate::sys::hostname().unwrap_or_else(|| "localhost".into()),
+            store_memory: crate::store::default_budget(std::path::Path::new("/")),
         })
     }
 }

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use super::machine::Machine;
 use super::nodes::Nodes;
 use super::resolve::{
     DEFAULT_HEARTBEAT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_JOIN_TIMEOUT, DEFAULT_LAST_CALL, DEFAULT_PORT,
@@ -32,7 +33,13 @@ pub(super) struct Rendezvous {
 }
 
 /// Resolve the rendezvous settings for `nodes`.
-pub(super) fn resolve(args: &RunArgs, env: &Env, nodes: Nodes, prov: &mut Provenance) -> Result<Rendezvous, Error> {
+pub(super) fn resolve(
+    args: &RunArgs,
+    env: &Env,
+    nodes: Nodes,
+    machine: &Machine,
+    prov: &mut Provenance,
+) -> Result<Rendezvous, Error> {
     let Nodes { min_nodes, nnodes, node_rank, .. } = nodes;
     // Rendezvous backend, endpoint, standalone.
     let l = lookup(args.rdzv_backend.as_deref(), "--rdzv-backend", env, &[env::PET_RDZV_BACKEND]);
@@ -91,7 +98,7 @@ pub(super) fn resolve(args: &RunArgs, env: &Env, nodes: Nodes, prov: &mut Proven
     };
     prov.push(("join timeout", format!("{join_timeout:?}"), l.source));
 
-    let (store_memory, source) = store_memory(args.store_memory.as_deref(), env)?;
+    let (store_memory, source) = store_memory(args.store_memory.as_deref(), env, machine.store_memory)?;
     prov.push(("store memory budget", format!("{store_memory} bytes"), source));
 
     let l = lookup(None, "--job-set-attempt", env, &[env::JOBSET_RESTART_ATTEMPT]);

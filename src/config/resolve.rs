@@ -36,14 +36,14 @@ impl Plan {
     }
 
     /// Resolve `args` against `env` for `machine`: no file is read here
-    /// but the failure policy file and PATH's python.
+    /// but the failure policy file (`--policy`) and PATH's python.
     pub fn resolve_on(args: &RunArgs, env: &Env, machine: Machine, need_command: bool) -> Result<Plan, Error> {
         if let Some(flag) = args.unsupported() {
             return Err(Error::Unsupported { what: flag.into(), hint: "remove it from the command line".into() });
         }
         let mut prov = Vec::new();
         let nodes = super::nodes::resolve(args, env, &machine, &mut prov)?;
-        let rdzv = super::rendezvous::resolve(args, env, nodes, &mut prov)?;
+        let rdzv = super::rendezvous::resolve(args, env, nodes, &machine, &mut prov)?;
         let t = super::timeouts::resolve(args, env, &mut prov)?;
         let out = super::output::resolve(args, env, &machine, &mut prov)?;
         let (entry, omp_default) = super::entry::resolve(args, env, nodes.nproc, need_command, &mut prov)?;
@@ -125,6 +125,98 @@ mod tests {
         let p = plan(&["--python", "py", "t.py"], &[("TRAINLET_SYSFS_ROOT", root), ("TRAINLET_PIN", "none")])
             .expect("plan");
         assert_eq!((p.nproc, p.gpu.pin, p.gpu.expect.assign), (1, crate::gpu::PinMode::None, false));
+    }
+
+    /// A machine as resolution sees it: `gpus` GPUs, `cpus` CPUs, a host name.
+    fn machine(gpus: u32, cpus: usize) -> Machine {
+        let gpu = |ordinal: u32| crate::gpu::Gpu {
+            bus_id: format!("0000:{:02x}:00.0", 0x10 + ordinal),
+            uuid: None,
+            model: None,
+            minor: Some(ordinal),
+            ordinal,
+            numa_node: None,
+            local_cpus: crate::process::CpuSet::default(),
+        };
+        Machine {
+            gpu_root: "/nonexistent".into(),
+            gpus: (0..gpus).map(gpu).collect(),
+            cpus,
+            hostname: "pod-7".into(),
+            store_memory: 1 << 30,
+        }
+    }
+
+    /// Resolution is pure over the machine it is given: what `auto`,
+    /// `gpu` and `cpu` count, and this pod's name, come from it alone.
+    #[test_case("auto", 8, 64, Ok(8); "auto counts gpus")]
+    #[test_case("auto", 0, 6, Ok(6); "auto without a gpu counts cpus")]
+    #[test_case("cpu", 8, 6, Ok(6); "cpu counts cpus")]
+    #[test_case("gpu", 4, 6, Ok(4); "gpu counts gpus")]
+    #[test_case("gpu", 0, 6, Err("no GPU is usable here"); "gpu without a gpu")]
+    #[test_case("3", 0, 1, Ok(3); "a number is a number")]
+    fn nproc_counts_the_machine_it_is_given(nproc: &str, gpus: u32, cpus: usize, want: Result<u32, &str>) {
+        let env = Env::from_pairs([("PATH", "/usr/bin:/bin")]);
+        let got = Plan::resolve_on(
+            &args(&["--python", "py", "--nproc-per-node", nproc, "t.py"]),
+            &env,
+            machine(gpus, cpus),
+            true,
+        );
+        match (got, want) {
+            (Ok(p), Ok(n)) => {
+                assert_eq!(p.nproc, n);
+                assert_eq!(p.output.host, "pod-7", "the host name is the machine's");
+                assert_eq!(p.gpu.gpus.len(), gpus as usize);
+            }
+            (Err(e), Err(needle)) => assert!(e.to_string().contains(needle), "{e}"),
+            (got, want) => panic!("{got:?} vs {want:?}"),
+        }
+    }
+
+    /// Every value doctor prints says where it came from.
+    #[test]
+    fn every_setting_has_a_source() {
+        let env = Env::from_pairs([("PATH", "/usr/bin:/bin"), ("PET_NNODES", "2")]);
+        let p = Plan::resolve_on(&args(&["--python", "py", "--tee", "3", "t.py"]), &env, machine(2, 4), true)
+            .expect("plan");
+        let named: Vec<&str> = p.provenance.iter().map(|(n, _, _)| *n).collect();
+        for want in [
+            "nnodes",
+            "node rank",
+            "gpus",
+            "nproc per node",
+            "store endpoint",
+            "run id",
+            "join timeout",
+            "store memory budget",
+            "heartbeat timeout",
+            "max restarts",
+            "grace period",
+            "stop signals",
+            "restart backoff",
+            "kill timeout",
+            "hung timeout",
+            "failure policy",
+            "role",
+            "redirects",
+            "tee",
+            "console ranks",
+            "line prefix",
+            "host",
+            "python",
+            "pin",
+            "gpu visibility",
+            "preflight",
+            "nvml timeout",
+        ] {
+            assert!(named.contains(&want), "{want} missing from {named:?}");
+        }
+        let tee = p.provenance.iter().find(|(n, _, _)| *n == "tee").expect("tee");
+        assert_eq!((tee.1.as_str(), &tee.2), ("3", &Source::Flag("--tee")));
+        assert_eq!(p.store_memory, 1 << 30, "the default budget is the machine's");
+        let nnodes = p.provenance.iter().find(|(n, _, _)| *n == "nnodes").expect("nnodes");
+        assert_eq!(nnodes.2, Source::Env("PET_NNODES"));
     }
 
     #[test]

@@ -60,12 +60,12 @@ pub(super) fn flag_or_env(
 }
 
 /// `--store-memory` (else TRAINLET_STORE_MEMORY): a size of at least
-/// [`crate::store::MIN_BUDGET`], or the default sized from the container's
-/// memory limit; with where it came from. `trainlet run` and `trainlet
-/// store` both read it here.
-pub fn store_memory(cli: Option<&str>, env: &Env) -> Result<(u64, Source), Error> {
+/// [`crate::store::MIN_BUDGET`], or `default` (sized from the container's
+/// memory limit by the caller); with where it came from. `trainlet run` and
+/// `trainlet store` both read it here.
+pub fn store_memory(cli: Option<&str>, env: &Env, default: u64) -> Result<(u64, Source), Error> {
     let l = lookup(cli, "--store-memory", env, &[crate::env::TRAINLET_STORE_MEMORY]);
-    let Some(v) = l.value else { return Ok((crate::store::default_budget(std::path::Path::new("/")), l.source)) };
+    let Some(v) = l.value else { return Ok((default, l.source)) };
     let n = crate::store::parse_size(v)
         .filter(|n| *n >= crate::store::MIN_BUDGET)
         .ok_or_else(|| invalid(&l.origin(), v, "a size of at least 64M, e.g. 512M or 2G"))?;
