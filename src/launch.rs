@@ -571,6 +571,8 @@ struct RoundJob<'a> {
 }
 
 impl Job for RoundJob<'_> {
+    type Error = rendezvous::Error;
+
     fn round(&self) -> u64 {
         self.round.number
     }
@@ -583,15 +585,15 @@ impl Job for RoundJob<'_> {
         self.session.host_left()
     }
 
-    async fn publish_failure(&mut self, fatal: bool) -> std::result::Result<(), String> {
-        self.session.publish_failure(self.round.number, fatal).await.map_err(|e| e.to_string())
+    async fn publish_failure(&mut self, fatal: bool) -> std::result::Result<(), rendezvous::Error> {
+        self.session.publish_failure(self.round.number, fatal).await
     }
 
-    async fn publish_abort(&mut self, signal: i32) -> std::result::Result<(), String> {
-        self.session.publish_abort(self.round.number, signal).await.map_err(|e| e.to_string())
+    async fn publish_abort(&mut self, signal: i32) -> std::result::Result<(), rendezvous::Error> {
+        self.session.publish_abort(self.round.number, signal).await
     }
 
-    async fn publish_local_done(&mut self) -> std::result::Result<(), String> {
-        self.session.publish_local_done(self.round).await.map_err(|e| e.to_string())
+    async fn publish_local_done(&mut self) -> std::result::Result<(), rendezvous::Error> {
+        self.session.publish_local_done(self.round).await
     }
 }

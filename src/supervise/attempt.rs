@@ -35,6 +35,8 @@ const HUNG_CHECK: Duration = Duration::from_secs(1);
 
 /// The job-wide side of one attempt.
 pub trait Job {
+    /// Why the rest of the job could not be told (the store is gone).
+    type Error: std::fmt::Display;
     /// The round this attempt runs in.
     fn round(&self) -> u64;
     /// Resolves when the round ends anywhere: how, and the end's text.
@@ -42,11 +44,11 @@ pub trait Job {
     /// Why the store host said it left, if it did.
     fn host_left(&self) -> Option<String>;
     /// A worker failed here: end the round as failed (`fatal`: by a `fail` rule).
-    fn publish_failure(&mut self, fatal: bool) -> impl std::future::Future<Output = Result<(), String>>;
+    fn publish_failure(&mut self, fatal: bool) -> impl std::future::Future<Output = Result<(), Self::Error>>;
     /// This pod was stopped by `signal`: end the round so the others stop too.
-    fn publish_abort(&mut self, signal: i32) -> impl std::future::Future<Output = Result<(), String>>;
+    fn publish_abort(&mut self, signal: i32) -> impl std::future::Future<Output = Result<(), Self::Error>>;
     /// Every worker here succeeded.
-    fn publish_local_done(&mut self) -> impl std::future::Future<Output = Result<(), String>>;
+    fn publish_local_done(&mut self) -> impl std::future::Future<Output = Result<(), Self::Error>>;
 }
 
 struct Worker {
