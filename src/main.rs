@@ -32,7 +32,7 @@ fn main_exec() -> u8 {
     // Through a link at /usr/sbin/sshd, Trainer's MPI runtimes
     // (`/usr/sbin/sshd -De -f ~/.sshd_config`) run trainlet's server unchanged.
     if name == "sshd" {
-        let sshd = cmd::sshd::args_from_sshd(&args).map_err(cmd::Error::Usage);
+        let sshd = cmd::sshd::args_from_sshd(&args).map_err(cmd::Error::from);
         return finish(
             "trainlet",
             sshd.and_then(|a| {

@@ -17,8 +17,30 @@ use std::path::{Path, PathBuf};
 
 use crate::cli::MpiArgs;
 use crate::env as names;
-use crate::error::error_chain;
-use crate::ssh::hostfile::{self, Host};
+
+use crate::ssh::hostfile::{self, Host, HostfileError};
+
+/// Why the launcher's hosts or program cannot be had (exit 200).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The launcher named is trainlet's own link and no real one follows it.
+    #[error("{program} is trainlet itself and there is no real {name} after it on PATH (set TRAINLET_MPIRUN)")]
+    NoRealLauncher {
+        /// What the command named.
+        program: String,
+        /// Its file name.
+        name: String,
+    },
+    /// A hostfile or host list is bad.
+    #[error(transparent)]
+    Hosts(#[from] HostfileError),
+    /// Nothing names the hosts.
+    #[error(
+        "no MPI hosts: pass --hostfile or --hosts, set TRAINLET_MPI_HOSTS or OMPI_MCA_orte_default_hostfile, mount \
+         /etc/mpi/hostfile, or set PET_MASTER_ADDR=<job>-node-0-0.<job> and PET_NNODES"
+    )]
+    NoHosts,
+}
 
 /// Where the Trainer / MPI Operator hostfile is mounted.
 pub const TRAINER_HOSTFILE: &str = "/etc/mpi/hostfile";
@@ -45,24 +67,21 @@ fn on_path(name: &str, keep: impl Fn(&Path) -> bool) -> Option<PathBuf> {
 /// The program `trainlet mpi -- PROGRAM ...` runs: PROGRAM itself, unless
 /// it is trainlet (the image's `mpirun` link first on PATH), which would
 /// wrap the job twice; then the real launcher, found as the link finds it.
-pub fn launcher_program(program: &str) -> Result<String, String> {
+pub fn launcher_program(program: &str) -> Result<String, Error> {
     let path = if program.contains('/') { Some(PathBuf::from(program)) } else { on_path(program, |_| true) };
     let is_me = path.and_then(|p| std::fs::canonicalize(p).ok()).is_some_and(|p| Some(p) == crate::sys::own_exe());
     if !is_me {
         return Ok(program.to_string());
     }
     let name = Path::new(program).file_name().map_or_else(|| program.to_string(), |n| n.to_string_lossy().into_owned());
-    real_launcher(&name).map(|p| p.display().to_string()).ok_or_else(|| {
-        format!(
-            "{program} is trainlet itself and there is no real {name} after it on PATH (set {})",
-            names::TRAINLET_MPIRUN
-        )
-    })
+    real_launcher(&name)
+        .map(|p| p.display().to_string())
+        .ok_or_else(|| Error::NoRealLauncher { program: program.to_string(), name })
 }
 
 /// Hosts named on mpirun's own command line: a hostfile flag's file, or
 /// `-H`/`--host`/`-hosts` lists.
-fn hosts_in_command(cmd: &[String]) -> Option<Result<Vec<Host>, String>> {
+fn hosts_in_command(cmd: &[String]) -> Option<Result<Vec<Host>, HostfileError>> {
     const FILE_FLAGS: [&str; 6] =
         ["--hostfile", "-hostfile", "--machinefile", "-machinefile", "--default-hostfile", "-f"];
     const LIST_FLAGS: [&str; 4] = ["-H", "--host", "-host", "-hosts"];
@@ -73,11 +92,11 @@ fn hosts_in_command(cmd: &[String]) -> Option<Result<Vec<Host>, String>> {
         let value = || inline.clone().or_else(|| cmd.get(i + 1).cloned());
         if FILE_FLAGS.contains(&flag) {
             let v = value()?;
-            return Some(hostfile::read(Path::new(&v)).map_err(|e| error_chain(&e)));
+            return Some(hostfile::read(Path::new(&v)));
         }
         if LIST_FLAGS.contains(&flag) {
             let v = value()?;
-            return Some(hostfile::from_list(&v, None).map_err(|e| error_chain(&e)));
+            return Some(hostfile::from_list(&v, None));
         }
         i += 1;
     }
@@ -112,12 +131,12 @@ pub struct HostSource {
 
 /// The hosts of the job: `--hostfile`, else the hosts mpirun's own
 /// arguments name, else the Trainer hostfile, else the Trainer torch env.
-pub fn find_hosts(args: &MpiArgs) -> Result<HostSource, String> {
+pub fn find_hosts(args: &MpiArgs) -> Result<HostSource, Error> {
     if let Some(found) = hosts_in_command(&args.command) {
         return Ok(HostSource { hosts: found?, from_command: true, what: "mpirun's arguments".into() });
     }
-    let from_file = |p: PathBuf, what: &str| -> Result<HostSource, String> {
-        let hosts = hostfile::read(&p).map_err(|e| error_chain(&e))?;
+    let from_file = |p: PathBuf, what: &str| -> Result<HostSource, Error> {
+        let hosts = hostfile::read(&p)?;
         Ok(HostSource { hosts, from_command: false, what: format!("{what} {}", p.display()) })
     };
     if let Some(p) = &args.hostfile {
@@ -132,7 +151,7 @@ pub fn find_hosts(args: &MpiArgs) -> Result<HostSource, String> {
         return from_file(PathBuf::from(TRAINER_HOSTFILE), "the Trainer hostfile");
     }
     if let Some(list) = &args.hosts {
-        let hosts = hostfile::from_list(list, Some(args.slots.unwrap_or(1))).map_err(|e| error_chain(&e))?;
+        let hosts = hostfile::from_list(list, Some(args.slots.unwrap_or(1)))?;
         return Ok(HostSource { hosts, from_command: false, what: "--hosts".into() });
     }
     let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
@@ -142,11 +161,7 @@ pub fn find_hosts(args: &MpiArgs) -> Result<HostSource, String> {
         args.slots.or_else(|| get(names::PET_NPROC_PER_NODE).and_then(|n| n.parse().ok())),
     ) {
         Some(hosts) => Ok(HostSource { hosts, from_command: false, what: "PET_MASTER_ADDR and PET_NNODES".into() }),
-        None => Err(format!(
-            "no MPI hosts: pass --hostfile or --hosts, set {} or OMPI_MCA_orte_default_hostfile, mount {TRAINER_HOSTFILE}, \
-             or set PET_MASTER_ADDR=<job>-node-0-0.<job> and PET_NNODES",
-            names::TRAINLET_MPI_HOSTS
-        )),
+        None => Err(Error::NoHosts),
     }
 }
 
@@ -311,7 +326,9 @@ mod tests {
         let hosts = hosts_in_command(&cmd).expect("test setup").expect("test setup");
         assert_eq!(hosts.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         let cmd: Vec<String> = "mpiexec.hydra -f=/nonexistent -n 2 true".split(' ').map(String::from).collect();
-        assert!(hosts_in_command(&cmd).expect("test setup").expect_err("should fail").contains("/nonexistent"));
+        assert!(
+            hosts_in_command(&cmd).expect("test setup").expect_err("should fail").to_string().contains("/nonexistent")
+        );
         let cmd: Vec<String> = "mpirun -np 2 true".split(' ').map(String::from).collect();
         assert!(hosts_in_command(&cmd).is_none());
     }

@@ -39,6 +39,12 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// `trainlet sshd`'s keys or settings are bad.
+    #[error(transparent)]
+    Sshd(Box<sshd::SshdError>),
+    /// `trainlet mpi`'s hosts or launcher cannot be had.
+    #[error(transparent)]
+    Mpi(#[from] crate::mpi::Error),
     /// The store's port cannot be had.
     #[error(transparent)]
     Bind(#[from] crate::store::ServerError),
@@ -77,6 +83,12 @@ impl From<crate::launch::Error> for Error {
     }
 }
 
+impl From<sshd::SshdError> for Error {
+    fn from(e: sshd::SshdError) -> Self {
+        Error::Sshd(Box::new(e))
+    }
+}
+
 impl From<initializers::InitError> for Error {
     fn from(e: initializers::InitError) -> Self {
         Error::Init(Box::new(e))
@@ -86,7 +98,12 @@ impl From<initializers::InitError> for Error {
 impl From<&Error> for u8 {
     fn from(e: &Error) -> u8 {
         match e {
-            Error::Config(_) | Error::Usage(_) | Error::Listen { .. } | Error::Bind(_) => exit::CONFIG,
+            Error::Config(_)
+            | Error::Usage(_)
+            | Error::Listen { .. }
+            | Error::Bind(_)
+            | Error::Mpi(_)
+            | Error::Sshd(_) => exit::CONFIG,
             Error::Start(_) | Error::Thread { .. } | Error::Keygen(_) | Error::Serve(_) => exit::INTERNAL,
             Error::Launch(l) => match l.as_ref() {
                 launch::Error::Config(_) | launch::Error::Store(_) => exit::CONFIG,

@@ -120,10 +120,7 @@ async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Cancell
             names::TRAINLET_SSH_DIR
         ));
     }
-    let source = match find_hosts(&args) {
-        Ok(s) => s,
-        Err(e) => return fail(e),
-    };
+    let source = find_hosts(&args)?;
     let agent = match crate::ssh::local::agent_link() {
         Ok(a) => a,
         Err(e) => {
@@ -214,10 +211,7 @@ async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Cancell
         &get,
     );
     let spawner = Spawner::start().map_err(|source| Error::Thread { what: "spawner", source })?;
-    let program = match launcher_program(&args.command[0]) {
-        Ok(p) => p,
-        Err(e) => return fail(e),
-    };
+    let program = launcher_program(&args.command[0])?;
     if program != args.command[0] {
         tracing::info!(link = %args.command[0], real = %program, "the launcher on PATH is trainlet's own link; running the real one");
     }

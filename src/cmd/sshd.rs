@@ -15,12 +15,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::Error;
 use crate::cli::SshdArgs;
-use crate::error::error_chain;
 use crate::process::reaper::Reaper;
 use crate::process::signals::{STOP, SysEvent};
 use crate::process::spawn::{SpawnError, Spawner, StdioMode, WorkerSpec};
 use crate::ssh::keys;
 use crate::ssh::server::{self, Account, Ended, ExecRequest, Processes, ServerConfig, Started};
+use crate::ssh::sshd_config::SshdConfigError;
 use crate::{exit, sys};
 
 /// [`Processes`] on the one spawner thread and the one reaper.
@@ -65,11 +65,37 @@ impl Processes for Spawning {
     }
 }
 
-fn load(args: &SshdArgs) -> Result<ServerConfig, String> {
+/// Why `trainlet sshd` cannot serve: its keys or its settings (exit 200).
+#[derive(Debug, thiserror::Error)]
+pub enum SshdError {
+    /// The host key or authorized_keys cannot be loaded.
+    #[error(transparent)]
+    Keys(#[from] crate::ssh::KeyError),
+    /// sshd(8)'s command line is bad.
+    #[error("sshd")]
+    Args(#[source] SshdConfigError),
+    /// The sshd_config file cannot be read.
+    #[error("cannot read {path}")]
+    ConfigFile {
+        /// `-f FILE`.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The sshd_config file is bad.
+    #[error(transparent)]
+    Config(SshdConfigError),
+    /// TRAINLET_SSH_PORT is not a port.
+    #[error("invalid TRAINLET_SSH_PORT value {0:?}: expected a TCP port 1-65535")]
+    Port(String),
+}
+
+fn load(args: &SshdArgs) -> Result<ServerConfig, SshdError> {
     let dir = keys::key_dir(args.ssh_dir.as_deref(), std::env::var("HOME").ok().as_deref());
-    let (host_path, host_key) = keys::load_host_key(&dir, args.host_key.as_deref()).map_err(|e| error_chain(&e))?;
+    let (host_path, host_key) = keys::load_host_key(&dir, args.host_key.as_deref())?;
     let ak = args.authorized_keys.clone().unwrap_or_else(|| dir.join("authorized_keys"));
-    let authorized = keys::load_authorized(&ak).map_err(|e| error_chain(&e))?;
+    let authorized = keys::load_authorized(&ak)?;
     let (name, home, shell) = crate::ssh::local::local_account();
     let allowed_users = if sys::is_root() {
         let mut v = vec!["root".to_string()];
@@ -117,17 +143,22 @@ fn bind(args: &SshdArgs) -> std::io::Result<tokio::net::TcpListener> {
 
 /// `trainlet sshd` settings from OpenSSH sshd's command line and config
 /// file, for an image whose `/usr/sbin/sshd` is a link to trainlet.
-pub fn args_from_sshd(argv: &[String]) -> Result<SshdArgs, String> {
+pub fn args_from_sshd(argv: &[String]) -> Result<SshdArgs, SshdError> {
     use crate::ssh::sshd_config::parse_args;
-    let (mut cfg, _) = parse_args(argv).map_err(|e| format!("sshd: {e}"))?;
+    let (mut cfg, _) = parse_args(argv).map_err(SshdError::Args)?;
     if let Some(file) = cfg.config_file.clone() {
-        let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-        cfg.apply_file(&text, &file.display().to_string()).map_err(|e| e.to_string())?;
+        let text =
+            std::fs::read_to_string(&file).map_err(|source| SshdError::ConfigFile { path: file.clone(), source })?;
+        cfg.apply_file(&text, &file.display().to_string()).map_err(SshdError::Config)?;
     }
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let (user, home, _) = crate::ssh::local::local_account();
     // sshd's own default port is 22; MPI images configure 2222.
-    let port = cfg.port.or_else(|| env(crate::env::TRAINLET_SSH_PORT).and_then(|p| p.parse().ok())).unwrap_or(22);
+    let from_env = match env(crate::env::TRAINLET_SSH_PORT) {
+        None => None,
+        Some(v) => Some(v.trim().parse::<u16>().ok().filter(|p| *p > 0).ok_or(SshdError::Port(v))?),
+    };
+    let port = cfg.port.or(from_env).unwrap_or(22);
     let ssh_dir = env(crate::env::TRAINLET_SSH_DIR)
         .map(PathBuf::from)
         .or_else(|| cfg.host_key.as_ref().and_then(|k| k.parent().map(std::path::Path::to_path_buf)));
@@ -155,7 +186,7 @@ pub fn main(args: SshdArgs) -> Result<u8, Error> {
 
 /// Serve until SIGTERM or job done.
 async fn serve(args: SshdArgs, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8, Error> {
-    let mut config = load(&args).map_err(Error::Usage)?;
+    let mut config = load(&args)?;
     // Tree spawn: daemons on this worker run the same agent path the
     // launcher uses; users' own `ssh` calls in ranks find trainlet's too.
     match crate::ssh::local::agent_link() {

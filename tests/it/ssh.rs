@@ -327,6 +327,14 @@ fn a_link_named_sshd_takes_the_mpi_operator_command_line_and_config() {
     let mut bad = crate::util::Pod::start_as(&link, &["-De", "-f", &cfg.display().to_string()], &refs);
     assert_eq!(bad.code(LIMIT), 200);
     assert!(bad.stderr().contains(":1: bad Port \"22x\""), "{}", bad.stderr());
+
+    // So does a bad TRAINLET_SSH_PORT when the config names no port: never a silent 22.
+    std::fs::write(&cfg, "ListenAddress 127.0.18.2\n").expect("config");
+    let mut refs = refs.clone();
+    refs.push(("TRAINLET_SSH_PORT", "22x"));
+    let mut bad = crate::util::Pod::start_as(&link, &["-De", "-f", &cfg.display().to_string()], &refs);
+    assert_eq!(bad.code(LIMIT), 200);
+    assert!(bad.stderr().contains("invalid TRAINLET_SSH_PORT value \"22x\""), "{}", bad.stderr());
 }
 
 /// A remote command that cannot be exec'd (a 250 KB command line: E2BIG
