@@ -15,6 +15,7 @@ mod init_remote;
 mod layout;
 mod mpi;
 mod rendezvous;
+mod rendezvous_time;
 mod runtimes;
 mod signals;
 mod ssh;
