@@ -50,7 +50,7 @@ fn serve_metrics(
 ) -> Result<Metrics, Error> {
     let usage = |what: String| Error::Usage(format!("cannot serve metrics on {addr}: {what}"));
     crate::metrics::global().watch_init(Arc::clone(progress)).map_err(|e| usage(e.to_string()))?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| usage(e.to_string()))?;
+    let rt = crate::process::event_loop()?;
     let cancel = tokio_util::sync::CancellationToken::new();
     rt.block_on(crate::metrics::serve(addr, cancel.clone())).map_err(|e| usage(crate::error::error_chain(&e)))?;
     let c = cancel.clone();

@@ -43,10 +43,10 @@ pub fn main(args: &[String]) -> u8 {
         check,
         local_user: crate::ssh::local::local_account().0,
     };
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match crate::process::event_loop() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("trainlet ssh: cannot start the async runtime: {e}");
+            eprintln!("trainlet ssh: {}", crate::error::error_chain(&e));
             return client::FAILED;
         }
     };

@@ -14,10 +14,7 @@ use crate::{exit, sys};
 /// Serve until a stop signal.
 pub fn main(args: &StoreArgs) -> Result<u8, Error> {
     // One event loop, as torch's libuv server and the agent's StoreLoop.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Start(crate::process::StartError::Runtime(e)))?;
+    let rt = crate::process::event_loop()?;
     let mut events = signals::start().map_err(|e| Error::Start(crate::process::StartError::Signals(e)))?;
     rt.block_on(async {
         let cancel = CancellationToken::new();

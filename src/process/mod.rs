@@ -38,6 +38,13 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, StartError> {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(StartError::Runtime)
 }
 
+/// A one-thread runtime, for what runs one event loop: the standalone
+/// store (as torch's libuv server), the ssh client, `trainlet init`'s
+/// metrics endpoint.
+pub fn event_loop() -> Result<tokio::runtime::Runtime, StartError> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(StartError::Runtime)
+}
+
 /// A mode that owns processes: child subreaper, the signal/reaper thread, a
 /// runtime, one root cancellation token, and no descendant left behind when
 /// `body` returns.
