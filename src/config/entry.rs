@@ -3,7 +3,7 @@
 //! finds it, the start method check, and OMP_NUM_THREADS's default.
 
 use super::Entrypoint;
-use super::setting::{Provenance, flag_or_env, invalid, lookup};
+use super::setting::{Settings, flag_or_env, invalid, lookup};
 use super::{Error, Source};
 use crate::cli::RunArgs;
 use crate::env::{self, Env};
@@ -11,11 +11,11 @@ use crate::env::{self, Env};
 /// Resolve the entry point; `need_command` is false for `doctor`.
 pub(super) fn resolve(
     args: &RunArgs,
-    env: &Env,
+    s: &mut Settings<'_>,
     nproc: u32,
     need_command: bool,
-    prov: &mut Provenance,
 ) -> Result<(Entrypoint, Option<String>), Error> {
+    let env = s.env;
     let l = lookup(args.start_method.as_deref(), "--start-method", env, &[env::PET_START_METHOD]);
     if let Some(v) = l.value.filter(|v| !matches!(*v, "spawn" | "fork" | "forkserver")) {
         return Err(invalid(&l.origin(), v, "spawn, fork or forkserver"));
@@ -46,7 +46,7 @@ pub(super) fn resolve(
         }
         Some((script, rest)) => {
             let (python, src) = resolve_python(args, env)?;
-            prov.push(("python", python.clone(), src));
+            s.prov.push(("python", python.clone(), src));
             let mut a = vec!["-u".to_string()];
             if module {
                 a.push("-m".into());

@@ -6,20 +6,20 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::setting::{flag_or_env, invalid, lookup, parse_secs, parse_u32};
-use super::{Error, Source};
+use super::Error;
+use super::setting::{Settings, flag_or_env, invalid, lookup, parse_u32};
 use crate::cli::RunArgs;
-use crate::env::{self, Env};
+use crate::env::{self};
 
 /// `--pin`, `--gpu-visibility`, `--preflight` and their kin.
 pub(super) fn resolve(
     args: &RunArgs,
-    env: &Env,
+    s: &mut Settings<'_>,
     root: PathBuf,
     gpus: Vec<crate::gpu::Gpu>,
     nproc: u32,
-    prov: &mut Vec<(&'static str, String, Source)>,
 ) -> Result<crate::gpu::GpuPlan, Error> {
+    let env = s.env;
     use crate::gpu::preflight::{Check, Expect};
     use crate::gpu::{PinMode, Visibility};
     let pin = match (&args.numa_binding, args.pin.as_deref()) {
@@ -40,7 +40,7 @@ pub(super) fn resolve(
             (PinMode::parse(v).ok_or_else(|| invalid(&l.origin(), v, "none, gpu, cpu, numa or auto"))?, l.source)
         }
     };
-    prov.push(("pin", pin.0.to_string(), pin.1));
+    s.prov.push(("pin", pin.0.to_string(), pin.1));
     let l = lookup(args.gpu_visibility.as_deref(), "--gpu-visibility", env, &[env::TRAINLET_GPU_VISIBILITY]);
     let visibility = match (l.value.map(str::trim), args.virtual_local_rank) {
         (None, true) => Visibility::Single,
@@ -49,7 +49,7 @@ pub(super) fn resolve(
         (Some(v), _) => return Err(invalid(&l.origin(), v, "all or single")),
     };
     if !gpus.is_empty() {
-        prov.push(("gpu visibility", visibility.to_string(), l.source));
+        s.prov.push(("gpu visibility", visibility.to_string(), l.source));
     }
     let l = lookup(args.preflight.as_deref(), "--preflight", env, &[env::TRAINLET_PREFLIGHT]);
     let checks = Check::parse_list(l.value.unwrap_or("all")).map_err(|bad| {
@@ -59,11 +59,11 @@ pub(super) fn resolve(
             &format!("all, none or a list of count,lost,ecc,remap,mig (not {bad:?})"),
         )
     })?;
-    prov.push(("preflight", checks.iter().map(|c| c.name()).collect::<Vec<_>>().join(","), l.source));
+    s.prov.push(("preflight", checks.iter().map(|c| c.name()).collect::<Vec<_>>().join(","), l.source));
     let l = lookup(args.expect_gpus.as_deref(), "--expect-gpus", env, &[env::TRAINLET_EXPECT_GPUS]);
     let expect_gpus = l.value.map(|_| parse_u32(&l, 0, "a number of GPUs >= 0")).transpose()?;
     if let Some(n) = expect_gpus {
-        prov.push(("expect gpus", n.to_string(), l.source.clone()));
+        s.prov.push(("expect gpus", n.to_string(), l.source.clone()));
     }
     let l = lookup(args.mig.as_deref(), "--mig", env, &[env::TRAINLET_MIG]);
     let mig = match l.value.map(str::trim) {
@@ -73,12 +73,14 @@ pub(super) fn resolve(
         Some(v) => return Err(invalid(&l.origin(), v, "on or off")),
     };
     if let Some(on) = mig {
-        prov.push(("mig", if on { "on" } else { "off" }.to_string(), l.source.clone()));
+        s.prov.push(("mig", if on { "on" } else { "off" }.to_string(), l.source.clone()));
     }
 
-    let l = lookup(args.nvml_timeout.as_deref(), "--nvml-timeout", env, &[env::TRAINLET_NVML_TIMEOUT]);
-    let nvml_timeout = parse_secs(&l, Duration::from_secs(10))?;
-    prov.push(("nvml timeout", format!("{nvml_timeout:?}"), l.source.clone()));
+    let nvml_timeout = s.secs(
+        "nvml timeout",
+        (args.nvml_timeout.as_deref(), "--nvml-timeout", &[env::TRAINLET_NVML_TIMEOUT]),
+        Duration::from_secs(10),
+    )?;
     let l = lookup(args.metrics_addr.as_deref(), "--metrics-addr", env, &[env::TRAINLET_METRICS_ADDR]);
     let metrics_addr = match l.value {
         None => None,
@@ -89,11 +91,11 @@ pub(super) fn resolve(
         ),
     };
     if let Some(a) = metrics_addr {
-        prov.push(("metrics", a.to_string(), l.source));
+        s.prov.push(("metrics", a.to_string(), l.source));
     }
     let (nic_hint, src) = flag_or_env(args.nic_hint, "--nic-hint", env, env::TRAINLET_NIC_HINT)?;
     if nic_hint {
-        prov.push(("nic hint", "on".into(), src));
+        s.prov.push(("nic hint", "on".into(), src));
     }
     Ok(crate::gpu::GpuPlan {
         root,

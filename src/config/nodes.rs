@@ -3,10 +3,10 @@
 //! `--nproc-per-node` (`auto`/`gpu`/`cpu` count what [`Machine`] found).
 
 use super::machine::Machine;
-use super::setting::{Provenance, invalid, lookup, parse_u32};
+use super::setting::{Settings, invalid, lookup, parse_u32};
 use super::{Error, Source};
 use crate::cli::RunArgs;
-use crate::env::{self, Env};
+use crate::env::{self};
 
 /// The pods and workers of the job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,7 +18,8 @@ pub(super) struct Nodes {
 }
 
 /// Resolve the node counts, this pod's rank and its workers.
-pub(super) fn resolve(args: &RunArgs, env: &Env, machine: &Machine, prov: &mut Provenance) -> Result<Nodes, Error> {
+pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, machine: &Machine) -> Result<Nodes, Error> {
+    let env = s.env;
     // nnodes: N or MIN:MAX.
     let l = lookup(args.nnodes.as_deref(), "--nnodes", env, &[env::PET_NNODES]);
     let (min_nodes, nnodes) = match l.value {
@@ -45,7 +46,7 @@ pub(super) fn resolve(args: &RunArgs, env: &Env, machine: &Machine, prov: &mut P
         }
     };
     let spec = if min_nodes == nnodes { nnodes.to_string() } else { format!("{min_nodes}:{nnodes}") };
-    prov.push(("nnodes", spec, l.source.clone()));
+    s.prov.push(("nnodes", spec, l.source.clone()));
 
     // node rank, with JOB_COMPLETION_INDEX as the last fallback.
     let l = lookup(args.node_rank.as_deref(), "--node-rank", env, &[env::PET_NODE_RANK, env::JOB_COMPLETION_INDEX]);
@@ -57,8 +58,8 @@ pub(super) fn resolve(args: &RunArgs, env: &Env, machine: &Machine, prov: &mut P
             &format!("a node rank below nnodes ({nnodes}), i.e. 0..={}", nnodes - 1),
         ));
     }
-    prov.push(("node rank", node_rank.to_string(), l.source));
-    prov.push((
+    s.prov.push(("node rank", node_rank.to_string(), l.source));
+    s.prov.push((
         "gpus",
         machine.gpus.len().to_string(),
         Source::Derived(format!("{} and sysfs", machine.gpu_root.join("proc/driver/nvidia/gpus").display())),
@@ -102,6 +103,6 @@ pub(super) fn resolve(args: &RunArgs, env: &Env, machine: &Machine, prov: &mut P
         ),
     };
     let nproc = u32::try_from(nproc).map_err(|_| invalid(&l.origin(), &nproc.to_string(), "fewer workers"))?;
-    prov.push(("nproc per node", nproc.to_string(), src));
+    s.prov.push(("nproc per node", nproc.to_string(), src));
     Ok(Nodes { min_nodes, nnodes, node_rank, nproc })
 }

@@ -5,10 +5,10 @@
 use std::path::PathBuf;
 
 use super::machine::Machine;
-use super::setting::{Provenance, invalid, lookup};
+use super::setting::{Settings, invalid, lookup};
 use super::{Error, Source};
 use crate::cli::RunArgs;
-use crate::env::{self, Env};
+use crate::env::{self};
 
 /// Which output streams a setting applies to, per local rank.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -66,23 +66,24 @@ pub struct Output {
 }
 
 /// Resolve the output settings.
-pub(super) fn resolve(args: &RunArgs, env: &Env, machine: &Machine, prov: &mut Provenance) -> Result<Output, Error> {
+pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, machine: &Machine) -> Result<Output, Error> {
+    let env = s.env;
     let l = lookup(args.role.as_deref(), "--role", env, &[env::PET_ROLE]);
     let role = l.value.unwrap_or("default").to_string();
-    prov.push(("role", role.clone(), l.source.clone()));
+    s.prov.push(("role", role.clone(), l.source.clone()));
 
     let l = lookup(None, "--log-dir", env, &[env::PET_LOG_DIR]);
     let log_dir = args.log_dir.clone().or_else(|| l.value.map(PathBuf::from));
     if let Some(dir) = &log_dir {
         let source = if args.log_dir.is_some() { Source::Flag("--log-dir") } else { l.source.clone() };
-        prov.push(("log dir", dir.display().to_string(), source));
+        s.prov.push(("log dir", dir.display().to_string(), source));
     }
     let l = lookup(args.redirects.as_deref(), "--redirects", env, &[env::PET_REDIRECTS]);
     let redirects = l.value.map_or(Ok(Streams::default()), |v| Streams::parse(&l.origin(), v))?;
-    prov.push(("redirects", l.value.unwrap_or("0").to_string(), l.source.clone()));
+    s.prov.push(("redirects", l.value.unwrap_or("0").to_string(), l.source.clone()));
     let l = lookup(args.tee.as_deref(), "--tee", env, &[env::PET_TEE]);
     let tee = l.value.map_or(Ok(Streams::default()), |v| Streams::parse(&l.origin(), v))?;
-    prov.push(("tee", l.value.unwrap_or("0").to_string(), l.source.clone()));
+    s.prov.push(("tee", l.value.unwrap_or("0").to_string(), l.source.clone()));
     let l = lookup(args.local_ranks_filter.as_deref(), "--local-ranks-filter", env, &[env::PET_LOCAL_RANKS_FILTER]);
     let console_ranks = match l.value {
         None => None,
@@ -94,7 +95,7 @@ pub(super) fn resolve(args: &RunArgs, env: &Env, machine: &Machine, prov: &mut P
                 .map_err(|_| invalid(&l.origin(), v, "a comma list of local ranks like 0,2"))?,
         ),
     };
-    prov.push(("console ranks", l.value.unwrap_or("all").to_string(), l.source.clone()));
+    s.prov.push(("console ranks", l.value.unwrap_or("all").to_string(), l.source.clone()));
 
     let l = lookup(
         args.log_line_prefix_template.as_deref(),
@@ -103,12 +104,12 @@ pub(super) fn resolve(args: &RunArgs, env: &Env, machine: &Machine, prov: &mut P
         &[env::TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE],
     );
     let prefix_template = l.value.unwrap_or("[${role_name}${local_rank}]:").to_string();
-    prov.push(("line prefix", prefix_template.clone(), l.source.clone()));
+    s.prov.push(("line prefix", prefix_template.clone(), l.source.clone()));
 
     let l = lookup(args.local_addr.as_deref(), "--local-addr", env, &[env::PET_LOCAL_ADDR]);
     let host = l.value.map_or_else(|| machine.hostname.clone(), str::to_string);
 
     let source = if l.value.is_some() { l.source } else { Source::Derived("host name".into()) };
-    prov.push(("host", host.clone(), source));
+    s.prov.push(("host", host.clone(), source));
     Ok(Output { role, log_dir, redirects, tee, console_ranks, prefix_template, host })
 }

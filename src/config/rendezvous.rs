@@ -10,11 +10,11 @@ use super::nodes::Nodes;
 use super::resolve::{
     DEFAULT_HEARTBEAT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_JOIN_TIMEOUT, DEFAULT_LAST_CALL, DEFAULT_PORT,
 };
-use super::setting::{Provenance, flag_or_env, invalid, lookup, parse_secs};
+use super::setting::{Settings, flag_or_env, invalid, lookup, parse_secs};
 use super::setting::{parse_port, store_memory};
 use super::{Error, Source};
 use crate::cli::RunArgs;
-use crate::env::{self, Env};
+use crate::env::{self};
 use crate::store::Endpoint;
 
 /// The rendezvous settings of a plan.
@@ -35,11 +35,11 @@ pub(super) struct Rendezvous {
 /// Resolve the rendezvous settings for `nodes`.
 pub(super) fn resolve(
     args: &RunArgs,
-    env: &Env,
+    s: &mut Settings<'_>,
     nodes: Nodes,
     machine: &Machine,
-    prov: &mut Provenance,
 ) -> Result<Rendezvous, Error> {
+    let env = s.env;
     let Nodes { min_nodes, nnodes, node_rank, .. } = nodes;
     // Rendezvous backend, endpoint, standalone.
     let l = lookup(args.rdzv_backend.as_deref(), "--rdzv-backend", env, &[env::PET_RDZV_BACKEND]);
@@ -76,7 +76,7 @@ pub(super) fn resolve(
         let src = if addr_l.value.is_some() { addr_l.source.clone() } else { port_l.source.clone() };
         (Endpoint { host, port: master_port }, src)
     };
-    prov.push((
+    s.prov.push((
         "store endpoint",
         if standalone { "127.0.0.1:<free port>".into() } else { endpoint.to_string() },
         ep_src,
@@ -89,17 +89,17 @@ pub(super) fn resolve(
         None if standalone => random_id(),
         None => "none".to_string(),
     };
-    prov.push(("run id", run_id.clone(), l.source));
+    s.prov.push(("run id", run_id.clone(), l.source));
 
     let l = lookup(args.join_timeout.as_deref(), "--join-timeout", env, &[env::TRAINLET_JOIN_TIMEOUT]);
     let join_timeout = match (l.value, conf.join_timeout) {
         (None, Some(t)) => t,
         _ => parse_secs(&l, DEFAULT_JOIN_TIMEOUT)?,
     };
-    prov.push(("join timeout", format!("{join_timeout:?}"), l.source));
+    s.prov.push(("join timeout", format!("{join_timeout:?}"), l.source));
 
     let (store_memory, source) = store_memory(args.store_memory.as_deref(), env, machine.store_memory)?;
-    prov.push(("store memory budget", format!("{store_memory} bytes"), source));
+    s.prov.push(("store memory budget", format!("{store_memory} bytes"), source));
 
     let l = lookup(None, "--job-set-attempt", env, &[env::JOBSET_RESTART_ATTEMPT]);
     let jobset_attempt = match l.value {
@@ -109,14 +109,14 @@ pub(super) fn resolve(
             .parse::<u64>()
             .map_err(|_| invalid(&l.origin(), v, "the JobSet restart attempt, an integer >= 0"))?,
     };
-    prov.push(("jobset attempt", jobset_attempt.to_string(), l.source));
+    s.prov.push(("jobset attempt", jobset_attempt.to_string(), l.source));
     let l = lookup(args.last_call_timeout.as_deref(), "--last-call-timeout", env, &[env::TRAINLET_LAST_CALL_TIMEOUT]);
     let last_call = match (l.value, conf.last_call) {
         (None, Some(t)) => t,
         _ => parse_secs(&l, DEFAULT_LAST_CALL)?,
     };
     if min_nodes != nnodes {
-        prov.push(("last call", format!("{last_call:?}"), l.source));
+        s.prov.push(("last call", format!("{last_call:?}"), l.source));
     }
     let heartbeat = conf.keep_alive_interval.unwrap_or(DEFAULT_HEARTBEAT);
     let l = lookup(args.heartbeat_timeout.as_deref(), "--heartbeat-timeout", env, &[env::TRAINLET_HEARTBEAT_TIMEOUT]);
@@ -134,7 +134,7 @@ pub(super) fn resolve(
     }
     // A period well below the timeout, so one late heartbeat is not a death.
     let heartbeat = heartbeat.min(heartbeat_timeout / 4).max(Duration::from_millis(100));
-    prov.push(("heartbeat timeout", format!("{heartbeat_timeout:?} (every {heartbeat:?})"), l.source));
+    s.prov.push(("heartbeat timeout", format!("{heartbeat_timeout:?} (every {heartbeat:?})"), l.source));
 
     Ok(Rendezvous {
         standalone,

@@ -41,13 +41,13 @@ impl Plan {
         if let Some(flag) = args.unsupported() {
             return Err(Error::Unsupported { what: flag.into(), hint: "remove it from the command line".into() });
         }
-        let mut prov = Vec::new();
-        let nodes = super::nodes::resolve(args, env, &machine, &mut prov)?;
-        let rdzv = super::rendezvous::resolve(args, env, nodes, &machine, &mut prov)?;
-        let t = super::timeouts::resolve(args, env, &mut prov)?;
-        let out = super::output::resolve(args, env, &machine, &mut prov)?;
-        let (entry, omp_default) = super::entry::resolve(args, env, nodes.nproc, need_command, &mut prov)?;
-        let gpu = super::gpu::resolve(args, env, machine.gpu_root, machine.gpus, nodes.nproc, &mut prov)?;
+        let mut s = super::setting::Settings::new(env);
+        let nodes = super::nodes::resolve(args, &mut s, &machine)?;
+        let rdzv = super::rendezvous::resolve(args, &mut s, nodes, &machine)?;
+        let t = super::timeouts::resolve(args, &mut s)?;
+        let out = super::output::resolve(args, &mut s, &machine)?;
+        let (entry, omp_default) = super::entry::resolve(args, &mut s, nodes.nproc, need_command)?;
+        let gpu = super::gpu::resolve(args, &mut s, machine.gpu_root, machine.gpus, nodes.nproc)?;
         Ok(Plan {
             gpu,
             min_nodes: nodes.min_nodes,
@@ -76,7 +76,7 @@ impl Plan {
             output: out,
             entry,
             omp_default,
-            provenance: prov,
+            provenance: s.prov,
         })
     }
 }

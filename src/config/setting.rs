@@ -10,6 +10,53 @@ use crate::env::Env;
 /// (setting, value, where it came from), in the order doctor prints them.
 pub(super) type Provenance = Vec<(&'static str, String, Source)>;
 
+/// One resolution's settings: where they are looked up (CLI > `env` >
+/// default) and what doctor will print of them. [`Settings::secs`] and
+/// [`Settings::count`] do lookup, parse and record in one call; settings
+/// with more to them use [`lookup`] and record themselves.
+#[derive(Debug)]
+pub(super) struct Settings<'a> {
+    /// The environment resolution reads.
+    pub env: &'a Env,
+    /// What doctor prints.
+    pub prov: Provenance,
+}
+
+impl<'a> Settings<'a> {
+    /// No setting read yet.
+    pub fn new(env: &'a Env) -> Self {
+        Self { env, prov: Vec::new() }
+    }
+
+    /// A number of seconds >= 0 (`default` when unset), recorded as `name`.
+    pub fn secs(
+        &mut self,
+        name: &'static str,
+        (cli, flag, names): (Option<&str>, &'static str, &[&'static str]),
+        default: Duration,
+    ) -> Result<Duration, Error> {
+        let l = lookup(cli, flag, self.env, names);
+        let v = parse_secs(&l, default)?;
+        self.prov.push((name, format!("{v:?}"), l.source));
+        Ok(v)
+    }
+
+    /// A count >= 0 (`default` when unset), recorded as `name`; `expected`
+    /// says what a bad value should have been.
+    pub fn count(
+        &mut self,
+        name: &'static str,
+        (cli, flag, names): (Option<&str>, &'static str, &[&'static str]),
+        default: u32,
+        expected: &str,
+    ) -> Result<u32, Error> {
+        let l = lookup(cli, flag, self.env, names);
+        let v = parse_u32(&l, default, expected)?;
+        self.prov.push((name, v.to_string(), l.source));
+        Ok(v)
+    }
+}
+
 pub(super) fn invalid(origin: &str, value: &str, expected: &str) -> Error {
     Error::Invalid { origin: origin.to_string(), value: value.to_string(), expected: expected.to_string() }
 }

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use super::Error;
 use super::resolve::{DEFAULT_CHECKPOINT_TIMEOUT, DEFAULT_GRACE, DEFAULT_KILL_TIMEOUT};
-use super::setting::{Provenance, invalid, lookup, parse_secs, parse_u32};
+use super::setting::{Settings, invalid, lookup, parse_secs};
 use crate::cli::RunArgs;
-use crate::env::{self, Env};
+use crate::env::{self};
 
 /// How the job restarts and stops.
 #[derive(Debug, Clone)]
@@ -25,17 +25,23 @@ pub(super) struct Timeouts {
 }
 
 /// Resolve restarts, stop signals, timeouts and the failure policy.
-pub(super) fn resolve(args: &RunArgs, env: &Env, prov: &mut Provenance) -> Result<Timeouts, Error> {
-    let l = lookup(args.max_restarts.as_deref(), "--max-restarts", env, &[env::PET_MAX_RESTARTS]);
-    let max_restarts = parse_u32(&l, 0, "an integer >= 0")?;
-    prov.push(("max restarts", max_restarts.to_string(), l.source));
+pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>) -> Result<Timeouts, Error> {
+    let env = s.env;
+    let max_restarts = s.count(
+        "max restarts",
+        (args.max_restarts.as_deref(), "--max-restarts", &[env::PET_MAX_RESTARTS]),
+        0,
+        "an integer >= 0",
+    )?;
 
     let l = lookup(args.monitor_interval.as_deref(), "--monitor-interval", env, &[env::PET_MONITOR_INTERVAL]);
     parse_secs(&l, Duration::ZERO)?;
 
-    let l = lookup(args.shutdown_timeout.as_deref(), "--shutdown-timeout", env, &[env::TORCH_ELASTIC_SHUTDOWN_TIMEOUT]);
-    let grace = parse_secs(&l, DEFAULT_GRACE)?;
-    prov.push(("grace period", format!("{grace:?}"), l.source));
+    let grace = s.secs(
+        "grace period",
+        (args.shutdown_timeout.as_deref(), "--shutdown-timeout", &[env::TORCH_ELASTIC_SHUTDOWN_TIMEOUT]),
+        DEFAULT_GRACE,
+    )?;
 
     let l =
         lookup(args.signals_to_handle.as_deref(), "--signals-to-handle", env, &[env::TORCHELASTIC_SIGNALS_TO_HANDLE]);
@@ -51,21 +57,29 @@ pub(super) fn resolve(args: &RunArgs, env: &Env, prov: &mut Provenance) -> Resul
         }
     }
     let names: Vec<String> = stop_signals.iter().map(|s| crate::sys::signal_name(*s)).collect();
-    prov.push(("stop signals", names.join(","), l.source.clone()));
+    s.prov.push(("stop signals", names.join(","), l.source.clone()));
 
-    let l = lookup(args.restart_backoff.as_deref(), "--restart-backoff", env, &[env::TRAINLET_RESTART_BACKOFF]);
-    let restart_backoff = parse_secs(&l, Duration::ZERO)?;
-    prov.push(("restart backoff", format!("{restart_backoff:?}"), l.source.clone()));
-    let l = lookup(args.kill_timeout.as_deref(), "--kill-timeout", env, &[env::TRAINLET_KILL_TIMEOUT]);
-    let kill_timeout = parse_secs(&l, DEFAULT_KILL_TIMEOUT)?;
-    prov.push(("kill timeout", format!("{kill_timeout:?}"), l.source.clone()));
+    let restart_backoff = s.secs(
+        "restart backoff",
+        (args.restart_backoff.as_deref(), "--restart-backoff", &[env::TRAINLET_RESTART_BACKOFF]),
+        Duration::ZERO,
+    )?;
+    let kill_timeout = s.secs(
+        "kill timeout",
+        (args.kill_timeout.as_deref(), "--kill-timeout", &[env::TRAINLET_KILL_TIMEOUT]),
+        DEFAULT_KILL_TIMEOUT,
+    )?;
     let l =
         lookup(args.hung_timeout.as_deref(), "--hung-timeout", env, &[env::TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT]);
     let hung_timeout = match l.value {
         None => None,
         Some(_) => Some(parse_secs(&l, Duration::ZERO)?).filter(|d| !d.is_zero()),
     };
-    prov.push(("hung timeout", hung_timeout.map_or_else(|| "off".to_string(), |d| format!("{d:?}")), l.source.clone()));
+    s.prov.push((
+        "hung timeout",
+        hung_timeout.map_or_else(|| "off".to_string(), |d| format!("{d:?}")),
+        l.source.clone(),
+    ));
 
     let l = lookup(args.checkpoint_signal.as_deref(), "--checkpoint-signal", env, &[env::TRAINLET_CHECKPOINT_SIGNAL]);
     let checkpoint_signal = match l.value {
@@ -88,7 +102,7 @@ pub(super) fn resolve(args: &RunArgs, env: &Env, prov: &mut Provenance) -> Resul
         )));
     }
     if let Some(sig) = checkpoint_signal {
-        prov.push(("checkpoint", format!("{} then {checkpoint_timeout:?}", crate::sys::signal_name(sig)), l.source));
+        s.prov.push(("checkpoint", format!("{} then {checkpoint_timeout:?}", crate::sys::signal_name(sig)), l.source));
     }
     let l = lookup(args.policy.as_ref().and_then(|p| p.to_str()), "--policy", env, &[env::TRAINLET_POLICY]);
     let file_rules = match l.value {
@@ -98,7 +112,7 @@ pub(super) fn resolve(args: &RunArgs, env: &Env, prov: &mut Provenance) -> Resul
     let flag_rules =
         args.on_exit.iter().map(|r| crate::config::rules::Rules::parse_flag(r)).collect::<Result<Vec<_>, _>>()?;
     let rules = crate::config::rules::Rules::new(flag_rules, file_rules);
-    prov.push(("failure policy", rules.describe(), l.source));
+    s.prov.push(("failure policy", rules.describe(), l.source));
 
     Ok(Timeouts {
         max_restarts,
