@@ -51,6 +51,26 @@ fn member(node_rank: u32, nnodes: (u32, u32)) -> Member {
     }
 }
 
+/// One pod (node rank `i`, `--nnodes MIN:MAX`) connects and joins the
+/// next round, on a task of its own; it returns the round, its session
+/// (dropping the session stops its heartbeat) and how long joining took.
+fn join(
+    endpoint: &Endpoint,
+    cancel: &CancellationToken,
+    i: u32,
+    nnodes: (u32, u32),
+    deadline: Instant,
+) -> tokio::task::JoinHandle<(trainlet::rendezvous::Round, Session, Duration)> {
+    let (endpoint, cancel) = (endpoint.clone(), cancel.clone());
+    tokio::spawn(async move {
+        let mut s =
+            Session::connect(&endpoint, "t", 0, member(i, nnodes), TIMING, deadline, &cancel).await.expect("connect");
+        let started = Instant::now();
+        let Ok(Joined::Round(r)) = s.next_round(&mut Known::default(), deadline).await else { panic!("no round") };
+        (r, s, started.elapsed())
+    })
+}
+
 /// An elastic `1:2` job with one pod: the round closes when the last call
 /// ends, not a moment earlier, with the one pod in it.
 #[tokio::test(start_paused = true)]
@@ -58,11 +78,7 @@ async fn an_elastic_round_closes_at_the_end_of_the_last_call() {
     let cancel = CancellationToken::new();
     let (_store, endpoint) = store_host(&cancel);
     let deadline = Instant::now() + Duration::from_secs(600);
-    let mut s =
-        Session::connect(&endpoint, "t", 0, member(0, (1, 2)), TIMING, deadline, &cancel).await.expect("connect");
-    let started = Instant::now();
-    let Ok(Joined::Round(r)) = s.next_round(&mut Known::default(), deadline).await else { panic!("no round") };
-    let waited = started.elapsed();
+    let (r, _s, waited) = join(&endpoint, &cancel, 0, (1, 2), deadline).await.expect("pod");
     assert_eq!(r.nnodes, 1);
     assert!(waited >= TIMING.last_call, "closed after {waited:?}, before the last call ended");
     assert!(waited < TIMING.last_call + Duration::from_secs(3), "closed {waited:?} after joining");
@@ -76,20 +92,11 @@ async fn a_full_round_closes_without_waiting_for_the_last_call() {
     let (_store, endpoint) = store_host(&cancel);
     let deadline = Instant::now() + Duration::from_secs(600);
     let started = Instant::now();
-    let pods = (0..2).map(|i| {
-        let (endpoint, cancel) = (endpoint.clone(), cancel.clone());
-        tokio::spawn(async move {
-            let mut s = Session::connect(&endpoint, "t", 0, member(i, (1, 2)), TIMING, deadline, &cancel)
-                .await
-                .expect("connect");
-            let Ok(Joined::Round(r)) = s.next_round(&mut Known::default(), deadline).await else { panic!("no round") };
-            (r.nnodes, s)
-        })
-    });
+    let pods: Vec<_> = (0..2).map(|i| join(&endpoint, &cancel, i, (1, 2), deadline)).collect();
     let mut sessions = Vec::new();
-    for p in pods.collect::<Vec<_>>() {
-        let (n, s) = p.await.expect("pod");
-        assert_eq!(n, 2);
+    for p in pods {
+        let (r, s, _) = p.await.expect("pod");
+        assert_eq!(r.nnodes, 2);
         sessions.push(s);
     }
     assert!(started.elapsed() < Duration::from_secs(2), "waited {:?}", started.elapsed());
@@ -104,19 +111,8 @@ async fn a_silent_member_is_dead_after_the_heartbeat_timeout() {
     let cancel = CancellationToken::new();
     let (store, endpoint) = store_host(&cancel);
     let deadline = Instant::now() + Duration::from_secs(600);
+    let joins: Vec<_> = (0..2).map(|i| join(&endpoint, &cancel, i, (2, 2), deadline)).collect();
     let mut sessions = Vec::new();
-    let joins: Vec<_> = (0..2)
-        .map(|i| {
-            let (endpoint, cancel) = (endpoint.clone(), cancel.clone());
-            tokio::spawn(async move {
-                let mut s = Session::connect(&endpoint, "t", 0, member(i, (2, 2)), TIMING, deadline, &cancel)
-                    .await
-                    .expect("connect");
-                let Ok(Joined::Round(r)) = s.next_round(&mut Known::default(), deadline).await else { panic!("round") };
-                (r, s)
-            })
-        })
-        .collect();
     for j in joins {
         sessions.push(j.await.expect("pod"));
     }
