@@ -30,7 +30,7 @@ use crate::supervise::attempt::{Job, run_attempt};
 use crate::supervise::policy::{FailKind, JobEnd, Outcome, RoundFacts, Verdict, backoff, verdict};
 use crate::supervise::report::{Failure, Report, RoundRecord, fatal_root, root_cause};
 use crate::supervise::worker::WorldView;
-use crate::sys::{self};
+use crate::sys;
 
 /// Why `trainlet run` could not run the job to an outcome of its own
 /// (`crate::cmd` maps each to its exit code).

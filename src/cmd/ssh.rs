@@ -59,18 +59,18 @@ pub fn main(args: &[String]) -> u8 {
 /// The default port (TRAINLET_SSH_PORT, 2222) and how long to retry
 /// connecting (TRAINLET_SSH_RETRY, 60 s); a bad value is an error naming
 /// the variable, as everywhere else, never a silent default.
-fn settings(env: impl Fn(&str) -> Option<String>) -> Result<(u16, std::time::Duration), String> {
-    let port =
-        match env(names::TRAINLET_SSH_PORT) {
-            None => 2222,
-            Some(v) => v.trim().parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-                format!("invalid {} value {v:?}: expected a TCP port 1-65535", names::TRAINLET_SSH_PORT)
-            })?,
-        };
+fn settings(env: impl Fn(&str) -> Option<String>) -> Result<(u16, std::time::Duration), crate::config::Error> {
+    let port = match env(names::TRAINLET_SSH_PORT) {
+        None => 2222,
+        Some(v) => crate::config::parse_port(names::TRAINLET_SSH_PORT, &v)?,
+    };
     let retry = match env(names::TRAINLET_SSH_RETRY) {
         None => std::time::Duration::from_secs(60),
-        Some(v) => crate::cli::seconds(&v)
-            .map_err(|_| format!("invalid {} value {v:?}: expected seconds, e.g. 60", names::TRAINLET_SSH_RETRY))?,
+        Some(v) => crate::cli::seconds(&v).map_err(|_| crate::config::Error::Invalid {
+            origin: names::TRAINLET_SSH_RETRY.to_string(),
+            value: v.clone(),
+            expected: "seconds, e.g. 60".to_string(),
+        })?,
     };
     Ok((port, retry))
 }
@@ -89,7 +89,7 @@ mod tests {
         let got = settings(|k| env.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_string()));
         match (got, want) {
             (Ok((port, retry)), Ok((p, r))) => assert_eq!((port, retry.as_secs_f64()), (p, r)),
-            (Err(e), Err(name)) => assert!(e.contains(name), "{e}"),
+            (Err(e), Err(name)) => assert!(e.to_string().contains(name), "{e}"),
             (got, want) => panic!("{got:?} vs {want:?}"),
         }
     }

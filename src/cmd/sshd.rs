@@ -87,8 +87,8 @@ pub enum SshdError {
     #[error(transparent)]
     Config(SshdConfigError),
     /// TRAINLET_SSH_PORT is not a port.
-    #[error("invalid TRAINLET_SSH_PORT value {0:?}: expected a TCP port 1-65535")]
-    Port(String),
+    #[error(transparent)]
+    Port(crate::config::Error),
 }
 
 fn load(args: &SshdArgs) -> Result<ServerConfig, SshdError> {
@@ -156,7 +156,7 @@ pub fn args_from_sshd(argv: &[String]) -> Result<SshdArgs, SshdError> {
     // sshd's own default port is 22; MPI images configure 2222.
     let from_env = match env(crate::env::TRAINLET_SSH_PORT) {
         None => None,
-        Some(v) => Some(v.trim().parse::<u16>().ok().filter(|p| *p > 0).ok_or(SshdError::Port(v))?),
+        Some(v) => Some(crate::config::parse_port(crate::env::TRAINLET_SSH_PORT, &v).map_err(SshdError::Port)?),
     };
     let port = cfg.port.or(from_env).unwrap_or(22);
     let ssh_dir = env(crate::env::TRAINLET_SSH_DIR)

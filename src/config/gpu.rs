@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::Error;
 use super::setting::{Settings, flag_or_env, invalid, lookup, parse_u32};
 use crate::cli::RunArgs;
-use crate::env::{self};
+use crate::env;
 
 /// `--pin`, `--gpu-visibility`, `--preflight` and their kin.
 pub(super) fn resolve(

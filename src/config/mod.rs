@@ -25,7 +25,7 @@ use std::time::Duration;
 pub use crate::env::Env;
 
 pub use output::{Output, Streams};
-pub use setting::store_memory;
+pub use setting::{parse_port, store_memory};
 
 use crate::store::Endpoint;
 

@@ -6,7 +6,7 @@ use super::machine::Machine;
 use super::setting::{Settings, invalid, lookup, parse_u32};
 use super::{Error, Source};
 use crate::cli::RunArgs;
-use crate::env::{self};
+use crate::env;
 
 /// The pods and workers of the job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use super::machine::Machine;
 use super::setting::{Settings, invalid, lookup};
 use super::{Error, Source};
 use crate::cli::RunArgs;
-use crate::env::{self};
+use crate::env;
 
 /// Which output streams a setting applies to, per local rank.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use super::setting::{Settings, flag_or_env, invalid, lookup, parse_secs};
 use super::setting::{parse_port, store_memory};
 use super::{Error, Source};
 use crate::cli::RunArgs;
-use crate::env::{self};
+use crate::env;
 use crate::store::Endpoint;
 
 /// The rendezvous settings of a plan.

@@ -134,6 +134,8 @@ pub(super) fn parse_secs(l: &Lookup<'_>, default: Duration) -> Result<Duration, 
     })
 }
 
-pub(super) fn parse_port(origin: &str, v: &str) -> Result<u16, Error> {
+/// A TCP port 1-65535; a bad one is an error naming `origin` (the flag or
+/// variable it came from).
+pub fn parse_port(origin: &str, v: &str) -> Result<u16, Error> {
     v.trim().parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| invalid(origin, v, "a TCP port 1-65535"))
 }

@@ -8,7 +8,7 @@ use super::Error;
 use super::resolve::{DEFAULT_CHECKPOINT_TIMEOUT, DEFAULT_GRACE, DEFAULT_KILL_TIMEOUT};
 use super::setting::{Settings, invalid, lookup, parse_secs};
 use crate::cli::RunArgs;
-use crate::env::{self};
+use crate::env;
 
 /// How the job restarts and stops.
 #[derive(Debug, Clone)]
