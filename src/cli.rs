@@ -373,6 +373,9 @@ pub struct RunArgs {
     /// Seconds to wait for more pods once MIN are in (default 30, env TRAINLET_LAST_CALL_TIMEOUT).
     #[arg(long = "last-call-timeout", value_name = "SECS", help_heading = "elastic rendezvous")]
     pub last_call_timeout: Option<String>,
+    /// What the workers are: torch (torchrun's env), jax (JAX_* env, a coordinator port per round) or xgboost (DMLC_* env, a tracker on the first pod); default: detected from Trainer's env (env TRAINLET_FRAMEWORK).
+    #[arg(long, value_name = "torch|jax|xgboost")]
+    pub framework: Option<String>,
     /// Python interpreter for workers (env TRAINLET_PYTHON, then PYTHON_EXEC; default python, else python3).
     #[arg(long)]
     pub python: Option<String>,

@@ -96,6 +96,27 @@ pub const TORCH_NCCL_ASYNC_ERROR_HANDLING: &str = "TORCH_NCCL_ASYNC_ERROR_HANDLI
 /// Where a failure report is copied when set on the agent (torchrun's `@record`).
 pub const TORCHELASTIC_ERROR_FILE: &str = "TORCHELASTIC_ERROR_FILE";
 
+/// `--framework`: torch, jax or xgboost (default: detected from the env).
+pub const TRAINLET_FRAMEWORK: &str = "TRAINLET_FRAMEWORK";
+/// Trainer's JAX plugin: `<trainjob>-node-0-0.<trainjob>:29500` (the store
+/// endpoint for trainlet; workers get the coordinator's own address).
+pub const JAX_COORDINATOR_ADDRESS: &str = "JAX_COORDINATOR_ADDRESS";
+/// Trainer's JAX plugin: the number of pods (workers get the process count).
+pub const JAX_NUM_PROCESSES: &str = "JAX_NUM_PROCESSES";
+/// Trainer's JAX plugin: the pod's index (workers get their process id).
+pub const JAX_PROCESS_ID: &str = "JAX_PROCESS_ID";
+/// The GPUs a JAX process uses, read by `jax.distributed.initialize()`.
+pub const JAX_LOCAL_DEVICE_IDS: &str = "JAX_LOCAL_DEVICE_IDS";
+/// Trainer's XGBoost plugin: the first pod's host (the store host for
+/// trainlet; workers get the tracker's address).
+pub const DMLC_TRACKER_URI: &str = "DMLC_TRACKER_URI";
+/// Trainer's XGBoost plugin: 29500 (trainlet's store; workers get the tracker's port).
+pub const DMLC_TRACKER_PORT: &str = "DMLC_TRACKER_PORT";
+/// Trainer's XGBoost plugin: the pod's index (workers get their global task id).
+pub const DMLC_TASK_ID: &str = "DMLC_TASK_ID";
+/// Trainer's XGBoost plugin: pods x GPUs (or pods on CPU); workers get the world size.
+pub const DMLC_NUM_WORKER: &str = "DMLC_NUM_WORKER";
+
 /// Key directory of `trainlet sshd`/`ssh`/`mpi` (the runtime's sshAuthMountPath).
 pub const TRAINLET_SSH_DIR: &str = "TRAINLET_SSH_DIR";
 /// SSH port of the workers (`trainlet sshd --listen`, the client's default port).

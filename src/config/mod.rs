@@ -9,6 +9,7 @@
 //! over one lookup helper (`setting.rs`).
 
 mod entry;
+mod framework;
 mod gpu;
 pub mod machine;
 mod nodes;
@@ -24,6 +25,7 @@ use std::time::Duration;
 
 pub use crate::env::Env;
 
+pub use framework::Framework;
 pub use output::{Output, Streams};
 pub use setting::{parse_port, store_memory};
 
@@ -99,6 +101,8 @@ pub struct Entrypoint {
 /// Everything a launch needs, resolved and validated.
 #[derive(Debug, Clone)]
 pub struct Plan {
+    /// What the workers are: their environment, and what runs beside them.
+    pub framework: Framework,
     /// Number of pods (agents): MAX of `--nnodes MIN:MAX`.
     pub nnodes: u32,
     /// MIN of `--nnodes MIN:MAX` (equal to `nnodes` in a static job).

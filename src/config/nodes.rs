@@ -1,7 +1,11 @@
 //! How many pods and workers: `--nnodes` (N or MIN:MAX), the node rank
 //! (with JOB_COMPLETION_INDEX as the last fallback) and
 //! `--nproc-per-node` (`auto`/`gpu`/`cpu` count what [`Machine`] found).
+//! JAX and XGBoost pods read their framework's names too
+//! ([`Framework::nnodes_env`]); XGBoost's `DMLC_NUM_WORKER` counts workers,
+//! not pods, and is divided by the workers per pod Trainer assumed.
 
+use super::framework::Framework;
 use super::machine::Machine;
 use super::setting::{Settings, invalid, lookup, parse_u32};
 use super::{Error, Source};
@@ -18,10 +22,31 @@ pub(super) struct Nodes {
 }
 
 /// Resolve the node counts, this pod's rank and its workers.
-pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, machine: &Machine) -> Result<Nodes, Error> {
+pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, machine: &Machine, fw: Framework) -> Result<Nodes, Error> {
     let env = s.env;
     // nnodes: N or MIN:MAX.
-    let l = lookup(args.nnodes.as_deref(), "--nnodes", env, &[env::PET_NNODES]);
+    let pods_of_workers;
+    let mut l = lookup(args.nnodes.as_deref(), "--nnodes", env, fw.nnodes_env());
+    if l.value.is_none()
+        && fw == Framework::Xgboost
+        && let Some(v) = env.get(env::DMLC_NUM_WORKER)
+    {
+        // Trainer sets numNodes x (GPUs per node, or 1).
+        let per_pod = machine.gpus.len().max(1);
+        let workers = v.trim().parse::<usize>().ok().filter(|n| *n > 0);
+        let pods = workers.filter(|w| w % per_pod == 0).map(|w| w / per_pod).ok_or_else(|| {
+            invalid(
+                env::DMLC_NUM_WORKER,
+                v,
+                &format!("a worker count >= 1 that is a multiple of this pod's {per_pod} GPU(s) (or set PET_NNODES / --nnodes)"),
+            )
+        })?;
+        pods_of_workers = pods.to_string();
+        l = super::setting::Lookup {
+            value: Some(&pods_of_workers),
+            source: Source::Derived(format!("{} {v} / {per_pod} per pod", env::DMLC_NUM_WORKER)),
+        };
+    }
     let (min_nodes, nnodes) = match l.value {
         None => (1, 1),
         Some(v) => {
@@ -49,7 +74,7 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, machine: &Machine) -
     s.prov.push(("nnodes", spec, l.source.clone()));
 
     // node rank, with JOB_COMPLETION_INDEX as the last fallback.
-    let l = lookup(args.node_rank.as_deref(), "--node-rank", env, &[env::PET_NODE_RANK, env::JOB_COMPLETION_INDEX]);
+    let l = lookup(args.node_rank.as_deref(), "--node-rank", env, fw.node_rank_env());
     let node_rank = parse_u32(&l, 0, "a node rank >= 0")?;
     if node_rank >= nnodes {
         return Err(invalid(
@@ -68,6 +93,11 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, machine: &Machine) -
     // nproc per node.
     let l = lookup(args.nproc_per_node.as_deref(), "--nproc-per-node", env, &[env::PET_NPROC_PER_NODE]);
     let (nproc, src) = match l.value.map(str::trim) {
+        // XGBoost runs one worker per GPU (what DMLC_NUM_WORKER counted).
+        None if fw == Framework::Xgboost && !machine.gpus.is_empty() => {
+            let gpus = machine.gpus.len();
+            (gpus, Source::Derived(format!("xgboost: one worker per GPU, {gpus} visible")))
+        }
         None => (1, l.source.clone()),
         Some("auto") => {
             let gpus = machine.gpus.len();

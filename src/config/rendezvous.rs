@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use super::framework::Framework;
 use super::machine::Machine;
 use super::nodes::Nodes;
 use super::resolve::{
@@ -38,6 +39,7 @@ pub(super) fn resolve(
     s: &mut Settings<'_>,
     nodes: Nodes,
     machine: &Machine,
+    fw: Framework,
 ) -> Result<Rendezvous, Error> {
     let env = s.env;
     let Nodes { min_nodes, nnodes, node_rank, .. } = nodes;
@@ -53,10 +55,10 @@ pub(super) fn resolve(
     let conf_l = lookup(args.rdzv_conf.as_deref(), "--rdzv-conf", env, &[env::PET_RDZV_CONF]);
     let conf = conf_l.value.map_or(Ok(RdzvConf::default()), |v| parse_rdzv_conf(&conf_l.origin(), v))?;
     let (standalone_flag, standalone_src) = flag_or_env(args.standalone, "--standalone", env, env::PET_STANDALONE)?;
-    let port_l = lookup(args.master_port.as_deref(), "--master-port", env, &[env::PET_MASTER_PORT]);
+    let port_l = lookup(args.master_port.as_deref(), "--master-port", env, fw.port_env());
     let master_port = port_l.value.map_or(Ok(DEFAULT_PORT), |v| parse_port(&port_l.origin(), v))?;
-    let addr_l = lookup(args.master_addr.as_deref(), "--master-addr", env, &[env::PET_MASTER_ADDR]);
-    let ep_l = lookup(args.rdzv_endpoint.as_deref(), "--rdzv-endpoint", env, &[env::PET_RDZV_ENDPOINT]);
+    let addr_l = lookup(args.master_addr.as_deref(), "--master-addr", env, fw.addr_env());
+    let ep_l = lookup(args.rdzv_endpoint.as_deref(), "--rdzv-endpoint", env, fw.endpoint_env());
     let implicit = backend == "static" && ep_l.value.is_none() && port_l.value.is_none() && nnodes == 1;
     let standalone = standalone_flag || implicit;
     if standalone_flag && nnodes > 1 {
@@ -82,6 +84,23 @@ pub(super) fn resolve(
         ep_src,
     ));
     let serve_store = standalone || conf.is_host.unwrap_or(node_rank == 0);
+    if fw != Framework::Torch {
+        // JAX's process 0 and XGBoost's tracker run next to the store, on
+        // the pod of node rank 0, and both frameworks have a fixed world.
+        if min_nodes != nnodes {
+            return Err(Error::Usage(format!(
+                "{} jobs have a fixed number of processes: give --nnodes N, not {min_nodes}:{nnodes}",
+                fw.name()
+            )));
+        }
+        if serve_store != (node_rank == 0) {
+            return Err(Error::Usage(format!(
+                "{} jobs need the store on node rank 0, where the {} runs; drop is_host from --rdzv-conf",
+                fw.name(),
+                if fw == Framework::Jax { "JAX coordinator (process 0)" } else { "XGBoost tracker" }
+            )));
+        }
+    }
 
     let l = lookup(args.rdzv_id.as_deref(), "--rdzv-id", env, &[env::PET_RDZV_ID]);
     let run_id = match l.value {

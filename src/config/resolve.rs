@@ -42,13 +42,15 @@ impl Plan {
             return Err(Error::Unsupported { what: flag.into(), hint: "remove it from the command line".into() });
         }
         let mut s = super::setting::Settings::new(env);
-        let nodes = super::nodes::resolve(args, &mut s, &machine)?;
-        let rdzv = super::rendezvous::resolve(args, &mut s, nodes, &machine)?;
+        let framework = super::framework::resolve(args, &mut s)?;
+        let nodes = super::nodes::resolve(args, &mut s, &machine, framework)?;
+        let rdzv = super::rendezvous::resolve(args, &mut s, nodes, &machine, framework)?;
         let t = super::timeouts::resolve(args, &mut s)?;
         let out = super::output::resolve(args, &mut s, &machine)?;
         let (entry, omp_default) = super::entry::resolve(args, &mut s, nodes.nproc, need_command)?;
         let gpu = super::gpu::resolve(args, &mut s, machine.gpu_root, machine.gpus, nodes.nproc)?;
         Ok(Plan {
+            framework,
             gpu,
             min_nodes: nodes.min_nodes,
             nnodes: nodes.nnodes,

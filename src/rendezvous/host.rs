@@ -3,7 +3,8 @@
 //!
 //! The store host runs this next to its store (whether or not its own agent
 //! is a member of the round). Per round it serves a new worker store and
-//! publishes its port, then, once the round has members, reads every
+//! publishes its port with a second free port of this host (where JAX's
+//! coordinator or XGBoost's tracker listens), then, once the round has members, reads every
 //! member's heartbeat key once per heartbeat period with one MULTI_GET and
 //! timestamps each change with its own clock (the store's clock: no clock
 //! skew between pods matters). A member silent for the heartbeat timeout is
@@ -47,8 +48,9 @@ async fn rounds(addr: SocketAddr, base: &str, timing: Timing, serve: &ServeFn) -
         match serve() {
             Ok(s) => {
                 let port = s.local_addr().port();
-                c.set(&format!("{base}/r{round}/port"), port.to_string().as_bytes()).await?;
-                tracing::debug!(round, port, "serving the round's worker store");
+                let aux = free_port();
+                c.set(&format!("{base}/r{round}/port"), format!("{port},{aux}").as_bytes()).await?;
+                tracing::debug!(round, port, aux, "serving the round's worker store");
                 stores.push_back(s);
             }
             Err(e) => tracing::error!(round, error = %crate::error::error_chain(&e), "cannot serve a worker store"),
@@ -60,6 +62,13 @@ async fn rounds(addr: SocketAddr, base: &str, timing: Timing, serve: &ServeFn) -
         }
         round = monitor(&mut c, addr, base, round, timing).await?;
     }
+}
+
+/// A port free on this host now, for a service a worker of the round
+/// serves (JAX's coordinator, XGBoost's tracker): the kernel's pick, as
+/// torchrun picks a free `--master-port`; 0 when none could be had.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind(("0.0.0.0", 0)).and_then(|l| l.local_addr()).map_or(0, |a| a.port())
 }
 
 /// Watch round `r` until the job moves on; returns the next round.

@@ -153,9 +153,7 @@ impl Session {
                 endpoint: self.endpoint.clone(),
             });
         }
-        let port = std::str::from_utf8(&self.get(&port_key).await?)
-            .ok()
-            .and_then(|p| p.parse().ok())
+        let (port, aux_port) = parse_ports(&self.get(&port_key).await?)
             .ok_or_else(|| Error::Mismatch("the store host published an unreadable worker port".into()))?;
         Ok(Try::Formed(Round {
             number: r,
@@ -163,6 +161,7 @@ impl Session {
             group_rank: a.group_rank,
             nnodes: a.nnodes,
             worker_port: port,
+            aux_port,
             restarts: 0,
         }))
     }
@@ -357,4 +356,24 @@ fn describe_join(me: &Member, present: &[&Member], joined: usize, last_call: Opt
     let more = missing.len().saturating_sub(MISSING_SHOWN);
     let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
     format!("{joined} of {} joined; missing node ranks [{}]{tail}", me.max_nodes, shown.join(", "))
+}
+
+/// `PORT` or `PORT,AUX` as the store host publishes them.
+fn parse_ports(v: &[u8]) -> Option<(u16, u16)> {
+    let text = std::str::from_utf8(v).ok()?;
+    let (port, aux) = text.split_once(',').unwrap_or((text, "0"));
+    Some((port.trim().parse().ok()?, aux.trim().parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ports;
+
+    #[test]
+    fn ports_are_read_with_or_without_the_second() {
+        assert_eq!(parse_ports(b"4100,4101"), Some((4100, 4101)));
+        assert_eq!(parse_ports(b"4100"), Some((4100, 0)));
+        assert_eq!(parse_ports(b"x,1"), None);
+        assert_eq!(parse_ports(b"1,99999"), None);
+    }
 }

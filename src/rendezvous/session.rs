@@ -47,6 +47,9 @@ pub struct Round {
     pub nnodes: u32,
     /// Port of the round's worker store (on the store host).
     pub worker_port: u16,
+    /// A second port free on the store host for the round (JAX's
+    /// coordinator, XGBoost's tracker); 0 when it had none.
+    pub aux_port: u16,
     /// Job-wide restarts used before this round.
     pub restarts: u32,
 }

@@ -23,7 +23,7 @@ use crate::process::sweep;
 use crate::supervise::output::{self, Sink};
 use crate::supervise::policy::{Action, Attempt, Event, JobEnd, Outcome, Timer};
 use crate::supervise::report::Failure;
-use crate::supervise::worker::{WorldView, substitute, worker_env};
+use crate::supervise::worker::{WorldView, framework_env, substitute, worker_env};
 use crate::sys::{self, Exit};
 
 /// How long output drains may lag behind the last worker exit.
@@ -126,6 +126,7 @@ pub async fn run_attempt(
         let _ = std::fs::remove_file(&error_file);
         let mut wenv = worker_env(world, local_rank, &error_file.display().to_string(), env);
         let place = placed.get(local_rank as usize);
+        wenv.extend(framework_env(world, local_rank, place.and_then(|p| p.gpu)));
         if let Some(p) = place {
             // Later entries win: LOCAL_RANK 0 with --gpu-visibility single.
             wenv.extend(crate::gpu::plan::rank_env(p, &plan.gpu.gpus, plan.gpu.visibility, plan.gpu.user_order));

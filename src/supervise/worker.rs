@@ -1,7 +1,9 @@
-//! A torch worker's environment, exactly torchrun's (reference/torch.md
-//! 3.2), and its argument macros. The process itself is started by
-//! [`crate::process::spawn`], which knows nothing of torch.
+//! A worker's environment: torchrun's (reference/torch.md 3.2) for every
+//! framework, and on top the variables JAX or XGBoost read
+//! ([`framework_env`]); and the argument macros. The process itself is
+//! started by [`crate::process::spawn`], which knows nothing of frameworks.
 
+use crate::config::Framework;
 use crate::env as names;
 use crate::sys;
 
@@ -14,6 +16,9 @@ pub struct WorldView<'a> {
     pub master_addr: &'a str,
     /// Port of this attempt's worker store.
     pub master_port: u16,
+    /// The round's second port on the store host: JAX's coordinator or
+    /// XGBoost's tracker.
+    pub aux_port: u16,
     /// Job-wide restarts so far (TORCHELASTIC_RESTART_COUNT).
     pub restarts: u32,
     /// This pod's group rank in the round.
@@ -66,6 +71,41 @@ pub fn worker_env(
         env.push((names::OMP_NUM_THREADS.to_string(), omp.clone()));
     }
     env
+}
+
+/// What JAX or XGBoost read, for the worker of `local_rank` placed on
+/// `gpu` (an index into the visible GPUs; its CUDA ordinal, or 0 when it
+/// sees only its own). These replace what Trainer gave the pod: those name
+/// the pod (process id = pod index, tracker port = trainlet's store), these
+/// name the worker and the round's coordinator.
+pub fn framework_env(w: &WorldView<'_>, local_rank: u32, gpu: Option<usize>) -> Vec<(String, String)> {
+    let p = w.plan;
+    let rank = (w.group_rank * p.nproc + local_rank).to_string();
+    let world = (w.nnodes * p.nproc).to_string();
+    let addr = w.master_addr.to_string();
+    let pairs: Vec<(&str, String)> = match p.framework {
+        Framework::Torch => Vec::new(),
+        Framework::Jax => {
+            let mut v = vec![
+                (names::JAX_COORDINATOR_ADDRESS, format!("{addr}:{}", w.aux_port)),
+                (names::JAX_NUM_PROCESSES, world),
+                (names::JAX_PROCESS_ID, rank),
+            ];
+            // One process per GPU: each uses its own; one per pod uses all.
+            if let (Some(i), true) = (gpu, p.nproc > 1) {
+                let id = if p.gpu.visibility == crate::gpu::Visibility::Single { 0 } else { i };
+                v.push((names::JAX_LOCAL_DEVICE_IDS, id.to_string()));
+            }
+            v
+        }
+        Framework::Xgboost => vec![
+            (names::DMLC_TRACKER_URI, addr),
+            (names::DMLC_TRACKER_PORT, w.aux_port.to_string()),
+            (names::DMLC_TASK_ID, rank),
+            (names::DMLC_NUM_WORKER, world),
+        ],
+    };
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
 /// Substitute torchrun's `${local_rank}` macro in worker arguments.

@@ -9,7 +9,6 @@
 //! is `config`) nor decide policy (that is `supervise::policy`).
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -27,8 +26,11 @@ use crate::rendezvous::host::{self, ServeFn};
 use crate::rendezvous::{self, Joined, Known, Member, Round, Session, Timing};
 use crate::store::{Endpoint, StoreLoop};
 use crate::supervise::attempt::{Job, run_attempt};
-use crate::supervise::policy::{FailKind, JobEnd, Outcome, RoundFacts, Verdict, backoff, verdict};
-use crate::supervise::report::{Failure, Report, RoundRecord, fatal_root, root_cause};
+use crate::supervise::policy::{JobEnd, Outcome, RoundFacts, Verdict, backoff, verdict};
+use crate::supervise::report::{Failure, RoundRecord, root_cause};
+
+mod finish;
+use finish::{check_writable, fail_code, forget_logs, log_root, record, report};
 use crate::supervise::worker::WorldView;
 use crate::sys;
 
@@ -222,6 +224,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
             plan: &plan,
             master_addr: &master_addr,
             master_port: round.worker_port,
+            aux_port: round.aux_port,
             restarts: round.restarts,
             group_rank: round.group_rank,
             nnodes: round.nnodes,
@@ -354,36 +357,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     Ok(code)
 }
 
-/// A successful run that was not asked to keep files (no `--log-dir`,
-/// `--redirects` or `--tee`) removes its directory under the temporary
-/// directory, which would otherwise grow by one per run. Failed and
-/// stopped runs keep theirs: the failure report and error files are there.
-fn forget_logs(plan: &Plan, log_root: &Path, code: u8) {
-    let none = crate::config::Streams::default();
-    if code != exit::SUCCESS
-        || plan.output.log_dir.is_some()
-        || plan.output.redirects != none
-        || plan.output.tee != none
-    {
-        return;
-    }
-    if let Err(e) = std::fs::remove_dir_all(log_root)
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
-        tracing::debug!(dir = %log_root.display(), error = %e, "cannot remove the run's temporary directory");
-    }
-}
 
-fn record(round: &Round, end: &str, verdict: &str) -> RoundRecord {
-    RoundRecord {
-        round: round.number,
-        nnodes: round.nnodes,
-        group_rank: round.group_rank,
-        restarts: round.restarts,
-        end: end.to_string(),
-        verdict: verdict.to_string(),
-    }
-}
 
 /// Report our workers gone, wait for the others (or a death verdict), and
 /// gather what every pod needs to decide the same way.
@@ -446,73 +420,9 @@ async fn reconnect(
     }
 }
 
-/// The exit code, the reason and the root cause of a failed job, defined
-/// once: the root cause is a failure of the final round, and its code is
-/// the exit code (earlier rounds' failures are history).
-fn fail_code(kind: FailKind, last: &[Failure]) -> (u8, String, Option<Failure>) {
-    match kind {
-        FailKind::Policy => {
-            let f = fatal_root(last);
-            let what = f.map_or_else(|| "a worker".to_string(), |f| format!("worker rank {} ({})", f.rank, f.exit()));
-            (exit::FAILED_BY_POLICY, format!("{what} matched a fail rule of the failure policy"), f.cloned())
-        }
-        FailKind::Unkillable => {
-            let f = last.iter().find(|f| f.hung);
-            let what = f.map_or_else(|| "a worker".to_string(), |f| format!("worker rank {} on {}", f.rank, f.host));
-            (exit::WORKER_UNKILLABLE, format!("{what} hung in uninterruptible sleep or survived SIGKILL"), f.cloned())
-        }
-        FailKind::Budget => match root_cause(last) {
-            Some(f) => (
-                f.code(),
-                format!("worker rank {} failed with {}; no restarts left", f.rank, f.exit()),
-                Some(f.clone()),
-            ),
-            None => (exit::PEER_LOST, "the job failed on a pod that reported no failure".into(), None),
-        },
-        FailKind::Stuck => {
-            (exit::PEER_LOST, "a pod neither stopped its workers nor died within the bound".into(), None)
-        }
-    }
-}
 
-fn report(
-    plan: &Plan,
-    log_root: &Path,
-    (code, reason, root): (u8, String, Option<Failure>),
-    history: &[Failure],
-    rounds: &[RoundRecord],
-) {
-    let report = Report {
-        run_id: plan.run_id.clone(),
-        script: plan.entry.script.clone(),
-        node_rank: plan.node_rank,
-        exit_code: code,
-        reason,
-        root_cause: root,
-        failures: history.to_vec(),
-        rounds: rounds.to_vec(),
-    };
-    let path = log_root.join("failure_report.json");
-    match report.write(&path) {
-        Ok(()) => eprintln!("trainlet: failure report written to {}", path.display()),
-        Err(e) => tracing::error!(path = %path.display(), error = %e, "cannot write the failure report"),
-    }
-    eprint!("{}", report.summary());
-}
 
-/// Create `dir` and prove a file can be written in it.
-fn check_writable(dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let probe = dir.join(".trainlet-write-check");
-    std::fs::write(&probe, b"ok")?;
-    std::fs::remove_file(&probe)
-}
 
-/// `<log_dir>/<run_id>_<pid>`, torchrun's layout; a temp dir when no --log-dir.
-fn log_root(plan: &Plan) -> PathBuf {
-    let base = plan.output.log_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("trainlet"));
-    base.join(format!("{}_{}", plan.run_id, std::process::id()))
-}
 
 /// Drive `fut` while honouring stop signals; Err(signal) if one came first.
 async fn until_stop<F: std::future::Future>(

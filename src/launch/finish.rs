@@ -1,0 +1,110 @@
+//! The end of a run, and the files it leaves: where the run's logs live,
+//! the exit code, reason and root cause of a failed job, the failure
+//! report, and removing a successful run's temporary directory.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::Plan;
+use crate::exit;
+use crate::rendezvous::Round;
+use crate::supervise::policy::FailKind;
+use crate::supervise::report::{Failure, Report, RoundRecord, fatal_root, root_cause};
+
+/// A successful run that was not asked to keep files (no `--log-dir`,
+/// `--redirects` or `--tee`) removes its directory under the temporary
+/// directory, which would otherwise grow by one per run. Failed and
+/// stopped runs keep theirs: the failure report and error files are there.
+pub(super) fn forget_logs(plan: &Plan, log_root: &Path, code: u8) {
+    let none = crate::config::Streams::default();
+    if code != exit::SUCCESS
+        || plan.output.log_dir.is_some()
+        || plan.output.redirects != none
+        || plan.output.tee != none
+    {
+        return;
+    }
+    if let Err(e) = std::fs::remove_dir_all(log_root)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::debug!(dir = %log_root.display(), error = %e, "cannot remove the run's temporary directory");
+    }
+}
+
+pub(super) fn record(round: &Round, end: &str, verdict: &str) -> RoundRecord {
+    RoundRecord {
+        round: round.number,
+        nnodes: round.nnodes,
+        group_rank: round.group_rank,
+        restarts: round.restarts,
+        end: end.to_string(),
+        verdict: verdict.to_string(),
+    }
+}
+
+/// The exit code, the reason and the root cause of a failed job, defined
+/// once: the root cause is a failure of the final round, and its code is
+/// the exit code (earlier rounds' failures are history).
+pub(super) fn fail_code(kind: FailKind, last: &[Failure]) -> (u8, String, Option<Failure>) {
+    match kind {
+        FailKind::Policy => {
+            let f = fatal_root(last);
+            let what = f.map_or_else(|| "a worker".to_string(), |f| format!("worker rank {} ({})", f.rank, f.exit()));
+            (exit::FAILED_BY_POLICY, format!("{what} matched a fail rule of the failure policy"), f.cloned())
+        }
+        FailKind::Unkillable => {
+            let f = last.iter().find(|f| f.hung);
+            let what = f.map_or_else(|| "a worker".to_string(), |f| format!("worker rank {} on {}", f.rank, f.host));
+            (exit::WORKER_UNKILLABLE, format!("{what} hung in uninterruptible sleep or survived SIGKILL"), f.cloned())
+        }
+        FailKind::Budget => match root_cause(last) {
+            Some(f) => (
+                f.code(),
+                format!("worker rank {} failed with {}; no restarts left", f.rank, f.exit()),
+                Some(f.clone()),
+            ),
+            None => (exit::PEER_LOST, "the job failed on a pod that reported no failure".into(), None),
+        },
+        FailKind::Stuck => {
+            (exit::PEER_LOST, "a pod neither stopped its workers nor died within the bound".into(), None)
+        }
+    }
+}
+
+pub(super) fn report(
+    plan: &Plan,
+    log_root: &Path,
+    (code, reason, root): (u8, String, Option<Failure>),
+    history: &[Failure],
+    rounds: &[RoundRecord],
+) {
+    let report = Report {
+        run_id: plan.run_id.clone(),
+        script: plan.entry.script.clone(),
+        node_rank: plan.node_rank,
+        exit_code: code,
+        reason,
+        root_cause: root,
+        failures: history.to_vec(),
+        rounds: rounds.to_vec(),
+    };
+    let path = log_root.join("failure_report.json");
+    match report.write(&path) {
+        Ok(()) => eprintln!("trainlet: failure report written to {}", path.display()),
+        Err(e) => tracing::error!(path = %path.display(), error = %e, "cannot write the failure report"),
+    }
+    eprint!("{}", report.summary());
+}
+
+/// Create `dir` and prove a file can be written in it.
+pub(super) fn check_writable(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let probe = dir.join(".trainlet-write-check");
+    std::fs::write(&probe, b"ok")?;
+    std::fs::remove_file(&probe)
+}
+
+/// `<log_dir>/<run_id>_<pid>`, torchrun's layout; a temp dir when no --log-dir.
+pub(super) fn log_root(plan: &Plan) -> PathBuf {
+    let base = plan.output.log_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("trainlet"));
+    base.join(format!("{}_{}", plan.run_id, std::process::id()))
+}
