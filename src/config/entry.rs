@@ -3,6 +3,7 @@
 //! finds it, the start method check, and OMP_NUM_THREADS's default.
 
 use super::Entrypoint;
+use super::framework::Framework;
 use super::setting::{Settings, flag_or_env, invalid, lookup};
 use super::{Error, Source};
 use crate::cli::RunArgs;
@@ -14,6 +15,7 @@ pub(super) fn resolve(
     s: &mut Settings<'_>,
     nproc: u32,
     need_command: bool,
+    fw: Framework,
 ) -> Result<(Entrypoint, Option<String>), Error> {
     let env = s.env;
     let l = lookup(args.start_method.as_deref(), "--start-method", env, &[env::PET_START_METHOD]);
@@ -40,9 +42,18 @@ pub(super) fn resolve(
         None if need_command => {
             return Err(Error::Usage("missing the training script: trainlet run [options] SCRIPT [ARGS]...".into()));
         }
-        None => Entrypoint { program: String::new(), args: Vec::new(), script: String::new() },
+        None => Entrypoint { program: String::new(), args: Vec::new(), script: String::new(), python: None },
         Some((script, rest)) if no_python => {
-            Entrypoint { program: script.clone(), args: rest.to_vec(), script: script.clone() }
+            // XGBoost's tracker runs in python even when the workers do not.
+            let python = match fw {
+                Framework::Xgboost => {
+                    let (python, src) = resolve_python(args, env)?;
+                    s.prov.push(("python", python.clone(), src));
+                    Some(python)
+                }
+                Framework::Torch | Framework::Jax => None,
+            };
+            Entrypoint { program: script.clone(), args: rest.to_vec(), script: script.clone(), python }
         }
         Some((script, rest)) => {
             let (python, src) = resolve_python(args, env)?;
@@ -55,7 +66,7 @@ pub(super) fn resolve(
             }
             a.push(script.clone());
             a.extend(rest.iter().cloned());
-            Entrypoint { program: python, args: a, script: script.clone() }
+            Entrypoint { program: python.clone(), args: a, script: script.clone(), python: Some(python) }
         }
     };
 

@@ -88,7 +88,9 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>) -> Result<Framework,
         Some("xgboost") => (Framework::Xgboost, l.source),
         Some(v) => return Err(invalid(&l.origin(), v, "torch, jax or xgboost")),
         None => {
-            let has = |names: &[&'static str]| -> Option<&'static str> { names.iter().find(|n| env.get(n).is_some()).copied() };
+            let has = |names: &[&'static str]| -> Option<&'static str> {
+                names.iter().find(|n| env.get(n).is_some()).copied()
+            };
             if let Some(n) = has(&[env::PET_NNODES, env::PET_NODE_RANK, env::PET_MASTER_ADDR]) {
                 (Framework::Torch, Source::Derived(format!("{n} is set")))
             } else if let Some(n) = has(&[env::JAX_COORDINATOR_ADDRESS, env::JAX_NUM_PROCESSES]) {
@@ -112,7 +114,9 @@ mod tests {
     use test_case::test_case;
 
     fn args(a: &[&str]) -> RunArgs {
-        crate::cli::TorchrunCli::try_parse_from(std::iter::once("torchrun").chain(a.iter().copied())).expect("parse").run
+        crate::cli::TorchrunCli::try_parse_from(std::iter::once("torchrun").chain(a.iter().copied()))
+            .expect("parse")
+            .run
     }
 
     #[test_case(&[], &[], Framework::Torch; "nothing is torch")]

@@ -96,6 +96,9 @@ pub struct Entrypoint {
     pub args: Vec<String>,
     /// The user's script or module, for reports.
     pub script: String,
+    /// The python interpreter: the program, or with `--no-python` the one
+    /// XGBoost's tracker runs in (None when nothing needs one).
+    pub python: Option<String>,
 }
 
 /// Everything a launch needs, resolved and validated.

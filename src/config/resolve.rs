@@ -47,7 +47,7 @@ impl Plan {
         let rdzv = super::rendezvous::resolve(args, &mut s, nodes, &machine, framework)?;
         let t = super::timeouts::resolve(args, &mut s)?;
         let out = super::output::resolve(args, &mut s, &machine)?;
-        let (entry, omp_default) = super::entry::resolve(args, &mut s, nodes.nproc, need_command)?;
+        let (entry, omp_default) = super::entry::resolve(args, &mut s, nodes.nproc, need_command, framework)?;
         let gpu = super::gpu::resolve(args, &mut s, machine.gpu_root, machine.gpus, nodes.nproc)?;
         Ok(Plan {
             framework,
@@ -87,6 +87,7 @@ impl Plan {
 mod tests {
     use super::*;
     use crate::cli::TorchrunCli;
+    use crate::config::Framework;
     use crate::config::Source;
     use crate::config::Streams;
     use crate::store::Endpoint;
@@ -170,6 +171,34 @@ mod tests {
                 assert_eq!(p.nproc, n);
                 assert_eq!(p.output.host, "pod-7", "the host name is the machine's");
                 assert_eq!(p.gpu.gpus.len(), gpus as usize);
+            }
+            (Err(e), Err(needle)) => assert!(e.to_string().contains(needle), "{e}"),
+            (got, want) => panic!("{got:?} vs {want:?}"),
+        }
+    }
+
+    /// What Trainer's JAX and XGBoost plugins inject resolves like PET_*:
+    /// pods, this pod's index and the store (on the port Trainer declares).
+    #[test_case(&[("JAX_COORDINATOR_ADDRESS", "j-node-0-0.j:29500"), ("JAX_NUM_PROCESSES", "3"), ("JAX_PROCESS_ID", "2")], 0,
+        Ok((Framework::Jax, 3, 2, 1, "j-node-0-0.j:29500")); "jax")]
+    #[test_case(&[("DMLC_TRACKER_URI", "x-node-0-0.x"), ("DMLC_TRACKER_PORT", "29500"), ("DMLC_TASK_ID", "1"), ("DMLC_NUM_WORKER", "8")], 4,
+        Ok((Framework::Xgboost, 2, 1, 4, "x-node-0-0.x:29500")); "xgboost counts workers per gpu")]
+    #[test_case(&[("DMLC_TRACKER_URI", "x"), ("DMLC_TASK_ID", "0"), ("DMLC_NUM_WORKER", "2")], 0,
+        Ok((Framework::Xgboost, 2, 0, 1, "x:29500")); "xgboost on cpu is a worker per pod")]
+    #[test_case(&[("DMLC_TRACKER_URI", "x"), ("DMLC_NUM_WORKER", "6")], 4,
+        Err("DMLC_NUM_WORKER"); "xgboost workers not a multiple of the gpus")]
+    #[test_case(&[("JAX_NUM_PROCESSES", "2"), ("JAX_PROCESS_ID", "2")], 0,
+        Err("JAX_PROCESS_ID"); "jax process id out of range")]
+    #[test_case(&[("TRAINLET_FRAMEWORK", "jax"), ("PET_NNODES", "1:3")], 0,
+        Err("fixed number of processes"); "jax is not elastic")]
+    #[test_case(&[("TRAINLET_FRAMEWORK", "xgboost"), ("PET_NNODES", "2"), ("PET_NODE_RANK", "1"), ("PET_RDZV_CONF", "is_host=1")], 0,
+        Err("store on node rank 0"); "xgboost tracker next to the store")]
+    fn framework_env_resolves(env: &[(&str, &str)], gpus: u32, want: Result<(Framework, u32, u32, u32, &str), &str>) {
+        let env = Env::from_pairs(env.iter().copied().chain([("PATH", "/usr/bin:/bin")]));
+        match (Plan::resolve_on(&args(&["--python", "py", "t.py"]), &env, machine(gpus, 4), true), want) {
+            (Ok(p), Ok((fw, nnodes, rank, nproc, endpoint))) => {
+                assert_eq!((p.framework, p.nnodes, p.node_rank, p.nproc), (fw, nnodes, rank, nproc));
+                assert_eq!(p.endpoint.to_string(), endpoint);
             }
             (Err(e), Err(needle)) => assert!(e.to_string().contains(needle), "{e}"),
             (got, want) => panic!("{got:?} vs {want:?}"),

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use std::sync::Arc;
 
 use crate::config::rules::RuleAction;
-use crate::config::{Env, Plan};
+use crate::config::{Env, Framework, Plan};
 use crate::exit;
 use crate::process::signals::SysEvent;
 use crate::process::spawn::Spawner;
@@ -30,9 +30,10 @@ use crate::supervise::policy::{JobEnd, Outcome, RoundFacts, Verdict, backoff, ve
 use crate::supervise::report::{Failure, RoundRecord, root_cause};
 
 mod finish;
-use finish::{check_writable, fail_code, forget_logs, log_root, record, report};
+mod tracker;
 use crate::supervise::worker::WorldView;
 use crate::sys;
+use finish::{check_writable, fail_code, forget_logs, log_root, record, report};
 
 /// Why `trainlet run` could not run the job to an outcome of its own
 /// (`crate::cmd` maps each to its exit code).
@@ -229,6 +230,16 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
             group_rank: round.group_rank,
             nnodes: round.nnodes,
         };
+        if plan.framework == Framework::Xgboost {
+            match until_stop(&mut events, &plan, tracker::prepare(&mut session, &round, &plan, &spawner)).await {
+                Ok(()) => {}
+                Err(sig) => {
+                    let _ = tokio::time::timeout(PUBLISH_WAIT, session.publish_abort(round.number, sig)).await;
+                    session.bye().await;
+                    break exit::for_signal(sig);
+                }
+            }
+        }
         let attempt_dir = log_root.join(format!("attempt_{}", round.number));
         let (outcome, failures) = run_attempt(
             &world,
@@ -357,8 +368,6 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     Ok(code)
 }
 
-
-
 /// Report our workers gone, wait for the others (or a death verdict), and
 /// gather what every pod needs to decide the same way.
 async fn stop_sync(
@@ -419,10 +428,6 @@ async fn reconnect(
         Err(sig) => Err(exit::for_signal(sig)),
     }
 }
-
-
-
-
 
 /// Drive `fut` while honouring stop signals; Err(signal) if one came first.
 async fn until_stop<F: std::future::Future>(

@@ -23,7 +23,8 @@
 //! | `rR/quorum` | the pod that made MIN | the last call has started |
 //! | `rR/closed` | first COMPARE_SET wins | `N:<slot>`: the first N slots are members, slot assigns ranks |
 //! | `rR/rank/<slot>`, `rR/members` | the assigning pod | each slot's [`Assignment`]; members by group rank |
-//! | `rR/port` | the store host | the round's fresh worker store |
+//! | `rR/port` | the store host | `PORT,AUX`: the round's fresh worker store, and a free port for the coordinator or tracker |
+//! | `rR/service` | the store host's agent | `ready` or `failed: <why>`: XGBoost's tracker for the round |
 //! | `rR/end` | first COMPARE_SET wins | `success`, `failure`, `fatal`, `waiting:<uid>`, `abort:<uid>:<sig>`, `dead:<uid>` |
 //! | `rR/done`, `rR/stopped`, `rR/all_stopped` | ADD per pod, then the last | workers done / gone everywhere |
 //! | `rR/failures/<group rank>` | each pod | JSON list of its failures |
@@ -43,6 +44,7 @@ mod end;
 pub mod host;
 mod join;
 mod member;
+mod service;
 mod session;
 
 pub use end::parse_end;

@@ -41,6 +41,15 @@ pub fn prefix(template: &str, role: &str, local_rank: u32, rank: u32, host: &str
 
 /// Drain `fd` into `sink` until EOF.
 pub async fn drain(fd: OwnedFd, sink: Sink) {
+    drain_watching(fd, sink, None).await;
+}
+
+/// A line a helper process prints when it is up, and whom to tell.
+pub type ReadyLine = (&'static [u8], tokio::sync::oneshot::Sender<()>);
+
+/// [`drain`], and the first line that starts with `ready`'s marker is not
+/// shown but told to its receiver.
+pub async fn drain_watching(fd: OwnedFd, sink: Sink, mut ready: Option<ReadyLine>) {
     let pipe = match tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
         Ok(p) => p,
         Err(e) => {
@@ -69,6 +78,12 @@ pub async fn drain(fd: OwnedFd, sink: Sink) {
         }
         if !line.ends_with(b"\n") {
             line.push(b'\n');
+        }
+        if ready.as_ref().is_some_and(|(marker, _)| line.starts_with(marker)) {
+            if let Some((_, tx)) = ready.take() {
+                let _ = tx.send(());
+            }
+            continue;
         }
         if let Some(f) = file.as_mut()
             && let Err(e) = f.write_all(&line).and_then(|()| f.flush())

@@ -8,6 +8,7 @@
 mod cli;
 mod containers;
 mod fault;
+mod frameworks;
 mod gpu;
 mod hardening;
 mod init;

@@ -1,0 +1,42 @@
+//! A service of the round that one pod runs for every worker (XGBoost's
+//! tracker): the store host's agent says when it is up, the others wait
+//! for that before starting workers that would dial it.
+
+use std::time::Duration;
+
+use super::Error;
+use super::session::{Round, Session, wait_on};
+
+impl Session {
+    /// Say whether the round's service is up: `ready`, or why not.
+    pub async fn publish_service(&mut self, r: u64, state: Result<(), String>) -> Result<(), Error> {
+        let value = match state {
+            Ok(()) => "ready".to_string(),
+            Err(why) => format!("failed: {why}"),
+        };
+        let key = self.rkey(r, "service");
+        self.client.set(&key, value.as_bytes()).await.map_err(|e| self.lost(e))
+    }
+
+    /// Wait up to `limit` for the round's service, or for the round's end
+    /// (its host failed or stopped first). `Ok(None)` when the limit passed.
+    pub async fn wait_service(&mut self, round: &Round, limit: Duration) -> Result<Option<String>, Error> {
+        let service = self.rkey(round.number, "service");
+        let end = self.rkey(round.number, "end");
+        let (addr, s, e) = (self.addr(), std::slice::from_ref(&service), std::slice::from_ref(&end));
+        let up = tokio::select! {
+            up = wait_on(addr, s, limit) => up,
+            ended = wait_on(addr, e, limit) => ended,
+        }
+        .map_err(|e| self.lost(e))?;
+        if !up {
+            return Ok(None);
+        }
+        let v = self.get(&service).await?;
+        Ok(Some(if v.is_empty() {
+            "the round ended first".to_string()
+        } else {
+            String::from_utf8_lossy(&v).into_owned()
+        }))
+    }
+}
