@@ -1,10 +1,11 @@
-//! JAX and XGBoost workers (real `jax`/`jaxlib` and `xgboost` from PyPI, on
-//! CPU) launched by trainlet from the env Trainer's JAX and XGBoost plugins
-//! inject (reference/kubeflow.md 2.3), two simulated pods on 127.0.0.1/2.
+//! JAX, XGBoost and DeepSpeed workers (real `jax`/`jaxlib`, `xgboost` and
+//! `deepspeed` from PyPI, on CPU) launched by trainlet from the env
+//! Trainer's plugins inject (reference/kubeflow.md 2.2, 2.3), two simulated
+//! pods on 127.0.0.1/2.
 
 use std::time::Duration;
 
-use crate::util::{Pod, fixture, free_port, parse_kv};
+use crate::util::{Pod, fixture, free_port, parse_kv, pet_env, python, repo};
 
 const LIMIT: Duration = Duration::from_secs(300);
 
@@ -95,4 +96,63 @@ fn xgboost_workers_train_the_reference_model_and_a_failure_restarts_with_a_new_t
     assert_eq!(host.matches("XGBoost tracker listening").count(), 2, "one tracker per round:\n{host}");
     let other = pods[1].stderr();
     assert!(other.contains("waiting for the XGBoost tracker on the store host"), "{other}");
+}
+
+/// The literal env of the `node` container of runtimes/deepspeed-distributed.yaml,
+/// with its failure policy file (a ConfigMap in the cluster) from the repository.
+fn deepspeed_runtime_env() -> Vec<(String, String)> {
+    let out = std::process::Command::new(python())
+        .arg(repo().join("tests/runtime_facts.py"))
+        .arg(repo().join("runtimes/deepspeed-distributed.yaml"))
+        .output()
+        .expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    let env = rows[0]["env"].as_object().expect("env");
+    assert!(env.contains_key("TRAINLET_POLICY"), "{env:?}");
+    env.iter()
+        .map(|(k, v)| {
+            let v = v.as_str().unwrap_or_default().to_string();
+            let v = if k == "TRAINLET_POLICY" {
+                repo().join("runtimes/failure-policy.toml").display().to_string()
+            } else {
+                v
+            };
+            (k.clone(), v)
+        })
+        .collect()
+}
+
+/// DeepSpeed with no mpirun, launcher or SSH: `deepspeed.init_distributed()`
+/// takes trainlet's torchrun env, ZeRO stage 1 trains on CPU (gloo) on 2
+/// pods x 2 workers under the runtime's own env, and every rank ends with
+/// the same parameters. (DeepSpeed builds its shared-memory op with ninja
+/// and g++ on first use: the venv's bin is on PATH for ninja.)
+#[test]
+fn deepspeed_trains_zero_stage_1_on_two_pods_under_the_runtimes_env() {
+    let script = fixture("ds_train.py");
+    let venv_bin = std::path::Path::new(&python()).parent().expect("venv bin").display().to_string();
+    let path = format!("{venv_bin}:{}", std::env::var("PATH").unwrap_or_default());
+    let runtime = deepspeed_runtime_env();
+    let port = free_port();
+    let mut pods: Vec<Pod> = (0..2)
+        .map(|i| {
+            let mut e = pet_env(2, 2, i, port);
+            e.extend(runtime.iter().cloned());
+            e.push(("PET_LOCAL_ADDR".into(), format!("127.0.0.{}", i + 1)));
+            e.push(("DS_ACCELERATOR".into(), "cpu".into()));
+            e.push(("PATH".into(), path.clone()));
+            let pairs: Vec<(&str, &str)> = e.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            Pod::start(&["run", &script], &pairs)
+        })
+        .collect();
+    let seen = lines(&mut pods, "DEEPSPEED");
+    let mut ranks: Vec<u32> = seen.iter().map(|kv| kv["rank"].parse().expect("rank")).collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, [0, 1, 2, 3], "{seen:?}");
+    for kv in &seen {
+        assert_eq!((kv["world"].as_str(), kv["zero_stage"].as_str()), ("4", "1"), "{kv:?}");
+        assert_eq!(kv["identical"], "True", "ZeRO-1 keeps every rank's parameters equal: {kv:?}");
+        assert_eq!(kv["learned"], "True", "the held-out loss went down: {kv:?}");
+    }
 }

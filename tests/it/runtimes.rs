@@ -60,6 +60,24 @@ fn the_mpi_runtime_is_valid_and_runs_trainlet_on_both_ends() {
     assert!(text.contains("values: [200]"), "{text}");
 }
 
+/// DeepSpeed without MPI: valid, one `node` job under the torch policy
+/// (PET_* env), no launcher, no SSH, trainlet's exit codes routed.
+#[test]
+fn the_deepspeed_runtime_is_valid_and_needs_no_launcher_or_ssh() {
+    let file = repo().join("runtimes/deepspeed-distributed.yaml");
+    let (ok, out) = validate(std::slice::from_ref(&file));
+    assert!(ok, "{out}");
+    assert!(out.contains("ClusterTrainingRuntime trainlet-deepspeed-distributed valid"), "{out}");
+    let text = std::fs::read_to_string(&file).expect("read");
+    let doc: Vec<&str> = text.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
+    let doc = doc.join("\n");
+    assert!(doc.contains("    torch: {}") && !doc.contains("mpi:"), "the torch policy, not MPI: {doc}");
+    for absent in ["launcher", "sshd", "2222", "dependsOn", "sshAuthMountPath"] {
+        assert!(!doc.contains(absent), "{absent} in {doc}");
+    }
+    assert!(doc.contains("values: [200, 205, 208]") && doc.contains("values: [143, 204]"), "{doc}");
+}
+
 #[test]
 fn the_initializer_runtime_wires_trainlet_init_as_trainer_expects() {
     let file = repo().join("runtimes/torch-with-initializers.yaml");
@@ -238,7 +256,8 @@ fn every_runtime_stops_gracefully_whatever_pid_1_is_and_routes_documented_codes(
         let image = row["image"].as_str().unwrap_or("");
         let command: Vec<&str> =
             row["command"].as_array().expect("command").iter().filter_map(|c| c.as_str()).collect();
-        let trainer = (image.contains("torch-runtime") && !command.contains(&"init"))
+        let trainer = ((image.contains("torch-runtime") || image.contains("deepspeed-runtime"))
+            && !command.contains(&"init"))
             || (image.contains("mpi-runtime") && !command.contains(&"sshd"));
         if trainer {
             assert_eq!(row["pre_stop"], serde_json::json!(["trainlet", "stop"]), "{what}");
