@@ -367,6 +367,9 @@ pub struct RunArgs {
     /// Base of the exponential backoff between restarts, in seconds (default 0, env TRAINLET_RESTART_BACKOFF).
     #[arg(long = "restart-backoff", value_name = "SECS", help_heading = "failure policy and preemption")]
     pub restart_backoff: Option<String>,
+    /// Treat the job as hung when a worker that reported progress (to trainlet's status endpoint, or by touching TRAINLET_HEARTBEAT_FILE) reports nothing for this many seconds (default off; env TRAINLET_PROGRESS_TIMEOUT, rdzv-conf progress_timeout).
+    #[arg(long = "progress-timeout", value_name = "SECS", help_heading = "failure policy and preemption")]
+    pub progress_timeout: Option<String>,
     /// A pod whose heartbeat is silent this long is dead (default 10, env TRAINLET_HEARTBEAT_TIMEOUT).
     #[arg(long = "heartbeat-timeout", value_name = "SECS", help_heading = "elastic rendezvous")]
     pub heartbeat_timeout: Option<String>,

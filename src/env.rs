@@ -117,6 +117,18 @@ pub const DMLC_TASK_ID: &str = "DMLC_TASK_ID";
 /// Trainer's XGBoost plugin: pods x GPUs (or pods on CPU); workers get the world size.
 pub const DMLC_NUM_WORKER: &str = "DMLC_NUM_WORKER";
 
+/// Trainer's status endpoint (`TrainJobStatus` feature gate): the URL workers POST
+/// `{"trainerStatus": ...}` to; trainlet posts there and gives workers its own.
+pub const KUBEFLOW_TRAINER_SERVER_URL: &str = "KUBEFLOW_TRAINER_SERVER_URL";
+/// The CA file that verifies the status endpoint's TLS certificate.
+pub const KUBEFLOW_TRAINER_SERVER_CA_CERT: &str = "KUBEFLOW_TRAINER_SERVER_CA_CERT";
+/// The (rotating) projected token file for the status endpoint.
+pub const KUBEFLOW_TRAINER_SERVER_TOKEN: &str = "KUBEFLOW_TRAINER_SERVER_TOKEN";
+/// `--progress-timeout`.
+pub const TRAINLET_PROGRESS_TIMEOUT: &str = "TRAINLET_PROGRESS_TIMEOUT";
+/// A file a worker touches to say it makes progress (trainlet gives each worker its own).
+pub const TRAINLET_HEARTBEAT_FILE: &str = "TRAINLET_HEARTBEAT_FILE";
+
 /// Key directory of `trainlet sshd`/`ssh`/`mpi` (the runtime's sshAuthMountPath).
 pub const TRAINLET_SSH_DIR: &str = "TRAINLET_SSH_DIR";
 /// SSH port of the workers (`trainlet sshd --listen`, the client's default port).

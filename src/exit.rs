@@ -13,7 +13,7 @@
 //! | 203 | the store host went away and did not come back before the join deadline, or a pod neither stopped nor died in time |
 //! | 204 | this pod belongs to an older JobSet restart attempt than the job; it is refused |
 //! | 205 | a worker exit matched a `fail` rule of the failure policy (FailJob) |
-//! | 206 | a worker hung in uninterruptible sleep past `--hung-timeout`, or survived SIGKILL |
+//! | 206 | a worker hung: in uninterruptible sleep past `--hung-timeout`, survived SIGKILL, or reported no progress for `--progress-timeout` (after the restart budget, or by a `no-progress=fail` rule: then 205) |
 //! | 207 | a GPU pre-flight check found a faulty node: fewer GPUs than `--expect-gpus`, uncorrected ECC errors, remapped rows pending or failed, a pending MIG change, a GPU lost to NVML |
 //! | 208 | a GPU pre-flight check found the job asking for what the pod lacks: more workers than GPUs, or the wrong MIG mode (`--mig`) |
 //! | 209 | a worker exited with a code in trainlet's reserved range 200-210 |
@@ -44,6 +44,8 @@ pub const STALE_ATTEMPT: u8 = 204;
 pub const FAILED_BY_POLICY: u8 = 205;
 /// A worker hung in uninterruptible sleep or survived SIGKILL.
 pub const WORKER_UNKILLABLE: u8 = 206;
+/// A worker hung: 206 again, for one that stopped reporting progress.
+pub const WORKER_HUNG: u8 = WORKER_UNKILLABLE;
 /// A pre-flight check found a faulty GPU or a missing one: the node is at fault.
 pub const GPU_FAULT: u8 = 207;
 /// A pre-flight check found the job asking for GPUs or a MIG mode the pod lacks.

@@ -13,10 +13,10 @@
 //! | layer | modules | what they own |
 //! |---|---|---|
 //! | 0 | `sys` | every unsafe block and raw syscall, each with its SAFETY note |
-//! | 1 | `exit`, `env`, `error`, `ratelimit`, `progress` | exit codes (public API), every env var name, error text, log rate limits, "waiting for" lines |
+//! | 1 | `exit`, `env`, `error`, `ratelimit`, `progress`, `clock` | exit codes (public API), every env var name, error text, log rate limits, "waiting for" lines, UTC time formats |
 //! | 2 | `process` | the one signal/reaper thread, the spawner thread, sweeps of leftovers, the frame of every mode that owns processes |
 //! | 3 | `gpu`, `store`, `ssh` | the pod's GPUs and placement; the c10d TCPStore wire, server and client; SSH keys, server, client, hostfiles |
-//! | 4 | `cli`, `config`, `metrics`, `mpi` | clap definitions; CLI + env -> `config::Plan` (with the failure rules); Prometheus families; MPI hosts and environment |
+//! | 4 | `cli`, `config`, `metrics`, `mpi`, `status` | clap definitions; CLI + env -> `config::Plan` (with the failure rules); Prometheus families; MPI hosts and environment; workers' progress, relayed to Trainer's status endpoint |
 //! | 5 | `supervise`, `rendezvous` | the pure policy core, worker environment, output and reports; rounds of the agents over the store |
 //! | 6 | `launch` | the round loop of `trainlet run` |
 //! | 7 | `cmd` | one file per mode and the one error-to-exit-code mapping |
@@ -27,6 +27,7 @@
 //! which every layer reads, are the foundation `env`.
 
 pub mod cli;
+pub(crate) mod clock;
 pub mod cmd;
 pub(crate) mod config;
 pub(crate) mod env;
@@ -41,6 +42,7 @@ pub(crate) mod progress;
 pub(crate) mod ratelimit;
 pub mod rendezvous;
 pub mod ssh;
+pub(crate) mod status;
 pub mod store;
 pub mod supervise;
 pub mod sys;

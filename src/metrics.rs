@@ -112,6 +112,12 @@ fn build() -> Result<Metrics, prometheus::Error> {
     let store = crate::store::counters();
     r.register(Box::new(store.connections.clone()))?;
     r.register(Box::new(store.operations.clone()))?;
+    let progress = crate::status::gauges();
+    r.register(Box::new(progress.percent.clone()))?;
+    r.register(Box::new(progress.remaining.clone()))?;
+    r.register(Box::new(progress.reports.clone()))?;
+    r.register(Box::new(progress.posts.clone()))?;
+    r.register(Box::new(progress.post_failures.clone()))?;
     r.register(Box::new(m.nvml_up.clone()))?;
     for g in [&m.utilization, &m.memory_used, &m.memory_total, &m.temperature] {
         r.register(Box::new(g.clone()))?;

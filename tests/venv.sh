@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 init_packages="huggingface_hub moto[server] boto3 opendal"
-framework_packages="jax[cpu] xgboost deepspeed transformers kubeflow"
+framework_packages="jax[cpu] xgboost deepspeed transformers accelerate kubeflow"
 if .venv/bin/python -c "import yaml, torch.distributed as d; assert d.is_gloo_available()" 2>/dev/null; then
   # prometheus_client (the metrics test's parser) came later: add it to an
   # existing venv instead of rebuilding it.
@@ -18,7 +18,7 @@ if .venv/bin/python -c "import yaml, torch.distributed as d; assert d.is_gloo_av
   # The other Trainer runtimes' frameworks (JAX, XGBoost, DeepSpeed) and
   # the progress reporters (transformers' KubeflowTrainerCallback, the
   # Kubeflow SDK) came with issue 16.
-  .venv/bin/python -c "import jax, xgboost, deepspeed, transformers, kubeflow" 2>/dev/null ||
+  .venv/bin/python -c "import jax, xgboost, deepspeed, transformers, accelerate, kubeflow" 2>/dev/null ||
     .venv/bin/python -m pip install --quiet --disable-pip-version-check $framework_packages
   # ssh-audit audits trainlet sshd's algorithms.
   .venv/bin/python -c "import ssh_audit" 2>/dev/null ||

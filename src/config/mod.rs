@@ -14,6 +14,7 @@ mod gpu;
 pub mod machine;
 mod nodes;
 mod output;
+mod progress;
 mod rendezvous;
 mod resolve;
 pub mod rules;
@@ -27,6 +28,7 @@ pub use crate::env::Env;
 
 pub use framework::Framework;
 pub use output::{Output, Streams};
+pub use progress::{Progress, Upstream};
 pub use setting::{parse_port, store_memory};
 
 use crate::store::Endpoint;
@@ -160,6 +162,8 @@ pub struct Plan {
     pub omp_default: Option<String>,
     /// GPUs, binding and pre-flight checks.
     pub gpu: crate::gpu::GpuPlan,
+    /// Where progress goes, and how long workers may go without any.
+    pub progress: Progress,
     /// (setting, value, source) for `trainlet doctor`.
     pub provenance: Vec<(&'static str, String, Source)>,
 }

@@ -31,6 +31,8 @@ pub(super) struct Rendezvous {
     pub last_call: Duration,
     pub heartbeat: Duration,
     pub heartbeat_timeout: Duration,
+    /// `progress_timeout` of `--rdzv-conf`, if given.
+    pub progress_timeout: Option<Duration>,
 }
 
 /// Resolve the rendezvous settings for `nodes`.
@@ -166,6 +168,7 @@ pub(super) fn resolve(
         last_call,
         heartbeat,
         heartbeat_timeout,
+        progress_timeout: conf.progress_timeout,
     })
 }
 
@@ -201,6 +204,7 @@ struct RdzvConf {
     last_call: Option<Duration>,
     keep_alive_interval: Option<Duration>,
     keep_alive_max_attempt: Option<u32>,
+    progress_timeout: Option<Duration>,
 }
 
 fn parse_rdzv_conf(origin: &str, v: &str) -> Result<RdzvConf, Error> {
@@ -231,6 +235,7 @@ fn parse_rdzv_conf(origin: &str, v: &str) -> Result<RdzvConf, Error> {
                 });
             }
             "last_call_timeout" => conf.last_call = Some(secs()?),
+            "progress_timeout" => conf.progress_timeout = Some(secs()?),
             "keep_alive_interval" => conf.keep_alive_interval = Some(secs()?),
             "keep_alive_max_attempt" => {
                 conf.keep_alive_max_attempt = Some(
@@ -256,7 +261,7 @@ fn parse_rdzv_conf(origin: &str, v: &str) -> Result<RdzvConf, Error> {
                 return Err(invalid(
                     origin,
                     v,
-                    "keys among join_timeout, timeout, read_timeout, is_host, last_call_timeout, keep_alive_interval, keep_alive_max_attempt",
+                    "keys among join_timeout, timeout, read_timeout, is_host, last_call_timeout, keep_alive_interval, keep_alive_max_attempt, progress_timeout",
                 ));
             }
         }

@@ -48,9 +48,11 @@ impl Plan {
         let t = super::timeouts::resolve(args, &mut s)?;
         let out = super::output::resolve(args, &mut s, &machine)?;
         let (entry, omp_default) = super::entry::resolve(args, &mut s, nodes.nproc, need_command, framework)?;
+        let progress = super::progress::resolve(args, &mut s, rdzv.progress_timeout)?;
         let gpu = super::gpu::resolve(args, &mut s, machine.gpu_root, machine.gpus, nodes.nproc)?;
         Ok(Plan {
             framework,
+            progress,
             gpu,
             min_nodes: nodes.min_nodes,
             nnodes: nodes.nnodes,

@@ -7,6 +7,10 @@
 //! The first matching rule wins; with no match, exit 0 is `ignore` and
 //! anything else is `restart` (torchrun's behaviour).
 //!
+//! A worker that stops reporting progress for `--progress-timeout` is
+//! matched by the word `no-progress` (`--on-exit no-progress=fail`, or
+//! `no_progress = true` in a file rule); with no match it is `restart`.
+//!
 //! Codes follow the shell convention: a code N >= 129 also matches death by
 //! signal N-128, so `137` covers both `exit 137` and SIGKILL (OOM kill).
 //!
@@ -86,6 +90,7 @@ pub enum RuleError {
 pub struct Rule {
     codes: Vec<i32>,
     signals: Vec<i32>,
+    no_progress: bool,
     action: RuleAction,
     text: String,
 }
@@ -117,6 +122,8 @@ struct FileRule {
     exit_codes: Vec<i32>,
     #[serde(default)]
     signals: Vec<String>,
+    #[serde(default)]
+    no_progress: bool,
     action: RuleAction,
 }
 
@@ -140,6 +147,12 @@ impl Rules {
             .map_or(if exit.success() { RuleAction::Ignore } else { RuleAction::Restart }, |r| r.action)
     }
 
+    /// What a worker silent past `--progress-timeout` means: the first
+    /// `no-progress` rule, else restart.
+    pub fn no_progress_action(&self) -> RuleAction {
+        self.0.iter().find(|r| r.no_progress).map_or(RuleAction::Restart, |r| r.action)
+    }
+
     /// The rules as given, for `trainlet doctor`.
     pub fn describe(&self) -> String {
         if self.0.is_empty() {
@@ -159,9 +172,11 @@ impl Rules {
             "ignore" => RuleAction::Ignore,
             _ => return Err(bad("the action must be restart, fail or ignore")),
         };
-        let (mut codes, mut signals) = (Vec::new(), Vec::new());
+        let (mut codes, mut signals, mut no_progress) = (Vec::new(), Vec::new(), false);
         for item in what.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            if let Ok(c) = item.parse::<i32>() {
+            if matches!(item.to_ascii_lowercase().as_str(), "no-progress" | "no_progress") {
+                no_progress = true;
+            } else if let Ok(c) = item.parse::<i32>() {
                 if !(0..=255).contains(&c) {
                     return Err(bad("exit codes are 0-255"));
                 }
@@ -173,10 +188,10 @@ impl Rules {
                 );
             }
         }
-        if codes.is_empty() && signals.is_empty() {
-            return Err(bad("name at least one exit code or signal"));
+        if codes.is_empty() && signals.is_empty() && !no_progress {
+            return Err(bad("name at least one exit code, signal or no-progress"));
         }
-        Ok(Rule { codes, signals, action, text: text.trim().to_string() })
+        Ok(Rule { codes, signals, no_progress, action, text: text.trim().to_string() })
     }
 
     /// Read a TOML policy file (see the module docs for the format).
@@ -190,6 +205,9 @@ impl Rules {
             let mut text = format!("{shown} rule {}: ", i + 1);
             let mut items: Vec<String> = r.exit_codes.iter().map(i32::to_string).collect();
             items.extend(r.signals.iter().cloned());
+            if r.no_progress {
+                items.push("no-progress".into());
+            }
             text.push_str(&format!("{}={}", items.join(","), r.action));
             let rule = Self::parse_flag(&format!("{}={}", items.join(","), r.action))
                 .map_err(|e| RuleError::Rule { rule: text.clone(), why: e.to_string() })?;
@@ -259,6 +277,19 @@ mod tests {
         std::fs::write(&path, "[[rule]]\nexit_code = [3]\naction = \"fail\"\n").expect("write");
         let e = Rules::load(&path).expect_err("unknown field").to_string();
         assert!(e.contains("exit_code") && e.contains("line 2"), "{e}");
+    }
+
+    #[test]
+    fn no_progress_rules_from_flags_and_files() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("policy.toml");
+        std::fs::write(&path, "[[rule]]\nno_progress = true\naction = \"fail\"\n").expect("write");
+        let file = Rules::new(Vec::new(), Rules::load(&path).expect("load"));
+        assert_eq!(file.no_progress_action(), RuleAction::Fail);
+        assert_eq!(file.action(Exit::Code(1)), RuleAction::Restart, "it matches no exit");
+        let flag = Rules::new(vec![Rules::parse_flag("No-Progress,3=ignore").expect("flag")], Vec::new());
+        assert_eq!((flag.no_progress_action(), flag.action(Exit::Code(3))), (RuleAction::Ignore, RuleAction::Ignore));
+        assert_eq!(Rules::default().no_progress_action(), RuleAction::Restart);
     }
 
     #[test]

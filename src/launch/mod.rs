@@ -30,6 +30,7 @@ use crate::supervise::policy::{JobEnd, Outcome, RoundFacts, Verdict, backoff, ve
 use crate::supervise::report::{Failure, RoundRecord, root_cause};
 
 mod finish;
+mod progress;
 mod tracker;
 use crate::supervise::worker::WorldView;
 use crate::sys;
@@ -168,6 +169,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
         "joined the rendezvous"
     );
 
+    let progress = progress::Progress::start(&plan, &log_root, session.addr(), &cancel).await;
     let mut known = Known::default();
     let mut history: Vec<Failure> = Vec::new();
     let mut rounds: Vec<RoundRecord> = Vec::new();
@@ -227,6 +229,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
             master_port: round.worker_port,
             aux_port: round.aux_port,
             restarts: round.restarts,
+            status: progress.link(),
             group_rank: round.group_rank,
             nnodes: round.nnodes,
         };
@@ -240,6 +243,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
                 }
             }
         }
+        progress.round(&round, plan.nproc);
         let attempt_dir = log_root.join(format!("attempt_{}", round.number));
         let (outcome, failures) = run_attempt(
             &world,
@@ -310,6 +314,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
         };
         rounds.push(record(&round, &end, &agreed.to_string()));
         let root = root_cause(&all_failures);
+        progress.failed(root);
         tracing::info!(
             round = round.number,
             end = %end,
@@ -361,6 +366,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
             }
         }
     };
+    progress.finish().await;
     if let Some(s) = control {
         s.shutdown().await;
     }

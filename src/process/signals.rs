@@ -7,7 +7,7 @@
 //! are PID 1 or a child subreaper). It is the only place in trainlet that
 //! waits for a process: nobody calls `Child::wait`.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
@@ -37,7 +37,7 @@ pub enum SysEvent {
 
 /// Wall-clock microseconds since the epoch.
 pub fn now_us() -> u64 {
-    u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros()).unwrap_or(u64::MAX)
+    crate::clock::now_us()
 }
 
 /// Start the signal/reaper thread; events arrive on the returned channel.

@@ -54,6 +54,8 @@ pub trait Job {
 struct Worker {
     /// Its pid and process group; None when it never started.
     pid: Option<i32>,
+    /// The file it touches to show progress (with --progress-timeout).
+    heartbeat: Option<PathBuf>,
     rank: u32,
     error_file: PathBuf,
     /// The code for a worker that never ran (126, 127, 210).
@@ -125,6 +127,17 @@ pub async fn run_attempt(
         // A stale error file from an earlier run must not be read as this one's.
         let _ = std::fs::remove_file(&error_file);
         let mut wenv = worker_env(world, local_rank, &error_file.display().to_string(), env);
+        let mut unset = Vec::new();
+        if let Some(link) = world.status {
+            wenv.extend(link.env(local_rank));
+            unset.push(crate::env::KUBEFLOW_TRAINER_SERVER_CA_CERT.to_string());
+        }
+        let heartbeat = (plan.progress.timeout.is_some() && files_ok).then(|| rank_dir.join("heartbeat"));
+        if let Some(hb) = &heartbeat {
+            // Only touches by this attempt's worker count.
+            let _ = std::fs::remove_file(hb);
+            wenv.push((crate::env::TRAINLET_HEARTBEAT_FILE.to_string(), hb.display().to_string()));
+        }
         let place = placed.get(local_rank as usize);
         wenv.extend(framework_env(world, local_rank, place.and_then(|p| p.gpu)));
         if let Some(p) = place {
@@ -133,6 +146,7 @@ pub async fn run_attempt(
             wenv.extend(crate::gpu::plan::nic_env(p, &plan.gpu.gpus, &nics, |v| env.get(v).is_some()));
         }
         let mut spec = WorkerSpec::piped(plan.entry.program.clone(), substitute(&plan.entry.args, local_rank), wenv);
+        spec.unset = unset;
         spec.cpus = place.and_then(|p| p.cpus.clone());
         spec.mem_node = place.and_then(|p| p.mem_node);
         spec.oom_score_adj = oom_adj;
@@ -166,8 +180,10 @@ pub async fn run_attempt(
                 }
                 crate::metrics::global().workers_started.inc();
                 by_pid.insert(sp.pid, local_rank);
-                workers
-                    .insert(local_rank, Worker { pid: Some(sp.pid), rank, error_file, not_started: None, why: None });
+                workers.insert(
+                    local_rank,
+                    Worker { pid: Some(sp.pid), heartbeat, rank, error_file, not_started: None, why: None },
+                );
             }
             Err(e) => {
                 let code = e.exec_code().unwrap_or(exit::FORK_FAILED);
@@ -175,7 +191,7 @@ pub async fn run_attempt(
                 tracing::error!(local_rank, code, error = %why, "cannot start worker");
                 workers.insert(
                     local_rank,
-                    Worker { pid: None, rank, error_file, not_started: Some(code), why: Some(why) },
+                    Worker { pid: None, heartbeat: None, rank, error_file, not_started: Some(code), why: Some(why) },
                 );
                 crate::metrics::global().worker_exited(Exit::Code(i32::from(code)));
                 early.push(Event::WorkerExited { local_rank, exit: Exit::Code(i32::from(code)), at_us: now_us() });
@@ -193,6 +209,12 @@ pub async fn run_attempt(
     let mut hung_check = tokio::time::interval(HUNG_CHECK);
     hung_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut d_since: HashMap<u32, Instant> = HashMap::new();
+    let mut progress_check = tokio::time::interval(HUNG_CHECK);
+    progress_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    if let Some(link) = world.status {
+        link.board.new_attempt();
+    }
+    let mut silent_for: HashMap<u32, Duration> = HashMap::new();
 
     while !core.finished() {
         let next_timer = timers.iter().min_by_key(|(_, at)| **at).map(|(t, at)| (*t, *at));
@@ -240,6 +262,18 @@ pub async fn run_attempt(
                         Timer::Kill => tracing::error!(kill_timeout_s = plan.kill_timeout.as_secs_f64(), "workers survived SIGKILL; abandoning them"),
                     }
                     Event::Timer(t)
+                }
+                _ = progress_check.tick(), if plan.progress.timeout.is_some() => {
+                    let mut silent = silent_workers(&core, &workers, world.status, plan.progress.timeout);
+                    // Each silence is told once (it is logged only, with a `no-progress=ignore` rule).
+                    silent.retain(|(lr, _)| !silent_for.contains_key(lr));
+                    if silent.is_empty() {
+                        continue;
+                    }
+                    let ranks: Vec<u32> = silent.iter().filter_map(|(lr, _)| workers.get(lr).map(|w| w.rank)).collect();
+                    tracing::error!(?ranks, local_ranks = ?silent.iter().map(|(lr, _)| *lr).collect::<Vec<_>>(), progress_timeout_s = plan.progress.timeout.map(|t| t.as_secs_f64()), "workers reported no progress past --progress-timeout; the job is hung");
+                    silent_for.extend(silent.iter().copied());
+                    Event::Silent { local_ranks: silent.into_iter().map(|(lr, _)| lr).collect(), at_us: now_us() }
                 }
                 _ = hung_check.tick(), if plan.hung_timeout.is_some() => {
                     match hung_worker(&core, &workers, &mut d_since, plan.hung_timeout) {
@@ -303,7 +337,7 @@ pub async fn run_attempt(
         tracing::warn!("worker output still open after the workers exited; no longer reading it");
     }
 
-    let record = |local_rank: u32, exit: Option<Exit>, at_us: u64, action: RuleAction, hung: bool| {
+    let record = |local_rank: u32, exit: Option<Exit>, at_us: u64, action: RuleAction, hung: bool, silent: bool| {
         let w = &workers[&local_rank];
         let (exit_code, signal) = match exit {
             Some(Exit::Code(c)) => (Some(c), None),
@@ -326,11 +360,18 @@ pub async fn run_attempt(
             traceback: None,
             action,
             hung,
+            no_progress: silent,
             not_started: w.not_started,
         };
         rec.read_error_file(&w.error_file);
         if rec.message.is_none() {
             rec.message.clone_from(&w.why);
+        }
+        if silent && rec.message.is_none() {
+            let quiet = silent_for.get(&local_rank).map_or(0.0, Duration::as_secs_f64);
+            rec.message = Some(format!(
+                "reported no progress for {quiet:.0} s (--progress-timeout): stuck, e.g. in a collective"
+            ));
         }
         if hung && rec.message.is_none() {
             rec.message = Some(if exit.is_none() {
@@ -341,10 +382,13 @@ pub async fn run_attempt(
         }
         rec
     };
-    let mut failures: Vec<Failure> =
-        core.failures().iter().map(|f| record(f.local_rank, f.exit, f.at_us, f.action, f.exit.is_none())).collect();
+    let mut failures: Vec<Failure> = core
+        .failures()
+        .iter()
+        .map(|f| record(f.local_rank, f.exit, f.at_us, f.action, f.exit.is_none() && !f.silent, f.silent))
+        .collect();
     for &lr in core.abandoned() {
-        failures.push(record(lr, None, now_us(), RuleAction::Fail, true));
+        failures.push(record(lr, None, now_us(), RuleAction::Fail, true, false));
     }
     (outcome, failures)
 }
@@ -371,6 +415,34 @@ fn hung_worker(
         }
     }
     found
+}
+
+/// The live workers that reported progress in this attempt (to the
+/// status endpoint, or by touching their heartbeat file) and have been
+/// silent longer than `limit` since; with how long.
+fn silent_workers(
+    core: &Attempt,
+    workers: &HashMap<u32, Worker>,
+    status: Option<&crate::supervise::worker::StatusLink>,
+    limit: Option<Duration>,
+) -> Vec<(u32, Duration)> {
+    let Some(limit) = limit else { return Vec::new() };
+    core.alive()
+        .filter_map(|lr| {
+            let w = workers.get(&lr)?;
+            let posted = status.and_then(|s| s.board.last_report(lr)).map(|t| t.elapsed());
+            let touched = w
+                .heartbeat
+                .as_ref()
+                .and_then(|hb| std::fs::metadata(hb).and_then(|m| m.modified()).ok())
+                .map(|t| t.elapsed().unwrap_or_default());
+            let quiet = match (posted, touched) {
+                (Some(a), Some(b)) => a.min(b),
+                (a, b) => a.or(b)?,
+            };
+            (quiet > limit).then_some((lr, quiet))
+        })
+        .collect()
 }
 
 /// Signal every live worker. Stop signals (TERM, INT, HUP, QUIT, KILL) go

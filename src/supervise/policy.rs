@@ -74,6 +74,14 @@ pub enum Event {
         /// When this was noticed.
         at_us: u64,
     },
+    /// A worker that reported progress has reported none for
+    /// `--progress-timeout`: the job is hung (a stuck collective).
+    Silent {
+        /// The silent workers' local ranks.
+        local_ranks: Vec<u32>,
+        /// When this was noticed.
+        at_us: u64,
+    },
     /// A signal that asks the agent to stop.
     StopSignal(i32),
     /// A signal passed through to the workers (SIGUSR1/2).
@@ -95,6 +103,8 @@ pub struct LocalFailure {
     pub at_us: u64,
     /// What the failure policy says about it.
     pub action: RuleAction,
+    /// It stopped reporting progress (alive, not stuck in D state).
+    pub silent: bool,
 }
 
 /// Why a round ended on this pod.
@@ -233,7 +243,7 @@ impl Attempt {
     }
 
     fn fail(&mut self, f: LocalFailure, out: &mut Vec<Action>) {
-        let fatal = f.action == RuleAction::Fail || f.exit.is_none();
+        let fatal = f.action == RuleAction::Fail || (f.exit.is_none() && !f.silent);
         self.failures.push(f);
         out.push(Action::PublishFailure { fatal });
         self.stop(Outcome::Failed, false, libc::SIGTERM, out);
@@ -256,17 +266,37 @@ impl Attempt {
                                 out.push(Action::PublishLocalDone);
                             }
                         }
-                        action => self.fail(LocalFailure { local_rank, exit: Some(exit), at_us, action }, &mut out),
+                        action => self.fail(
+                            LocalFailure { local_rank, exit: Some(exit), at_us, action, silent: false },
+                            &mut out,
+                        ),
                     }
                 }
                 self.finish_if_empty(&mut out);
             }
             (Phase::Running, Event::Hung { local_rank, at_us }) => {
                 if self.alive.contains(&local_rank) {
-                    self.fail(LocalFailure { local_rank, exit: None, at_us, action: RuleAction::Fail }, &mut out);
+                    let f = LocalFailure { local_rank, exit: None, at_us, action: RuleAction::Fail, silent: false };
+                    self.fail(f, &mut out);
                 }
             }
             (_, Event::Hung { .. }) => {}
+            (Phase::Running, Event::Silent { local_ranks, at_us }) => {
+                // Every silent worker is a failure of the round (the report
+                // names them all); the round fails once.
+                let action = self.rules.no_progress_action();
+                if action == RuleAction::Ignore {
+                    return out;
+                }
+                let silent: Vec<u32> = local_ranks.into_iter().filter(|lr| self.alive.contains(lr)).collect();
+                if let Some((&last, rest)) = silent.split_last() {
+                    for &local_rank in rest {
+                        self.failures.push(LocalFailure { local_rank, exit: None, at_us, action, silent: true });
+                    }
+                    self.fail(LocalFailure { local_rank: last, exit: None, at_us, action, silent: true }, &mut out);
+                }
+            }
+            (_, Event::Silent { .. }) => {}
             (Phase::Running, Event::StopSignal(sig)) => {
                 out.push(Action::PublishAbort(sig));
                 self.stop(Outcome::Stopped(sig), true, sig, &mut out);
@@ -532,12 +562,34 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    /// Silent workers fail the round once and are all recorded; the
+    /// failure policy's `no-progress` rule decides restart or fail (or,
+    /// ignored, only the later real exit of rank 1 counts).
+    #[test_case(&[], FAIL, &[(0, RuleAction::Restart, true), (2, RuleAction::Restart, true)]; "restart by default")]
+    #[test_case(&["no-progress=fail"], FATAL, &[(0, RuleAction::Fail, true), (2, RuleAction::Fail, true)]; "a rule makes it fatal")]
+    #[test_case(&["137=fail"], FAIL, &[(0, RuleAction::Restart, true), (2, RuleAction::Restart, true)]; "exit rules do not match silence")]
+    #[test_case(&["no-progress=ignore"], FAIL, &[(1, RuleAction::Restart, false)]; "ignored")]
+    fn silent_workers_fail_the_round(rules: &[&str], publish: Action, want: &[(u32, RuleAction, bool)]) {
+        let silent = Event::Silent { local_ranks: vec![0, 2, 9], at_us: 5 };
+        let (a, got) = feed_with(3, rules, Some(USR1), &[silent.clone(), silent, exited(1, 3)]);
+        assert_eq!(got, [publish, Signal(TERM), Arm(Timer::Grace)], "no checkpoint signal: the workers are stuck");
+        let recorded: Vec<(u32, RuleAction, bool)> =
+            a.failures().iter().map(|f| (f.local_rank, f.action, f.silent)).collect();
+        assert_eq!(recorded, want, "alive silent ranks, once each");
+    }
+
     #[test]
     fn failures_keep_order_and_ignore_casualties() {
         let (a, _) = feed(3, &[exited(2, 7), exited(0, 1), exited(1, 0)]);
         assert_eq!(
             a.failures(),
-            [LocalFailure { local_rank: 2, exit: Some(Exit::Code(7)), at_us: 2, action: RuleAction::Restart }]
+            [LocalFailure {
+                local_rank: 2,
+                exit: Some(Exit::Code(7)),
+                at_us: 2,
+                action: RuleAction::Restart,
+                silent: false
+            }]
         );
         assert!(a.finished());
         assert_eq!(a.alive().count(), 0);

@@ -48,6 +48,9 @@ pub struct Failure {
     /// The worker was stuck in uninterruptible sleep, or survived SIGKILL.
     #[serde(default)]
     pub hung: bool,
+    /// The worker stopped reporting progress for `--progress-timeout`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_progress: bool,
     /// The worker never ran: the code trainlet gives for that (126, 127
     /// from exec's errno; 210 when fork failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -88,6 +91,9 @@ impl Failure {
     /// trainlet's exit code for this failure (exit.rs): the spawner's code
     /// for a worker that never ran, else the worker's own, mapped.
     pub fn code(&self) -> u8 {
+        if self.no_progress {
+            return crate::exit::WORKER_HUNG;
+        }
         self.not_started.unwrap_or_else(|| crate::exit::for_worker(self.exit()))
     }
 
@@ -111,24 +117,6 @@ pub fn root_cause(failures: &[Failure]) -> Option<&Failure> {
 /// the policy ended it.
 pub fn fatal_root(failures: &[Failure]) -> Option<&Failure> {
     failures.iter().filter(|f| f.action == RuleAction::Fail).min_by_key(|f| (f.at_us, f.rank))
-}
-
-/// `2026-11-22_17:52:16` (UTC), torchrun's report time format.
-pub fn format_time(at_us: u64) -> String {
-    let secs = at_us / 1_000_000;
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Civil-from-days (Howard Hinnant's algorithm), proleptic Gregorian.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}_{:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 /// The whole-job report written at a failed exit.
@@ -166,7 +154,7 @@ impl Report {
             let _ = write!(
                 s,
                 "[{i}]:\n  time      : {}\n  host      : {} (node rank {})\n  rank      : {} (local_rank: {})\n  attempt   : {}\n  exitcode  : {exit}\n  error_file: {}\n",
-                format_time(f.at_us),
+                crate::clock::format_time(f.at_us),
                 f.host,
                 f.node_rank,
                 f.rank,
@@ -175,7 +163,18 @@ impl Report {
                 f.error_file.as_deref().unwrap_or("<N/A>"),
             );
             let tb = f.traceback.as_deref().or(f.message.as_deref());
-            let _ = writeln!(s, "  outcome   : {}{}", self.outcome(f), if f.hung { " (hung)" } else { "" });
+            let _ = writeln!(
+                s,
+                "  outcome   : {}{}",
+                self.outcome(f),
+                if f.hung {
+                    " (hung)"
+                } else if f.no_progress {
+                    " (no progress)"
+                } else {
+                    ""
+                }
+            );
             let _ = writeln!(s, "  traceback : {}", tb.unwrap_or("<N/A>").trim_end().replace('\n', "\n    "));
         };
         if !self.rounds.is_empty() {
@@ -262,6 +261,7 @@ mod tests {
             traceback: None,
             action: RuleAction::Restart,
             hung: false,
+            no_progress: false,
             not_started: None,
         }
     }
@@ -280,12 +280,6 @@ mod tests {
         let all = [failure(1, 100), fatal];
         assert_eq!(fatal_root(&all).map(|f| f.rank), Some(3));
         assert_eq!(fatal_root(&all[..1]), None);
-    }
-
-    #[test]
-    fn formats_utc_time() {
-        assert_eq!(format_time(0), "1970-01-01_00:00:00");
-        assert_eq!(format_time(1_795_369_936_000_000), "2026-11-22_17:52:16");
     }
 
     #[test]

@@ -25,6 +25,34 @@ pub struct WorldView<'a> {
     pub group_rank: u32,
     /// Pods in the round.
     pub nnodes: u32,
+    /// The pod's status endpoint, when workers report progress to trainlet.
+    pub status: Option<&'a StatusLink>,
+}
+
+/// The pod's status endpoint as its workers reach it.
+#[derive(Debug, Clone)]
+pub struct StatusLink {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    /// The file holding its bearer token.
+    pub token_file: std::path::PathBuf,
+    /// What the workers reported.
+    pub board: std::sync::Arc<crate::status::Board>,
+}
+
+impl StatusLink {
+    /// Trainer's variables, pointing worker `local_rank` at the endpoint.
+    /// (Trainer's CA variable is removed: the endpoint is plain HTTP on
+    /// loopback, which both Trainer clients accept.)
+    pub fn env(&self, local_rank: u32) -> Vec<(String, String)> {
+        vec![
+            (
+                names::KUBEFLOW_TRAINER_SERVER_URL.to_string(),
+                format!("http://127.0.0.1:{}/ranks/{local_rank}/status", self.port),
+            ),
+            (names::KUBEFLOW_TRAINER_SERVER_TOKEN.to_string(), self.token_file.display().to_string()),
+        ]
+    }
 }
 
 /// The environment torchrun gives a worker (reference/torch.md 3.2), on top

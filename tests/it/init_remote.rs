@@ -7,12 +7,12 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::support::fixture_server::Server;
-use crate::util::{Pod, bin, fixture, free_port, python};
+use crate::util::{Pod, bin, fixture, free_port, python, tls_pair};
 
 const LIMIT: Duration = Duration::from_secs(180);
 const MARKER: &str = ".trainlet-complete.json";
@@ -506,52 +506,6 @@ fn a_volume_too_small_is_a_clear_error_before_anything_is_written() {
     assert!(err.contains("3.0 MiB left to fetch but") && err.contains("free; nothing was written"), "{err}");
     let listing = pod.stdout();
     assert!(!listing.contains("trainlet-part") && !listing.contains(MARKER), "{listing}");
-}
-
-fn tls_pair(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    let (ca_key, ca, key, csr, cert) =
-        (dir.join("ca.key"), dir.join("ca.pem"), dir.join("leaf.key"), dir.join("leaf.csr"), dir.join("leaf.pem"));
-    let ext = dir.join("ext");
-    std::fs::write(&ext, "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").expect("ext");
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl").args(args).output().expect("openssl");
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    let p = |p: &PathBuf| p.to_str().expect("utf-8").to_string();
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        &p(&ca_key),
-        "-out",
-        &p(&ca),
-        "-days",
-        "2",
-        "-subj",
-        "/CN=trainlet test CA",
-    ]);
-    run(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", &p(&key), "-out", &p(&csr), "-subj", "/CN=127.0.0.1"]);
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        &p(&csr),
-        "-CA",
-        &p(&ca),
-        "-CAkey",
-        &p(&ca_key),
-        "-CAcreateserial",
-        "-out",
-        &p(&cert),
-        "-days",
-        "2",
-        "-extfile",
-        &p(&ext),
-    ]);
-    (ca, cert, key)
 }
 
 #[test]

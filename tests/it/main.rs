@@ -15,6 +15,7 @@ mod init;
 mod init_remote;
 mod layout;
 mod mpi;
+mod progress;
 mod rendezvous;
 mod rendezvous_time;
 mod runtimes;

@@ -209,3 +209,51 @@ fn rand_u32() -> u32 {
     h.write_u8(0);
     u32::try_from(h.finish() & 0xffff_ffff).unwrap_or(0)
 }
+
+/// A CA and a certificate it signed for 127.0.0.1, made with openssl in
+/// `dir`: (CA, certificate, key).
+pub fn tls_pair(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let (ca_key, ca, key, csr, cert) =
+        (dir.join("ca.key"), dir.join("ca.pem"), dir.join("leaf.key"), dir.join("leaf.csr"), dir.join("leaf.pem"));
+    let ext = dir.join("ext");
+    std::fs::write(&ext, "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").expect("ext");
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).output().expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let p = |p: &PathBuf| p.to_str().expect("utf-8").to_string();
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        &p(&ca_key),
+        "-out",
+        &p(&ca),
+        "-days",
+        "2",
+        "-subj",
+        "/CN=trainlet test CA",
+    ]);
+    run(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", &p(&key), "-out", &p(&csr), "-subj", "/CN=127.0.0.1"]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &p(&csr),
+        "-CA",
+        &p(&ca),
+        "-CAkey",
+        &p(&ca_key),
+        "-CAcreateserial",
+        "-out",
+        &p(&cert),
+        "-days",
+        "2",
+        "-extfile",
+        &p(&ext),
+    ]);
+    (ca, cert, key)
+}

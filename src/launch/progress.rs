@@ -1,0 +1,116 @@
+//! The run's side of progress reporting: the pod's status endpoint (its
+//! token file, 0600, in the run's directory), the relay to Trainer, and
+//! the facts trainlet adds (restarts, round, world size, last failure).
+//! Nothing here can fail the run: what cannot start is a warning and the
+//! workers then get no endpoint.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Plan;
+use crate::rendezvous::Round;
+use crate::status::relay::{Relay, Setup};
+use crate::status::{Board, Facts, Poster};
+use crate::supervise::report::Failure;
+use crate::supervise::worker::StatusLink;
+
+/// Progress reporting for one `trainlet run`.
+#[derive(Debug)]
+pub(super) struct Progress {
+    link: Option<StatusLink>,
+    relay: Option<Relay>,
+    facts: watch::Sender<Facts>,
+}
+
+impl Progress {
+    /// Serve the endpoint and start the relay, as the plan asks.
+    pub(super) async fn start(
+        plan: &Plan,
+        dir: &Path,
+        store: std::net::SocketAddr,
+        cancel: &CancellationToken,
+    ) -> Self {
+        let (facts, facts_rx) = watch::channel(Facts::default());
+        let mut me = Self { link: None, relay: None, facts };
+        if !plan.progress.collects() {
+            return me;
+        }
+        let board = Arc::new(Board::default());
+        let token = format!("{:016x}{:016x}", crate::sys::random_u64(), crate::sys::random_u64());
+        let token_file = dir.join("status-token");
+        let served = match write_private(&token_file, &token) {
+            Ok(()) => crate::status::endpoint::serve(Arc::clone(&board), token, cancel.child_token()).await,
+            Err(e) => Err(e),
+        };
+        match served {
+            Ok(port) => {
+                tracing::info!(port, "serving the workers' status endpoint on 127.0.0.1");
+                me.link = Some(StatusLink { port, token_file, board: Arc::clone(&board) });
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                dir = %dir.display(),
+                "cannot serve the workers' status endpoint; workers get no KUBEFLOW_TRAINER_SERVER_URL and report no progress"
+            ),
+        }
+        if let Some(up) = &plan.progress.upstream {
+            let poster = plan.serve_store.then(|| Poster::new(up.clone()));
+            if poster.is_some() {
+                tracing::info!(url = %up.url, "posting the job's progress to Trainer (at most every 5 s)");
+            }
+            let setup = Setup {
+                store,
+                base: format!("trainlet/{}/j{}", plan.run_id, plan.jobset_attempt),
+                node_rank: plan.node_rank,
+                nnodes: plan.nnodes,
+                poster,
+            };
+            me.relay = Some(Relay::start(setup, board, facts_rx));
+        }
+        me
+    }
+
+    /// The endpoint for the workers, if served.
+    pub(super) fn link(&self) -> Option<&StatusLink> {
+        self.link.as_ref()
+    }
+
+    /// A round starts.
+    pub(super) fn round(&self, round: &Round, nproc: u32) {
+        self.facts.send_modify(|f| {
+            f.round = round.number;
+            f.restarts = round.restarts;
+            f.world_size = round.nnodes * nproc;
+        });
+    }
+
+    /// A round ended with `root` as its first failure.
+    pub(super) fn failed(&self, root: Option<&Failure>) {
+        if let Some(r) = root {
+            let why = if r.no_progress { "no progress".to_string() } else { r.exit().to_string() };
+            self.facts.send_modify(|f| f.last_failure = Some(format!("rank {} {why}", r.rank)));
+        }
+    }
+
+    /// Pass on the last report, then stop (bounded).
+    pub(super) async fn finish(self) {
+        if let Some(r) = self.relay {
+            r.finish().await;
+        }
+    }
+}
+
+/// Create `path` readable by this uid only, holding `text`.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let _ = std::fs::remove_file(path);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    f.write_all(text.as_bytes())
+}

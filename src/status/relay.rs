@@ -1,0 +1,218 @@
+//! The pod's progress relay, one task per `trainlet run`: every pod puts
+//! its workers' newest status in the agents' store
+//! (`<base>/status/<node rank>`, at most once a second); the store host
+//! reads every pod's, takes the one that changed last (by its own clock:
+//! pods' clocks do not matter), merges trainlet's facts, and posts to
+//! Trainer's status endpoint at most once per 5 s per job, with backoff
+//! after a failure. Nothing here can stop or slow the workers: a failure
+//! is a rate-limited warning, the store is dialled on its own connection,
+//! and [`Relay::finish`] is bounded.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::report::{Facts, Status, merge};
+use super::{Board, Poster};
+use crate::store::Client;
+
+/// Trainer's documented limit: one update per 5 s.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(5);
+/// Longest pause after failed posts.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// How often the relay looks for news.
+const TICK: Duration = Duration::from_secs(1);
+/// Bound on dialling or using the store.
+const STORE_TIME: Duration = Duration::from_secs(3);
+
+/// Where the relay reads and writes.
+#[derive(Debug)]
+pub struct Setup {
+    /// The agents' store.
+    pub store: SocketAddr,
+    /// `trainlet/<run id>/j<attempt>`.
+    pub base: String,
+    /// This pod's node rank.
+    pub node_rank: u32,
+    /// Pods of the job.
+    pub nnodes: u32,
+    /// Trainer's endpoint, on the store host only.
+    pub poster: Option<Poster>,
+}
+
+/// A running relay.
+#[derive(Debug)]
+pub struct Relay {
+    cancel: CancellationToken,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    /// Start relaying `board` and `facts`.
+    pub fn start(setup: Setup, board: Arc<Board>, facts: watch::Receiver<Facts>) -> Self {
+        let cancel = CancellationToken::new();
+        let done = tokio::spawn(run(setup, board, facts, cancel.clone()));
+        Self { cancel, done }
+    }
+
+    /// Pass on what is not passed on yet (the final report), then stop;
+    /// bounded by the 5 s throttle plus one request.
+    pub async fn finish(self) {
+        self.cancel.cancel();
+        let limit = MIN_INTERVAL + Duration::from_secs(12);
+        if tokio::time::timeout(limit, self.done).await.is_err() {
+            tracing::warn!("the progress relay did not finish in time; the last report may not have reached Trainer");
+        }
+    }
+}
+
+/// The store host's view of every pod's report.
+#[derive(Debug, Default)]
+struct Pods {
+    seen: HashMap<u32, Vec<u8>>,
+    newest: Option<(Status, Instant)>,
+}
+
+impl Pods {
+    /// Take what each pod published now; the one that changed last wins.
+    fn update(&mut self, values: impl IntoIterator<Item = (u32, Vec<u8>)>) -> bool {
+        let mut changed = false;
+        for (pod, v) in values {
+            if v.is_empty() || self.seen.get(&pod) == Some(&v) {
+                continue;
+            }
+            if let Ok(s) = serde_json::from_slice::<Status>(&v) {
+                self.newest = Some((s, Instant::now()));
+                changed = true;
+            }
+            self.seen.insert(pod, v);
+        }
+        changed
+    }
+}
+
+/// Posting state: throttle and backoff.
+#[derive(Debug)]
+struct Pace {
+    next: Instant,
+    failures: u32,
+}
+
+impl Pace {
+    fn backoff(&self) -> Duration {
+        (MIN_INTERVAL * 2u32.saturating_pow(self.failures.min(8))).min(MAX_BACKOFF)
+    }
+}
+
+async fn run(mut setup: Setup, board: Arc<Board>, mut facts: watch::Receiver<Facts>, cancel: CancellationToken) {
+    let mut client: Option<Client> = None;
+    let mut published = 0u64;
+    let mut pods = Pods::default();
+    let mut pending = false;
+    let mut pace = Pace { next: Instant::now(), failures: 0 };
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let host = setup.poster.is_some();
+    let key = |rank: u32| format!("{}/status/{rank}", setup.base);
+    loop {
+        let stopping = tokio::select! {
+            () = cancel.cancelled() => true,
+            _ = tick.tick() => false,
+            Ok(()) = facts.changed() => { pending = host; false }
+        };
+        let (latest, seq) = board.latest();
+        // Every pod: our workers' newest status into the store.
+        if seq != published
+            && let Some(s) = &latest
+        {
+            let bytes = serde_json::to_vec(s).unwrap_or_default();
+            if let Some(c) = connected(&mut client, setup.store).await {
+                match tokio::time::timeout(STORE_TIME, c.set(&key(setup.node_rank), &bytes)).await {
+                    Ok(Ok(())) => published = seq,
+                    _ => client = None,
+                }
+            }
+        }
+        // The store host: every pod's, then Trainer.
+        if let Some(poster) = setup.poster.as_mut() {
+            let keys: Vec<String> = (0..setup.nnodes).map(key).collect();
+            if let Some(c) = connected(&mut client, setup.store).await {
+                match tokio::time::timeout(STORE_TIME, c.multi_get(&keys)).await {
+                    Ok(Ok(values)) => pending |= pods.update((0..setup.nnodes).zip(values)),
+                    _ => client = None,
+                }
+            }
+            if stopping && pending {
+                // The final report waits for the throttle, once.
+                tokio::time::sleep_until(pace.next).await;
+            }
+            if pending && Instant::now() >= pace.next {
+                let status = merge(pods.newest.as_ref().map(|(s, _)| s), &facts.borrow(), crate::clock::now_us());
+                match poster.post(&status).await {
+                    Ok(()) => {
+                        if pace.failures > 0 {
+                            tracing::info!(url = %poster.url(), "posting progress to Trainer works again");
+                        }
+                        pace.failures = 0;
+                        pace.next = Instant::now() + MIN_INTERVAL;
+                        pending = false;
+                        super::gauges().posts.inc();
+                    }
+                    Err(why) => {
+                        pace.failures += 1;
+                        pace.next = Instant::now() + pace.backoff();
+                        super::gauges().post_failures.inc();
+                        if pace.failures == 1 || pace.failures.is_power_of_two() {
+                            tracing::warn!(url = %poster.url(), error = %why, failures = pace.failures, retry_in_s = pace.backoff().as_secs(), "cannot post progress to Trainer; training goes on");
+                        }
+                    }
+                }
+            }
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+/// The relay's own store connection, dialled (again) when there is none;
+/// None when the store does not answer in time.
+async fn connected(client: &mut Option<Client>, addr: SocketAddr) -> Option<&mut Client> {
+    if client.is_none() {
+        *client = tokio::time::timeout(STORE_TIME, Client::connect(addr)).await.ok()?.ok();
+    }
+    client.as_mut()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pod_that_changed_last_wins() {
+        let s = |p: u8| serde_json::to_vec(&Status { progress: Some(p), ..Status::default() }).expect("json");
+        let mut pods = Pods::default();
+        assert!(pods.update([(0, s(10)), (1, Vec::new())]));
+        assert!(!pods.update([(0, s(10))]), "nothing new");
+        assert!(pods.update([(0, s(10)), (1, s(12))]));
+        assert_eq!(pods.newest.as_ref().and_then(|(s, _)| s.progress), Some(12));
+        assert!(!pods.update([(1, b"garbage".to_vec())]));
+        assert_eq!(pods.newest.as_ref().and_then(|(s, _)| s.progress), Some(12));
+    }
+
+    #[test]
+    fn backoff_doubles_to_a_minute() {
+        let mut p = Pace { next: Instant::now(), failures: 0 };
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            p.failures += 1;
+            seen.push(p.backoff().as_secs());
+        }
+        assert_eq!(seen, [10, 20, 40, 60, 60, 60]);
+    }
+}
