@@ -148,6 +148,7 @@ impl Report {
         let mut s = format!("{} FAILED (exit code {})\n{line}\n{}\n", self.script, self.exit_code, self.reason);
         let entry = |s: &mut String, i: usize, f: &Failure| {
             let exit = match f.exit() {
+                _ if f.exit_code.is_none() && f.signal.is_none() => format!("none, still running (pid: {})", f.pid),
                 Exit::Code(c) => format!("{c} (pid: {})", f.pid),
                 Exit::Signal(sig) => format!("-{sig} (pid: {})  ({})", f.pid, crate::sys::signal_name(sig)),
             };

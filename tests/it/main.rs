@@ -10,6 +10,7 @@ mod containers;
 mod fault;
 mod frameworks;
 mod gpu;
+mod hang;
 mod hardening;
 mod init;
 mod init_remote;
