@@ -7,7 +7,9 @@
 //! (or `$TRAINLET_TEST_PYTHON`). NAME filters: overhead, start, rss, store,
 //! init, restart, scale, mpi, sshd, pin (GPU pinning against no pinning),
 //! hub and s3 (`trainlet init` against huggingface_hub, Python OpenDAL and
-//! boto3: `init_bench.rs`). Results are also written to
+//! boto3: `init_bench.rs`), jax, xgboost and report (frameworks against
+//! Trainer's way of starting them, and progress reporting's cost:
+//! `framework_bench.rs`). Results are also written to
 //! `target/bench-compare.md`. `mpi` and `sshd` compare against OpenSSH
 //! (`mpi_bench.rs`).
 
@@ -19,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+#[path = "framework_bench.rs"]
+mod framework_bench;
 #[path = "init_bench.rs"]
 mod init_bench;
 #[path = "mpi_bench.rs"]
@@ -633,6 +637,18 @@ fn main() {
     }
     if on("s3") {
         init_bench::s3(&mut rows);
+        progress(&rows);
+    }
+    if on("jax") {
+        framework_bench::jax(&mut rows);
+        progress(&rows);
+    }
+    if on("xgboost") {
+        framework_bench::xgboost(&mut rows);
+        progress(&rows);
+    }
+    if on("report") {
+        framework_bench::report(&mut rows);
         progress(&rows);
     }
     if on("mpi") {

@@ -1,6 +1,6 @@
 //! Dev-only support shared by the integration tests (`tests/it`) and the
 //! benchmarks (`benches/`), included by both with `#[path]`: the repository,
-//! the python with torch, free loopback ports, and fixture servers.
+//! the python with torch, free loopback ports, a test CA, and fixture servers.
 
 pub mod fixture_server;
 
@@ -26,4 +26,52 @@ pub fn python() -> String {
 /// A TCP port free on 127.0.0.1 now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// A CA and a certificate it signed for 127.0.0.1, made with openssl in
+/// `dir`: (CA, certificate, key).
+pub fn tls_pair(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let (ca_key, ca, key, csr, cert) =
+        (dir.join("ca.key"), dir.join("ca.pem"), dir.join("leaf.key"), dir.join("leaf.csr"), dir.join("leaf.pem"));
+    let ext = dir.join("ext");
+    std::fs::write(&ext, "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").expect("ext");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl").args(args).output().expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let p = |p: &PathBuf| p.to_str().expect("utf-8").to_string();
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        &p(&ca_key),
+        "-out",
+        &p(&ca),
+        "-days",
+        "2",
+        "-subj",
+        "/CN=trainlet test CA",
+    ]);
+    run(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", &p(&key), "-out", &p(&csr), "-subj", "/CN=127.0.0.1"]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &p(&csr),
+        "-CA",
+        &p(&ca),
+        "-CAkey",
+        &p(&ca_key),
+        "-CAcreateserial",
+        "-out",
+        &p(&cert),
+        "-days",
+        "2",
+        "-extfile",
+        &p(&ext),
+    ]);
+    (ca, cert, key)
 }
