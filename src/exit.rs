@@ -13,7 +13,7 @@
 //! | 203 | the store host went away and did not come back before the join deadline, or a pod neither stopped nor died in time |
 //! | 204 | this pod belongs to an older JobSet restart attempt than the job; it is refused |
 //! | 205 | a worker exit matched a `fail` rule of the failure policy (FailJob) |
-//! | 206 | a worker hung: in uninterruptible sleep past `--hung-timeout`, survived SIGKILL, or reported no progress for `--progress-timeout` (after the restart budget, or by a `no-progress=fail` rule: then 205) |
+//! | 206 | a worker hung: in uninterruptible sleep past `--hung-timeout`, survived SIGKILL, or reported no progress for `--progress-timeout` once the restart budget is spent (a `no-progress=fail` rule gives 205) |
 //! | 207 | a GPU pre-flight check found a faulty node: fewer GPUs than `--expect-gpus`, uncorrected ECC errors, remapped rows pending or failed, a pending MIG change, a GPU lost to NVML |
 //! | 208 | a GPU pre-flight check found the job asking for what the pod lacks: more workers than GPUs, or the wrong MIG mode (`--mig`) |
 //! | 209 | a worker exited with a code in trainlet's reserved range 200-210 |

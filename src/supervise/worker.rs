@@ -140,3 +140,66 @@ pub fn framework_env(w: &WorldView<'_>, local_rank: u32, gpu: Option<usize>) -> 
 pub fn substitute(args: &[String], local_rank: u32) -> Vec<String> {
     args.iter().map(|a| a.replace("${local_rank}", &local_rank.to_string())).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn plan(a: &[&str]) -> crate::config::Plan {
+        let args =
+            crate::cli::TorchrunCli::try_parse_from(["torchrun", "--python", "py", "--nnodes", "2"].iter().chain(a))
+                .expect("parse")
+                .run;
+        let env = names::Env::from_pairs([("PATH", "/usr/bin:/bin"), ("TRAINLET_SYSFS_ROOT", "/nonexistent")]);
+        crate::config::Plan::resolve(&args, &env, true).expect("plan")
+    }
+
+    fn env_of(p: &crate::config::Plan, local_rank: u32, gpu: Option<usize>) -> Vec<(String, String)> {
+        let w = WorldView {
+            plan: p,
+            master_addr: "job-node-0-0.job",
+            master_port: 4000,
+            aux_port: 4001,
+            restarts: 0,
+            group_rank: 1,
+            nnodes: 2,
+            status: None,
+        };
+        framework_env(&w, local_rank, gpu)
+    }
+
+    fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect()
+    }
+
+    #[test]
+    fn jax_and_xgboost_variables_name_the_worker_and_the_rounds_coordinator() {
+        let jax = plan(&["--framework", "jax", "--nproc-per-node", "2", "t.py"]);
+        assert_eq!(
+            env_of(&jax, 1, Some(3)),
+            pairs(&[
+                ("JAX_COORDINATOR_ADDRESS", "job-node-0-0.job:4001"),
+                ("JAX_NUM_PROCESSES", "4"),
+                ("JAX_PROCESS_ID", "3"),
+                ("JAX_LOCAL_DEVICE_IDS", "3"),
+            ])
+        );
+        assert_eq!(env_of(&jax, 1, None).len(), 3, "no GPU, no device ids");
+        let single = plan(&["--framework", "jax", "--nproc-per-node", "2", "--gpu-visibility", "single", "t.py"]);
+        assert!(env_of(&single, 0, Some(5)).contains(&("JAX_LOCAL_DEVICE_IDS".into(), "0".into())));
+        let one = plan(&["--framework", "jax", "t.py"]);
+        assert_eq!(env_of(&one, 0, Some(0)).len(), 3, "one process per pod sees every GPU");
+        let xgb = plan(&["--framework", "xgboost", "--nproc-per-node", "2", "t.py"]);
+        assert_eq!(
+            env_of(&xgb, 0, None),
+            pairs(&[
+                ("DMLC_TRACKER_URI", "job-node-0-0.job"),
+                ("DMLC_TRACKER_PORT", "4001"),
+                ("DMLC_TASK_ID", "2"),
+                ("DMLC_NUM_WORKER", "4"),
+            ])
+        );
+        assert!(env_of(&plan(&["t.py"]), 0, Some(0)).is_empty(), "torch workers get torchrun's env only");
+    }
+}
