@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use super::support::{fixture_server::Server, free_port, python, repo, tls_pair};
+use super::support::{fixture_server::status_server, free_port, python};
 use super::{Row, bench_file, median, time_pods, time_row, trainlet};
 
 /// `pods` commands: `trainlet run SCRIPT` or `python SCRIPT`, each with `env(pod)`.
@@ -105,25 +105,10 @@ fn step_ms(env: &[(String, String)]) -> Duration {
 /// reporting (the ratio should be 1.0x: no measurable difference).
 pub fn report(rows: &mut Vec<Row>) {
     let dir = tempfile::tempdir().expect("tmp");
-    let (ca, cert, key) = tls_pair(dir.path());
-    let token = dir.path().join("token");
-    std::fs::write(&token, "bench-token\n").expect("token");
     let path = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/bench/trainjobs/job/status";
+    let (server, ca) = status_server(&python(), dir.path(), 0, path);
+    let token = dir.path().join("token");
     let s = |p: &Path| p.display().to_string();
-    let args = [
-        "--cert".into(),
-        s(&cert),
-        "--key".into(),
-        s(&key),
-        "--token-file".into(),
-        s(&token),
-        "--path".into(),
-        path.into(),
-        "--log".into(),
-        s(&dir.path().join("log")),
-    ];
-    let server =
-        Server::start(&python(), &repo().join("tests/fixtures/status_server.py"), &args, Duration::from_secs(60));
     let on = vec![
         ("KUBEFLOW_TRAINER_SERVER_URL".to_string(), format!("https://127.0.0.1:{}{path}", server.fields[0])),
         ("KUBEFLOW_TRAINER_SERVER_CA_CERT".to_string(), s(&ca)),

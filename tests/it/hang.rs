@@ -11,8 +11,8 @@ const LIMIT: Duration = Duration::from_secs(240);
 fn run(args: &[&str], ckpt: &std::path::Path) -> Pod {
     let script = fixture("hang_train.py");
     let ckpt = ckpt.display().to_string();
-    let env = [("CKPT_DIR", ckpt.as_str()), ("HANG_RANK", "1"), ("HANG_STEP", "5"), ("STEPS", "30")];
-    let mut all = vec!["run", "--nproc-per-node", "2", "--progress-timeout", "2", "--shutdown-timeout", "3"];
+    let env = [("CKPT_DIR", ckpt.as_str()), ("HANG_RANK", "1"), ("HANG_STEP", "5"), ("STEPS", "40")];
+    let mut all = vec!["run", "--nproc-per-node", "2", "--progress-timeout", "3", "--shutdown-timeout", "3"];
     all.extend_from_slice(args);
     all.push(&script);
     Pod::start(&all, &env)

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::support::fixture_server::Server;
+use crate::support::fixture_server::{Server, status_server};
 use crate::util::{Pod, fixture, free_port, pet_env, python, tls_pair};
 
 const LIMIT: Duration = Duration::from_secs(300);
@@ -25,24 +25,7 @@ struct Trainer {
 impl Trainer {
     fn start(rotate_after: u32) -> Trainer {
         let dir = tempfile::tempdir().expect("tmp");
-        let (ca, cert, key) = tls_pair(dir.path());
-        std::fs::write(dir.path().join("token"), "first-token\n").expect("token");
-        let s = |p: &Path| p.display().to_string();
-        let args = [
-            "--cert".into(),
-            s(&cert),
-            "--key".into(),
-            s(&key),
-            "--token-file".into(),
-            s(&dir.path().join("token")),
-            "--rotate-after".into(),
-            rotate_after.to_string(),
-            "--path".into(),
-            PATH.into(),
-            "--log".into(),
-            s(&dir.path().join("log")),
-        ];
-        let server = Server::start(&python(), Path::new(&fixture("status_server.py")), &args, Duration::from_secs(60));
+        let (server, ca) = status_server(&python(), dir.path(), rotate_after, PATH);
         Trainer { server, dir, ca }
     }
 

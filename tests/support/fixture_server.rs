@@ -62,3 +62,30 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// A stand-in for Trainer's status endpoint (tests/fixtures/status_server.py)
+/// on 127.0.0.1 with a CA made in `dir` (`dir/ca.pem`), the token file
+/// `dir/token` (rewritten `rotate_after` seconds after the first request,
+/// 0: never), `path` the URL path it accepts, and its request log at
+/// `dir/log`. Returns the server and the CA.
+pub fn status_server(python: &str, dir: &Path, rotate_after: u32, path: &str) -> (Server, std::path::PathBuf) {
+    let (ca, cert, key) = super::tls_pair(dir);
+    std::fs::write(dir.join("token"), "first-token\n").expect("token");
+    let s = |p: &Path| p.display().to_string();
+    let args = [
+        "--cert".into(),
+        s(&cert),
+        "--key".into(),
+        s(&key),
+        "--token-file".into(),
+        s(&dir.join("token")),
+        "--rotate-after".into(),
+        rotate_after.to_string(),
+        "--path".into(),
+        path.into(),
+        "--log".into(),
+        s(&dir.join("log")),
+    ];
+    let script = super::repo().join("tests/fixtures/status_server.py");
+    (Server::start(python, &script, &args, Duration::from_secs(60)), ca)
+}
