@@ -89,6 +89,13 @@ impl Progress {
         });
     }
 
+    /// This pod's workers are gone: pass their last report on now.
+    pub(super) fn nudge(&self) {
+        if let Some(r) = &self.relay {
+            r.nudge();
+        }
+    }
+
     /// A round ended with `root` as its first failure.
     pub(super) fn failed(&self, root: Option<&Failure>) {
         if let Some(r) = root {

@@ -1,7 +1,8 @@
 //! The pod's progress relay, one task per `trainlet run`: every pod puts
 //! its workers' newest status in the agents' store
-//! (`<base>/status/<node rank>`, at most once a second); the store host
-//! reads every pod's, takes the one that changed last (by its own clock:
+//! (`<base>/status/<node rank>`, at most once a second, and at once when
+//! a round ends); the store host reads every pod's when a post is due,
+//! takes the one that changed last (by its own clock:
 //! pods' clocks do not matter), merges trainlet's facts, and posts to
 //! Trainer's status endpoint at most once per 5 s per job, with backoff
 //! after a failure. Nothing here can stop or slow the workers: a failure
@@ -49,6 +50,7 @@ pub struct Setup {
 #[derive(Debug)]
 pub struct Relay {
     cancel: CancellationToken,
+    nudge: Arc<tokio::sync::Notify>,
     done: tokio::task::JoinHandle<()>,
 }
 
@@ -56,8 +58,16 @@ impl Relay {
     /// Start relaying `board` and `facts`.
     pub fn start(setup: Setup, board: Arc<Board>, facts: watch::Receiver<Facts>) -> Self {
         let cancel = CancellationToken::new();
-        let done = tokio::spawn(run(setup, board, facts, cancel.clone()));
-        Self { cancel, done }
+        let nudge = Arc::new(tokio::sync::Notify::new());
+        let done = tokio::spawn(run(setup, board, facts, Arc::clone(&nudge), cancel.clone()));
+        Self { cancel, nudge, done }
+    }
+
+    /// Pass this pod's newest report on now, not at the next tick (the
+    /// workers are gone: their last report must reach the store host
+    /// before the pods part).
+    pub fn nudge(&self) {
+        self.nudge.notify_one();
     }
 
     /// Pass on what is not passed on yet (the final report), then stop;
@@ -109,7 +119,13 @@ impl Pace {
     }
 }
 
-async fn run(mut setup: Setup, board: Arc<Board>, mut facts: watch::Receiver<Facts>, cancel: CancellationToken) {
+async fn run(
+    mut setup: Setup,
+    board: Arc<Board>,
+    mut facts: watch::Receiver<Facts>,
+    nudge: Arc<tokio::sync::Notify>,
+    cancel: CancellationToken,
+) {
     let mut client: Option<Client> = None;
     let mut published = 0u64;
     let mut pods = Pods::default();
@@ -123,6 +139,7 @@ async fn run(mut setup: Setup, board: Arc<Board>, mut facts: watch::Receiver<Fac
         let stopping = tokio::select! {
             () = cancel.cancelled() => true,
             _ = tick.tick() => false,
+            () = nudge.notified() => false,
             Ok(()) = facts.changed() => { pending = host; false }
         };
         let (latest, seq) = board.latest();
@@ -138,8 +155,11 @@ async fn run(mut setup: Setup, board: Arc<Board>, mut facts: watch::Receiver<Fac
                 }
             }
         }
-        // The store host: every pod's, then Trainer.
-        if let Some(poster) = setup.poster.as_mut() {
+        // The store host: every pod's, then Trainer, when a post is due
+        // (one read of every pod's key per 5 s, not per tick).
+        if let Some(poster) = setup.poster.as_mut()
+            && (stopping || Instant::now() >= pace.next)
+        {
             let keys: Vec<String> = (0..setup.nnodes).map(key).collect();
             if let Some(c) = connected(&mut client, setup.store).await {
                 match tokio::time::timeout(STORE_TIME, c.multi_get(&keys)).await {
