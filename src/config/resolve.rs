@@ -207,6 +207,29 @@ mod tests {
         }
     }
 
+    /// Trainer's three status variables come together or not at all; the
+    /// progress timeout comes from the flag, the env or `--rdzv-conf`.
+    #[test_case(&[], &[], Ok((false, None)); "nothing set: nothing changes")]
+    #[test_case(&[], &[("KUBEFLOW_TRAINER_SERVER_URL", "https://t.ns.svc:443/status"), ("KUBEFLOW_TRAINER_SERVER_CA_CERT", "/ca"),
+        ("KUBEFLOW_TRAINER_SERVER_TOKEN", "/token")], Ok((true, None)); "all three")]
+    #[test_case(&[], &[("KUBEFLOW_TRAINER_SERVER_URL", "https://t/status")], Err("KUBEFLOW_TRAINER_SERVER_CA_CERT, KUBEFLOW_TRAINER_SERVER_TOKEN unset"); "partial")]
+    #[test_case(&[], &[("KUBEFLOW_TRAINER_SERVER_URL", "ftp://t"), ("KUBEFLOW_TRAINER_SERVER_CA_CERT", "/ca"),
+        ("KUBEFLOW_TRAINER_SERVER_TOKEN", "/token")], Err("an https:// URL"); "not http")]
+    #[test_case(&["--progress-timeout", "30"], &[("TRAINLET_PROGRESS_TIMEOUT", "5")], Ok((false, Some(30))); "flag over env")]
+    #[test_case(&[], &[("TRAINLET_PROGRESS_TIMEOUT", "5"), ("PET_RDZV_CONF", "progress_timeout=9")], Ok((false, Some(5))); "env over conf")]
+    #[test_case(&[], &[("PET_RDZV_CONF", "progress_timeout=9")], Ok((false, Some(9))); "rdzv conf key")]
+    #[test_case(&["--progress-timeout", "0"], &[], Err("--progress-timeout"); "zero is refused")]
+    fn progress_settings(a: &[&str], env: &[(&str, &str)], want: Result<(bool, Option<u64>), &str>) {
+        match (plan(&[a, &["--python", "py", "t.py"]].concat(), env), want) {
+            (Ok(p), Ok((upstream, timeout))) => {
+                assert_eq!(p.progress.upstream.is_some(), upstream);
+                assert_eq!(p.progress.timeout, timeout.map(Duration::from_secs));
+            }
+            (Err(e), Err(needle)) => assert!(e.to_string().contains(needle), "{e}"),
+            (got, want) => panic!("{got:?} vs {want:?}"),
+        }
+    }
+
     /// Every value doctor prints says where it came from.
     #[test]
     fn every_setting_has_a_source() {

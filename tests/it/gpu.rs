@@ -243,17 +243,6 @@ fn doctor_shows_the_topology_placement_and_checks() {
     assert_eq!(cols, ["6", "0000:ba:00.0", "GPU-00000006-fake", "1", "1", "6", "1", "1"], "{row}");
 }
 
-/// `GET /metrics` from `addr` (empty on any failure).
-fn scrape(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return String::new() };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n");
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
-}
-
 #[test]
 fn metrics_scraped_during_a_run_parse_with_prometheus_client() {
     let root = eight_gpu_box();
@@ -280,7 +269,7 @@ fn metrics_scraped_during_a_run_parse_with_prometheus_client() {
     let mut pod = Pod::start_as(Path::new("taskset"), &args, &env(root.path(), &[]));
     let deadline = std::time::Instant::now() + LIMIT;
     let text = loop {
-        let t = scrape(&addr);
+        let t = crate::util::scrape(&addr);
         if t.contains("trainlet_worker_exits_total{code=\"0\"} 7") && t.contains("trainlet_gpu_nvml_up 1") {
             break t;
         }

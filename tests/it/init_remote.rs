@@ -6,7 +6,6 @@
 //! volume, a full disk.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -386,16 +385,6 @@ fn a_dropped_connection_resumes_by_range_and_a_corrupt_byte_is_never_published()
     assert_eq!(marker(out.path())["verified"], "size");
 }
 
-/// `GET /metrics` from the agent.
-fn scrape(port: u16) -> String {
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return String::new() };
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
-}
-
 fn state_lines(dir: &Path, name: &str) -> usize {
     std::fs::read_to_string(dir.join(format!(".{name}.trainlet-state"))).map_or(0, |s| s.lines().count())
 }
@@ -424,7 +413,7 @@ fn sigkill_mid_run_leaves_no_marker_and_the_rerun_resumes_with_progress_and_metr
     while state_lines(out.path(), "weights.safetensors") < 4 {
         assert!(start.elapsed() < LIMIT, "no progress:\n{}", first.stderr());
         if !metrics.contains("trainlet_init_files_total 2") {
-            metrics = scrape(port);
+            metrics = crate::util::scrape(&format!("127.0.0.1:{}", port));
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::support::fixture_server::{Server, status_server};
-use crate::util::{Pod, fixture, free_port, pet_env, python, tls_pair};
+use crate::util::{Pod, fixture, free_port, pet_env, python, scrape, tls_pair};
 
 const LIMIT: Duration = Duration::from_secs(300);
 const PATH: &str = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team/trainjobs/job/status";
@@ -54,18 +54,29 @@ impl Trainer {
     }
 }
 
-/// Two pods of one worker each, with `env` on both.
-fn two_pods(script: &str, env: &[(String, String)]) -> Vec<Pod> {
+/// Two pods of one worker each, with `env` on both and `second` on pod 1.
+fn two_pods(script: &str, env: &[(String, String)], second: &[(String, String)]) -> Vec<Pod> {
     let port = free_port();
     (0..2)
         .map(|i| {
             let mut e = pet_env(2, 1, i, port);
             e.extend(env.iter().cloned());
+            if i == 1 {
+                e.extend(second.iter().cloned());
+            }
             e.push(("PET_LOCAL_ADDR".into(), format!("127.0.0.{}", i + 1)));
             let pairs: Vec<(&str, &str)> = e.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
             Pod::start(&["run", script], &pairs)
         })
         .collect()
+}
+
+/// A sample's value in Prometheus text (0 when absent).
+fn gauge(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 fn metric<'a>(status: &'a serde_json::Value, name: &str) -> Option<&'a str> {
@@ -108,7 +119,7 @@ fn transformers_progress_reaches_trainer_once_per_5_s_with_the_current_token() {
     let trainer = Trainer::start(6);
     let mut env = trainer.env(None);
     env.push(("STEP_SLEEP".into(), "0.4".into()));
-    let mut pods = two_pods(&fixture("hf_progress.py"), &env);
+    let mut pods = two_pods(&fixture("hf_progress.py"), &env, &[]);
     for (i, pod) in pods.iter_mut().enumerate() {
         assert_eq!(pod.code(LIMIT), 0, "pod {i} stderr:\n{}", pod.stderr());
         assert!(pod.stdout().contains("url=http://127.0.0.1:"), "the worker got trainlet's endpoint");
@@ -126,7 +137,17 @@ fn sdk_reports_from_another_pod_reach_trainer_through_the_store() {
     let trainer = Trainer::start(6);
     let mut env = trainer.env(None);
     env.extend([("REPORT_RANK".into(), "1".into()), ("STEPS".into(), "12".into())]);
-    let mut pods = two_pods(&fixture("sdk_progress.py"), &env);
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut pods = two_pods(&fixture("sdk_progress.py"), &env, &[("TRAINLET_METRICS_ADDR".into(), metrics.clone())]);
+    // Pod 1's Prometheus families show its worker's reports while it runs.
+    let start = Instant::now();
+    let mut seen = String::new();
+    while !(seen.contains("trainlet_progress_reports_total ") && gauge(&seen, "trainlet_progress_percent") > 0.0) {
+        assert!(start.elapsed() < LIMIT, "no progress in pod 1's metrics:\n{seen}\n{}", pods[1].stderr());
+        seen = scrape(&metrics);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(gauge(&seen, "trainlet_progress_reports_total") >= 1.0, "{seen}");
     for (i, pod) in pods.iter_mut().enumerate() {
         assert_eq!(pod.code(LIMIT), 0, "pod {i} stderr:\n{}", pod.stderr());
     }

@@ -211,3 +211,14 @@ fn rand_u32() -> u32 {
 }
 
 pub use crate::support::tls_pair;
+
+/// `GET /metrics` from `addr` (empty on any failure).
+pub fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return String::new() };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+}
