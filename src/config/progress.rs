@@ -28,6 +28,9 @@ pub struct Progress {
     pub upstream: Option<Upstream>,
     /// A worker that reported once and then stays silent this long is hung.
     pub timeout: Option<Duration>,
+    /// Why reporting is off although some of Trainer's variables are set
+    /// (the run warns; reporting never stops training).
+    pub off_because: Option<String>,
 }
 
 impl Progress {
@@ -37,10 +40,12 @@ impl Progress {
     }
 }
 
-/// The three `KUBEFLOW_TRAINER_SERVER_*` variables (all or none) and the
-/// progress timeout (flag > env > `--rdzv-conf progress_timeout`).
+/// The three `KUBEFLOW_TRAINER_SERVER_*` variables (all three, else no
+/// reporting and a reason to warn) and the progress timeout (flag > env >
+/// `--rdzv-conf progress_timeout`).
 pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, conf: Option<Duration>) -> Result<Progress, Error> {
     let env = s.env;
+    let mut off_because = None;
     let parts =
         [env::KUBEFLOW_TRAINER_SERVER_URL, env::KUBEFLOW_TRAINER_SERVER_CA_CERT, env::KUBEFLOW_TRAINER_SERVER_TOKEN]
             .map(|n| env.get(n));
@@ -48,10 +53,17 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, conf: Option<Duratio
         [Some(url), Some(ca), Some(token)] => {
             let url = url.trim();
             if !(url.starts_with("https://") || url.starts_with("http://")) || url.contains(char::is_whitespace) {
-                return Err(invalid(env::KUBEFLOW_TRAINER_SERVER_URL, url, "an https:// URL"));
+                s.prov.push(("status endpoint", "off".into(), Source::Derived("not an https:// URL".into())));
+                off_because = Some(format!(
+                    "{} is not an https:// URL ({:?}), so progress is not reported",
+                    env::KUBEFLOW_TRAINER_SERVER_URL,
+                    url.chars().take(200).collect::<String>()
+                ));
+                None
+            } else {
+                s.prov.push(("status endpoint", url.to_string(), Source::Env(env::KUBEFLOW_TRAINER_SERVER_URL)));
+                Some(Upstream { url: url.to_string(), ca_file: ca.into(), token_file: token.into() })
             }
-            s.prov.push(("status endpoint", url.to_string(), Source::Env(env::KUBEFLOW_TRAINER_SERVER_URL)));
-            Some(Upstream { url: url.to_string(), ca_file: ca.into(), token_file: token.into() })
         }
         [None, None, None] => None,
         _ => {
@@ -65,10 +77,13 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, conf: Option<Duratio
             .filter(|(_, v)| v.is_none())
             .map(|(n, _)| n)
             .collect();
-            return Err(Error::Usage(format!(
-                "Trainer's status endpoint needs all of KUBEFLOW_TRAINER_SERVER_URL, _CA_CERT and _TOKEN; {} unset (set all three, as Trainer's TrainJobStatus plugin does, or none)",
+            let why = format!(
+                "Trainer's status endpoint needs KUBEFLOW_TRAINER_SERVER_URL, _CA_CERT and _TOKEN together (as Trainer's TrainJobStatus plugin sets them); {} unset, so progress is not reported",
                 missing.join(", ")
-            )));
+            );
+            s.prov.push(("status endpoint", "off".into(), Source::Derived(format!("{} unset", missing.join(", ")))));
+            off_because = Some(why);
+            None
         }
     };
     let l = lookup(args.progress_timeout.as_deref(), "--progress-timeout", env, &[env::TRAINLET_PROGRESS_TIMEOUT]);
@@ -87,5 +102,5 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, conf: Option<Duratio
         let source = if l.value.is_some() { l.source } else { Source::Derived("--rdzv-conf progress_timeout".into()) };
         s.prov.push(("progress timeout", format!("{t:?}"), source));
     }
-    Ok(Progress { upstream, timeout })
+    Ok(Progress { upstream, timeout, off_because })
 }

@@ -212,9 +212,9 @@ mod tests {
     #[test_case(&[], &[], Ok((false, None)); "nothing set: nothing changes")]
     #[test_case(&[], &[("KUBEFLOW_TRAINER_SERVER_URL", "https://t.ns.svc:443/status"), ("KUBEFLOW_TRAINER_SERVER_CA_CERT", "/ca"),
         ("KUBEFLOW_TRAINER_SERVER_TOKEN", "/token")], Ok((true, None)); "all three")]
-    #[test_case(&[], &[("KUBEFLOW_TRAINER_SERVER_URL", "https://t/status")], Err("KUBEFLOW_TRAINER_SERVER_CA_CERT, KUBEFLOW_TRAINER_SERVER_TOKEN unset"); "partial")]
+    #[test_case(&[], &[("KUBEFLOW_TRAINER_SERVER_URL", "https://t/status")], Ok((false, None)); "partial: off, with a warning")]
     #[test_case(&[], &[("KUBEFLOW_TRAINER_SERVER_URL", "ftp://t"), ("KUBEFLOW_TRAINER_SERVER_CA_CERT", "/ca"),
-        ("KUBEFLOW_TRAINER_SERVER_TOKEN", "/token")], Err("an https:// URL"); "not http")]
+        ("KUBEFLOW_TRAINER_SERVER_TOKEN", "/token")], Ok((false, None)); "not http: off, with a warning")]
     #[test_case(&["--progress-timeout", "30"], &[("TRAINLET_PROGRESS_TIMEOUT", "5")], Ok((false, Some(30))); "flag over env")]
     #[test_case(&[], &[("TRAINLET_PROGRESS_TIMEOUT", "5"), ("PET_RDZV_CONF", "progress_timeout=9")], Ok((false, Some(5))); "env over conf")]
     #[test_case(&[], &[("PET_RDZV_CONF", "progress_timeout=9")], Ok((false, Some(9))); "rdzv conf key")]
@@ -223,6 +223,8 @@ mod tests {
         match (plan(&[a, &["--python", "py", "t.py"]].concat(), env), want) {
             (Ok(p), Ok((upstream, timeout))) => {
                 assert_eq!(p.progress.upstream.is_some(), upstream);
+                let off = env.iter().any(|(k, _)| k.starts_with("KUBEFLOW")) && !upstream;
+                assert_eq!(p.progress.off_because.is_some(), off, "{:?}", p.progress.off_because);
                 assert_eq!(p.progress.timeout, timeout.map(Duration::from_secs));
             }
             (Err(e), Err(needle)) => assert!(e.to_string().contains(needle), "{e}"),

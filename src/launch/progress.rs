@@ -37,6 +37,9 @@ impl Progress {
     ) -> Self {
         let (facts, facts_rx) = watch::channel(Facts::default());
         let mut me = Self { link: None, relay: None, facts };
+        if let Some(why) = &plan.progress.off_because {
+            tracing::warn!("{why}");
+        }
         if !plan.progress.collects() {
             return me;
         }
