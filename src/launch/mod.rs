@@ -254,7 +254,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
             &mut RoundJob { session: &mut session, round: &round },
         )
         .await;
-        progress.nudge();
+        progress.flush().await;
         tracing::info!(round = round.number, ?outcome, local_failures = failures.len(), "round over on this pod");
 
         if let Outcome::Stopped(sig) = outcome {

@@ -93,9 +93,9 @@ impl Progress {
     }
 
     /// This pod's workers are gone: pass their last report on now.
-    pub(super) fn nudge(&self) {
+    pub(super) async fn flush(&self) {
         if let Some(r) = &self.relay {
-            r.nudge();
+            r.flush().await;
         }
     }
 

@@ -1,7 +1,7 @@
 //! The pod's progress relay, one task per `trainlet run`: every pod puts
 //! its workers' newest status in the agents' store
 //! (`<base>/status/<node rank>`, at most once a second, and at once when
-//! a round ends); the store host reads every pod's when a post is due,
+//! a round ends, [`Relay::flush`]); the store host reads every pod's when a post is due,
 //! takes the one that changed last (by its own clock:
 //! pods' clocks do not matter), merges trainlet's facts, and posts to
 //! Trainer's status endpoint at most once per 5 s per job, with backoff
@@ -50,7 +50,7 @@ pub struct Setup {
 #[derive(Debug)]
 pub struct Relay {
     cancel: CancellationToken,
-    nudge: Arc<tokio::sync::Notify>,
+    flushes: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>,
     done: tokio::task::JoinHandle<()>,
 }
 
@@ -58,16 +58,20 @@ impl Relay {
     /// Start relaying `board` and `facts`.
     pub fn start(setup: Setup, board: Arc<Board>, facts: watch::Receiver<Facts>) -> Self {
         let cancel = CancellationToken::new();
-        let nudge = Arc::new(tokio::sync::Notify::new());
-        let done = tokio::spawn(run(setup, board, facts, Arc::clone(&nudge), cancel.clone()));
-        Self { cancel, nudge, done }
+        let (flushes, asks) = tokio::sync::mpsc::channel(4);
+        let done = tokio::spawn(run(setup, board, facts, asks, cancel.clone()));
+        Self { cancel, flushes, done }
     }
 
-    /// Pass this pod's newest report on now, not at the next tick (the
-    /// workers are gone: their last report must reach the store host
-    /// before the pods part).
-    pub fn nudge(&self) {
-        self.nudge.notify_one();
+    /// Put this pod's newest report in the store now, not at the next
+    /// tick, and wait (bounded) until it is there: the workers are gone,
+    /// and their last report must reach the store host before the pods
+    /// part.
+    pub async fn flush(&self) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.flushes.try_send(tx).is_ok() && tokio::time::timeout(STORE_TIME * 2, rx).await.is_err() {
+            tracing::debug!("the progress relay did not pass the last report on in time");
+        }
     }
 
     /// Pass on what is not passed on yet (the final report), then stop;
@@ -123,7 +127,7 @@ async fn run(
     mut setup: Setup,
     board: Arc<Board>,
     mut facts: watch::Receiver<Facts>,
-    nudge: Arc<tokio::sync::Notify>,
+    mut asks: tokio::sync::mpsc::Receiver<tokio::sync::oneshot::Sender<()>>,
     cancel: CancellationToken,
 ) {
     let mut client: Option<Client> = None;
@@ -136,10 +140,11 @@ async fn run(
     let host = setup.poster.is_some();
     let key = |rank: u32| format!("{}/status/{rank}", setup.base);
     loop {
+        let mut asked = None;
         let stopping = tokio::select! {
             () = cancel.cancelled() => true,
             _ = tick.tick() => false,
-            () = nudge.notified() => false,
+            Some(ack) = asks.recv() => { asked = Some(ack); false }
             Ok(()) = facts.changed() => { pending = host; false }
         };
         let (latest, seq) = board.latest();
@@ -154,6 +159,9 @@ async fn run(
                     _ => client = None,
                 }
             }
+        }
+        if let Some(ack) = asked.take() {
+            let _ = ack.send(());
         }
         // The store host: every pod's, then Trainer, when a post is due
         // (one read of every pod's key per 5 s, not per tick).
