@@ -78,6 +78,24 @@ fn the_deepspeed_runtime_is_valid_and_needs_no_launcher_or_ssh() {
     assert!(doc.contains("values: [200, 205, 208]") && doc.contains("values: [143, 204]"), "{doc}");
 }
 
+/// JAX and XGBoost: Trainer's ML policies with trainlet as the agent.
+#[test]
+fn the_jax_and_xgboost_runtimes_are_valid_and_use_trainers_policies() {
+    for (file, name, policy, image) in [
+        ("jax-distributed.yaml", "trainlet-jax-distributed", "    jax: {}", "jax-runtime"),
+        ("xgboost-distributed.yaml", "trainlet-xgboost-distributed", "    xgboost: {}", "xgboost-runtime"),
+    ] {
+        let path = repo().join("runtimes").join(file);
+        let (ok, out) = validate(std::slice::from_ref(&path));
+        assert!(ok, "{out}");
+        assert!(out.contains(&format!("ClusterTrainingRuntime {name} valid")), "{out}");
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert!(text.contains(policy) && !text.contains("    torch: {}"), "{file}: {text}");
+        assert!(text.contains(&format!("image: ghcr.io/trainlet/{image}:")), "{file}");
+        assert!(text.contains("values: [200, 205, 208]") && text.contains("values: [143, 204]"), "{file}");
+    }
+}
+
 #[test]
 fn the_initializer_runtime_wires_trainlet_init_as_trainer_expects() {
     let file = repo().join("runtimes/torch-with-initializers.yaml");
@@ -256,7 +274,9 @@ fn every_runtime_stops_gracefully_whatever_pid_1_is_and_routes_documented_codes(
         let image = row["image"].as_str().unwrap_or("");
         let command: Vec<&str> =
             row["command"].as_array().expect("command").iter().filter_map(|c| c.as_str()).collect();
-        let trainer = ((image.contains("torch-runtime") || image.contains("deepspeed-runtime"))
+        let trainer = (["torch-runtime", "deepspeed-runtime", "jax-runtime", "xgboost-runtime"]
+            .iter()
+            .any(|i| image.contains(i))
             && !command.contains(&"init"))
             || (image.contains("mpi-runtime") && !command.contains(&"sshd"));
         if trainer {

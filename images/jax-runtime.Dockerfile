@@ -1,0 +1,32 @@
+# The image runtimes/jax-distributed.yaml names: the JAX base Trainer's jax-distributed runtime uses
+# with trainlet as ENTRYPOINT (and as `torchrun`).
+#
+#   podman build -f images/jax-runtime.Dockerfile -t ghcr.io/trainlet/jax-runtime:0.1.0 .
+#
+# Build args (fully qualified names: podman and buildah refuse short ones):
+#   BASE_IMAGE       any image with Python and JAX
+#                    (default nvcr.io/nvidia/jax:25.10-py3)
+#   RUST_IMAGE       the builder (default docker.io/library/rust:1-bookworm)
+#   TRAINLET_BINARY  `build` (default) or `prebuilt` (the release binary from the context)
+ARG BASE_IMAGE=nvcr.io/nvidia/jax:25.10-py3
+ARG RUST_IMAGE=docker.io/library/rust:1-bookworm
+ARG TRAINLET_BINARY=build
+
+FROM ${RUST_IMAGE} AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked \
+ && cp target/x86_64-unknown-linux-gnu/release/trainlet /trainlet
+
+FROM scratch AS prebuilt
+COPY target/x86_64-unknown-linux-gnu/release/trainlet /trainlet
+
+FROM ${TRAINLET_BINARY} AS binary
+
+FROM ${BASE_IMAGE}
+COPY --from=binary /trainlet /usr/local/bin/trainlet
+# `torchrun` on PATH is trainlet (before the base's own in /opt/conda/bin or /usr/bin).
+RUN ln -sf /usr/local/bin/trainlet /usr/local/bin/torchrun
+ENV PATH=/usr/local/bin:${PATH}
+ENTRYPOINT ["/usr/local/bin/trainlet"]
+CMD ["run", "--help"]
