@@ -46,9 +46,9 @@ impl Progress {
 pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, conf: Option<Duration>) -> Result<Progress, Error> {
     let env = s.env;
     let mut off_because = None;
-    let parts =
-        [env::KUBEFLOW_TRAINER_SERVER_URL, env::KUBEFLOW_TRAINER_SERVER_CA_CERT, env::KUBEFLOW_TRAINER_SERVER_TOKEN]
-            .map(|n| env.get(n));
+    let names =
+        [env::KUBEFLOW_TRAINER_SERVER_URL, env::KUBEFLOW_TRAINER_SERVER_CA_CERT, env::KUBEFLOW_TRAINER_SERVER_TOKEN];
+    let parts = names.map(|n| env.get(n));
     let upstream = match parts {
         [Some(url), Some(ca), Some(token)] => {
             let url = url.trim();
@@ -67,16 +67,8 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, conf: Option<Duratio
         }
         [None, None, None] => None,
         _ => {
-            let missing: Vec<&str> = [
-                env::KUBEFLOW_TRAINER_SERVER_URL,
-                env::KUBEFLOW_TRAINER_SERVER_CA_CERT,
-                env::KUBEFLOW_TRAINER_SERVER_TOKEN,
-            ]
-            .into_iter()
-            .zip(parts)
-            .filter(|(_, v)| v.is_none())
-            .map(|(n, _)| n)
-            .collect();
+            let missing: Vec<&str> =
+                names.into_iter().zip(parts).filter(|(_, v)| v.is_none()).map(|(n, _)| n).collect();
             let why = format!(
                 "Trainer's status endpoint needs KUBEFLOW_TRAINER_SERVER_URL, _CA_CERT and _TOKEN together (as Trainer's TrainJobStatus plugin sets them); {} unset, so progress is not reported",
                 missing.join(", ")

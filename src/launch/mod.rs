@@ -28,13 +28,13 @@ use crate::store::{Endpoint, StoreLoop};
 use crate::supervise::attempt::{Job, run_attempt};
 use crate::supervise::policy::{JobEnd, Outcome, RoundFacts, Verdict, backoff, verdict};
 use crate::supervise::report::{Failure, RoundRecord, root_cause};
+use crate::supervise::worker::WorldView;
+use crate::sys;
+use finish::{check_writable, fail_code, forget_logs, log_root, record, report};
 
 mod finish;
 mod progress;
 mod tracker;
-use crate::supervise::worker::WorldView;
-use crate::sys;
-use finish::{check_writable, fail_code, forget_logs, log_root, record, report};
 
 /// Why `trainlet run` could not run the job to an outcome of its own
 /// (`crate::cmd` maps each to its exit code).
@@ -136,7 +136,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
         let token = cancel.child_token();
         let serve: ServeFn = Box::new(move || lp.serve(bind_ip, 0, Arc::clone(&budget), token.child_token()));
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], server.local_addr().port()));
-        let base = format!("trainlet/{}/j{}", plan.run_id, plan.jobset_attempt);
+        let base = rendezvous::job_base(&plan.run_id, plan.jobset_attempt);
         tokio::spawn(host::serve_rounds(addr, base, timing, serve, cancel.child_token()));
     }
 

@@ -25,6 +25,7 @@
 //! | `rR/rank/<slot>`, `rR/members` | the assigning pod | each slot's [`Assignment`]; members by group rank |
 //! | `rR/port` | the store host | `PORT,AUX`: the round's fresh worker store, and a free port for the coordinator or tracker |
 //! | `rR/service` | the store host's agent | `ready` or `failed: <why>`: XGBoost's tracker for the round |
+//! | `status/<node rank>` | each pod's progress relay | its workers' newest `trainerStatus` (`crate::status::relay`) |
 //! | `rR/end` | first COMPARE_SET wins | `success`, `failure`, `fatal`, `waiting:<uid>`, `abort:<uid>:<sig>`, `dead:<uid>` |
 //! | `rR/done`, `rR/stopped`, `rR/all_stopped` | ADD per pod, then the last | workers done / gone everywhere |
 //! | `rR/failures/<group rank>` | each pod | JSON list of its failures |
@@ -49,7 +50,7 @@ mod session;
 
 pub use end::parse_end;
 pub use member::{Assignment, Member, assign};
-pub use session::{Joined, Known, Round, Session, Stopped, Timing};
+pub use session::{Joined, Known, Round, Session, Stopped, Timing, job_base};
 
 use std::time::Duration;
 

@@ -132,7 +132,7 @@ impl Session {
         me.uid = format!("{}#{}#{}", me.host, me.pid, nonce());
         let client = connect_with_retry(endpoint, deadline, cancel).await.map_err(Error::Unreachable)?;
         let addr = client.peer_addr().map_err(|e| Error::Unreachable(ClientError::Io(e)))?;
-        let base = format!("trainlet/{run_id}/j{jobset_attempt}");
+        let base = job_base(run_id, jobset_attempt);
         let heartbeat = tokio::spawn(heartbeat(
             endpoint.clone(),
             format!("{base}/hb/{}", me.uid),
@@ -262,6 +262,11 @@ impl Session {
     pub(super) async fn get(&mut self, key: &str) -> Result<Vec<u8>, Error> {
         self.client.get(key).await.map_err(|e| self.lost(e))
     }
+}
+
+/// The prefix of every key of the job: `trainlet/<run id>/j<JobSet restart attempt>`.
+pub fn job_base(run_id: &str, jobset_attempt: u64) -> String {
+    format!("trainlet/{run_id}/j{jobset_attempt}")
 }
 
 /// WAIT for `key` on a fresh connection to `addr`, then read it.

@@ -2,8 +2,8 @@
 //! its workers' newest status in the agents' store
 //! (`<base>/status/<node rank>`, at most once a second, and at once when
 //! a round ends, [`Relay::flush`]); the store host reads every pod's when a post is due,
-//! takes the one that changed last (by its own clock:
-//! pods' clocks do not matter), merges trainlet's facts, and posts to
+//! takes the one that changed last between its reads (pods' clocks do
+//! not matter), merges trainlet's facts, and posts to
 //! Trainer's status endpoint at most once per 5 s per job, with backoff
 //! after a failure. Nothing here can stop or slow the workers: a failure
 //! is a rate-limited warning, the store is dialled on its own connection,
@@ -89,7 +89,7 @@ impl Relay {
 #[derive(Debug, Default)]
 struct Pods {
     seen: HashMap<u32, Vec<u8>>,
-    newest: Option<(Status, Instant)>,
+    newest: Option<Status>,
 }
 
 impl Pods {
@@ -101,7 +101,7 @@ impl Pods {
                 continue;
             }
             if let Ok(s) = serde_json::from_slice::<Status>(&v) {
-                self.newest = Some((s, Instant::now()));
+                self.newest = Some(s);
                 changed = true;
             }
             self.seen.insert(pod, v);
@@ -180,7 +180,7 @@ async fn run(
                 tokio::time::sleep_until(pace.next).await;
             }
             if pending && Instant::now() >= pace.next {
-                let status = merge(pods.newest.as_ref().map(|(s, _)| s), &facts.borrow(), crate::clock::now_us());
+                let status = merge(pods.newest.as_ref(), &facts.borrow(), crate::clock::now_us());
                 match poster.post(&status).await {
                     Ok(()) => {
                         if pace.failures > 0 {
@@ -228,9 +228,9 @@ mod tests {
         assert!(pods.update([(0, s(10)), (1, Vec::new())]));
         assert!(!pods.update([(0, s(10))]), "nothing new");
         assert!(pods.update([(0, s(10)), (1, s(12))]));
-        assert_eq!(pods.newest.as_ref().and_then(|(s, _)| s.progress), Some(12));
+        assert_eq!(pods.newest.as_ref().and_then(|s| s.progress), Some(12));
         assert!(!pods.update([(1, b"garbage".to_vec())]));
-        assert_eq!(pods.newest.as_ref().and_then(|(s, _)| s.progress), Some(12));
+        assert_eq!(pods.newest.as_ref().and_then(|s| s.progress), Some(12));
     }
 
     #[test]
