@@ -33,49 +33,46 @@ fn pods(ours: bool, script: &str, env: &dyn Fn(u32) -> Vec<(String, String)>) ->
         .collect()
 }
 
-/// JAX: 2 pods x 1 process, initialize + psum.
-pub fn jax(rows: &mut Vec<Row>) {
-    let script = bench_file("jax_start.py");
+/// `name`: 2 pods running `script` under trainlet against the script
+/// alone, each pod with `env(under trainlet, store port, pod)`; medians of 3.
+fn start_row(rows: &mut Vec<Row>, name: &str, script: &str, env: impl Fn(bool, u16, u32) -> Vec<(String, String)>) {
     let run = |ours: bool| {
         let port = free_port();
-        let env = move |i: u32| {
+        time_pods(pods(ours, script, &|i| env(ours, port, i)))
+    };
+    let ours = median((0..3).map(|_| run(true)).collect());
+    let theirs = median((0..3).map(|_| run(false)).collect());
+    rows.push(time_row(name.into(), ours, theirs, "~1x"));
+}
+
+/// JAX: 2 pods x 1 process, initialize + psum.
+pub fn jax(rows: &mut Vec<Row>) {
+    start_row(
+        rows,
+        "JAX job start, 2 pods x 1 process, vs the script alone",
+        &bench_file("jax_start.py"),
+        |_, port, i| {
             vec![
                 ("JAX_COORDINATOR_ADDRESS".to_string(), format!("127.0.0.1:{port}")),
                 ("JAX_NUM_PROCESSES".to_string(), "2".to_string()),
                 ("JAX_PROCESS_ID".to_string(), i.to_string()),
             ]
-        };
-        time_pods(pods(ours, &script, &env))
-    };
-    let ours = median((0..3).map(|_| run(true)).collect());
-    let theirs = median((0..3).map(|_| run(false)).collect());
-    rows.push(time_row("JAX job start, 2 pods x 1 process, vs the script alone".into(), ours, theirs, "~1x"));
+        },
+    );
 }
 
 /// XGBoost: 2 pods x 1 worker, tracker + 5 rounds.
 pub fn xgboost(rows: &mut Vec<Row>) {
-    let script = bench_file("xgb_start.py");
-    let run = |ours: bool| {
-        let port = free_port();
-        let env = move |i: u32| {
-            vec![
-                ("DMLC_TRACKER_URI".to_string(), "127.0.0.1".to_string()),
-                ("DMLC_TRACKER_PORT".to_string(), port.to_string()),
-                ("DMLC_TASK_ID".to_string(), i.to_string()),
-                ("DMLC_NUM_WORKER".to_string(), "2".to_string()),
-                ("OWN_TRACKER".to_string(), if ours { "0" } else { "1" }.to_string()),
-            ]
-        };
-        time_pods(pods(ours, &script, &env))
-    };
-    let ours = median((0..3).map(|_| run(true)).collect());
-    let theirs = median((0..3).map(|_| run(false)).collect());
-    rows.push(time_row(
-        "XGBoost job start, 2 pods x 1 worker, vs the script with its own tracker".into(),
-        ours,
-        theirs,
-        "~1x",
-    ));
+    let name = "XGBoost job start, 2 pods x 1 worker, vs the script with its own tracker";
+    start_row(rows, name, &bench_file("xgb_start.py"), |ours, port, i| {
+        vec![
+            ("DMLC_TRACKER_URI".to_string(), "127.0.0.1".to_string()),
+            ("DMLC_TRACKER_PORT".to_string(), port.to_string()),
+            ("DMLC_TASK_ID".to_string(), i.to_string()),
+            ("DMLC_NUM_WORKER".to_string(), "2".to_string()),
+            ("OWN_TRACKER".to_string(), if ours { "0" } else { "1" }.to_string()),
+        ]
+    });
 }
 
 /// Mean step time of `benches/report_steps.py` under trainlet, with

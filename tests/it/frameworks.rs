@@ -5,20 +5,13 @@
 
 use std::time::Duration;
 
-use crate::util::{Pod, fixture, free_port, parse_kv, pet_env, python, repo};
+use crate::util::{Pod, fixture, free_port, parse_kv, pet_env, python, repo, start_pods_with};
 
 const LIMIT: Duration = Duration::from_secs(300);
 
 /// Two pods with `env(pod index, store port)` and `args`.
 fn pods(port: u16, args: &[&str], env: impl Fn(u32, u16) -> Vec<(String, String)>) -> Vec<Pod> {
-    (0..2)
-        .map(|i| {
-            let mut e = env(i, port);
-            e.push(("PET_LOCAL_ADDR".into(), format!("127.0.0.{}", i + 1)));
-            let pairs: Vec<(&str, &str)> = e.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            Pod::start(args, &pairs)
-        })
-        .collect()
+    start_pods_with(2, args, |i| env(i, port))
 }
 
 fn lines(pods: &mut [Pod], tag: &str) -> Vec<std::collections::HashMap<String, String>> {
@@ -135,17 +128,13 @@ fn deepspeed_trains_zero_stage_1_on_two_pods_under_the_runtimes_env() {
     let path = format!("{venv_bin}:{}", std::env::var("PATH").unwrap_or_default());
     let runtime = deepspeed_runtime_env();
     let port = free_port();
-    let mut pods: Vec<Pod> = (0..2)
-        .map(|i| {
-            let mut e = pet_env(2, 2, i, port);
-            e.extend(runtime.iter().cloned());
-            e.push(("PET_LOCAL_ADDR".into(), format!("127.0.0.{}", i + 1)));
-            e.push(("DS_ACCELERATOR".into(), "cpu".into()));
-            e.push(("PATH".into(), path.clone()));
-            let pairs: Vec<(&str, &str)> = e.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            Pod::start(&["run", &script], &pairs)
-        })
-        .collect();
+    let mut pods = pods(port, &["run", &script], |i, port| {
+        let mut e = pet_env(2, 2, i, port);
+        e.extend(runtime.iter().cloned());
+        e.push(("DS_ACCELERATOR".into(), "cpu".into()));
+        e.push(("PATH".into(), path.clone()));
+        e
+    });
     let seen = lines(&mut pods, "DEEPSPEED");
     let mut ranks: Vec<u32> = seen.iter().map(|kv| kv["rank"].parse().expect("rank")).collect();
     ranks.sort_unstable();

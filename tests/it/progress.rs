@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::support::fixture_server::{Server, status_server};
-use crate::util::{Pod, fixture, free_port, pet_env, python, scrape, tls_pair};
+use crate::util::{Pod, fixture, free_port, pet_env, python, scrape, start_pods_with, tls_pair};
 
 const LIMIT: Duration = Duration::from_secs(300);
 const PATH: &str = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team/trainjobs/job/status";
@@ -57,18 +57,14 @@ impl Trainer {
 /// Two pods of one worker each, with `env` on both and `second` on pod 1.
 fn two_pods(script: &str, env: &[(String, String)], second: &[(String, String)]) -> Vec<Pod> {
     let port = free_port();
-    (0..2)
-        .map(|i| {
-            let mut e = pet_env(2, 1, i, port);
-            e.extend(env.iter().cloned());
-            if i == 1 {
-                e.extend(second.iter().cloned());
-            }
-            e.push(("PET_LOCAL_ADDR".into(), format!("127.0.0.{}", i + 1)));
-            let pairs: Vec<(&str, &str)> = e.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            Pod::start(&["run", script], &pairs)
-        })
-        .collect()
+    start_pods_with(2, &["run", script], |i| {
+        let mut e = pet_env(2, 1, i, port);
+        e.extend(env.iter().cloned());
+        if i == 1 {
+            e.extend(second.iter().cloned());
+        }
+        e
+    })
 }
 
 /// A sample's value in Prometheus text (0 when absent).

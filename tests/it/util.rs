@@ -147,12 +147,21 @@ pub fn pet_env(nnodes: u32, nproc: u32, node: u32, port: u16) -> Vec<(String, St
 /// Start `nnodes` simulated pods, each a trainlet with its own 127.0.0.N address.
 pub fn start_pods(nnodes: u32, nproc: u32, args: &[&str], extra: &[(&str, &str)]) -> Vec<Pod> {
     let port = free_port();
-    (0..nnodes)
-        .map(|node| {
-            let mut env = pet_env(nnodes, nproc, node, port);
-            env.push(("PET_LOCAL_ADDR".into(), format!("127.0.0.{}", node + 1)));
-            let mut pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            pairs.extend_from_slice(extra);
+    start_pods_with(nnodes, args, |node| {
+        let mut env = pet_env(nnodes, nproc, node, port);
+        env.extend(extra.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())));
+        env
+    })
+}
+
+/// Start `n` simulated pods running `args`: pod `i` is named 127.0.0.(i+1)
+/// (`PET_LOCAL_ADDR`) and gets the env `env(i)`.
+pub fn start_pods_with(n: u32, args: &[&str], env: impl Fn(u32) -> Vec<(String, String)>) -> Vec<Pod> {
+    (0..n)
+        .map(|i| {
+            let mut e = env(i);
+            e.push(("PET_LOCAL_ADDR".into(), format!("127.0.0.{}", i + 1)));
+            let pairs: Vec<(&str, &str)> = e.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
             Pod::start(args, &pairs)
         })
         .collect()
