@@ -376,6 +376,27 @@ pub struct RunArgs {
     /// Seconds to wait for more pods once MIN are in (default 30, env TRAINLET_LAST_CALL_TIMEOUT).
     #[arg(long = "last-call-timeout", value_name = "SECS", help_heading = "elastic rendezvous")]
     pub last_call_timeout: Option<String>,
+    /// Keep the pods up between runs: wait for runs submitted to the control API on the store host (env TRAINLET_SERVE); the script is then optional.
+    #[arg(long, help_heading = "serve mode")]
+    pub serve: bool,
+    /// Port of the control API on the store host (default 29400, env TRAINLET_CONTROL_PORT).
+    #[arg(long = "control-port", value_name = "PORT", help_heading = "serve mode")]
+    pub control_port: Option<String>,
+    /// Where the control API listens: loopback, any, pod (the address in POD_IP) or an IP address (default: loopback when standalone, else any; env TRAINLET_CONTROL_BIND).
+    #[arg(long = "control-bind", value_name = "loopback|any|pod|IP", help_heading = "serve mode")]
+    pub control_bind: Option<String>,
+    /// File holding the control API's bearer token, e.g. a mounted Secret (default: a random token written to <serve dir>/control-token; env TRAINLET_CONTROL_TOKEN_FILE).
+    #[arg(long = "control-token-file", value_name = "PATH", help_heading = "serve mode")]
+    pub control_token_file: Option<String>,
+    /// Exit 0 after this many seconds without a run or a request (default off, env TRAINLET_SERVE_IDLE_TIMEOUT).
+    #[arg(long = "serve-idle-timeout", value_name = "SECS", help_heading = "serve mode")]
+    pub serve_idle_timeout: Option<String>,
+    /// Directory for runs' files and the file cache (default $TMPDIR/trainlet-serve, env TRAINLET_SERVE_DIR).
+    #[arg(long = "serve-dir", value_name = "DIR", help_heading = "serve mode")]
+    pub serve_dir: Option<String>,
+    /// Python modules to import once in a zygote that python workers are forked from, e.g. torch,numpy (env TRAINLET_PRELOAD).
+    #[arg(long, value_name = "MODULES", help_heading = "serve mode")]
+    pub preload: Option<String>,
     /// What the workers are: torch (torchrun's env), jax (JAX_* env, a coordinator port per round) or xgboost (DMLC_* env, a tracker on the first pod); default: detected from Trainer's env (env TRAINLET_FRAMEWORK).
     #[arg(long, value_name = "torch|jax|xgboost")]
     pub framework: Option<String>,

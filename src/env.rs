@@ -129,6 +129,23 @@ pub const TRAINLET_PROGRESS_TIMEOUT: &str = "TRAINLET_PROGRESS_TIMEOUT";
 /// A file a worker touches to say it makes progress (trainlet gives each worker its own).
 pub const TRAINLET_HEARTBEAT_FILE: &str = "TRAINLET_HEARTBEAT_FILE";
 
+/// `--serve`: keep the pods up between runs submitted to the control API.
+pub const TRAINLET_SERVE: &str = "TRAINLET_SERVE";
+/// `--control-port`: the control API's port on the store host.
+pub const TRAINLET_CONTROL_PORT: &str = "TRAINLET_CONTROL_PORT";
+/// `--control-bind`: `loopback`, `any`, `pod` (POD_IP) or an address.
+pub const TRAINLET_CONTROL_BIND: &str = "TRAINLET_CONTROL_BIND";
+/// `--control-token-file`: the control API's bearer token (a Secret).
+pub const TRAINLET_CONTROL_TOKEN_FILE: &str = "TRAINLET_CONTROL_TOKEN_FILE";
+/// `--serve-idle-timeout`: seconds without a run or a request before the pods exit 0.
+pub const TRAINLET_SERVE_IDLE_TIMEOUT: &str = "TRAINLET_SERVE_IDLE_TIMEOUT";
+/// `--serve-dir`: where runs' files are unpacked and cached.
+pub const TRAINLET_SERVE_DIR: &str = "TRAINLET_SERVE_DIR";
+/// The pod's IP (downward API), for `--control-bind pod`.
+pub const POD_IP: &str = "POD_IP";
+/// `--preload`: modules a Python zygote imports before workers are forked from it.
+pub const TRAINLET_PRELOAD: &str = "TRAINLET_PRELOAD";
+
 /// Key directory of `trainlet sshd`/`ssh`/`mpi` (the runtime's sshAuthMountPath).
 pub const TRAINLET_SSH_DIR: &str = "TRAINLET_SSH_DIR";
 /// SSH port of the workers (`trainlet sshd --listen`, the client's default port).

@@ -15,7 +15,7 @@
 //! | 0 | `sys` | every unsafe block and raw syscall, each with its SAFETY note |
 //! | 1 | `exit`, `env`, `error`, `ratelimit`, `progress`, `clock` | exit codes (public API), every env var name, error text, log rate limits, "waiting for" lines, UTC time formats |
 //! | 2 | `process` | the one signal/reaper thread, the spawner thread, sweeps of leftovers, the frame of every mode that owns processes |
-//! | 3 | `gpu`, `store`, `ssh` | the pod's GPUs and placement; the c10d TCPStore wire, server and client; SSH keys, server, client, hostfiles |
+//! | 3 | `gpu`, `store`, `ssh`, `http` | the pod's GPUs and placement; the c10d TCPStore wire, server and client; SSH keys, server, client, hostfiles; the bounded HTTP/1.1 requests of trainlet's endpoints |
 //! | 4 | `cli`, `config`, `metrics`, `mpi`, `status` | clap definitions; CLI + env -> `config::Plan` (with the failure rules); Prometheus families; MPI hosts and environment; workers' progress, relayed to Trainer's status endpoint |
 //! | 5 | `supervise`, `rendezvous` | the pure policy core, worker environment, output and reports; rounds of the agents over the store |
 //! | 6 | `launch` | the round loop of `trainlet run` |
@@ -34,6 +34,7 @@ pub(crate) mod env;
 pub(crate) mod error;
 pub mod exit;
 pub mod gpu;
+pub(crate) mod http;
 pub(crate) mod launch;
 pub(crate) mod metrics;
 pub mod mpi;

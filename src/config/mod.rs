@@ -17,6 +17,7 @@ mod output;
 mod progress;
 mod rendezvous;
 mod resolve;
+mod serve;
 pub mod rules;
 mod setting;
 mod timeouts;
@@ -29,6 +30,7 @@ pub use crate::env::Env;
 pub use framework::Framework;
 pub use output::{Output, Streams};
 pub use progress::{Progress, Upstream};
+pub use serve::{Preload, Serve};
 pub use setting::{parse_port, store_memory};
 
 use crate::store::Endpoint;
@@ -101,6 +103,10 @@ pub struct Entrypoint {
     /// The python interpreter: the program, or with `--no-python` the one
     /// XGBoost's tracker runs in (None when nothing needs one).
     pub python: Option<String>,
+    /// Its working directory (serve mode: the run's directory).
+    pub cwd: Option<std::path::PathBuf>,
+    /// Variables set on top of the agent's (serve mode: the run's `env`).
+    pub env: Vec<(String, String)>,
 }
 
 /// Everything a launch needs, resolved and validated.
@@ -132,8 +138,12 @@ pub struct Plan {
     pub grace: Duration,
     /// Signals that stop the job gracefully (always includes SIGTERM and SIGINT).
     pub stop_signals: Vec<i32>,
-    /// What workers run.
+    /// What workers run (in serve mode: the current run's command).
     pub entry: Entrypoint,
+    /// Serve mode: pods stay up between runs submitted to the control API.
+    pub serve: Option<Serve>,
+    /// The Python zygote python workers are forked from.
+    pub preload: Option<Preload>,
     /// JobSet restart attempt (0 when not exposed).
     pub jobset_attempt: u64,
     /// Elastic last-call window.

@@ -47,7 +47,10 @@ impl Plan {
         let rdzv = super::rendezvous::resolve(args, &mut s, nodes, &machine, framework)?;
         let t = super::timeouts::resolve(args, &mut s)?;
         let out = super::output::resolve(args, &mut s, &machine)?;
-        let (entry, omp_default) = super::entry::resolve(args, &mut s, nodes.nproc, need_command, framework)?;
+        let serve = super::serve::resolve(args, &mut s, rdzv.standalone)?;
+        let (entry, omp_default) =
+            super::entry::resolve(args, &mut s, nodes.nproc, need_command && serve.is_none(), framework)?;
+        let preload = super::serve::resolve_preload(args, &mut s, entry.python.as_deref())?;
         let progress = super::progress::resolve(args, &mut s, rdzv.progress_timeout)?;
         let gpu = super::gpu::resolve(args, &mut s, machine.gpu_root, machine.gpus, nodes.nproc)?;
         Ok(Plan {
@@ -79,6 +82,8 @@ impl Plan {
             stop_signals: t.stop_signals,
             output: out,
             entry,
+            serve,
+            preload,
             omp_default,
             provenance: s.prov,
         })

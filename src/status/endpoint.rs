@@ -15,19 +15,18 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::report::{Status, parse};
+use super::report::parse;
+use crate::http::{Limits, Request, Status, read_request, respond, same};
 
 /// Most connections served at once.
 const MAX_CONNECTIONS: usize = 64;
-/// Longest request head.
-const MAX_HEAD: usize = 8 * 1024;
-/// Longest body (a full 256-metric status is about 40 KiB).
-const MAX_BODY: usize = 64 * 1024;
+/// Longest request head, and longest body (a full 256-metric status is
+/// about 40 KiB).
+const LIMITS: Limits = Limits { head: 8 * 1024, body: 64 * 1024 };
 /// Time a client gets to send its request.
 const REQUEST_TIME: Duration = Duration::from_secs(10);
 
@@ -40,7 +39,7 @@ pub struct Board {
 
 #[derive(Debug, Default)]
 struct Inner {
-    latest: Option<Status>,
+    latest: Option<super::report::Status>,
     /// Bumped by every accepted report.
     seq: u64,
     last: HashMap<u32, Instant>,
@@ -52,7 +51,7 @@ impl Board {
     }
 
     /// A report from `local_rank`.
-    pub fn record(&self, local_rank: u32, status: Status) {
+    pub fn record(&self, local_rank: u32, status: super::report::Status) {
         let mut b = self.lock();
         b.latest = Some(status);
         b.seq += 1;
@@ -64,7 +63,7 @@ impl Board {
     }
 
     /// The newest status and its sequence number (0: none yet).
-    pub fn latest(&self) -> (Option<Status>, u64) {
+    pub fn latest(&self) -> (Option<super::report::Status>, u64) {
         let b = self.lock();
         (b.latest.clone(), b.seq)
     }
@@ -105,97 +104,16 @@ pub async fn serve(board: Arc<Board>, token: String, cancel: CancellationToken) 
             tokio::spawn(async move {
                 let _slot = slot;
                 let mut conn = conn;
-                let reply = match tokio::time::timeout(REQUEST_TIME, request(&mut conn)).await {
+                let status = match tokio::time::timeout(REQUEST_TIME, read_request(&mut conn, LIMITS)).await {
                     Ok(Ok(req)) => handle(&board, &token, &req),
                     Ok(Err(status)) => status,
-                    Err(_) => Reply::TIMEOUT,
+                    Err(_) => Status::TIMEOUT,
                 };
-                let _ = tokio::time::timeout(REQUEST_TIME, respond(&mut conn, reply)).await;
+                let _ = tokio::time::timeout(REQUEST_TIME, reply(&mut conn, status)).await;
             });
         }
     });
     Ok(port)
-}
-
-/// An HTTP status line and a short JSON body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Reply(u16, &'static str);
-
-impl Reply {
-    const OK: Reply = Reply(200, "OK");
-    const BAD: Reply = Reply(400, "Bad Request");
-    const UNAUTHORIZED: Reply = Reply(401, "Unauthorized");
-    const NOT_FOUND: Reply = Reply(404, "Not Found");
-    const METHOD: Reply = Reply(405, "Method Not Allowed");
-    const TIMEOUT: Reply = Reply(408, "Request Timeout");
-    const LENGTH: Reply = Reply(411, "Length Required");
-    const TOO_LARGE: Reply = Reply(413, "Content Too Large");
-    const HEAD_TOO_LARGE: Reply = Reply(431, "Request Header Fields Too Large");
-}
-
-/// A request as far as the endpoint reads it.
-#[derive(Debug, Default)]
-struct Request {
-    method: String,
-    path: String,
-    authorization: Option<String>,
-    body: Vec<u8>,
-}
-
-/// Read one request: the head, then `Content-Length` bytes of body.
-async fn request(conn: &mut TcpStream) -> Result<Request, Reply> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        if buf.len() > MAX_HEAD {
-            return Err(Reply::HEAD_TOO_LARGE);
-        }
-        match conn.read(&mut chunk).await {
-            Ok(0) | Err(_) => return Err(Reply::BAD),
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    };
-    if head_end > MAX_HEAD {
-        return Err(Reply::HEAD_TOO_LARGE);
-    }
-    let head = std::str::from_utf8(&buf[..head_end]).map_err(|_| Reply::BAD)?;
-    let mut lines = head.split("\r\n");
-    let mut first = lines.next().unwrap_or_default().split(' ');
-    let mut req = Request {
-        method: first.next().unwrap_or_default().to_string(),
-        path: first.next().unwrap_or_default().to_string(),
-        ..Request::default()
-    };
-    let mut length = None;
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else { continue };
-        let value = value.trim();
-        match name.trim().to_ascii_lowercase().as_str() {
-            "content-length" => length = Some(value.parse::<usize>().map_err(|_| Reply::BAD)?),
-            "authorization" => req.authorization = Some(value.to_string()),
-            "transfer-encoding" => return Err(Reply::LENGTH),
-            _ => {}
-        }
-    }
-    if req.method != "POST" {
-        return Ok(req);
-    }
-    let length = length.ok_or(Reply::LENGTH)?;
-    if length > MAX_BODY {
-        return Err(Reply::TOO_LARGE);
-    }
-    req.body = buf[head_end..].to_vec();
-    while req.body.len() < length {
-        match conn.read(&mut chunk).await {
-            Ok(0) | Err(_) => return Err(Reply::BAD),
-            Ok(n) => req.body.extend_from_slice(&chunk[..n]),
-        }
-    }
-    req.body.truncate(length);
-    Ok(req)
 }
 
 /// The local rank in `/ranks/<n>/status` (a query string is ignored).
@@ -204,45 +122,35 @@ fn rank_of(path: &str) -> Option<u32> {
     path.strip_prefix("/ranks/")?.strip_suffix("/status")?.parse().ok()
 }
 
-/// Equal without an early exit on the first differing byte.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn handle(board: &Board, token: &str, req: &Request) -> Reply {
-    let Some(rank) = rank_of(&req.path) else { return Reply::NOT_FOUND };
+fn handle(board: &Board, token: &str, req: &Request) -> Status {
+    let Some(rank) = rank_of(&req.path) else { return Status::NOT_FOUND };
     if req.method != "POST" {
-        return Reply::METHOD;
+        return Status::METHOD;
     }
-    let given = req.authorization.as_deref().and_then(|a| a.strip_prefix("Bearer ")).unwrap_or_default();
-    if !same(given.trim().as_bytes(), token.as_bytes()) {
-        return Reply::UNAUTHORIZED;
+    if !same(req.bearer().as_bytes(), token.as_bytes()) {
+        return Status::UNAUTHORIZED;
     }
     match parse(&req.body) {
         Ok(status) => {
             board.record(rank, status);
-            Reply::OK
+            Status::OK
         }
         Err(why) => {
             tracing::debug!(local_rank = rank, error = %why, "refused a status report");
-            Reply::BAD
+            Status::BAD
         }
     }
 }
 
-async fn respond(conn: &mut TcpStream, Reply(code, reason): Reply) -> std::io::Result<()> {
-    let body = if code == 200 { "{}".to_string() } else { format!("{{\"error\": \"{reason}\"}}") };
-    let text = format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    conn.write_all(text.as_bytes()).await?;
-    conn.shutdown().await
+async fn reply(conn: &mut TcpStream, status: Status) -> std::io::Result<()> {
+    let body = if status == Status::OK { "{}".to_string() } else { format!("{{\"error\": \"{}\"}}", status.1) };
+    respond(conn, status, &body).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn send(port: u16, raw: &[u8]) -> String {
         let mut c = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");

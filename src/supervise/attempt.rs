@@ -126,7 +126,9 @@ pub async fn run_attempt(
         let error_file = rank_dir.join("error.json");
         // A stale error file from an earlier run must not be read as this one's.
         let _ = std::fs::remove_file(&error_file);
-        let mut wenv = worker_env(world, local_rank, &error_file.display().to_string(), env);
+        // A served run's variables first: trainlet's own win over them.
+        let mut wenv = plan.entry.env.clone();
+        wenv.extend(worker_env(world, local_rank, &error_file.display().to_string(), env));
         let mut unset = Vec::new();
         if let Some(link) = world.status {
             wenv.extend(link.env(local_rank));
@@ -147,6 +149,7 @@ pub async fn run_attempt(
         }
         let mut spec = WorkerSpec::piped(plan.entry.program.clone(), substitute(&plan.entry.args, local_rank), wenv);
         spec.unset = unset;
+        spec.cwd.clone_from(&plan.entry.cwd);
         spec.cpus = place.and_then(|p| p.cpus.clone());
         spec.mem_node = place.and_then(|p| p.mem_node);
         spec.oom_score_adj = oom_adj;
