@@ -149,7 +149,11 @@ pub fn same(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Write a complete reply with a JSON body and close.
-pub async fn respond<C: AsyncWrite + Unpin>(conn: &mut C, Status(code, reason): Status, body: &str) -> std::io::Result<()> {
+pub async fn respond<C: AsyncWrite + Unpin>(
+    conn: &mut C,
+    Status(code, reason): Status,
+    body: &str,
+) -> std::io::Result<()> {
     let text = format!(
         "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
@@ -175,9 +179,12 @@ mod tests {
     #[tokio::test]
     async fn requests_are_read_within_their_limits() {
         let l = Limits { head: 256, body: 16 };
-        let r = read(b"POST /v1/runs?follow=true&x HTTP/1.1\r\nAuthorization: Bearer  t0k \r\nContent-Length: 4\r\n\r\nbody", l)
-            .await
-            .expect("ok");
+        let r = read(
+            b"POST /v1/runs?follow=true&x HTTP/1.1\r\nAuthorization: Bearer  t0k \r\nContent-Length: 4\r\n\r\nbody",
+            l,
+        )
+        .await
+        .expect("ok");
         assert_eq!((r.method.as_str(), r.path.as_str(), r.body.as_slice()), ("POST", "/v1/runs", b"body".as_slice()));
         assert!(r.query_has("follow", "true") && r.query_has("x", "") && !r.query_has("follow", "false"));
         assert_eq!(r.bearer(), "t0k");

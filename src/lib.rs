@@ -17,7 +17,7 @@
 //! | 2 | `process` | the one signal/reaper thread, the spawner thread, sweeps of leftovers, the frame of every mode that owns processes |
 //! | 3 | `gpu`, `store`, `ssh`, `http` | the pod's GPUs and placement; the c10d TCPStore wire, server and client; SSH keys, server, client, hostfiles; the bounded HTTP/1.1 requests of trainlet's endpoints |
 //! | 4 | `cli`, `config`, `metrics`, `mpi`, `status` | clap definitions; CLI + env -> `config::Plan` (with the failure rules); Prometheus families; MPI hosts and environment; workers' progress, relayed to Trainer's status endpoint |
-//! | 5 | `supervise`, `rendezvous` | the pure policy core, worker environment, output and reports; rounds of the agents over the store |
+//! | 5 | `supervise`, `rendezvous`, `serve` | the pure policy core, worker environment, output and reports; rounds of the agents over the store; served runs, their files and lines, and the control API |
 //! | 6 | `launch` | the round loop of `trainlet run` |
 //! | 7 | `cmd` | one file per mode and the one error-to-exit-code mapping |
 //!
@@ -42,6 +42,7 @@ pub(crate) mod process;
 pub(crate) mod progress;
 pub(crate) mod ratelimit;
 pub mod rendezvous;
+pub(crate) mod serve;
 pub mod ssh;
 pub(crate) mod status;
 pub mod store;

@@ -42,7 +42,14 @@ pub(super) fn resolve(
         None if need_command => {
             return Err(Error::Usage("missing the training script: trainlet run [options] SCRIPT [ARGS]...".into()));
         }
-        None => Entrypoint { program: String::new(), args: Vec::new(), script: String::new(), python: None, cwd: None, env: Vec::new() },
+        None => Entrypoint {
+            program: String::new(),
+            args: Vec::new(),
+            script: String::new(),
+            python: None,
+            cwd: None,
+            env: Vec::new(),
+        },
         Some((script, rest)) if no_python => {
             // XGBoost's tracker runs in python even when the workers do not.
             let python = match fw {
@@ -53,7 +60,14 @@ pub(super) fn resolve(
                 }
                 Framework::Torch | Framework::Jax => None,
             };
-            Entrypoint { program: script.clone(), args: rest.to_vec(), script: script.clone(), python, cwd: None, env: Vec::new() }
+            Entrypoint {
+                program: script.clone(),
+                args: rest.to_vec(),
+                script: script.clone(),
+                python,
+                cwd: None,
+                env: Vec::new(),
+            }
         }
         Some((script, rest)) => {
             let (python, src) = resolve_python(args, env)?;
@@ -66,7 +80,14 @@ pub(super) fn resolve(
             }
             a.push(script.clone());
             a.extend(rest.iter().cloned());
-            Entrypoint { program: python.clone(), args: a, script: script.clone(), python: Some(python), cwd: None, env: Vec::new() }
+            Entrypoint {
+                program: python.clone(),
+                args: a,
+                script: script.clone(),
+                python: Some(python),
+                cwd: None,
+                env: Vec::new(),
+            }
         }
     };
 

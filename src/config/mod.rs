@@ -17,8 +17,8 @@ mod output;
 mod progress;
 mod rendezvous;
 mod resolve;
-mod serve;
 pub mod rules;
+mod serve;
 mod setting;
 mod timeouts;
 

@@ -5,8 +5,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::setting::{Settings, flag_or_env, invalid, lookup, parse_port, parse_secs};
 use super::Error;
+use super::setting::{Settings, flag_or_env, invalid, lookup, parse_port, parse_secs};
 use crate::cli::RunArgs;
 use crate::env;
 
@@ -64,9 +64,11 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, standalone: bool) ->
     };
     let control = SocketAddr::new(ip, port);
     s.prov.push(("control API", control.to_string(), l.source));
-    let l = lookup(args.control_token_file.as_deref(), "--control-token-file", env, &[env::TRAINLET_CONTROL_TOKEN_FILE]);
+    let l =
+        lookup(args.control_token_file.as_deref(), "--control-token-file", env, &[env::TRAINLET_CONTROL_TOKEN_FILE]);
     let token_file = l.value.map(PathBuf::from);
-    let l = lookup(args.serve_idle_timeout.as_deref(), "--serve-idle-timeout", env, &[env::TRAINLET_SERVE_IDLE_TIMEOUT]);
+    let l =
+        lookup(args.serve_idle_timeout.as_deref(), "--serve-idle-timeout", env, &[env::TRAINLET_SERVE_IDLE_TIMEOUT]);
     let idle = parse_secs(&l, Duration::ZERO)?;
     let idle_timeout = (!idle.is_zero()).then_some(idle);
     s.prov.push(("serve idle", idle_timeout.map_or_else(|| "off".into(), |d| format!("{d:?}")), l.source));
@@ -74,7 +76,11 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, standalone: bool) ->
     let dir = match l.value {
         Some(v) if v.trim().is_empty() => return Err(invalid(&l.origin(), v, "a directory")),
         Some(v) => PathBuf::from(v),
-        None => env.get("TMPDIR").filter(|t| !t.is_empty()).map_or_else(|| PathBuf::from("/tmp"), PathBuf::from).join("trainlet-serve"),
+        None => env
+            .get("TMPDIR")
+            .filter(|t| !t.is_empty())
+            .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from)
+            .join("trainlet-serve"),
     };
     s.prov.push(("serve dir", dir.display().to_string(), l.source));
     Ok(Some(Serve { control, token_file, idle_timeout, dir }))
@@ -119,7 +125,8 @@ mod tests {
     use clap::Parser;
 
     fn serve(a: &[&str], env: &[(&str, &str)]) -> Result<Option<Serve>, Error> {
-        let args = TorchrunCli::try_parse_from(std::iter::once("torchrun").chain(a.iter().copied())).expect("parse").run;
+        let args =
+            TorchrunCli::try_parse_from(std::iter::once("torchrun").chain(a.iter().copied())).expect("parse").run;
         let env = env::Env::from_pairs(env.iter().copied());
         let mut s = Settings::new(&env);
         resolve(&args, &mut s, false)
@@ -156,7 +163,9 @@ mod tests {
 
     #[test]
     fn preload_takes_module_names_only() {
-        let args = |a: &[&str]| TorchrunCli::try_parse_from(std::iter::once("torchrun").chain(a.iter().copied())).expect("parse").run;
+        let args = |a: &[&str]| {
+            TorchrunCli::try_parse_from(std::iter::once("torchrun").chain(a.iter().copied())).expect("parse").run
+        };
         let env = env::Env::from_pairs([("PATH", "/nonexistent")]);
         let mut s = Settings::new(&env);
         let p = resolve_preload(&args(&["--preload", "torch, numpy.linalg"]), &mut s, Some("/py")).expect("ok");

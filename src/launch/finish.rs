@@ -76,7 +76,7 @@ pub(super) fn report(
     (code, reason, root): (u8, String, Option<Failure>),
     history: &[Failure],
     rounds: &[RoundRecord],
-) {
+) -> Report {
     let report = Report {
         run_id: plan.run_id.clone(),
         script: plan.entry.script.clone(),
@@ -93,6 +93,7 @@ pub(super) fn report(
         Err(e) => tracing::error!(path = %path.display(), error = %e, "cannot write the failure report"),
     }
     eprint!("{}", report.summary());
+    report
 }
 
 /// Create `dir` and prove a file can be written in it.

@@ -24,6 +24,7 @@ use crate::process::signals::SysEvent;
 use crate::process::spawn::Spawner;
 use crate::rendezvous::host::{self, ServeFn};
 use crate::rendezvous::{self, Joined, Known, Member, Round, Session, Timing};
+use crate::serve::board::State as RunState;
 use crate::store::{Endpoint, StoreLoop};
 use crate::supervise::attempt::{Job, run_attempt};
 use crate::supervise::policy::{JobEnd, Outcome, RoundFacts, Verdict, backoff, verdict};
@@ -34,6 +35,7 @@ use finish::{check_writable, fail_code, forget_logs, log_root, record, report};
 
 mod finish;
 mod progress;
+mod serve;
 mod tracker;
 
 /// Why `trainlet run` could not run the job to an outcome of its own
@@ -170,6 +172,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     );
 
     let progress = progress::Progress::start(&plan, &log_root, session.addr(), &cancel).await;
+    let mut served = serve::Served::start(&plan, session.addr(), &cancel).await?;
     let mut known = Known::default();
     let mut history: Vec<Failure> = Vec::new();
     let mut rounds: Vec<RoundRecord> = Vec::new();
@@ -212,49 +215,77 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
                 break exit::for_signal(sig);
             }
         };
-        tracing::info!(
-            round = round.number,
-            group_rank = round.group_rank,
-            nnodes = round.nnodes,
-            world_size = round.nnodes * plan.nproc,
-            restarts_used = round.restarts,
-            restarts_left = plan.max_restarts.saturating_sub(round.restarts),
-            master_addr = %master_addr,
-            master_port = round.worker_port,
-            "starting workers"
-        );
-        let world = WorldView {
-            plan: &plan,
-            master_addr: &master_addr,
-            master_port: round.worker_port,
-            aux_port: round.aux_port,
-            restarts: round.restarts,
-            status: progress.link(),
-            group_rank: round.group_rank,
-            nnodes: round.nnodes,
-        };
-        if plan.framework == Framework::Xgboost {
-            match until_stop(&mut events, &plan, tracker::prepare(&mut session, &round, &plan, &spawner)).await {
-                Ok(()) => {}
-                Err(sig) => {
-                    let _ = tokio::time::timeout(PUBLISH_WAIT, session.publish_abort(round.number, sig)).await;
+        // Serve mode: this round runs the current run (its plan), or waits idle.
+        let (run_plan, idle) = match served.as_mut() {
+            Some(sv) => match sv.work(&session, &round, &mut events, &plan).await {
+                serve::Work::Run => (Some(sv.plan_for(&plan)), None),
+                serve::Work::Idle(o) => (None, Some(o)),
+                serve::Work::Shutdown => {
+                    let _ = session.leave(&round, plan.serve_store, LEAVE_WAIT).await;
                     session.bye().await;
-                    break exit::for_signal(sig);
+                    break exit::SUCCESS;
+                }
+            },
+            None => (None, None),
+        };
+        let plan = run_plan.as_ref().unwrap_or(&plan);
+        let base_restarts = served.as_ref().map_or(0, serve::Served::base_restarts);
+        let restarts = round.restarts.saturating_sub(base_restarts);
+        let (outcome, failures) = if let Some(o) = idle {
+            (o, Vec::new())
+        } else {
+            tracing::info!(
+                round = round.number,
+                group_rank = round.group_rank,
+                nnodes = round.nnodes,
+                world_size = round.nnodes * plan.nproc,
+                restarts_used = restarts,
+                restarts_left = plan.max_restarts.saturating_sub(restarts),
+                master_addr = %master_addr,
+                master_port = round.worker_port,
+                "starting workers"
+            );
+            let world = WorldView {
+                plan,
+                master_addr: &master_addr,
+                master_port: round.worker_port,
+                aux_port: round.aux_port,
+                restarts,
+                status: progress.link(),
+                tap: served.as_ref().and_then(serve::Served::tap),
+                unstartable: served.as_ref().and_then(serve::Served::unstartable),
+                group_rank: round.group_rank,
+                nnodes: round.nnodes,
+            };
+            if plan.framework == Framework::Xgboost {
+                match until_stop(&mut events, plan, tracker::prepare(&mut session, &round, plan, &spawner)).await {
+                    Ok(()) => {}
+                    Err(sig) => {
+                        let _ = tokio::time::timeout(PUBLISH_WAIT, session.publish_abort(round.number, sig)).await;
+                        session.bye().await;
+                        break exit::for_signal(sig);
+                    }
                 }
             }
-        }
-        progress.round(&round, plan.nproc);
-        let attempt_dir = log_root.join(format!("attempt_{}", round.number));
-        let (outcome, failures) = run_attempt(
-            &world,
-            (&attempt_dir, files_ok),
-            &spawner,
-            &env,
-            &mut events,
-            &mut RoundJob { session: &mut session, round: &round },
-        )
-        .await;
+            progress.round(&round, plan.nproc);
+            if let Some(sv) = &served {
+                sv.started(restarts, round.nnodes, plan.nproc);
+            }
+            let attempt_dir = log_root.join(format!("attempt_{}", round.number));
+            run_attempt(
+                &world,
+                (&attempt_dir, files_ok),
+                &spawner,
+                &env,
+                &mut events,
+                &mut RoundJob { session: &mut session, round: &round },
+            )
+            .await
+        };
         progress.flush().await;
+        if let Some(sv) = &served {
+            sv.flush().await;
+        }
         tracing::info!(round = round.number, ?outcome, local_failures = failures.len(), "round over on this pod");
 
         if let Outcome::Stopped(sig) = outcome {
@@ -273,7 +304,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
             let code = exit::for_signal(sig);
             if !history.is_empty() {
                 report(
-                    &plan,
+                    plan,
                     &log_root,
                     (code, format!("trainlet received {}", sys::signal_name(sig)), None),
                     &history,
@@ -285,7 +316,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
         let synced = if outcome == Outcome::Lost {
             Err(None)
         } else {
-            stop_sync(&mut session, &round, &plan, &failures).await.map_err(Some)
+            stop_sync(&mut session, &round, (plan, restarts), &failures).await.map_err(Some)
         };
         let (facts, all_failures, end) = match synced {
             Ok(x) => x,
@@ -296,7 +327,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
                 );
                 rounds.push(record(&round, "store lost", "regroup"));
                 history.extend(failures.iter().cloned());
-                match reconnect(&mut session, &plan, &mut events, &cancel, &cause).await {
+                match reconnect(&mut session, plan, &mut events, &cancel, &cause).await {
                     Ok(()) => continue,
                     Err(code) => break code,
                 }
@@ -307,7 +338,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
         let agreed = match session.decide(round.number, proposal).await {
             Ok(v) => v,
             Err(e) => {
-                match reconnect(&mut session, &plan, &mut events, &cancel, &crate::error::error_chain(&e)).await {
+                match reconnect(&mut session, plan, &mut events, &cancel, &crate::error::error_chain(&e)).await {
                     Ok(()) => continue,
                     Err(code) => break code,
                 }
@@ -328,18 +359,32 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
             "round decided"
         );
         match agreed {
+            Verdict::Success if served.as_ref().is_some_and(serve::Served::running) => {
+                let world = round.nnodes * plan.nproc;
+                if let Some(sv) = served.as_mut() {
+                    sv.run_over(RunState::Succeeded, world, &all_failures, None).await;
+                }
+                (history, rounds) = (Vec::new(), Vec::new());
+                let _ = session.finish_round(round.number).await;
+            }
             Verdict::Success => {
                 let _ = session.leave(&round, plan.serve_store, LEAVE_WAIT).await;
                 session.bye().await;
                 break exit::SUCCESS;
             }
             Verdict::Regroup => {
+                if end.starts_with("stop:")
+                    && let Some(sv) = served.as_mut()
+                {
+                    sv.run_over(RunState::Stopped, round.nnodes * plan.nproc, &all_failures, None).await;
+                    (history, rounds) = (Vec::new(), Vec::new());
+                }
                 if session.finish_round(round.number).await.is_err() {
                     tracing::warn!("lost the store while moving to the next round");
                 }
             }
             Verdict::Restart(n) => {
-                known.restarts = n;
+                known.restarts = n + base_restarts;
                 crate::metrics::global().restarts.inc();
                 let wait = backoff(plan.restart_backoff, n, BACKOFF_CAP);
                 tracing::warn!(
@@ -351,7 +396,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
                 );
                 let _ = session.finish_round(round.number).await;
                 if !wait.is_zero()
-                    && let Err(sig) = until_stop(&mut events, &plan, tokio::time::sleep(wait)).await
+                    && let Err(sig) = until_stop(&mut events, plan, tokio::time::sleep(wait)).await
                 {
                     session.bye().await;
                     break exit::for_signal(sig);
@@ -360,7 +405,13 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
             Verdict::Fail(kind) => {
                 let failed = fail_code(kind, &all_failures);
                 let code = failed.0;
-                report(&plan, &log_root, failed, &history, &rounds);
+                let written = report(plan, &log_root, failed, &history, &rounds);
+                if let Some(sv) = served.as_mut().filter(|sv| sv.running()) {
+                    sv.run_over(RunState::Failed, round.nnodes * plan.nproc, &all_failures, Some(&written)).await;
+                    (history, rounds) = (Vec::new(), Vec::new());
+                    let _ = session.finish_round(round.number).await;
+                    continue;
+                }
                 let _ = session.leave(&round, plan.serve_store, LEAVE_WAIT).await;
                 session.bye().await;
                 break code;
@@ -380,7 +431,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
 async fn stop_sync(
     session: &mut Session,
     round: &Round,
-    plan: &Plan,
+    (plan, restarts): (&Plan, u32),
     failures: &[Failure],
 ) -> std::result::Result<(RoundFacts, Vec<Failure>, String), rendezvous::Error> {
     session.report_stopped(round, failures).await?;
@@ -394,7 +445,7 @@ async fn stop_sync(
         all_stopped: stopped.all_stopped,
         fatal: all.iter().any(|f| f.action == RuleAction::Fail),
         unkillable: all.iter().any(|f| f.hung),
-        restarts: round.restarts,
+        restarts,
         max_restarts: plan.max_restarts,
     };
     Ok((facts, all, end_text))

@@ -81,7 +81,7 @@ async fn start(plan: &Plan, workers: u32, port: u16, spawner: &Spawner) -> Resul
     let sp =
         spawner.spawn(WorkerSpec::piped(python, args, Vec::new())).await.map_err(|e| crate::error::error_chain(&e))?;
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let sink = |is_err| Sink { prefix: "[xgboost-tracker]: ".into(), console: true, file: None, is_err };
+    let sink = |is_err| Sink { prefix: "[xgboost-tracker]: ".into(), console: true, file: None, is_err, tap: None };
     if let Some(fd) = sp.stdout {
         tokio::spawn(output::drain_watching(fd, sink(false), Some((READY, tx))));
     }

@@ -153,7 +153,14 @@ pub async fn run_attempt(
         spec.cpus = place.and_then(|p| p.cpus.clone());
         spec.mem_node = place.and_then(|p| p.mem_node);
         spec.oom_score_adj = oom_adj;
-        match spawn_retrying(spawner, spec, plan.grace).await {
+        // Not started: the code a shell would give, and why.
+        let spawned: Result<_, (u8, String)> = match world.unstartable {
+            Some(why) => Err((exit::WORKER_NOT_EXECUTABLE, why.to_string())),
+            None => spawn_retrying(spawner, spec, plan.grace)
+                .await
+                .map_err(|e| (e.exec_code().unwrap_or(exit::FORK_FAILED), crate::error::error_chain(&e))),
+        };
+        match spawned {
             Ok(sp) => {
                 let prefix = output::prefix(
                     &plan.output.prefix_template,
@@ -178,6 +185,7 @@ pub async fn run_attempt(
                         console: shown && (teed || !redirected),
                         file: (files_ok && (files || redirected || teed)).then(|| rank_dir.join(name)),
                         is_err,
+                        tap: world.tap.clone(),
                     };
                     drains.spawn(output::drain(fd, sink));
                 }
@@ -188,9 +196,7 @@ pub async fn run_attempt(
                     Worker { pid: Some(sp.pid), heartbeat, rank, error_file, not_started: None, why: None },
                 );
             }
-            Err(e) => {
-                let code = e.exec_code().unwrap_or(exit::FORK_FAILED);
-                let why = crate::error::error_chain(&e);
+            Err((code, why)) => {
                 tracing::error!(local_rank, code, error = %why, "cannot start worker");
                 workers.insert(
                     local_rank,

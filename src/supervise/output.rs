@@ -24,6 +24,41 @@ pub struct Sink {
     pub file: Option<PathBuf>,
     /// stderr (true) or stdout (false).
     pub is_err: bool,
+    /// Also hand each prefixed line here (a served run's log shipper).
+    pub tap: Option<LineTap>,
+}
+
+/// Longest line a [`LineTap`] takes; the rest of a longer one is cut.
+const TAP_LINE: usize = 64 * 1024;
+
+/// A bounded hand-off of prefixed lines that never blocks a drain: a line
+/// that does not fit is counted as dropped.
+#[derive(Debug, Clone)]
+pub struct LineTap {
+    tx: tokio::sync::mpsc::Sender<Vec<u8>>,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl LineTap {
+    /// Lines go to `tx`; those that do not fit are counted in `dropped`.
+    pub fn new(tx: tokio::sync::mpsc::Sender<Vec<u8>>, dropped: std::sync::Arc<std::sync::atomic::AtomicU64>) -> Self {
+        Self { tx, dropped }
+    }
+
+    /// Hand over `prefix` + `line` (which ends with a newline).
+    pub fn send(&self, prefix: &str, line: &[u8]) {
+        let mut buf = Vec::with_capacity(prefix.len() + line.len().min(TAP_LINE + 1));
+        buf.extend_from_slice(prefix.as_bytes());
+        if line.len() > TAP_LINE {
+            buf.extend_from_slice(&line[..TAP_LINE]);
+            buf.push(b'\n');
+        } else {
+            buf.extend_from_slice(line);
+        }
+        if self.tx.try_send(buf).is_err() {
+            self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 /// Expand the prefix template's macros.
@@ -84,6 +119,9 @@ pub async fn drain_watching(fd: OwnedFd, sink: Sink, mut ready: Option<ReadyLine
                 let _ = tx.send(());
             }
             continue;
+        }
+        if let Some(tap) = &sink.tap {
+            tap.send(&sink.prefix, &line);
         }
         if let Some(f) = file.as_mut()
             && let Err(e) = f.write_all(&line).and_then(|()| f.flush())

@@ -27,6 +27,11 @@ pub struct WorldView<'a> {
     pub nnodes: u32,
     /// The pod's status endpoint, when workers report progress to trainlet.
     pub status: Option<&'a StatusLink>,
+    /// Where workers' lines also go (a served run's log shipper).
+    pub tap: Option<crate::supervise::output::LineTap>,
+    /// Why this pod cannot start the workers at all (a served run whose
+    /// files could not be unpacked): each is recorded as not started.
+    pub unstartable: Option<&'a str>,
 }
 
 /// The pod's status endpoint as its workers reach it.
@@ -165,6 +170,8 @@ mod tests {
             group_rank: 1,
             nnodes: 2,
             status: None,
+            tap: None,
+            unstartable: None,
         };
         framework_env(&w, local_rank, gpu)
     }

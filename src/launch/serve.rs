@@ -1,0 +1,293 @@
+//! Serve mode inside the round loop: at the start of each round, the run
+//! the pods run (a published run that is not over: its files unpacked,
+//! its lines shipped) or an idle wait for one that ends like a round with
+//! no workers (a pod died or joined: regroup; the store went: reconnect;
+//! a stop signal: exit; the idle timeout: every pod exits 0). On the
+//! store host it also starts the control API and tells its board what
+//! the rounds decided.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Plan, Serve};
+use crate::process::signals::SysEvent;
+use crate::rendezvous::{Round, Session};
+use crate::serve::board::{Board, RankExit, State, World};
+use crate::serve::logs::Shipper;
+use crate::serve::spec::{Run, shown};
+use crate::serve::{Go, Link, api, files, wait_go};
+use crate::supervise::output::LineTap;
+use crate::supervise::policy::{JobEnd, Outcome};
+use crate::supervise::report::{Failure, Report};
+use crate::sys;
+
+/// What a round does in serve mode.
+#[derive(Debug)]
+pub(super) enum Work {
+    /// Run the current run.
+    Run,
+    /// The idle round ended this way.
+    Idle(Outcome),
+    /// The control API ended the job: exit 0.
+    Shutdown,
+}
+
+/// The run this pod is running.
+struct Current {
+    run: Run,
+    dir: Option<PathBuf>,
+    unstartable: Option<String>,
+    shipper: Shipper,
+}
+
+/// This pod's part of serve mode.
+pub(super) struct Served {
+    conf: Serve,
+    base: String,
+    link: Link,
+    store: SocketAddr,
+    board: Option<Arc<Board>>,
+    current: Option<Current>,
+    /// The newest run this pod saw end.
+    ended: u64,
+}
+
+impl std::fmt::Debug for Served {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Served").field("run", &self.current.as_ref().map(|c| &c.run.id)).finish()
+    }
+}
+
+impl Served {
+    /// Serve mode for `plan` (None without `--serve`); the store host
+    /// starts the control API.
+    pub async fn start(
+        plan: &Plan,
+        store: SocketAddr,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Self>, crate::config::Error> {
+        let Some(conf) = plan.serve.clone() else { return Ok(None) };
+        let base = crate::rendezvous::job_base(&plan.run_id, plan.jobset_attempt);
+        let usage = crate::config::Error::Usage;
+        let board = if plan.serve_store {
+            let token_file = match &conf.token_file {
+                Some(f) => f.clone(),
+                None => api::make_token(&conf.dir).map_err(|e| {
+                    usage(format!("cannot write the control API's token under {} ({e}); give --control-token-file or a writable --serve-dir", conf.dir.display()))
+                })?,
+            };
+            let board = Arc::new(Board::default());
+            let api_conf = api::Conf {
+                listen: conf.control,
+                token_file: token_file.clone(),
+                store,
+                base: base.clone(),
+                max_restarts: plan.max_restarts,
+                stop_limit: plan.checkpoint_timeout + plan.grace + plan.kill_timeout + super::STOP_SYNC_MARGIN,
+                idle_timeout: conf.idle_timeout,
+            };
+            let addr = api::serve(api_conf, Arc::clone(&board), cancel.child_token()).await.map_err(|e| {
+                usage(format!("--control-port: cannot listen on {} ({e}); choose a free port or address", conf.control))
+            })?;
+            tracing::info!(%addr, token_file = %token_file.display(), idle_timeout_s = conf.idle_timeout.map(|d| d.as_secs_f64()), "control API listening");
+            Some(board)
+        } else {
+            None
+        };
+        Ok(Some(Self { link: Link::new(store, &base), base, conf, store, board, current: None, ended: 0 }))
+    }
+
+    /// What round `round` does: run the current run, or wait for one.
+    pub async fn work(
+        &mut self,
+        session: &Session,
+        round: &Round,
+        events: &mut UnboundedReceiver<SysEvent>,
+        plan: &Plan,
+    ) -> Work {
+        if self.board.is_some() {
+            let pods = self.pods(round.number).await;
+            if let Some(b) = &self.board {
+                b.set_world(World { round: round.number, nnodes: round.nnodes, pods });
+            }
+        }
+        loop {
+            let newest = match self.link.newest().await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!(error = %crate::error::error_chain(&e), "cannot read the served run from the store");
+                    return Work::Idle(Outcome::Lost);
+                }
+            };
+            let seen = newest.as_ref().map_or(0, |r| r.seq);
+            if let Some(run) = newest.filter(|r| r.seq > self.ended) {
+                match self.link.is_ended(run.seq).await {
+                    Ok(false) => {
+                        if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq) {
+                            self.begin(run).await;
+                        }
+                        return Work::Run;
+                    }
+                    Ok(true) => self.over(run.seq, State::Stopped, Vec::new(), None),
+                    Err(_) => return Work::Idle(Outcome::Lost),
+                }
+            }
+            self.current = None;
+            tracing::info!(
+                round = round.number,
+                nnodes = round.nnodes,
+                "serving: waiting for a run from the control API"
+            );
+            let go = wait_go(self.store, self.link.keys.clone(), seen + 1);
+            let end = session.watch_end(round.number);
+            tokio::pin!(go, end);
+            let out = loop {
+                tokio::select! {
+                    g = &mut go => break match g {
+                        Ok(Go::Run) => None,
+                        Ok(Go::Shutdown) => Some(Work::Shutdown),
+                        Err(e) => {
+                            tracing::error!(error = %crate::error::error_chain(&e), "lost the store while waiting for a run");
+                            Some(Work::Idle(Outcome::Lost))
+                        }
+                    },
+                    (e, text) = &mut end => {
+                        tracing::info!(round = round.number, end = %text, "the idle round ended");
+                        break Some(Work::Idle(if e == JobEnd::Lost { Outcome::Lost } else { Outcome::Regroup }));
+                    }
+                    ev = events.recv() => match ev {
+                        Some(SysEvent::Signal(s)) if plan.stop_signals.contains(&s) => {
+                            tracing::warn!(signal = %sys::signal_name(s), "stop signal while serving; exiting");
+                            break Some(Work::Idle(Outcome::Stopped(s)));
+                        }
+                        Some(SysEvent::Exited { pid, exit, .. }) => tracing::debug!(pid, %exit, "reaped orphan"),
+                        Some(SysEvent::Signal(_)) => {}
+                        None => break Some(Work::Idle(Outcome::Stopped(libc::SIGTERM))),
+                    },
+                }
+            };
+            if let Some(w) = out {
+                return w;
+            }
+        }
+    }
+
+    /// Pods of round `r` by group rank, from its members record.
+    async fn pods(&mut self, r: u64) -> Vec<String> {
+        let key = format!("{}/r{r}/members", self.base);
+        let raw = self.link.get(&key).await.unwrap_or_default();
+        let members: Vec<crate::rendezvous::Member> = serde_json::from_slice(&raw).unwrap_or_default();
+        members.into_iter().map(|m| m.host).collect()
+    }
+
+    /// A new run: its files, its log shipper.
+    async fn begin(&mut self, run: Run) {
+        let started = std::time::Instant::now();
+        let (dir, unstartable) = match files::materialize(&mut self.link, &self.conf.dir, &run).await {
+            Ok((dir, fetched)) => {
+                tracing::info!(run = %run.id, dir = %dir.display(), files = run.files.len(), fetched_bytes = fetched, took_ms = started.elapsed().as_millis(), "run's files in place");
+                (Some(dir), None)
+            }
+            Err(e) => {
+                let why = format!("cannot unpack the run's files: {}", crate::error::error_chain(&e));
+                tracing::error!(run = %run.id, "{why}");
+                (None, Some(why))
+            }
+        };
+        let command: Vec<String> = run.command.iter().map(|w| shown(w)).collect();
+        tracing::info!(run = %run.id, command = %command.join(" "), "starting a served run");
+        let shipper = Shipper::start(Link::new(self.store, &self.base), run.seq);
+        self.current = Some(Current { run, dir, unstartable, shipper });
+    }
+
+    /// The plan of the current run: its command, variables, directory,
+    /// workers per pod and restarts over the pod's own plan.
+    pub fn plan_for(&self, base: &Plan) -> Plan {
+        let mut p = base.clone();
+        let Some(c) = &self.current else { return p };
+        let (program, args) =
+            c.run.command.split_first().map_or((String::new(), Vec::new()), |(p, a)| (p.clone(), a.to_vec()));
+        p.entry.script = args.first().cloned().unwrap_or_else(|| program.clone());
+        p.entry.program = program;
+        p.entry.args = args;
+        p.entry.cwd.clone_from(&c.dir);
+        p.entry.env.clone_from(&c.run.env);
+        if let Some(n) = c.run.nproc {
+            p.nproc = n;
+            p.omp_default = (n > 1 && std::env::var_os(crate::env::OMP_NUM_THREADS).is_none()).then(|| "1".into());
+        }
+        p.max_restarts = c.run.max_restarts;
+        p.run_id = format!("{}-{}", base.run_id, c.run.id);
+        p
+    }
+
+    /// The job-wide restarts before the current run.
+    pub fn base_restarts(&self) -> u32 {
+        self.current.as_ref().map_or(0, |c| c.run.base_restarts)
+    }
+
+    /// Where the current run's lines go.
+    pub fn tap(&self) -> Option<LineTap> {
+        self.current.as_ref().map(|c| c.shipper.tap())
+    }
+
+    /// Why the current run's workers cannot start here.
+    pub fn unstartable(&self) -> Option<&str> {
+        self.current.as_ref().and_then(|c| c.unstartable.as_deref())
+    }
+
+    /// This pod's workers of the current run started.
+    pub fn started(&self, restarts: u32, nnodes: u32, nproc: u32) {
+        if let (Some(b), Some(c)) = (&self.board, &self.current) {
+            b.started(c.run.seq, restarts, nnodes, nproc);
+        }
+    }
+
+    /// Ship every line of the current run so far.
+    pub async fn flush(&self) {
+        if let Some(c) = &self.current {
+            c.shipper.flush().await;
+        }
+    }
+
+    /// Is a run current (not idle)?
+    pub fn running(&self) -> bool {
+        self.current.is_some()
+    }
+
+    /// The current run is over everywhere: mark it in the store (every pod
+    /// does, so none starts it again) and on the host's board.
+    pub async fn run_over(&mut self, state: State, world: u32, failures: &[Failure], report: Option<&Report>) {
+        let Some(c) = &self.current else { return };
+        let seq = c.run.seq;
+        if let Err(e) = self.link.set_ended(seq, state.word()).await {
+            tracing::warn!(error = %crate::error::error_chain(&e), "cannot mark the run over in the store");
+        }
+        let ranks = (0..world)
+            .map(|rank| match failures.iter().rev().find(|f| f.rank == rank) {
+                Some(f) if state == State::Failed => {
+                    RankExit { rank, exit_code: f.exit_code, signal: f.signal.map(sys::signal_name), state: "failed" }
+                }
+                _ if state == State::Succeeded => {
+                    RankExit { rank, exit_code: Some(0), signal: None, state: "succeeded" }
+                }
+                _ => RankExit { rank, exit_code: None, signal: None, state: "stopped" },
+            })
+            .collect();
+        let report = report.and_then(|r| serde_json::to_value(r).ok());
+        tracing::info!(run = %c.run.id, state = state.word(), "served run over; the pods stay up for the next");
+        self.over(seq, state, ranks, report);
+    }
+
+    fn over(&mut self, seq: u64, state: State, ranks: Vec<RankExit>, report: Option<serde_json::Value>) {
+        if let Some(b) = &self.board {
+            b.ended(seq, state, ranks, report);
+        }
+        self.ended = self.ended.max(seq);
+        self.current = None;
+    }
+}

@@ -1,0 +1,409 @@
+//! The control API on the store host: HTTP/1.1 + JSON, every endpoint
+//! behind the bearer token (its file re-read per request, compared in
+//! constant time; an empty or unreadable file admits nobody).
+//!
+//! | request | answer |
+//! |---|---|
+//! | `POST /v1/runs` | 201 `{"id", "seq", "state"}`; 409 while a run is not over (unless `"replace": true`) |
+//! | `GET /v1/runs` | every kept run |
+//! | `GET /v1/runs/{id}` | its state, per-rank exits, failure report, timings |
+//! | `GET /v1/runs/{id}/logs[?follow=true]` | every rank's prefixed lines, chunked; with follow, until the run is over |
+//! | `DELETE /v1/runs/{id}` | 202 `stopping` (checkpoint signal and grace, as for preemption), or 200 when it is over |
+//! | `GET /v1/status` | the world and the runs |
+//!
+//! A bad request gets a 4xx whose JSON `message` names what was wrong, and
+//! changes nothing. Connections, heads and bodies are bounded.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+use super::board::{Board, State};
+use super::spec::{Run, check, shown};
+use super::{Link, files, logs};
+use crate::http::{Limits, Request, Status, error_body, read_request, respond, same};
+
+/// Most connections at once (log followers included).
+const MAX_CONNECTIONS: usize = 64;
+/// A request's head, and its body (a run's files, base64).
+const LIMITS: Limits = Limits { head: 16 * 1024, body: 72 * 1024 * 1024 };
+/// Time a client gets to send its request.
+const REQUEST_TIME: Duration = Duration::from_secs(60);
+/// How often a log follower looks for new lines.
+const FOLLOW_EVERY: Duration = Duration::from_millis(100);
+/// How often the idle timeout is checked.
+const IDLE_CHECK: Duration = Duration::from_millis(500);
+/// Runs whose lines stay in the store (older ones are removed).
+const KEEP_LOGS: u64 = 4;
+
+/// What the control API needs to know of the job.
+#[derive(Debug, Clone)]
+pub struct Conf {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The bearer token's file.
+    pub token_file: PathBuf,
+    /// The agents' store (loopback).
+    pub store: SocketAddr,
+    /// The job's key prefix.
+    pub base: String,
+    /// A run's restarts when it does not say.
+    pub max_restarts: u32,
+    /// How long a stop may take on every pod (grace, kill timeout, margin).
+    pub stop_limit: Duration,
+    /// Exit 0 after this long without a run or a request.
+    pub idle_timeout: Option<Duration>,
+}
+
+struct Api {
+    conf: Conf,
+    board: Arc<Board>,
+    link: tokio::sync::Mutex<Link>,
+    /// One submission or stop at a time.
+    submit: tokio::sync::Mutex<()>,
+}
+
+/// A finished answer: status and JSON body.
+type Answer = (Status, String);
+
+fn fail(status: Status, message: &str) -> Answer {
+    (status, error_body(status, message))
+}
+
+/// Bind the control API and serve it until `cancel`; the bound address.
+pub async fn serve(conf: Conf, board: Arc<Board>, cancel: CancellationToken) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(conf.listen).await?;
+    let addr = listener.local_addr()?;
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let link = tokio::sync::Mutex::new(Link::new(conf.store, &conf.base));
+    let api = Arc::new(Api { conf, board, link, submit: tokio::sync::Mutex::new(()) });
+    if let Some(limit) = api.conf.idle_timeout {
+        tokio::spawn(idle_watch(Arc::clone(&api), limit, cancel.child_token()));
+    }
+    tokio::spawn(async move {
+        loop {
+            let (conn, _) = tokio::select! {
+                () = cancel.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "control API accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                let mut conn = conn;
+                let _ =
+                    respond(&mut conn, Status::UNAVAILABLE, &error_body(Status::UNAVAILABLE, "too many connections"))
+                        .await;
+                continue;
+            };
+            let api = Arc::clone(&api);
+            let stop = cancel.child_token();
+            tokio::spawn(async move {
+                let _slot = slot;
+                tokio::select! {
+                    () = stop.cancelled() => {}
+                    () = connection(&api, conn) => {}
+                }
+            });
+        }
+    });
+    Ok(addr)
+}
+
+async fn connection(api: &Api, mut conn: TcpStream) {
+    let req = match tokio::time::timeout(REQUEST_TIME, read_request(&mut conn, LIMITS)).await {
+        Ok(Ok(req)) => req,
+        Ok(Err(status)) => {
+            let _ = respond(&mut conn, status, &error_body(status, "malformed or oversized request")).await;
+            return;
+        }
+        Err(_) => {
+            let _ = respond(&mut conn, Status::TIMEOUT, &error_body(Status::TIMEOUT, "request not sent in time")).await;
+            return;
+        }
+    };
+    if !authorized(&api.conf.token_file, &req) {
+        let _ = respond(
+            &mut conn,
+            Status::UNAUTHORIZED,
+            &error_body(Status::UNAUTHORIZED, "missing or wrong bearer token"),
+        )
+        .await;
+        return;
+    }
+    api.board.touch();
+    let parts: Vec<&str> = req.path.trim_matches('/').split('/').collect();
+    let (status, body) = match (req.method.as_str(), parts.as_slice()) {
+        ("GET", ["v1", "runs", id, "logs"]) => {
+            let follow = req.query_has("follow", "true") || req.query_has("follow", "1");
+            match api.board.get(id) {
+                Some(r) => {
+                    let _ = stream_logs(api, &mut conn, &r.id, r.seq, follow).await;
+                    return;
+                }
+                None => fail(Status::NOT_FOUND, &format!("no run {}", shown(id))),
+            }
+        }
+        ("POST", ["v1", "runs"]) => submit(api, &req).await,
+        ("GET", ["v1", "runs"]) => (Status::OK, serde_json::json!({ "runs": api.board.list() }).to_string()),
+        ("GET", ["v1", "runs", id]) => match api.board.get(id) {
+            Some(r) => (Status::OK, serde_json::to_string(&r).unwrap_or_default()),
+            None => fail(Status::NOT_FOUND, &format!("no run {}", shown(id))),
+        },
+        ("DELETE", ["v1", "runs", id]) => delete(api, id).await,
+        ("GET", ["v1", "status"]) => status(api),
+        (_, ["v1", "runs"] | ["v1", "runs", _] | ["v1", "runs", _, "logs"] | ["v1", "status"]) => {
+            fail(Status::METHOD, &format!("{} is not allowed on {}", shown(&req.method), shown(&req.path)))
+        }
+        _ => fail(Status::NOT_FOUND, &format!("no endpoint {}", shown(&req.path))),
+    };
+    let _ = tokio::time::timeout(REQUEST_TIME, respond(&mut conn, status, &body)).await;
+}
+
+/// The token file's content, trimmed; nobody is admitted when it is
+/// empty or cannot be read.
+fn authorized(file: &std::path::Path, req: &Request) -> bool {
+    match std::fs::read_to_string(file) {
+        Ok(t) if !t.trim().is_empty() => same(req.bearer().as_bytes(), t.trim().as_bytes()),
+        Ok(_) => {
+            tracing::warn!(file = %file.display(), "the control API's token file is empty; refusing every request");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(file = %file.display(), error = %e, "cannot read the control API's token file; refusing every request");
+            false
+        }
+    }
+}
+
+fn status(api: &Api) -> Answer {
+    let runs: Vec<_> = api
+        .board
+        .list()
+        .into_iter()
+        .map(|r| serde_json::json!({ "id": r.id, "seq": r.seq, "state": r.state }))
+        .collect();
+    let body = serde_json::json!({
+        "world": api.board.world(),
+        "active": api.board.active().map(|(_, id, _)| id),
+        "accepting_runs": !api.board.is_shut(),
+        "idle_timeout_seconds": api.conf.idle_timeout.map(|d| d.as_secs_f64()),
+        "runs": runs,
+    });
+    (Status::OK, body.to_string())
+}
+
+async fn submit(api: &Api, req: &Request) -> Answer {
+    // The body is JSON whatever the client called it (curl -d says form-urlencoded).
+    if req.header("content-type").is_some_and(|t| t.contains("gzip") || t.contains("tar") || t.contains("multipart")) {
+        return fail(Status::MEDIA, "send the run as JSON, its files base64-encoded in \"files\"");
+    }
+    let checked = match check(&req.body) {
+        Ok(c) => c,
+        Err(why) => return fail(Status::BAD, &why),
+    };
+    let _one = api.submit.lock().await;
+    if api.board.is_shut() {
+        return fail(Status::UNAVAILABLE, "the pods are shutting down (idle timeout); submit to a new job");
+    }
+    if let Some((seq, id, state)) = api.board.active() {
+        if !checked.replace {
+            return fail(
+                Status::CONFLICT,
+                &format!("run {id} is {}; pass \"replace\": true to stop it and start this one", state.word()),
+            );
+        }
+        if let Err(e) = stop(api, seq).await {
+            return fail(Status::UNAVAILABLE, &format!("cannot stop run {id}: {e}"));
+        }
+        if !wait_over(&api.board, seq, api.conf.stop_limit).await {
+            return fail(Status::UNAVAILABLE, &format!("run {id} is still stopping; try again"));
+        }
+    }
+    let seq = api.board.next_seq();
+    let id = format!("run-{seq}-{:06x}", crate::sys::random_u64() & 0xff_ffff);
+    let mut link = api.link.lock().await;
+    let published: Result<(Run, u64), super::Error> = async {
+        let base_restarts = std::str::from_utf8(&link.get(&format!("{}/restarts", api.conf.base)).await?)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        let sent = files::put(&mut link, &checked.blobs).await?;
+        let run = Run {
+            id: id.clone(),
+            seq,
+            command: checked.command,
+            env: checked.env,
+            nproc: checked.nproc,
+            max_restarts: checked.max_restarts.unwrap_or(api.conf.max_restarts),
+            base_restarts,
+            files: checked.files,
+        };
+        let previous = link.newest().await?;
+        let json = serde_json::to_vec(&run).map_err(|e| super::Error::Corrupt(e.to_string()))?;
+        let (run_key, go_key) = (link.keys.run(), link.keys.go(seq));
+        link.set(&run_key, &json).await?;
+        api.board.submitted(&run, sent);
+        link.set(&go_key, b"run").await?;
+        // What earlier runs left in the store and this one does not use.
+        if let Some(prev) = previous {
+            files::forget(&mut link, &prev.files, &run.files).await?;
+        }
+        if seq > KEEP_LOGS {
+            let keys = link.keys.clone();
+            logs::forget(&mut link, &keys, seq - KEEP_LOGS).await?;
+        }
+        Ok((run, sent))
+    }
+    .await;
+    match published {
+        Ok((run, sent)) => {
+            tracing::info!(run = %run.id, command = ?run.command, files = run.files.len(), sent_bytes = sent, "run submitted");
+            let body = serde_json::json!({ "id": run.id, "seq": run.seq, "state": State::Starting });
+            (Status::CREATED, body.to_string())
+        }
+        Err(e) => {
+            let why = crate::error::error_chain(&e);
+            tracing::error!(run = %id, error = %why, "cannot publish a run");
+            fail(Status::UNAVAILABLE, &format!("cannot publish the run to the pods: {why}"))
+        }
+    }
+}
+
+/// Mark run `seq` over in the store and end the round it runs in.
+async fn stop(api: &Api, seq: u64) -> Result<(), super::Error> {
+    if !api.board.stopping(seq) {
+        return Ok(());
+    }
+    let mut link = api.link.lock().await;
+    link.set_ended(seq, "stopped").await?;
+    let round = std::str::from_utf8(&link.get(&format!("{}/round", api.conf.base)).await?)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    link.compare_set(&format!("{}/r{round}/end", api.conf.base), b"", format!("stop:{seq}").as_bytes()).await?;
+    tracing::info!(run = seq, round, "stopping a run on request");
+    Ok(())
+}
+
+/// Wait until run `seq` is over, for at most `limit`.
+async fn wait_over(board: &Board, seq: u64, limit: Duration) -> bool {
+    let mut w = board.watch();
+    let over = || board.active().is_none_or(|(s, _, _)| s != seq);
+    tokio::time::timeout(limit, async {
+        while !over() {
+            if w.changed().await.is_err() {
+                return;
+            }
+        }
+    })
+    .await
+    .is_ok()
+        && over()
+}
+
+async fn delete(api: &Api, id: &str) -> Answer {
+    let Some(r) = api.board.get(id) else { return fail(Status::NOT_FOUND, &format!("no run {}", shown(id))) };
+    if r.state.is_final() {
+        return (Status::OK, serde_json::json!({ "id": r.id, "state": r.state }).to_string());
+    }
+    let _one = api.submit.lock().await;
+    match stop(api, r.seq).await {
+        Ok(()) => (Status(202, "Accepted"), serde_json::json!({ "id": r.id, "state": State::Stopping }).to_string()),
+        Err(e) => fail(Status::UNAVAILABLE, &format!("cannot stop run {}: {}", r.id, crate::error::error_chain(&e))),
+    }
+}
+
+/// Every rank's lines of run `seq`, chunked; with `follow`, until it is over.
+async fn stream_logs(api: &Api, conn: &mut TcpStream, id: &str, seq: u64, follow: bool) -> std::io::Result<()> {
+    conn.write_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+    )
+    .await?;
+    // A connection of its own: a follower never waits behind a submission.
+    let mut link = Link::new(api.conf.store, &api.conf.base);
+    let mut reader = logs::Reader::new(seq);
+    let mut over = !follow;
+    loop {
+        let data = match reader.read(&mut link).await {
+            Ok(d) => d,
+            Err(e) => {
+                let line = format!(
+                    "[trainlet] cannot read the run's lines from the store: {}\n",
+                    crate::error::error_chain(&e)
+                );
+                chunk(conn, line.as_bytes()).await?;
+                break;
+            }
+        };
+        if !data.is_empty() {
+            chunk(conn, &data).await?;
+            continue;
+        }
+        if over {
+            break;
+        }
+        // Lines are in the store before a run is marked over: read once more.
+        over = api.board.get(id).is_none_or(|r| r.state.is_final());
+        if !over {
+            tokio::time::sleep(FOLLOW_EVERY).await;
+        }
+    }
+    conn.write_all(b"0\r\n\r\n").await?;
+    conn.shutdown().await
+}
+
+async fn chunk(conn: &mut TcpStream, data: &[u8]) -> std::io::Result<()> {
+    conn.write_all(format!("{:x}\r\n", data.len()).as_bytes()).await?;
+    conn.write_all(data).await?;
+    conn.write_all(b"\r\n").await
+}
+
+/// End the job (every pod exits 0) after `limit` without a run or a request.
+async fn idle_watch(api: Arc<Api>, limit: Duration, cancel: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(IDLE_CHECK) => {}
+        }
+        let _one = api.submit.lock().await;
+        if !api.board.idle_past(limit) || api.board.is_shut() {
+            continue;
+        }
+        api.board.shut();
+        let seq = api.board.next_seq();
+        tracing::info!(
+            idle_timeout_s = limit.as_secs_f64(),
+            "no run and no request for --serve-idle-timeout; the pods exit"
+        );
+        let mut link = api.link.lock().await;
+        let key = link.keys.go(seq);
+        if let Err(e) = link.set(&key, b"shutdown").await {
+            tracing::error!(error = %crate::error::error_chain(&e), "cannot tell the pods to exit");
+        }
+        return;
+    }
+}
+
+/// A random token in `dir/control-token` (mode 0600), for a control API
+/// started without `--control-token-file`.
+pub fn make_token(dir: &std::path::Path) -> std::io::Result<PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("control-token");
+    let token = format!("{:016x}{:016x}", crate::sys::random_u64(), crate::sys::random_u64());
+    let _ = std::fs::remove_file(&path);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+    f.write_all(token.as_bytes())?;
+    Ok(path)
+}

@@ -1,0 +1,350 @@
+//! The store host's record of served runs: each run's state, timings,
+//! per-rank exits and failure report, the current world, and when the
+//! control API was last used (for the idle timeout). The control API
+//! writes submissions and stops; the host's agent writes what its rounds
+//! decided. Waiters are woken through a version counter.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::spec::Run;
+
+/// Runs kept for `GET /v1/runs/{id}` (older ones are forgotten).
+pub const KEEP_RUNS: usize = 64;
+
+/// Where a run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Published; workers not started yet.
+    Starting,
+    /// Workers started.
+    Running,
+    /// Being stopped (DELETE or replaced).
+    Stopping,
+    /// Every worker succeeded.
+    Succeeded,
+    /// It failed (see the report).
+    Failed,
+    /// Stopped on request.
+    Stopped,
+}
+
+impl State {
+    /// Over for good.
+    pub fn is_final(self) -> bool {
+        matches!(self, State::Succeeded | State::Failed | State::Stopped)
+    }
+
+    /// The word stored in `serve/ended/<seq>`.
+    pub fn word(self) -> &'static str {
+        match self {
+            State::Starting => "starting",
+            State::Running => "running",
+            State::Stopping => "stopping",
+            State::Succeeded => "succeeded",
+            State::Failed => "failed",
+            State::Stopped => "stopped",
+        }
+    }
+}
+
+/// How one rank's last worker ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RankExit {
+    /// Global rank.
+    pub rank: u32,
+    /// Exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// Signal, when one killed it.
+    pub signal: Option<String>,
+    /// `succeeded`, `failed` or `stopped` (stopped because another rank failed or the run was stopped).
+    pub state: &'static str,
+}
+
+/// A run as the control API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Record {
+    /// Its id.
+    pub id: String,
+    /// Submission number.
+    pub seq: u64,
+    /// Where it is.
+    pub state: State,
+    /// What it runs.
+    pub command: Vec<String>,
+    /// Restarts it used.
+    pub restarts: u32,
+    /// Restarts it may use.
+    pub max_restarts: u32,
+    /// Pods and workers per pod of its last round.
+    pub nnodes: Option<u32>,
+    /// Workers per pod.
+    pub nproc_per_node: Option<u32>,
+    /// Per-rank exits, when it ended.
+    pub ranks: Vec<RankExit>,
+    /// The failure report (as written to failure_report.json), when it failed.
+    pub report: Option<serde_json::Value>,
+    /// RFC 3339 times and durations.
+    pub timings: Timings,
+    /// Files it carried.
+    pub files: usize,
+    /// Bytes of files sent to the store for it (unchanged contents are not sent again).
+    pub files_sent_bytes: u64,
+}
+
+/// When a run moved.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Timings {
+    /// Accepted by the control API.
+    pub submitted: String,
+    /// Workers started on the store host.
+    pub started: Option<String>,
+    /// Decided over.
+    pub ended: Option<String>,
+    /// Submission to workers started, seconds.
+    pub start_seconds: Option<f64>,
+    /// Submission to end, seconds.
+    pub total_seconds: Option<f64>,
+    #[serde(skip)]
+    submitted_at: Option<Instant>,
+}
+
+/// The world of the newest round.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct World {
+    /// Round number.
+    pub round: u64,
+    /// Pods in it.
+    pub nnodes: u32,
+    /// Pods' hosts by group rank.
+    pub pods: Vec<String>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    runs: VecDeque<Record>,
+    next_seq: u64,
+    world: World,
+    last_use: Instant,
+    shutting_down: bool,
+}
+
+/// The host's record; shared by the control API and the host's agent.
+#[derive(Debug)]
+pub struct Board {
+    inner: Mutex<Inner>,
+    version: watch::Sender<u64>,
+}
+
+impl Default for Board {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                runs: VecDeque::new(),
+                next_seq: 1,
+                world: World::default(),
+                last_use: Instant::now(),
+                shutting_down: false,
+            }),
+            version: watch::channel(0).0,
+        }
+    }
+}
+
+impl Board {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn changed(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// Wakes on every change.
+    pub fn watch(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    /// The control API was used (resets the idle timer).
+    pub fn touch(&self) {
+        self.lock().last_use = Instant::now();
+    }
+
+    /// The seq the next run gets, and the run that is not over, if any.
+    pub fn next_seq(&self) -> u64 {
+        self.lock().next_seq
+    }
+
+    /// The run that is not over yet: (seq, id, state).
+    pub fn active(&self) -> Option<(u64, String, State)> {
+        self.lock().runs.iter().rev().find(|r| !r.state.is_final()).map(|r| (r.seq, r.id.clone(), r.state))
+    }
+
+    /// A run was published.
+    pub fn submitted(&self, run: &Run, files_sent_bytes: u64) {
+        let mut b = self.lock();
+        b.next_seq = b.next_seq.max(run.seq + 1);
+        b.runs.push_back(Record {
+            id: run.id.clone(),
+            seq: run.seq,
+            state: State::Starting,
+            command: run.command.clone(),
+            restarts: 0,
+            max_restarts: run.max_restarts,
+            nnodes: None,
+            nproc_per_node: run.nproc,
+            ranks: Vec::new(),
+            report: None,
+            timings: Timings {
+                submitted: crate::clock::rfc3339(crate::clock::now_us()),
+                submitted_at: Some(Instant::now()),
+                ..Timings::default()
+            },
+            files: run.files.len(),
+            files_sent_bytes,
+        });
+        while b.runs.len() > KEEP_RUNS {
+            b.runs.pop_front();
+        }
+        b.last_use = Instant::now();
+        drop(b);
+        self.changed();
+    }
+
+    fn update(&self, seq: u64, f: impl FnOnce(&mut Record)) {
+        let mut b = self.lock();
+        if let Some(r) = b.runs.iter_mut().find(|r| r.seq == seq) {
+            f(r);
+        }
+        b.last_use = Instant::now();
+        drop(b);
+        self.changed();
+    }
+
+    /// The host's workers of run `seq` started (round `restarts` of it, with `nnodes` pods of `nproc`).
+    pub fn started(&self, seq: u64, restarts: u32, nnodes: u32, nproc: u32) {
+        self.update(seq, |r| {
+            if r.state == State::Starting {
+                r.state = State::Running;
+                r.timings.started = Some(crate::clock::rfc3339(crate::clock::now_us()));
+                r.timings.start_seconds = r.timings.submitted_at.map(|t| t.elapsed().as_secs_f64());
+            }
+            r.restarts = restarts;
+            r.nnodes = Some(nnodes);
+            r.nproc_per_node = Some(nproc);
+        });
+    }
+
+    /// Run `seq` is being stopped; false when it is already over.
+    pub fn stopping(&self, seq: u64) -> bool {
+        let mut ok = false;
+        self.update(seq, |r| {
+            if !r.state.is_final() {
+                r.state = State::Stopping;
+                ok = true;
+            }
+        });
+        ok
+    }
+
+    /// Run `seq` is over.
+    pub fn ended(&self, seq: u64, state: State, ranks: Vec<RankExit>, report: Option<serde_json::Value>) {
+        self.update(seq, |r| {
+            if r.state.is_final() {
+                return;
+            }
+            r.state = state;
+            r.ranks = ranks;
+            r.report = report;
+            r.timings.ended = Some(crate::clock::rfc3339(crate::clock::now_us()));
+            r.timings.total_seconds = r.timings.submitted_at.map(|t| t.elapsed().as_secs_f64());
+        });
+    }
+
+    /// Run `id` (or `seq`).
+    pub fn get(&self, id: &str) -> Option<Record> {
+        self.lock().runs.iter().find(|r| r.id == id).cloned()
+    }
+
+    /// Every kept run, oldest first.
+    pub fn list(&self) -> Vec<Record> {
+        self.lock().runs.iter().cloned().collect()
+    }
+
+    /// The newest round's world.
+    pub fn set_world(&self, world: World) {
+        self.lock().world = world;
+        self.changed();
+    }
+
+    /// The newest round's world.
+    pub fn world(&self) -> World {
+        self.lock().world.clone()
+    }
+
+    /// Idle for longer than `limit`: no run that is not over, no request.
+    pub fn idle_past(&self, limit: std::time::Duration) -> bool {
+        let b = self.lock();
+        b.runs.iter().all(|r| r.state.is_final()) && b.last_use.elapsed() >= limit
+    }
+
+    /// No more runs are taken (the pods are exiting).
+    pub fn shut(&self) {
+        self.lock().shutting_down = true;
+        self.changed();
+    }
+
+    /// Are runs still taken?
+    pub fn is_shut(&self) -> bool {
+        self.lock().shutting_down
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(seq: u64) -> Run {
+        Run {
+            id: format!("run-{seq}"),
+            seq,
+            command: vec!["python".into()],
+            env: Vec::new(),
+            nproc: None,
+            max_restarts: 1,
+            base_restarts: 0,
+            files: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_run_moves_through_its_states_once() {
+        let b = Board::default();
+        let w = b.watch();
+        assert_eq!((b.next_seq(), b.active()), (1, None));
+        b.submitted(&run(1), 10);
+        assert!(w.has_changed().expect("watch"));
+        assert_eq!(b.next_seq(), 2);
+        assert_eq!(b.active().map(|a| a.2), Some(State::Starting));
+        b.started(1, 0, 2, 2);
+        assert_eq!(b.get("run-1").map(|r| (r.state, r.nnodes)), Some((State::Running, Some(2))));
+        assert!(b.stopping(1));
+        b.ended(1, State::Stopped, Vec::new(), None);
+        b.ended(1, State::Failed, Vec::new(), None);
+        assert_eq!(b.get("run-1").map(|r| r.state), Some(State::Stopped), "the first end stays");
+        assert!(!b.stopping(1), "an ended run cannot be stopped");
+        assert_eq!(b.active(), None);
+        assert!(b.idle_past(std::time::Duration::ZERO));
+        for s in 2..(KEEP_RUNS as u64 + 10) {
+            b.submitted(&run(s), 0);
+        }
+        assert_eq!(b.list().len(), KEEP_RUNS);
+        assert!(b.get("run-1").is_none());
+        assert!(!b.idle_past(std::time::Duration::ZERO), "runs not over are never idle");
+    }
+}

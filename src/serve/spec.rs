@@ -1,0 +1,294 @@
+//! A submitted run, checked: `POST /v1/runs`'s JSON into the [`Run`]
+//! every pod reads from the store, and the files it carries into
+//! content-addressed blobs. Pure (no I/O): every refusal is a message that
+//! names the field and what it should have been.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Most files in one run.
+pub const MAX_FILES: usize = 10_000;
+/// Most bytes of all a run's files together.
+pub const MAX_FILES_BYTES: usize = 48 * 1024 * 1024;
+/// Longest relative path of a file.
+pub const MAX_PATH: usize = 1024;
+/// Most words in command + args, and most env entries.
+const MAX_WORDS: usize = 4096;
+/// Longest word, name or value.
+const MAX_WORD: usize = 128 * 1024;
+/// Most workers per pod a run may ask for.
+const MAX_NPROC: u32 = 1024;
+/// Most restarts a run may ask for.
+const MAX_RESTARTS: u32 = 10_000;
+
+/// Variables trainlet sets for every worker: a run may not set them.
+const RESERVED: &[&str] = &[
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+];
+/// Prefixes of variables trainlet owns.
+const RESERVED_PREFIXES: &[&str] = &["TORCHELASTIC_", "TRAINLET_", "KUBEFLOW_TRAINER_SERVER_"];
+
+/// `POST /v1/runs`'s JSON body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Submit {
+    /// The program and its first arguments, e.g. `["python", "train.py"]`.
+    pub command: Vec<String>,
+    /// More arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Variables for the workers.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Workers per pod (default: the pod's).
+    #[serde(default)]
+    pub nproc_per_node: Option<u32>,
+    /// Restarts this run may use (default: the pod's `--max-restarts`).
+    #[serde(default)]
+    pub max_restarts: Option<u32>,
+    /// Relative path -> base64 content.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    /// Stop a running run and start this one instead (else 409).
+    #[serde(default)]
+    pub replace: bool,
+}
+
+/// One file of a run, by content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRef {
+    /// Relative path in the run's directory.
+    pub path: String,
+    /// Lower-case hex SHA-256 of its content.
+    pub sha256: String,
+    /// Its length.
+    pub size: u64,
+}
+
+/// A run as every pod reads it from the store (`serve/run`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Run {
+    /// `run-<seq>-<random>`.
+    pub id: String,
+    /// 1, 2, ... in submission order.
+    pub seq: u64,
+    /// Program and arguments (`args` appended).
+    pub command: Vec<String>,
+    /// Variables for the workers.
+    pub env: Vec<(String, String)>,
+    /// Workers per pod, when the run sets it.
+    pub nproc: Option<u32>,
+    /// Restarts it may use.
+    pub max_restarts: u32,
+    /// The job-wide restart count when it was submitted: its own restarts
+    /// are counted from there.
+    pub base_restarts: u32,
+    /// Its files.
+    pub files: Vec<FileRef>,
+}
+
+/// A checked submission: the run less its identity, and the blobs to store.
+#[derive(Debug)]
+pub struct Checked {
+    /// Command with args appended.
+    pub command: Vec<String>,
+    /// Variables.
+    pub env: Vec<(String, String)>,
+    /// Workers per pod.
+    pub nproc: Option<u32>,
+    /// Restarts (None: the pod's default).
+    pub max_restarts: Option<u32>,
+    /// Files by content.
+    pub files: Vec<FileRef>,
+    /// Distinct contents by SHA-256.
+    pub blobs: BTreeMap<String, Vec<u8>>,
+    /// Replace a running run.
+    pub replace: bool,
+}
+
+/// Hex SHA-256 of `data`.
+pub fn sha256_hex(data: &[u8]) -> String {
+    data_encoding::HEXLOWER.encode(ring::digest::digest(&ring::digest::SHA256, data).as_ref())
+}
+
+/// Parse and check a JSON submission.
+pub fn check(body: &[u8]) -> Result<Checked, String> {
+    let s: Submit = serde_json::from_slice(body).map_err(|e| format!("the body is not a valid run: {e}"))?;
+    let mut files = Vec::new();
+    for (path, b64) in &s.files {
+        let data = data_encoding::BASE64
+            .decode(b64.as_bytes())
+            .map_err(|e| format!("files[{}]: not base64 ({e})", shown(path)))?;
+        files.push((path.clone(), data));
+    }
+    check_parts(s.command, s.args, s.env, (s.nproc_per_node, s.max_restarts), files, s.replace)
+}
+
+/// Check the parts of a submission (the JSON's, or a tar's files).
+pub fn check_parts(
+    mut command: Vec<String>,
+    args: Vec<String>,
+    env: BTreeMap<String, String>,
+    (nproc, max_restarts): (Option<u32>, Option<u32>),
+    files: Vec<(String, Vec<u8>)>,
+    replace: bool,
+) -> Result<Checked, String> {
+    if command.is_empty() || command[0].is_empty() {
+        return Err("command: must name a program, e.g. [\"python\", \"train.py\"]".into());
+    }
+    command.extend(args);
+    if command.len() > MAX_WORDS {
+        return Err(format!("command and args: {} words, at most {MAX_WORDS}", command.len()));
+    }
+    for (i, w) in command.iter().enumerate() {
+        if w.contains('\0') || w.len() > MAX_WORD {
+            return Err(format!("command word {i}: holds a NUL byte or is longer than {MAX_WORD} bytes"));
+        }
+    }
+    if env.len() > MAX_WORDS {
+        return Err(format!("env: {} variables, at most {MAX_WORDS}", env.len()));
+    }
+    for (k, v) in &env {
+        let name_ok = !k.is_empty()
+            && !k.starts_with(|c: char| c.is_ascii_digit())
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !name_ok {
+            return Err(format!("env: {} is not a variable name (letters, digits and _)", shown(k)));
+        }
+        if RESERVED.contains(&k.as_str()) || RESERVED_PREFIXES.iter().any(|p| k.starts_with(p)) {
+            return Err(format!("env: {k} is set by trainlet for every worker and cannot be overridden"));
+        }
+        if v.contains('\0') || v.len() > MAX_WORD {
+            return Err(format!("env: {k} holds a NUL byte or is longer than {MAX_WORD} bytes"));
+        }
+    }
+    if let Some(n) = nproc.filter(|n| *n == 0 || *n > MAX_NPROC) {
+        return Err(format!("nproc_per_node: {n}, must be 1-{MAX_NPROC}"));
+    }
+    if let Some(n) = max_restarts.filter(|n| *n > MAX_RESTARTS) {
+        return Err(format!("max_restarts: {n}, at most {MAX_RESTARTS}"));
+    }
+    if files.len() > MAX_FILES {
+        return Err(format!("files: {} files, at most {MAX_FILES}", files.len()));
+    }
+    let total: usize = files.iter().map(|(_, d)| d.len()).sum();
+    if total > MAX_FILES_BYTES {
+        return Err(format!("files: {total} bytes in all, at most {MAX_FILES_BYTES}"));
+    }
+    let mut refs = Vec::new();
+    let mut blobs = BTreeMap::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for (path, data) in files {
+        check_path(&path)?;
+        // A file and a directory of the same name cannot both be made.
+        for (i, _) in path.match_indices('/') {
+            if seen.contains(&path[..i]) {
+                return Err(format!("files: {} is both a file and a directory", shown(&path[..i])));
+            }
+        }
+        if !seen.insert(path.clone()) {
+            return Err(format!("files: {} given twice", shown(&path)));
+        }
+        let sha256 = sha256_hex(&data);
+        refs.push(FileRef { path, sha256: sha256.clone(), size: data.len() as u64 });
+        blobs.entry(sha256).or_insert(data);
+    }
+    if let Some(dir) = refs.iter().find(|r| seen.iter().any(|s| s.starts_with(&format!("{}/", r.path)))) {
+        return Err(format!("files: {} is both a file and a directory", shown(&dir.path)));
+    }
+    Ok(Checked { command, env: env.into_iter().collect(), nproc, max_restarts, files: refs, blobs, replace })
+}
+
+/// A relative path inside the run's directory: plain names separated by
+/// `/`, no `.`, `..` or empty part, no NUL, not absolute.
+pub fn check_path(path: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("files: {} {why}", shown(path)));
+    if path.is_empty() || path.len() > MAX_PATH {
+        return bad(&format!("must be 1-{MAX_PATH} bytes"));
+    }
+    if path.starts_with('/') {
+        return bad("is absolute; give a path relative to the run's directory");
+    }
+    if path.contains('\0') || path.contains('\\') || path.chars().any(char::is_control) {
+        return bad("holds a NUL, a backslash or a control character");
+    }
+    if path.split('/').any(|p| p.is_empty() || p == "." || p == "..") {
+        return bad("has an empty, . or .. part; it must stay inside the run's directory");
+    }
+    Ok(())
+}
+
+/// A name from a client, safe to put in a message or a log line: escaped
+/// and cut to 200 characters.
+pub fn shown(s: &str) -> String {
+    let e: String = s.escape_debug().take(200).collect();
+    format!("\"{e}\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(body: &str) -> String {
+        check(body.as_bytes()).expect_err("refused")
+    }
+
+    #[test]
+    fn a_run_carries_its_files_by_content() {
+        let b64 = data_encoding::BASE64.encode(b"print(1)\n");
+        let c = check(
+            format!(
+                r#"{{"command": ["python", "train.py"], "args": ["--lr", "0.1"], "env": {{"A": "1"}},
+                   "nproc_per_node": 2, "files": {{"train.py": "{b64}", "lib/util.py": "{b64}"}}}}"#
+            )
+            .as_bytes(),
+        )
+        .expect("ok");
+        assert_eq!(c.command, ["python", "train.py", "--lr", "0.1"]);
+        assert_eq!(c.env, [("A".to_string(), "1".to_string())]);
+        assert_eq!((c.nproc, c.max_restarts, c.replace), (Some(2), None, false));
+        assert_eq!(c.files.len(), 2);
+        assert_eq!(c.blobs.len(), 1, "one content, one blob");
+        assert_eq!(c.files[0].sha256, sha256_hex(b"print(1)\n"));
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+            "FIPS 180-2's example"
+        );
+    }
+
+    #[test]
+    fn bad_submissions_name_what_was_wrong() {
+        for (body, want) in [
+            ("{", "not a valid run"),
+            (r#"{"command": []}"#, "command: must name a program"),
+            (r#"{"command": ["python"], "bogus": 1}"#, "unknown field `bogus`"),
+            (r#"{"command": ["python"], "env": {"RANK": "3"}}"#, "RANK is set by trainlet"),
+            (r#"{"command": ["python"], "env": {"TORCHELASTIC_X": "3"}}"#, "TORCHELASTIC_X is set by trainlet"),
+            (r#"{"command": ["python"], "env": {"A=B": "3"}}"#, "is not a variable name"),
+            (r#"{"command": ["python"], "nproc_per_node": 0}"#, "nproc_per_node: 0"),
+            (r#"{"command": ["python"], "files": {"a.py": "%%%"}}"#, "not base64"),
+            (r#"{"command": ["python"], "files": {"../etc/passwd": ""}}"#, "stay inside"),
+            (r#"{"command": ["python"], "files": {"/etc/passwd": ""}}"#, "absolute"),
+            (r#"{"command": ["python"], "files": {"a//b": ""}}"#, "empty"),
+            (r#"{"command": ["python"], "files": {"a\\b": ""}}"#, "backslash"),
+            (r#"{"command": ["python"], "files": {"a": "", "a/b": ""}}"#, "both a file and a directory"),
+        ] {
+            let e = err(body);
+            assert!(e.contains(want), "{body}: {e}");
+        }
+        assert!(check_path("data/x.py").is_ok());
+        assert!(shown("a\nb\u{1b}[31m").contains("\\n") && !shown("\u{1b}").contains('\u{1b}'));
+    }
+}
