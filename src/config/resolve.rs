@@ -50,6 +50,11 @@ impl Plan {
         let serve = super::serve::resolve(args, &mut s, rdzv.standalone)?;
         let (entry, omp_default) =
             super::entry::resolve(args, &mut s, nodes.nproc, need_command && serve.is_none(), framework)?;
+        let mut entry = entry;
+        if serve.is_some() && entry.python.is_none() {
+            // Served runs that name `python` get the pod's interpreter.
+            entry.python = super::entry::resolve_python(args, env).ok().map(|(p, _)| p);
+        }
         let preload = super::serve::resolve_preload(args, &mut s, entry.python.as_deref())?;
         let progress = super::progress::resolve(args, &mut s, rdzv.progress_timeout)?;
         let gpu = super::gpu::resolve(args, &mut s, machine.gpu_root, machine.gpus, nodes.nproc)?;

@@ -337,12 +337,10 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
         let proposal = verdict(&facts);
         let agreed = match session.decide(round.number, proposal).await {
             Ok(v) => v,
-            Err(e) => {
-                match reconnect(&mut session, plan, &mut events, &cancel, &crate::error::error_chain(&e)).await {
-                    Ok(()) => continue,
-                    Err(code) => break code,
-                }
-            }
+            Err(e) => match reconnect(&mut session, plan, &mut events, &cancel, &crate::error::error_chain(&e)).await {
+                Ok(()) => continue,
+                Err(code) => break code,
+            },
         };
         rounds.push(record(&round, &end, &agreed.to_string()));
         let root = root_cause(&all_failures);

@@ -209,13 +209,21 @@ impl Served {
     pub fn plan_for(&self, base: &Plan) -> Plan {
         let mut p = base.clone();
         let Some(c) = &self.current else { return p };
-        let (program, args) =
+        let (mut program, args) =
             c.run.command.split_first().map_or((String::new(), Vec::new()), |(p, a)| (p.clone(), a.to_vec()));
         p.entry.script = args.first().cloned().unwrap_or_else(|| program.clone());
+        // `python` is the pod's interpreter (--python, TRAINLET_PYTHON, PATH).
+        if let (true, Some(py)) = (matches!(program.as_str(), "python" | "python3"), &base.entry.python) {
+            program.clone_from(py);
+        }
         p.entry.program = program;
         p.entry.args = args;
         p.entry.cwd.clone_from(&c.dir);
         p.entry.env.clone_from(&c.run.env);
+        // Lines reach the control API as they are printed.
+        if !p.entry.env.iter().any(|(k, _)| k == "PYTHONUNBUFFERED") {
+            p.entry.env.push(("PYTHONUNBUFFERED".into(), "1".into()));
+        }
         if let Some(n) = c.run.nproc {
             p.nproc = n;
             p.omp_default = (n > 1 && std::env::var_os(crate::env::OMP_NUM_THREADS).is_none()).then(|| "1".into());

@@ -20,6 +20,7 @@ mod progress;
 mod rendezvous;
 mod rendezvous_time;
 mod runtimes;
+mod serve;
 mod signals;
 mod ssh;
 mod sshkit;

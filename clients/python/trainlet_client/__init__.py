@@ -1,0 +1,191 @@
+"""Client for trainlet's control API (``trainlet run --serve``).
+
+Standard library only (``http.client``). One object per job::
+
+    from trainlet_client import Trainlet
+    t = Trainlet("http://127.0.0.1:29400", token=open("token").read())
+    result = t.run(["python", "train.py"], files="./src", follow=True)
+    print(result.state, result.exit_codes)
+
+``files`` is a directory (every regular file under it, by relative path)
+or a mapping of relative path to ``bytes``/``str``. Unchanged files are
+not re-sent to the other pods (trainlet stores them by content).
+"""
+
+import base64
+import http.client
+import json
+import os
+import sys
+import time
+import urllib.parse
+
+__all__ = ["Trainlet", "Result", "TrainletError"]
+
+FINAL = ("succeeded", "failed", "stopped")
+
+
+class TrainletError(Exception):
+    """The control API refused a request: ``status`` and its ``message``."""
+
+    def __init__(self, status, message):
+        super().__init__("HTTP %d: %s" % (status, message))
+        self.status = status
+        self.message = message
+
+
+class Result:
+    """A run as the control API reports it (``GET /v1/runs/{id}``)."""
+
+    def __init__(self, record):
+        self.record = record
+        self.id = record["id"]
+        self.state = record["state"]
+        self.ranks = record.get("ranks", [])
+        self.report = record.get("report")
+        self.timings = record.get("timings", {})
+
+    @property
+    def exit_codes(self):
+        """Rank -> exit code (None: stopped before it exited)."""
+        return {r["rank"]: r["exit_code"] for r in self.ranks}
+
+    @property
+    def ok(self):
+        return self.state == "succeeded"
+
+    def __repr__(self):
+        return "Result(id=%r, state=%r)" % (self.id, self.state)
+
+
+def _collect(files):
+    if files is None:
+        return {}
+    if isinstance(files, (str, os.PathLike)):
+        root = os.fspath(files)
+        out = {}
+        for dirpath, dirnames, names in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", ".git"))
+            for name in sorted(names):
+                full = os.path.join(dirpath, name)
+                if os.path.islink(full) or not os.path.isfile(full):
+                    continue
+                rel = os.path.relpath(full, root).replace(os.sep, "/")
+                with open(full, "rb") as f:
+                    out[rel] = f.read()
+        return out
+    return {k: (v.encode() if isinstance(v, str) else bytes(v)) for k, v in files.items()}
+
+
+class Trainlet:
+    """The control API at ``url`` (``http://host:port``) with bearer ``token``."""
+
+    def __init__(self, url, token, timeout=60.0):
+        u = urllib.parse.urlsplit(url)
+        if u.scheme not in ("http", "") or not u.hostname:
+            raise ValueError("url must be http://host:port, got %r" % url)
+        self.host = u.hostname
+        self.port = u.port or 29400
+        self.token = token.strip()
+        self.timeout = timeout
+
+    def _conn(self, timeout=None):
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout or self.timeout)
+
+    def _request(self, method, path, body=None):
+        c = self._conn()
+        try:
+            headers = {"Authorization": "Bearer " + self.token}
+            data = None
+            if body is not None:
+                data = json.dumps(body).encode()
+                headers["Content-Type"] = "application/json"
+            c.request(method, path, body=data, headers=headers)
+            r = c.getresponse()
+            raw = r.read()
+            try:
+                doc = json.loads(raw) if raw else {}
+            except ValueError:
+                doc = {"message": raw.decode(errors="replace")}
+            if r.status >= 400:
+                raise TrainletError(r.status, doc.get("message", r.reason))
+            return doc
+        finally:
+            c.close()
+
+    def submit(self, command, args=None, env=None, files=None, nproc_per_node=None, max_restarts=None, replace=False):
+        """Start a run on every pod; returns its id."""
+        body = {
+            "command": list(command),
+            "args": list(args or []),
+            "env": dict(env or {}),
+            "files": {k: base64.b64encode(v).decode() for k, v in _collect(files).items()},
+            "replace": bool(replace),
+        }
+        if nproc_per_node is not None:
+            body["nproc_per_node"] = int(nproc_per_node)
+        if max_restarts is not None:
+            body["max_restarts"] = int(max_restarts)
+        return self._request("POST", "/v1/runs", body)["id"]
+
+    def get(self, run_id):
+        """The run's record."""
+        return Result(self._request("GET", "/v1/runs/" + urllib.parse.quote(run_id)))
+
+    def stop(self, run_id):
+        """Stop the run (checkpoint signal, grace); returns its state."""
+        return self._request("DELETE", "/v1/runs/" + urllib.parse.quote(run_id))["state"]
+
+    def status(self):
+        """Pods, world and runs."""
+        return self._request("GET", "/v1/status")
+
+    def logs(self, run_id, follow=False):
+        """Yield the run's lines (every rank's, prefixed); with ``follow``, until it ends."""
+        c = self._conn(timeout=None if follow else self.timeout)
+        try:
+            q = "?follow=true" if follow else ""
+            c.request("GET", "/v1/runs/%s/logs%s" % (urllib.parse.quote(run_id), q),
+                      headers={"Authorization": "Bearer " + self.token})
+            r = c.getresponse()
+            if r.status >= 400:
+                raw = r.read()
+                try:
+                    msg = json.loads(raw).get("message", r.reason)
+                except ValueError:
+                    msg = r.reason
+                raise TrainletError(r.status, msg)
+            pending = b""
+            while True:
+                chunk = r.read1(65536) if hasattr(r, "read1") else r.read(65536)
+                if not chunk:
+                    break
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    yield line.decode(errors="replace")
+            if pending:
+                yield pending.decode(errors="replace")
+        finally:
+            c.close()
+
+    def wait(self, run_id, timeout=None, poll=0.2):
+        """The run's record once it is over."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            res = self.get(run_id)
+            if res.state in FINAL:
+                return res
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("run %s still %s after %ss" % (run_id, res.state, timeout))
+            time.sleep(poll)
+
+    def run(self, command, follow=True, out=None, **kw):
+        """Submit, stream the lines to ``out`` (stdout) while it runs, and return its :class:`Result`."""
+        run_id = self.submit(command, **kw)
+        if follow:
+            out = out or sys.stdout
+            for line in self.logs(run_id, follow=True):
+                out.write(line + "\n")
+                out.flush()
+        return self.wait(run_id)
