@@ -243,3 +243,27 @@ fn the_control_api_answers_only_to_its_token() {
     let (_, logs) = http(url, "GET", &format!("/v1/runs/{first}/logs?follow=true"), Some(TOKEN), "");
     assert_eq!(logs, "[default0]: up\n", "a stopped run's lines stay readable, and following it ends");
 }
+
+/// A pod killed while serving is replaced, and the next run uses the new
+/// world: the replacement's agent starts its ranks.
+#[test]
+fn a_pod_killed_while_serving_is_replaced_for_the_next_run() {
+    let mut s = start(2, &[]);
+    let first = drive(&s, &["v1"]);
+    let old: BTreeSet<String> = s.pods.iter().map(|p| p.pid().to_string()).collect();
+    assert_ran_everywhere(&first[0], "v1", &old);
+    s.pods[1].signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = s.pods[1].child.wait();
+    let control: u16 = s.url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let replacement = start_pod(&s, (control, 2), 1, &[]);
+    s.pods[1] = replacement;
+    let agents: BTreeSet<String> = s.pods.iter().map(|p| p.pid().to_string()).collect();
+    let next = drive(&s, &["v2"]);
+    assert_ran_everywhere(&next[0], "v2", &agents);
+    let by_new = results(next[0]["lines"].as_array().expect("lines"))
+        .values()
+        .filter(|kv| kv["agent"] == s.pods[1].pid().to_string())
+        .count();
+    assert_eq!(by_new, 2, "the replacement pod ran two of the four ranks");
+    assert!(s.pods[0].stderr().contains("the idle round ended"), "{}", s.pods[0].stderr());
+}
