@@ -82,6 +82,11 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     if let Some(code) = preflight(&mut plan, &spawner).await {
         return Ok(code);
     }
+    // The imports overlap the rendezvous: started before the pod joins.
+    let zygote = match &plan.preload {
+        Some(p) => Some(crate::supervise::zygote::Zygote::start(&spawner, &p.python, &p.modules).await),
+        None => None,
+    };
     // Stopped (its NVML child killed) when `run` returns.
     let _sampler = (plan.gpu.metrics_addr.is_some() && !plan.gpu.gpus.is_empty()).then(|| {
         crate::metrics::sample_gpus(spawner.clone(), plan.gpu.gpus.clone(), METRICS_EVERY, plan.gpu.nvml_timeout)
@@ -254,6 +259,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
                 status: progress.link(),
                 tap: served.as_ref().and_then(serve::Served::tap),
                 unstartable: served.as_ref().and_then(serve::Served::unstartable),
+                zygote: zygote.as_ref(),
                 group_rank: round.group_rank,
                 nnodes: round.nnodes,
             };

@@ -238,19 +238,14 @@ fn spawn_now(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
 /// child may not allocate). The environment is the agent's, less `unset`,
 /// with `env` on top (later entries win), as `Command::envs` does.
 fn exec_plan(spec: &WorkerSpec) -> std::io::Result<sys::ExecPlan> {
-    use std::ffi::{CString, OsStr, OsString};
+    use std::ffi::CString;
     use std::os::unix::ffi::{OsStrExt, OsStringExt};
     let c = |bytes: Vec<u8>| {
         CString::new(bytes).map_err(|_| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL byte in an argument or the environment")
         })
     };
-    let mut env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
-    env.retain(|(k, _)| !spec.unset.iter().any(|u| OsStr::new(u) == k));
-    for (k, v) in &spec.env {
-        env.retain(|(old, _)| old != OsStr::new(k));
-        env.push((k.into(), v.into()));
-    }
+    let env = merged_env(spec);
     let path = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone());
     let candidates =
         candidates(&spec.program, path.as_deref()).into_iter().map(|p| c(p.into_vec())).collect::<Result<_, _>>()?;
@@ -282,6 +277,25 @@ fn exec_plan(spec: &WorkerSpec) -> std::io::Result<sys::ExecPlan> {
         affinity: spec.cpus.as_ref().map(|cpus| sys::cpu_mask(cpus.iter())),
         oom_score_adj: spec.oom_score_adj,
     })
+}
+
+/// The agent's environment less `spec.unset`, with `spec.env` on top
+/// (later entries win), as `Command::envs` does.
+fn merged_env(spec: &WorkerSpec) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    use std::ffi::{OsStr, OsString};
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+    env.retain(|(k, _)| !spec.unset.iter().any(|u| OsStr::new(u) == k));
+    for (k, v) in &spec.env {
+        env.retain(|(old, _)| old != OsStr::new(k));
+        env.push((k.into(), v.into()));
+    }
+    env
+}
+
+/// The environment an exec'd `spec` gets, as text (None when a name or
+/// value is not UTF-8): what a worker forked from the zygote is given.
+pub fn worker_env_utf8(spec: &WorkerSpec) -> Option<std::collections::BTreeMap<String, String>> {
+    merged_env(spec).into_iter().map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect()
 }
 
 /// Paths execvp would try for `program`: itself when it has a slash, else

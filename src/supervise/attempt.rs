@@ -156,9 +156,18 @@ pub async fn run_attempt(
         // Not started: the code a shell would give, and why.
         let spawned: Result<_, (u8, String)> = match world.unstartable {
             Some(why) => Err((exit::WORKER_NOT_EXECUTABLE, why.to_string())),
-            None => spawn_retrying(spawner, spec, plan.grace)
-                .await
-                .map_err(|e| (e.exec_code().unwrap_or(exit::FORK_FAILED), crate::error::error_chain(&e))),
+            None => {
+                // Forked from the zygote when it can run the worker, else exec'd.
+                let forked = match world.zygote {
+                    Some(z) => z.fork(&spec).await.and_then(Result::ok),
+                    None => None,
+                };
+                match forked {
+                    Some(sp) => Ok(sp),
+                    None => spawn_retrying(spawner, spec, plan.grace).await,
+                }
+                .map_err(|e| (e.exec_code().unwrap_or(exit::FORK_FAILED), crate::error::error_chain(&e)))
+            }
         };
         match spawned {
             Ok(sp) => {

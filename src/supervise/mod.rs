@@ -1,5 +1,6 @@
 //! Worker supervision: the worker environment, output, the pure policy
-//! core, the attempt shell around it, and reports. Processes themselves
+//! core, the attempt shell around it, reports, and the Python zygote
+//! workers are forked from with `--preload`. Processes themselves
 //! (spawner, signals, reaper) are `crate::process`'s.
 //!
 //! # Design
@@ -22,3 +23,4 @@ pub(crate) mod output;
 pub mod policy;
 pub(crate) mod report;
 pub(crate) mod worker;
+pub(crate) mod zygote;

@@ -32,6 +32,8 @@ pub struct WorldView<'a> {
     /// Why this pod cannot start the workers at all (a served run whose
     /// files could not be unpacked): each is recorded as not started.
     pub unstartable: Option<&'a str>,
+    /// The Python zygote python workers are forked from (`--preload`).
+    pub zygote: Option<&'a std::sync::Arc<crate::supervise::zygote::Zygote>>,
 }
 
 /// The pod's status endpoint as its workers reach it.
@@ -172,6 +174,7 @@ mod tests {
             status: None,
             tap: None,
             unstartable: None,
+            zygote: None,
         };
         framework_env(&w, local_rank, gpu)
     }

@@ -261,6 +261,11 @@ unsafe fn child_after_fork(
                 fail(STAGE_SETUP, *libc::__errno_location());
             }
         }
+        // Only the standard streams cross exec, as with torchrun's
+        // Popen(close_fds=True): descriptors the agent inherited (from a
+        // runtime or a shell) stay with it. Marked close-on-exec, so the
+        // error pipe still reports; a kernel before 5.11 leaves them open.
+        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
         if let Some(dir) = &plan.cwd
             && libc::chdir(dir.as_ptr()) != 0
         {

@@ -16,6 +16,7 @@ mod init;
 mod init_remote;
 mod layout;
 mod mpi;
+mod preload;
 mod progress;
 mod rendezvous;
 mod rendezvous_time;

@@ -267,3 +267,21 @@ fn a_pod_killed_while_serving_is_replaced_for_the_next_run() {
     assert_eq!(by_new, 2, "the replacement pod ran two of the four ranks");
     assert!(s.pods[0].stderr().contains("the idle round ended"), "{}", s.pods[0].stderr());
 }
+
+/// With `--preload torch`, served runs' workers are forked from the zygote
+/// (torch already imported), train DDP to identical parameters, and a
+/// restart forks them again.
+#[test]
+fn preloaded_served_workers_train_and_restart_from_the_zygote() {
+    let s = start(2, &["--preload", "torch"]);
+    let agents: BTreeSet<String> = s.pods.iter().map(|p| p.pid().to_string()).collect();
+    let steps = drive(&s, &["p1", "p2:once"]);
+    for (step, version) in steps.iter().zip(["p1", "p2"]) {
+        assert_ran_everywhere(step, version, &agents);
+        for kv in results(step["lines"].as_array().expect("lines")).values() {
+            assert_eq!(kv["preloaded"], "True", "forked from the zygote: {kv:?}");
+        }
+    }
+    assert_eq!(steps[1]["restarts"], 1, "{}", steps[1]);
+    assert!(results(steps[1]["lines"].as_array().expect("lines")).values().all(|kv| kv["restart"] == "1"));
+}
