@@ -185,8 +185,12 @@ impl Zygote {
             None => std::env::current_dir().ok()?.to_str()?.to_string(),
         };
         let mut phase = self.phase.subscribe();
-        let ready = tokio::time::timeout(READY_LIMIT, phase.wait_for(|p| *p != Phase::Importing)).await;
-        if !matches!(ready.as_ref().map(|p| p.as_deref().map(Clone::clone)), Ok(Ok(Phase::Ready))) {
+        // The first workers wait for the imports (bounded): that is the point.
+        let ready = match tokio::time::timeout(READY_LIMIT, phase.wait_for(|p| *p != Phase::Importing)).await {
+            Ok(Ok(p)) => *p == Phase::Ready,
+            _ => false,
+        };
+        if !ready {
             return None;
         }
         let req = Request {
