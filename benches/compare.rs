@@ -9,7 +9,9 @@
 //! hub and s3 (`trainlet init` against huggingface_hub, Python OpenDAL and
 //! boto3: `init_bench.rs`), jax, xgboost and report (frameworks against
 //! Trainer's way of starting them, and progress reporting's cost:
-//! `framework_bench.rs`). Results are also written to
+//! `framework_bench.rs`), redeploy and preload (serve mode against a
+//! cold torchrun start, `--preload torch` against none: `serve_bench.rs`).
+//! Results are also written to
 //! `target/bench-compare.md`. `mpi` and `sshd` compare against OpenSSH
 //! (`mpi_bench.rs`).
 
@@ -27,6 +29,8 @@ mod framework_bench;
 mod init_bench;
 #[path = "mpi_bench.rs"]
 mod mpi_bench;
+#[path = "serve_bench.rs"]
+mod serve_bench;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -621,6 +625,12 @@ fn main() {
     if on("init") {
         store_init_rows(&mut rows);
         progress(&rows);
+    }
+    if on("redeploy") {
+        serve_bench::redeploy(&mut rows);
+    }
+    if on("preload") {
+        serve_bench::preload(&mut rows);
     }
     if on("restart") {
         restart_gap(&mut rows, 2);

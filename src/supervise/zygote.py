@@ -20,6 +20,7 @@ import struct
 import sys
 
 MAX_REQUEST = 16 * 1024 * 1024
+TORCH_COMPANIONS = ("torch.distributed", "torch.nn.parallel", "torch.optim", "torch._dynamo")
 
 
 def send(sock, doc):
@@ -73,6 +74,15 @@ def serve(sock, modules):
         except BaseException as e:  # noqa: BLE001 - reported to the agent
             send(sock, {"error": "import %s failed: %s: %s" % (m, type(e).__name__, e)})
             return None
+    # What a training step imports lazily the first time it runs (DDP's
+    # constructor imports torch._dynamo: over a second): preloaded too, so
+    # `--preload torch` means torch ready to train. Best effort.
+    if "torch" in modules:
+        for m in TORCH_COMPANIONS:
+            try:
+                importlib.import_module(m)
+            except Exception:  # noqa: BLE001 - an optional warm-up
+                pass
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         send(sock, {"error": "CUDA was initialised while importing %s; a forked worker could not use it" % ",".join(modules)})
@@ -240,5 +250,5 @@ def main():
 
 
 REQ = main()
-del main, serve, become_worker, send, recv, recv_exact, threads
+del main, serve, become_worker, send, recv, recv_exact, threads, TORCH_COMPANIONS, MAX_REQUEST
 run(REQ)

@@ -293,3 +293,57 @@ fn every_runtime_stops_gracefully_whatever_pid_1_is_and_routes_documented_codes(
         }
     }
 }
+
+/// The warm-pod runtime: valid, serving on the control port with the
+/// Secret's token and an idle timeout; its example's TrainJob is valid
+/// and its Service and Secret match the runtime (port, key, file).
+#[test]
+fn the_dev_runtime_serves_with_a_secret_token_and_its_example_matches() {
+    let runtime = repo().join("runtimes/trainlet-dev.yaml");
+    let (ok, out) = validate(std::slice::from_ref(&runtime));
+    assert!(ok && out.contains("ClusterTrainingRuntime trainlet-dev valid"), "{out}");
+    let dir = tempfile::tempdir().expect("tmp");
+    let script = r#"
+import json, sys, yaml
+rt = yaml.safe_load(open(sys.argv[1]))
+docs = {d["kind"]: d for d in yaml.safe_load_all(open(sys.argv[2]))}
+yaml.safe_dump(docs["TrainJob"], open(sys.argv[3], "w"))
+pod = rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+c = pod["containers"][0]
+env = {e["name"]: e.get("value") for e in c["env"]}
+mount = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+secret_vol = [v for v in pod["volumes"] if "secret" in v][0]
+print(json.dumps({
+    "command": c["command"], "env": env, "ports": [p["containerPort"] for p in c["ports"]],
+    "secret": secret_vol["secret"]["secretName"], "secret_mount": mount[secret_vol["name"]],
+    "example_secret": docs["Secret"]["metadata"]["name"], "example_keys": list(docs["Secret"]["stringData"]),
+    "service_port": docs["Service"]["spec"]["ports"][0]["targetPort"],
+    "selector": docs["Service"]["spec"]["selector"], "job": docs["TrainJob"]["metadata"]["name"],
+    "runtime_ref": docs["TrainJob"]["spec"]["runtimeRef"]["name"], "runtime": rt["metadata"]["name"],
+}))
+"#;
+    let trainjob = dir.path().join("trainjob.yaml");
+    let out = Command::new(python())
+        .args(["-c", script])
+        .arg(&runtime)
+        .arg(repo().join("examples/trainlet-dev.yaml"))
+        .arg(&trainjob)
+        .output()
+        .expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let f: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(f["command"], serde_json::json!(["trainlet", "run", "--serve"]));
+    let port: u64 = f["env"]["TRAINLET_CONTROL_PORT"].as_str().and_then(|p| p.parse().ok()).expect("port");
+    assert!(f["ports"].as_array().is_some_and(|p| p.contains(&port.into())), "{f}");
+    assert_eq!(f["service_port"], port, "{f}");
+    assert!(f["env"]["TRAINLET_SERVE_IDLE_TIMEOUT"].as_str().is_some_and(|t| t.parse::<u64>().is_ok_and(|t| t > 0)));
+    assert_eq!(f["secret"], f["example_secret"]);
+    let token_file = f["env"]["TRAINLET_CONTROL_TOKEN_FILE"].as_str().expect("token file");
+    let key = f["example_keys"][0].as_str().expect("key");
+    assert_eq!(token_file, format!("{}/{key}", f["secret_mount"].as_str().expect("mount")), "{f}");
+    assert_eq!(f["runtime_ref"], f["runtime"]);
+    assert_eq!(f["selector"]["jobset.sigs.k8s.io/jobset-name"], f["job"], "the Service selects the TrainJob's pods");
+    assert_eq!(f["selector"]["batch.kubernetes.io/job-completion-index"], "0", "and only the store host");
+    let (ok, out) = validate(&[trainjob]);
+    assert!(ok, "{out}");
+}
