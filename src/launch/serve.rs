@@ -25,6 +25,9 @@ use crate::supervise::policy::{JobEnd, Outcome};
 use crate::supervise::report::{Failure, Report};
 use crate::sys;
 
+/// How often a pod looks for the real run after a forged go signal.
+const POLL_FORGED: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// What a round does in serve mode.
 #[derive(Debug)]
 pub(super) enum Work {
@@ -54,6 +57,12 @@ pub(super) struct Served {
     current: Option<Current>,
     /// The newest run this pod saw end.
     ended: u64,
+    /// The go signal this pod waits for next.
+    next_go: u64,
+    /// The control token (checked on every run).
+    token_file: PathBuf,
+    /// A forged run or signal was refused (logged once).
+    refusing: bool,
 }
 
 impl std::fmt::Debug for Served {
@@ -73,13 +82,24 @@ impl Served {
         let Some(conf) = plan.serve.clone() else { return Ok(None) };
         let base = crate::rendezvous::job_base(&plan.run_id, plan.jobset_attempt);
         let usage = crate::config::Error::Usage;
+        // Every pod checks each run's signature with the token.
+        let token_file = match &conf.token_file {
+            Some(f) => {
+                crate::serve::read_token(f).map_err(|e| {
+                    usage(format!("--control-token-file {}: {e}; mount the control Secret there", f.display()))
+                })?;
+                f.clone()
+            }
+            None if plan.serve_store && plan.nnodes == 1 => api::make_token(&conf.dir).map_err(|e| {
+                usage(format!("cannot write the control API's token under {} ({e}); give --control-token-file or a writable --serve-dir", conf.dir.display()))
+            })?,
+            None => {
+                return Err(usage(
+                    "--serve on more than one pod needs --control-token-file on every pod (the same Secret): each pod checks that a run was signed with it".into(),
+                ));
+            }
+        };
         let board = if plan.serve_store {
-            let token_file = match &conf.token_file {
-                Some(f) => f.clone(),
-                None => api::make_token(&conf.dir).map_err(|e| {
-                    usage(format!("cannot write the control API's token under {} ({e}); give --control-token-file or a writable --serve-dir", conf.dir.display()))
-                })?,
-            };
             let board = Arc::new(Board::default());
             let api_conf = api::Conf {
                 listen: conf.control,
@@ -98,7 +118,18 @@ impl Served {
         } else {
             None
         };
-        Ok(Some(Self { link: Link::new(store, &base), base, conf, store, board, current: None, ended: 0 }))
+        Ok(Some(Self {
+            link: Link::new(store, &base),
+            base,
+            conf,
+            token_file,
+            store,
+            board,
+            current: None,
+            ended: 0,
+            next_go: 1,
+            refusing: false,
+        }))
     }
 
     /// What round `round` does: run the current run, or wait for one.
@@ -115,15 +146,34 @@ impl Served {
                 b.set_world(World { round: round.number, nnodes: round.nnodes, pods });
             }
         }
+        // The go signal that last woke this pod.
+        let mut fired = None;
         loop {
-            let newest = match self.link.newest().await {
-                Ok(n) => n,
+            let token = match crate::serve::read_token(&self.token_file) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::error!(file = %self.token_file.display(), error = %e, "cannot read the control token; no run is taken until it is back");
+                    String::new()
+                }
+            };
+            let newest = match self.link.newest(&token).await {
+                Ok(Some(Ok(run))) => Some(run),
+                Ok(Some(Err(why))) => {
+                    if !std::mem::replace(&mut self.refusing, true) {
+                        tracing::error!(reason = %why, "refused the run in the store: it was not submitted through the control API");
+                    }
+                    None
+                }
+                Ok(None) => None,
                 Err(e) => {
                     tracing::error!(error = %crate::error::error_chain(&e), "cannot read the served run from the store");
                     return Work::Idle(Outcome::Lost);
                 }
             };
-            let seen = newest.as_ref().map_or(0, |r| r.seq);
+            if let Some(r) = &newest {
+                self.next_go = self.next_go.max(r.seq + 1);
+                self.refusing = false;
+            }
             if let Some(run) = newest.filter(|r| r.seq > self.ended) {
                 match self.link.is_ended(run.seq).await {
                     Ok(false) => {
@@ -142,13 +192,33 @@ impl Served {
                 nnodes = round.nnodes,
                 "serving: waiting for a run from the control API"
             );
-            let go = wait_go(self.store, self.link.keys.clone(), seen + 1);
+            // A go signal with no valid run behind it (forged in the store):
+            // poll for the real one instead of waiting on the same key.
+            let poll = fired == Some(self.next_go);
+            let (store, keys, seq) = (self.store, self.link.keys.clone(), self.next_go);
+            let go = async move {
+                if poll {
+                    tokio::time::sleep(POLL_FORGED).await;
+                    return Ok(Go::Run);
+                }
+                wait_go(store, keys, seq, &token).await
+            };
             let end = session.watch_end(round.number);
             tokio::pin!(go, end);
             let out = loop {
                 tokio::select! {
                     g = &mut go => break match g {
-                        Ok(Go::Run) => None,
+                        Ok(Go::Run) => {
+                            fired = Some(seq);
+                            None
+                        }
+                        Ok(Go::Forged) => {
+                            if !std::mem::replace(&mut self.refusing, true) {
+                                tracing::error!(seq, "refused a go signal in the store: not the control API's");
+                            }
+                            fired = Some(seq);
+                            None
+                        }
                         Ok(Go::Shutdown) => Some(Work::Shutdown),
                         Err(e) => {
                             tracing::error!(error = %crate::error::error_chain(&e), "lost the store while waiting for a run");

@@ -172,12 +172,8 @@ async fn connection(api: &Api, mut conn: TcpStream) {
 /// The token file's content, trimmed; nobody is admitted when it is
 /// empty or cannot be read.
 fn authorized(file: &std::path::Path, req: &Request) -> bool {
-    match std::fs::read_to_string(file) {
-        Ok(t) if !t.trim().is_empty() => same(req.bearer().as_bytes(), t.trim().as_bytes()),
-        Ok(_) => {
-            tracing::warn!(file = %file.display(), "the control API's token file is empty; refusing every request");
-            false
-        }
+    match super::read_token(file) {
+        Ok(t) => same(req.bearer().as_bytes(), t.as_bytes()),
         Err(e) => {
             tracing::warn!(file = %file.display(), error = %e, "cannot read the control API's token file; refusing every request");
             false
@@ -229,6 +225,10 @@ async fn submit(api: &Api, req: &Request) -> Answer {
             return fail(Status::UNAVAILABLE, &format!("run {id} is still stopping; try again"));
         }
     }
+    let token = match super::read_token(&api.conf.token_file) {
+        Ok(t) => t,
+        Err(e) => return fail(Status::UNAVAILABLE, &format!("cannot read the control token to sign the run: {e}")),
+    };
     let seq = api.board.next_seq();
     let id = format!("run-{seq}-{:06x}", crate::sys::random_u64() & 0xff_ffff);
     let mut link = api.link.lock().await;
@@ -248,10 +248,10 @@ async fn submit(api: &Api, req: &Request) -> Answer {
             base_restarts,
             files: checked.files,
         };
-        let previous = link.newest().await?;
+        let previous = link.newest(&token).await?.and_then(Result::ok);
         let json = serde_json::to_vec(&run).map_err(|e| super::Error::Corrupt(e.to_string()))?;
         let (run_key, go_key) = (link.keys.run(), link.keys.go(seq));
-        link.set(&run_key, &json).await?;
+        link.set(&run_key, &super::seal(&token, &json)).await?;
         api.board.submitted(&run, sent);
         link.set(&go_key, b"run").await?;
         // What earlier runs left in the store and this one does not use.
@@ -387,7 +387,14 @@ async fn idle_watch(api: Arc<Api>, limit: Duration, cancel: CancellationToken) {
         );
         let mut link = api.link.lock().await;
         let key = link.keys.go(seq);
-        if let Err(e) = link.set(&key, b"shutdown").await {
+        let word = match super::read_token(&api.conf.token_file) {
+            Ok(token) => super::seal(&token, super::shutdown_word(seq).as_bytes()),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the control token to sign the shutdown");
+                continue;
+            }
+        };
+        if let Err(e) = link.set(&key, &word).await {
             tracing::error!(error = %crate::error::error_chain(&e), "cannot tell the pods to exit");
         }
         return;

@@ -13,8 +13,8 @@
 //!
 //! | key | written by | meaning |
 //! |---|---|---|
-//! | `serve/run` | the control API | the newest run ([`spec::Run`], JSON) |
-//! | `serve/go/<seq>` | the control API | `run`: run `seq` is published; `shutdown`: the pods exit 0 |
+//! | `serve/run` | the control API | the newest run ([`spec::Run`], JSON, [`seal`]ed with the control token) |
+//! | `serve/go/<seq>` | the control API | `run`: run `seq` is published (a wake-up); `shutdown <seq>`, sealed: the pods exit 0 |
 //! | `serve/ended/<seq>` | the control API, the store host's agent | run `seq` is over (`succeeded`, `failed`, `stopped`) |
 //! | `serve/blob/<sha256>/<i>` | the control API | a file's content in 4 MiB chunks |
 //! | `serve/log/<seq>/n` | ADD per shipping agent | its slot |
@@ -63,10 +63,12 @@ pub const STORE_WAIT: Duration = Duration::from_secs(30);
 /// What `serve/go/<seq>` says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Go {
-    /// Run `seq` is in `serve/run`.
+    /// `run`: run `seq` is in `serve/run` (a wake-up only: the run itself is signed).
     Run,
-    /// The pods exit 0 (idle timeout).
+    /// The pods exit 0 (idle timeout), [`seal`]ed `shutdown <seq>`.
     Shutdown,
+    /// Something else: not the control API's.
+    Forged,
 }
 
 /// The store keys of serve mode under one job prefix.
@@ -187,13 +189,14 @@ impl Link {
         self.kept(r)
     }
 
-    /// The newest run, if one was published.
-    pub async fn newest(&mut self) -> Result<Option<spec::Run>, Error> {
+    /// The newest run, if one was published: Err(why) inside when it is
+    /// not signed with `token` (written by something other than the control API).
+    pub async fn newest(&mut self, token: &str) -> Result<Option<Result<spec::Run, String>>, Error> {
         let raw = self.get(&self.keys.run()).await?;
         if raw.is_empty() {
             return Ok(None);
         }
-        serde_json::from_slice(&raw).map(Some).map_err(|e| Error::Corrupt(format!("serve/run is not a run: {e}")))
+        Ok(Some(open(token, &raw)))
     }
 
     /// Is run `seq` over?
@@ -207,6 +210,42 @@ impl Link {
     }
 }
 
+/// A run as stored: the hex HMAC-SHA256 of its JSON under the control
+/// token, a newline, the JSON. The store is open to anything that reaches
+/// its port (as torch's is); the signature keeps a store writer from
+/// running a command on every pod, which only the token's holder may.
+pub fn seal(token: &str, run_json: &[u8]) -> Vec<u8> {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.as_bytes());
+    let tag = ring::hmac::sign(&key, run_json);
+    let mut out = data_encoding::HEXLOWER.encode(tag.as_ref()).into_bytes();
+    out.push(b'\n');
+    out.extend_from_slice(run_json);
+    out
+}
+
+/// What `value` holds when it was [`seal`]ed with `token`, or why not.
+pub fn unseal<'a>(token: &str, value: &'a [u8]) -> Result<&'a [u8], &'static str> {
+    let i = value.iter().position(|b| *b == b'\n').ok_or("not signed")?;
+    let tag = data_encoding::HEXLOWER.decode(&value[..i]).map_err(|_| "not signed")?;
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.as_bytes());
+    ring::hmac::verify(&key, &value[i + 1..], &tag).map_err(|_| "its signature does not match the control token")?;
+    Ok(&value[i + 1..])
+}
+
+/// The run in a value [`seal`]ed with `token`, or why it is refused.
+pub fn open(token: &str, value: &[u8]) -> Result<spec::Run, String> {
+    serde_json::from_slice(unseal(token, value)?).map_err(|e| format!("not a run: {e}"))
+}
+
+/// The token in `file` (trimmed; an empty file is an error).
+pub fn read_token(file: &std::path::Path) -> std::io::Result<String> {
+    let t = std::fs::read_to_string(file)?.trim().to_string();
+    if t.is_empty() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "the token file is empty"));
+    }
+    Ok(t)
+}
+
 /// `f`, bounded by [`STORE_WAIT`].
 async fn bounded<T>(f: impl Future<Output = Result<T, ClientError>>) -> Result<T, ClientError> {
     tokio::time::timeout(STORE_WAIT, f)
@@ -216,13 +255,49 @@ async fn bounded<T>(f: impl Future<Output = Result<T, ClientError>>) -> Result<T
 
 /// Wait until `serve/go/<seq>` is set, on a connection of its own (WAIT
 /// blocks it; dropping the future drops the connection); what it says.
-pub async fn wait_go(addr: SocketAddr, keys: Keys, seq: u64) -> Result<Go, Error> {
+pub async fn wait_go(addr: SocketAddr, keys: Keys, seq: u64, token: &str) -> Result<Go, Error> {
     let mut c = Client::connect(addr).await?;
     let key = keys.go(seq);
     c.wait(std::slice::from_ref(&key)).await?;
-    match c.get(&key).await?.as_slice() {
-        b"run" => Ok(Go::Run),
-        b"shutdown" => Ok(Go::Shutdown),
-        other => Err(Error::Corrupt(format!("serve/go/{seq} holds {:?}", String::from_utf8_lossy(other)))),
+    let value = c.get(&key).await?;
+    Ok(if value == b"run" {
+        Go::Run
+    } else if unseal(token, &value) == Ok(shutdown_word(seq).as_bytes()) {
+        Go::Shutdown
+    } else {
+        Go::Forged
+    })
+}
+
+/// What the control API seals into `serve/go/<seq>` to end the job.
+pub fn shutdown_word(seq: u64) -> String {
+    format!("shutdown {seq}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_runs_sealed_with_the_token_open() {
+        let run = spec::Run {
+            id: "run-1-a".into(),
+            seq: 1,
+            command: vec!["python".into()],
+            env: Vec::new(),
+            nproc: None,
+            max_restarts: 0,
+            base_restarts: 0,
+            files: Vec::new(),
+        };
+        let json = serde_json::to_vec(&run).expect("json");
+        let sealed = seal("s3cret", &json);
+        assert_eq!(open("s3cret", &sealed), Ok(run));
+        assert!(open("other", &sealed).is_err_and(|e| e.contains("does not match")));
+        assert!(open("s3cret", &json).is_err(), "an unsigned run is refused");
+        let mut forged = sealed.clone();
+        let n = forged.len();
+        forged[n - 2] ^= 1;
+        assert!(open("s3cret", &forged).is_err(), "a changed run is refused");
     }
 }

@@ -285,3 +285,43 @@ fn preloaded_served_workers_train_and_restart_from_the_zygote() {
     assert_eq!(steps[1]["restarts"], 1, "{}", steps[1]);
     assert!(results(steps[1]["lines"].as_array().expect("lines")).values().all(|kv| kv["restart"] == "1"));
 }
+
+/// The agents' store is open to whatever reaches its port (as torch's
+/// is): a run or a shutdown written there directly, unsigned or signed
+/// with another token, is refused by every pod, and the pods keep taking
+/// real runs from the control API.
+#[test]
+fn a_run_forged_in_the_store_is_refused() {
+    let s = start(1, &[]);
+    let dir = tempfile::tempdir().expect("tmp");
+    let pwned = dir.path().join("pwned");
+    let forged = serde_json::json!({
+        "id": "run-1-evil", "seq": 1, "command": ["sh", "-c", format!("touch {}", pwned.display())],
+        "env": [], "nproc": 1, "max_restarts": 0, "base_restarts": 0, "files": [],
+    })
+    .to_string();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    rt.block_on(async {
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{}", s.store_port).parse().expect("addr");
+        let mut c = trainlet::store::Client::connect(addr).await.expect("store");
+        let base = "trainlet/none/j0/serve";
+        c.set(&format!("{base}/run"), forged.as_bytes()).await.expect("set");
+        c.set(&format!("{base}/go/1"), b"run").await.expect("go");
+        c.set(&format!("{base}/go/2"), b"shutdown 2").await.expect("shutdown");
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !s.pods[0].stderr().contains("refused the run in the store") {
+        assert!(std::time::Instant::now() < deadline, "{}", s.pods[0].stderr());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let steps = drive(&s, &["real"]);
+    let agents: BTreeSet<String> = s.pods.iter().map(|p| p.pid().to_string()).collect();
+    assert_eq!(steps[0]["state"], "succeeded", "{}", steps[0]);
+    let r = results(steps[0]["lines"].as_array().expect("lines"));
+    assert_eq!(r.len(), 2, "the real run ran: {r:?}");
+    assert!(r.values().all(|kv| agents.contains(&kv["agent"])));
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!pwned.exists(), "the forged command never ran");
+    let mut pod = s.pods.into_iter().next().expect("pod");
+    assert!(pod.child.try_wait().expect("try_wait").is_none(), "a forged shutdown does not end the pods");
+}
