@@ -4,7 +4,7 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `POST /v1/runs` | 201 `{"id", "seq", "state"}`; 409 while a run is not over (unless `"replace": true`) |
+//! | `POST /v1/runs` | 201 `{"id", "seq", "state"}`; 409 while a run is not over (unless `"replace": true`); the files base64 in the JSON, or a tar(.gz) body with the JSON in `X-Trainlet-Run` |
 //! | `GET /v1/runs` | every kept run |
 //! | `GET /v1/runs/{id}` | its state, per-rank exits, failure report, timings |
 //! | `GET /v1/runs/{id}/logs[?follow=true]` | every rank's prefixed lines, chunked; with follow, until the run is over |
@@ -24,7 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use super::board::{Board, State};
-use super::spec::{Run, check, shown};
+use super::spec::{Run, check, check_archive, shown};
 use super::{Link, files, logs};
 use crate::http::{Limits, Request, Status, error_body, read_request, respond, same};
 
@@ -199,11 +199,19 @@ fn status(api: &Api) -> Answer {
 }
 
 async fn submit(api: &Api, req: &Request) -> Answer {
-    // The body is JSON whatever the client called it (curl -d says form-urlencoded).
-    if req.header("content-type").is_some_and(|t| t.contains("gzip") || t.contains("tar") || t.contains("multipart")) {
-        return fail(Status::MEDIA, "send the run as JSON, its files base64-encoded in \"files\"");
+    // JSON whatever the client called it (curl -d says form-urlencoded),
+    // or the files as a tar(.gz) body with the JSON in X-Trainlet-Run.
+    let kind = req.header("content-type").unwrap_or("");
+    let archive = kind.contains("gzip") || kind.contains("tar");
+    if kind.contains("multipart") {
+        return fail(Status::MEDIA, "send JSON, or a tar.gz body with the JSON in X-Trainlet-Run");
     }
-    let checked = match check(&req.body) {
+    let checked = match (archive, req.header("x-trainlet-run")) {
+        (true, Some(json)) => check_archive(json, &req.body),
+        (true, None) => Err("a tar.gz body needs the run's JSON in the X-Trainlet-Run header".into()),
+        (false, _) => check(&req.body),
+    };
+    let checked = match checked {
         Ok(c) => c,
         Err(why) => return fail(Status::BAD, &why),
     };

@@ -29,6 +29,7 @@ pub mod board;
 pub mod files;
 pub mod logs;
 pub mod spec;
+pub mod tar;
 
 use std::net::SocketAddr;
 use std::time::Duration;

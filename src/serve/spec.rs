@@ -122,6 +122,17 @@ pub fn sha256_hex(data: &[u8]) -> String {
     data_encoding::HEXLOWER.encode(ring::digest::digest(&ring::digest::SHA256, data).as_ref())
 }
 
+/// Parse and check a submission sent as a tar (or tar.gz) body of its
+/// files, with the JSON (without `files`) in a header.
+pub fn check_archive(json: &str, body: &[u8]) -> Result<Checked, String> {
+    let s: Submit = serde_json::from_str(json).map_err(|e| format!("X-Trainlet-Run is not a valid run: {e}"))?;
+    if !s.files.is_empty() {
+        return Err("X-Trainlet-Run: give the files in the archive, not in \"files\"".into());
+    }
+    let files = super::tar::files(body)?;
+    check_parts(s.command, s.args, s.env, (s.nproc_per_node, s.max_restarts), files, s.replace)
+}
+
 /// Parse and check a JSON submission.
 pub fn check(body: &[u8]) -> Result<Checked, String> {
     let s: Submit = serde_json::from_slice(body).map_err(|e| format!("the body is not a valid run: {e}"))?;

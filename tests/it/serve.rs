@@ -161,7 +161,7 @@ fn assert_ran_everywhere(step: &serde_json::Value, version: &str, agents: &BTree
 fn served_pods_take_new_code_and_outlive_a_failed_run() {
     let mut s = start(2, &["--serve-idle-timeout", "4"]);
     let agents: BTreeSet<String> = s.pods.iter().map(|p| p.pid().to_string()).collect();
-    let steps = drive(&s, &["v1", "v2", "v3:fail=1", "v4"]);
+    let steps = drive(&s, &["v1", "v2:tar", "v3:fail=1", "v4"]);
     assert_eq!(steps.len(), 4);
     assert_ran_everywhere(&steps[0], "v1", &agents);
     assert_ran_everywhere(&steps[1], "v2", &agents);

@@ -77,6 +77,20 @@ def _collect(files):
     return {k: (v.encode() if isinstance(v, str) else bytes(v)) for k, v in files.items()}
 
 
+def _targz(files):
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
 class Trainlet:
     """The control API at ``url`` (``http://host:port``) with bearer ``token``."""
 
@@ -92,12 +106,16 @@ class Trainlet:
     def _conn(self, timeout=None):
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout or self.timeout)
 
-    def _request(self, method, path, body=None):
+    def _request(self, method, path, body=None, archive=None):
         c = self._conn()
         try:
             headers = {"Authorization": "Bearer " + self.token}
             data = None
-            if body is not None:
+            if archive is not None:
+                data = archive
+                headers["Content-Type"] = "application/gzip"
+                headers["X-Trainlet-Run"] = json.dumps(body)
+            elif body is not None:
                 data = json.dumps(body).encode()
                 headers["Content-Type"] = "application/json"
             c.request(method, path, body=data, headers=headers)
@@ -113,20 +131,25 @@ class Trainlet:
         finally:
             c.close()
 
-    def submit(self, command, args=None, env=None, files=None, nproc_per_node=None, max_restarts=None, replace=False):
-        """Start a run on every pod; returns its id."""
+    def submit(self, command, args=None, env=None, files=None, nproc_per_node=None, max_restarts=None,
+               replace=False, archive=False):
+        """Start a run on every pod; returns its id. With ``archive`` the files
+        go as one tar.gz body (smaller than base64 JSON for many files)."""
+        collected = _collect(files)
         body = {
             "command": list(command),
             "args": list(args or []),
             "env": dict(env or {}),
-            "files": {k: base64.b64encode(v).decode() for k, v in _collect(files).items()},
             "replace": bool(replace),
         }
+        if not archive:
+            body["files"] = {k: base64.b64encode(v).decode() for k, v in collected.items()}
         if nproc_per_node is not None:
             body["nproc_per_node"] = int(nproc_per_node)
         if max_restarts is not None:
             body["max_restarts"] = int(max_restarts)
-        return self._request("POST", "/v1/runs", body)["id"]
+        tar = _targz(collected) if archive else None
+        return self._request("POST", "/v1/runs", body, archive=tar)["id"]
 
     def get(self, run_id):
         """The run's record."""

@@ -43,7 +43,7 @@ def main(argv=None):
             cmd = a.command[1:] if a.command[0] == "--" else a.command
             env = dict(kv.split("=", 1) for kv in a.env)
             kw = dict(files=a.dir, env=env, nproc_per_node=a.nproc_per_node,
-                      max_restarts=a.max_restarts, replace=a.replace)
+                      max_restarts=a.max_restarts, replace=a.replace, archive=a.dir is not None)
             if a.detach:
                 print(t.submit(cmd, **kw))
                 return 0
