@@ -6,6 +6,11 @@ cd "$(dirname "$0")/.."
 bash tests/venv.sh
 bash tests/mpi_venvs.sh
 export TRAINLET_TEST_PYTHON="$PWD/.venv/bin/python"
+# The Python client installs with pip from its path, with no dependency.
+rm -rf target/client-check
+.venv/bin/pip install -q --no-deps --target target/client-check ./clients/python
+PYTHONPATH=target/client-check .venv/bin/python -m trainlet_client --help >/dev/null
+rm -rf clients/python/build clients/python/*.egg-info
 # With [build] target set in .cargo/config.toml, RUSTFLAGS applies to the
 # target only, so proc-macros still build; keep +crt-static in it because
 # RUSTFLAGS replaces the config's rustflags.
