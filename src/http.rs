@@ -143,6 +143,28 @@ pub async fn read_request<C: AsyncRead + Unpin>(conn: &mut C, limits: Limits) ->
     Ok(req)
 }
 
+/// The next connection of `listener`, or None once `cancel` fires. An
+/// accept error (EMFILE, a connection reset before it was taken) is logged
+/// at debug level for `what` and retried after a pause.
+pub async fn accept(
+    listener: &tokio::net::TcpListener,
+    cancel: &tokio_util::sync::CancellationToken,
+    what: &str,
+) -> Option<tokio::net::TcpStream> {
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return None,
+            accepted = listener.accept() => match accepted {
+                Ok((conn, _)) => return Some(conn),
+                Err(e) => {
+                    tracing::debug!(error = %e, "{what} accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+}
+
 /// Equal without an early exit on the first differing byte.
 pub fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

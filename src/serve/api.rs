@@ -87,17 +87,7 @@ pub async fn serve(conf: Conf, board: Arc<Board>, cancel: CancellationToken) -> 
     }
     tokio::spawn(async move {
         loop {
-            let (conn, _) = tokio::select! {
-                () = cancel.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "control API accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-            };
+            let Some(conn) = crate::http::accept(&listener, &cancel, "control API").await else { return };
             let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
                 let mut conn = conn;
                 let _ =

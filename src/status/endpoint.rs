@@ -87,17 +87,7 @@ pub async fn serve(board: Arc<Board>, token: String, cancel: CancellationToken) 
     let token: Arc<str> = token.into();
     tokio::spawn(async move {
         loop {
-            let (conn, _) = tokio::select! {
-                () = cancel.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "status endpoint accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-            };
+            let Some(conn) = crate::http::accept(&listener, &cancel, "status endpoint").await else { return };
             // Over the limit, a connection is closed at once.
             let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else { continue };
             let (board, token) = (Arc::clone(&board), Arc::clone(&token));
