@@ -48,6 +48,11 @@ impl Plan {
         let t = super::timeouts::resolve(args, &mut s)?;
         let out = super::output::resolve(args, &mut s, &machine)?;
         let serve = super::serve::resolve(args, &mut s, rdzv.standalone)?;
+        if let (Some(_), Some(script)) = (&serve, args.command.first()) {
+            return Err(Error::Usage(format!(
+                "--serve takes its runs from the control API; drop {script} from the command line and submit it as a run"
+            )));
+        }
         let (entry, omp_default) =
             super::entry::resolve(args, &mut s, nodes.nproc, need_command && serve.is_none(), framework)?;
         let mut entry = entry;

@@ -162,6 +162,14 @@ mod tests {
     }
 
     #[test]
+    fn serve_takes_no_script() {
+        let args = TorchrunCli::try_parse_from(["torchrun", "--serve", "train.py"]).expect("parse").run;
+        let env = env::Env::from_pairs([("PATH", "/usr/bin:/bin"), ("TRAINLET_SYSFS_ROOT", "/nonexistent")]);
+        let e = crate::config::Plan::resolve(&args, &env, true).expect_err("refused").to_string();
+        assert!(e.contains("drop train.py"), "{e}");
+    }
+
+    #[test]
     fn preload_takes_module_names_only() {
         let args = |a: &[&str]| {
             TorchrunCli::try_parse_from(std::iter::once("torchrun").chain(a.iter().copied())).expect("parse").run

@@ -185,6 +185,12 @@ impl Zygote {
             None => std::env::current_dir().ok()?.to_str()?.to_string(),
         };
         let mut phase = self.phase.subscribe();
+        if *phase.borrow() == Phase::Importing {
+            tracing::info!(
+                limit_s = READY_LIMIT.as_secs(),
+                "waiting for the Python zygote to finish its imports before starting workers"
+            );
+        }
         // The first workers wait for the imports (bounded): that is the point.
         let ready = match tokio::time::timeout(READY_LIMIT, phase.wait_for(|p| *p != Phase::Importing)).await {
             Ok(Ok(p)) => *p == Phase::Ready,
