@@ -136,6 +136,10 @@ async fn connection(api: &Api, mut conn: TcpStream) {
         ("GET", ["v1", "runs", id, "logs"]) => {
             let follow = req.query_has("follow", "true") || req.query_has("follow", "1");
             match api.board.get(id) {
+                Some(r) if r.seq + KEEP_LOGS < api.board.next_seq() => fail(
+                    Status(410, "Gone"),
+                    &format!("the lines of {} are no longer kept (only the last {KEEP_LOGS} runs')", r.id),
+                ),
                 Some(r) => {
                     let _ = stream_logs(api, &mut conn, &r.id, r.seq, follow).await;
                     return;

@@ -464,3 +464,76 @@ fn the_prestop_hook_stops_the_agent_when_a_shell_is_pid_1() {
         assert_eq!(logs.matches("CKPT rank=").count(), 2, "{shell}: both workers checkpointed:\n{logs}");
     }
 }
+
+/// Serve mode as PID 1 of a restricted container (uid 1000, read-only
+/// root, tmpfs /tmp, a pids limit) with `--preload torch`: runs submitted
+/// from outside run forked from the zygote, a DDP run passes its check,
+/// and `podman stop` still ends the container with 143 at once.
+#[test]
+fn a_served_container_with_preload_takes_runs_and_stops_cleanly() {
+    let site = torch_site();
+    let dir = tempfile::tempdir().expect("tmp");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "container-token\n").expect("token");
+    let mut opts = torch_opts(&site);
+    opts.extend(
+        ["--user", "1000:1000", "--read-only", "--tmpfs", "/tmp:rw,mode=1777", "--pids-limit", "256"].map(String::from),
+    );
+    opts.extend(["-v".to_string(), format!("{}:/run/control-token:ro", token.display())]);
+    let port = crate::util::free_port().to_string();
+    let c = Container::start(
+        "serve",
+        &refs(&opts),
+        "localhost/trainlet/torch-runtime:test",
+        &[
+            "run",
+            "--standalone",
+            "--serve",
+            "--control-port",
+            &port,
+            "--control-token-file",
+            "/run/control-token",
+            "--preload",
+            "torch",
+            "--nproc-per-node",
+            "2",
+            "--python",
+            "/usr/bin/python3",
+        ],
+    );
+    c.wait_for_log("zygote ready", LIMIT);
+    let url = format!("http://127.0.0.1:{port}");
+    let run = |body: &str| -> serde_json::Value {
+        let (status, reply) = crate::serve::http(&url, "POST", "/v1/runs", Some("container-token"), body);
+        assert_eq!(status, 201, "{reply}\n{}", c.logs());
+        let id =
+            serde_json::from_str::<serde_json::Value>(&reply).expect("json")["id"].as_str().expect("id").to_string();
+        let started = Instant::now();
+        loop {
+            let (_, rec) = crate::serve::http(&url, "GET", &format!("/v1/runs/{id}"), Some("container-token"), "");
+            let rec: serde_json::Value = serde_json::from_str(&rec).expect("json");
+            if ["succeeded", "failed", "stopped"].iter().any(|s| rec["state"] == *s) {
+                let (_, logs) =
+                    crate::serve::http(&url, "GET", &format!("/v1/runs/{id}/logs"), Some("container-token"), "");
+                return serde_json::json!({ "record": rec, "logs": logs });
+            }
+            assert!(started.elapsed() < LIMIT, "{rec}\n{}", c.logs());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let probe = run(
+        r#"{"command": ["python", "-c", "import sys, os; print('PRELOADED', 'torch' in sys.modules, os.getuid(), os.getppid())"]}"#,
+    );
+    assert_eq!(probe["record"]["state"], "succeeded", "{probe}");
+    let logs = probe["logs"].as_str().expect("logs");
+    assert_eq!(
+        logs.matches("PRELOADED True 1000 1").count(),
+        2,
+        "forked from the zygote, as uid 1000, children of PID 1: {logs}"
+    );
+    let ddp = run(r#"{"command": ["python", "/examples/train_ddp.py", "--steps", "3", "--check"]}"#);
+    assert_eq!(ddp["record"]["state"], "succeeded", "{ddp}\n{}", c.logs());
+    let took = c.stop(30);
+    assert_eq!(c.exit_code(LIMIT), 143, "{}", c.logs());
+    assert!(took < Duration::from_secs(10), "stopped by trainlet, not SIGKILL: {took:?}");
+}

@@ -72,3 +72,57 @@ fn preloaded_workers_start_as_execd_workers_do() {
     }
     assert_eq!(forked[1]["argv"], serde_json::json!([fixture("worker_state.py"), "a b", "lr=1"]));
 }
+
+/// A zygote that dies is not replaced: the next workers are exec'd, with
+/// one warning, and the run succeeds.
+#[test]
+fn workers_are_execd_with_one_warning_when_the_zygote_dies() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "tok").expect("token");
+    let port = free_port().to_string();
+    let serve_dir = dir.path().join("serve").display().to_string();
+    let mut pod = Pod::start(
+        &[
+            "run",
+            "--standalone",
+            "--serve",
+            "--control-port",
+            &port,
+            "--control-token-file",
+            &token.display().to_string(),
+            "--serve-dir",
+            &serve_dir,
+            "--preload",
+            "torch",
+            "--nproc-per-node",
+            "2",
+        ],
+        &[],
+    );
+    pod.wait_for_stderr("zygote ready", LIMIT);
+    let url = format!("http://127.0.0.1:{port}");
+    let probe = r#"{"command": ["python", "-c", "import sys; print('PRELOADED', 'torch' in sys.modules)"]}"#;
+    let run = |pod: &Pod| -> String {
+        let (status, reply) = crate::serve::http(&url, "POST", "/v1/runs", Some("tok"), probe);
+        assert_eq!(status, 201, "{reply}");
+        let id =
+            serde_json::from_str::<serde_json::Value>(&reply).expect("json")["id"].as_str().expect("id").to_string();
+        let (_, logs) = crate::serve::http(&url, "GET", &format!("/v1/runs/{id}/logs?follow=true"), Some("tok"), "");
+        let (_, rec) = crate::serve::http(&url, "GET", &format!("/v1/runs/{id}"), Some("tok"), "");
+        assert!(rec.contains("\"state\":\"succeeded\""), "{rec}\n{}", pod.stderr());
+        logs
+    };
+    assert_eq!(run(&pod).matches("PRELOADED True").count(), 2);
+    let zygote: i32 = pod
+        .stderr()
+        .lines()
+        .find(|l| l.contains("zygote ready"))
+        .and_then(|l| parse_kv(l).get("pid").and_then(|p| p.parse().ok()))
+        .expect("the zygote's pid in the log");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(zygote), nix::sys::signal::Signal::SIGKILL).expect("kill");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(run(&pod).matches("PRELOADED False").count(), 2, "exec'd after the zygote died");
+    assert_eq!(run(&pod).matches("PRELOADED False").count(), 2);
+    assert_eq!(pod.stderr().matches("the Python zygote is not used").count(), 1, "one warning:\n{}", pod.stderr());
+}

@@ -73,7 +73,7 @@ fn start_pod(s: &Served, (control, n): (u16, u32), node: u32, extra: &[&str]) ->
 }
 
 /// One HTTP/1.1 request; (status, body) with a chunked body decoded.
-fn http(url: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+pub fn http(url: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
     let addr = url.trim_start_matches("http://");
     let mut c = std::net::TcpStream::connect(addr).expect("connect");
     c.set_read_timeout(Some(Duration::from_secs(120))).expect("timeout");
