@@ -39,8 +39,6 @@ fn pod_args(s: &Served, control: u16, node: u32, extra: &[&str]) -> Vec<String> 
         &s.token_file.display().to_string(),
         "--serve-dir",
         &s.dir.path().join(format!("pod{node}")).display().to_string(),
-        "--heartbeat-timeout",
-        "3",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -248,14 +246,15 @@ fn the_control_api_answers_only_to_its_token() {
 /// world: the replacement's agent starts its ranks.
 #[test]
 fn a_pod_killed_while_serving_is_replaced_for_the_next_run() {
-    let mut s = start(2, &[]);
+    // Found dead in 3 s rather than 10.
+    let mut s = start(2, &["--heartbeat-timeout", "3"]);
     let first = drive(&s, &["v1"]);
     let old: BTreeSet<String> = s.pods.iter().map(|p| p.pid().to_string()).collect();
     assert_ran_everywhere(&first[0], "v1", &old);
     s.pods[1].signal(nix::sys::signal::Signal::SIGKILL);
     let _ = s.pods[1].child.wait();
     let control: u16 = s.url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
-    let replacement = start_pod(&s, (control, 2), 1, &[]);
+    let replacement = start_pod(&s, (control, 2), 1, &["--heartbeat-timeout", "3"]);
     s.pods[1] = replacement;
     let agents: BTreeSet<String> = s.pods.iter().map(|p| p.pid().to_string()).collect();
     let next = drive(&s, &["v2"]);
