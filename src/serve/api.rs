@@ -32,8 +32,9 @@ use crate::http::{Limits, Request, Status, error_body, read_request, respond, sa
 const MAX_CONNECTIONS: usize = 64;
 /// A request's head, and its body (a run's files, base64).
 const LIMITS: Limits = Limits { head: 16 * 1024, body: 72 * 1024 * 1024 };
-/// Time a client gets to send its request.
-const REQUEST_TIME: Duration = Duration::from_secs(60);
+/// Time a client gets to send its request (up to 72 MiB), or to take
+/// one chunk of a reply.
+const REQUEST_TIME: Duration = Duration::from_secs(30);
 /// How often a log follower looks for new lines.
 const FOLLOW_EVERY: Duration = Duration::from_millis(100);
 /// How often the idle timeout is checked.
@@ -364,10 +365,15 @@ async fn stream_logs(api: &Api, conn: &mut TcpStream, id: &str, seq: u64, follow
     conn.shutdown().await
 }
 
+/// One chunk of a chunked reply; a client that stops reading for
+/// [`REQUEST_TIME`] loses its connection (it holds one of the slots).
 async fn chunk(conn: &mut TcpStream, data: &[u8]) -> std::io::Result<()> {
-    conn.write_all(format!("{:x}\r\n", data.len()).as_bytes()).await?;
-    conn.write_all(data).await?;
-    conn.write_all(b"\r\n").await
+    let write = async {
+        conn.write_all(format!("{:x}\r\n", data.len()).as_bytes()).await?;
+        conn.write_all(data).await?;
+        conn.write_all(b"\r\n").await
+    };
+    tokio::time::timeout(REQUEST_TIME, write).await.unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
 }
 
 /// End the job (every pod exits 0) after `limit` without a run or a request.
