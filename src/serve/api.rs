@@ -328,10 +328,10 @@ async fn delete(api: &Api, id: &str) -> Answer {
 
 /// Every rank's lines of run `seq`, chunked; with `follow`, until it is over.
 async fn stream_logs(api: &Api, conn: &mut TcpStream, id: &str, seq: u64, follow: bool) -> std::io::Result<()> {
-    conn.write_all(
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
-    )
-    .await?;
+    let head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+    tokio::time::timeout(REQUEST_TIME, conn.write_all(head))
+        .await
+        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))?;
     // A connection of its own: a follower never waits behind a submission.
     let mut link = Link::new(api.conf.store, &api.conf.base);
     let mut reader = logs::Reader::new(seq);
@@ -361,8 +361,11 @@ async fn stream_logs(api: &Api, conn: &mut TcpStream, id: &str, seq: u64, follow
             tokio::time::sleep(FOLLOW_EVERY).await;
         }
     }
-    conn.write_all(b"0\r\n\r\n").await?;
-    conn.shutdown().await
+    let end = async {
+        conn.write_all(b"0\r\n\r\n").await?;
+        conn.shutdown().await
+    };
+    tokio::time::timeout(REQUEST_TIME, end).await.unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
 }
 
 /// One chunk of a chunked reply; a client that stops reading for

@@ -25,6 +25,9 @@ const BATCH: usize = 64 * 1024;
 const BATCH_TIME: Duration = Duration::from_millis(100);
 /// Bytes one pod ships for one run; the rest is dropped and counted.
 pub const SHIP_BUDGET: u64 = 16 * 1024 * 1024;
+/// Shipping pods read per run (one per pod and replacement; a larger
+/// count in the store is not believed: each slot costs a read per poll).
+const MAX_SLOTS: i64 = 1024;
 /// Bytes a [`Reader`] returns per call.
 const READ_BATCH: usize = 4 * 1024 * 1024;
 
@@ -182,7 +185,7 @@ impl Reader {
 
     /// What was shipped since the last call (at most a few MiB; call again for more).
     pub async fn read(&mut self, link: &mut Link) -> Result<Vec<u8>, Error> {
-        let slots = number(&link.get(&link.keys.log_slots(self.seq)).await?).clamp(0, 1 << 16);
+        let slots = number(&link.get(&link.keys.log_slots(self.seq)).await?).clamp(0, MAX_SLOTS);
         self.offsets.resize(usize::try_from(slots).unwrap_or(0).max(self.offsets.len()), 0);
         let mut out = Vec::new();
         for (slot, at) in self.offsets.iter_mut().enumerate() {
@@ -199,7 +202,7 @@ impl Reader {
 
 /// Remove run `seq`'s lines from the store.
 pub async fn forget(link: &mut Link, keys: &Keys, seq: u64) -> Result<(), Error> {
-    let slots = number(&link.get(&keys.log_slots(seq)).await?).clamp(0, 1 << 16);
+    let slots = number(&link.get(&keys.log_slots(seq)).await?).clamp(0, MAX_SLOTS);
     for slot in 0..slots {
         let n = number(&link.get(&keys.log_count(seq, slot)).await?).clamp(0, 1 << 20);
         for i in 0..n {
