@@ -6,6 +6,7 @@ rank's parameters and exits non-zero unless all are identical.
 """
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -51,5 +52,21 @@ def main() -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """Ends the process without finalizing the interpreter.
+
+    torch 2.15's gloo process group keeps its worker threads until the
+    interpreter shuts down (destroy_process_group does not stop them). A
+    thread still freeing the last collective's tensors then takes the GIL of
+    a finalizing interpreter, and the process aborts (SIGABRT, "terminate
+    called without an active exception") after the job succeeded. torchrun
+    hits it as well, more often on a loaded machine. os._exit skips that
+    shutdown; nothing is left to flush but the standard streams.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())
