@@ -96,10 +96,10 @@ impl Container {
         }
     }
 
-    /// Asserts the exit code once the container stopped, naming both codes
-    /// before the logs (a long log must not hide which code it was).
-    fn expect_exit(&self, want: i32, what: &str) {
-        let got = self.exit_code(LIMIT);
+    /// Asserts the exit code once the container stopped (within `limit`),
+    /// naming both codes before the logs (a long log must not hide which).
+    fn expect_exit(&self, want: i32, limit: Duration, what: &str) {
+        let got = self.exit_code(limit);
         assert_eq!(got, want, "{what}exit code {got}, expected {want}; logs:\n{}", self.logs());
     }
 
@@ -181,7 +181,7 @@ fn podman_stop_checkpoints_first_and_exits_143() {
     );
     c.wait_for_log("START rank=1", LIMIT);
     let took = c.stop(pod_grace);
-    c.expect_exit(143, "");
+    c.expect_exit(143, LIMIT, "");
     assert!(took < Duration::from_secs(pod_grace), "trainlet exited on its own ({took:?}), not by SIGKILL");
     // The workers exit from their SIGUSR1 handler: before the checkpoint
     // timeout, when trainlet would have sent SIGTERM.
@@ -207,7 +207,7 @@ fn a_worker_ignoring_sigterm_is_killed_at_the_grace_deadline_and_the_container_e
     );
     c.wait_for_log("READY 1", LIMIT);
     let took = c.stop(pod_grace);
-    c.expect_exit(143, "");
+    c.expect_exit(143, LIMIT, "");
     assert!(took >= Duration::from_secs(grace) && took < Duration::from_secs(pod_grace), "{took:?}");
     assert!(c.logs().contains("grace period over; killing workers"), "{}", c.logs());
 }
@@ -237,7 +237,7 @@ fn a_torch_job_runs_as_uid_1000_on_a_read_only_root() {
             "--check",
         ],
     );
-    c.expect_exit(0, "");
+    c.expect_exit(0, LIMIT, "");
     assert!(c.logs().contains("round decided round=0 end=success"), "{}", c.logs());
 }
 
@@ -302,7 +302,7 @@ fn the_mpi_image_runs_mpirun_across_two_containers_as_uid_1000_without_openssh()
     args.extend_from_slice(&["--mca", "btl", "self,tcp", "python3", "/fixtures/mpi_allreduce.py"]);
     let launcher =
         Container::start("mpi-launcher", &["--user", "1000:1000", "-v", &mount, "-v", &fixtures], image, &args);
-    launcher.expect_exit(0, "");
+    launcher.expect_exit(0, LIMIT, "");
     let logs = launcher.logs();
     let rows: Vec<&str> = logs.lines().filter(|l| l.starts_with("RESULT ")).collect();
     assert_eq!(rows.len(), 4, "{logs}");
@@ -313,7 +313,7 @@ fn the_mpi_image_runs_mpirun_across_two_containers_as_uid_1000_without_openssh()
         assert!(rows.iter().any(|r| r.contains(&format!("node={node}"))), "ranks on {node}:\n{logs}");
     }
     for w in &workers {
-        w.expect_exit(0, "a worker told the job is done exits 0: ");
+        w.expect_exit(0, LIMIT, "a worker told the job is done exits 0: ");
     }
 }
 
@@ -378,7 +378,7 @@ fn a_two_container_job_survives_restarts_of_either_container_with_identical_para
     for (i, victim) in [1usize, 0].into_iter().enumerate() {
         let c = &pods[victim];
         c.stop(30);
-        c.expect_exit(143, "");
+        c.expect_exit(143, LIMIT, "");
         let out = podman(&["start", &c.name]);
         assert!(out.status.success(), "podman start: {}", String::from_utf8_lossy(&out.stderr));
         // Both pods train again (the other one regrouped without it).
@@ -387,7 +387,7 @@ fn a_two_container_job_survives_restarts_of_either_container_with_identical_para
         std::thread::sleep(Duration::from_secs(3));
     }
     for p in &pods {
-        assert_eq!(p.exit_code(Duration::from_secs(180)), 0, "{}", p.logs());
+        p.expect_exit(0, Duration::from_secs(180), "");
     }
     let logs = pods[0].logs();
     let line = logs.lines().rfind(|l| l.contains("FINAL ")).unwrap_or_else(|| panic!("no FINAL line:\n{logs}"));
@@ -453,7 +453,7 @@ fn the_prestop_hook_stops_the_agent_when_a_shell_is_pid_1() {
     // Without the hook: the shell ignores SIGTERM and the runtime kills it.
     let c = run("nohook", "/bin/sh", &dash);
     c.stop(5);
-    c.expect_exit(137, "");
+    c.expect_exit(137, LIMIT, "");
     assert!(!c.logs().contains("CKPT"), "{}", c.logs());
     drop(c);
     for (test, shell, script) in [("hook-bash", "/bin/bash", &sdk_bash), ("hook-dash", "/bin/sh", &dash)] {
@@ -465,7 +465,7 @@ fn the_prestop_hook_stops_the_agent_when_a_shell_is_pid_1() {
         // after it) ends and the container's processes go with it.
         assert!(said.contains("sending SIGTERM to trainlet run"), "{shell}: {said}");
         let took = c.stop(30);
-        c.expect_exit(143, &format!("{shell}: "));
+        c.expect_exit(143, LIMIT, &format!("{shell}: "));
         assert!(took < Duration::from_secs(10), "{shell}: {took:?}");
         let logs = c.logs();
         assert_eq!(logs.matches("CKPT rank=").count(), 2, "{shell}: both workers checkpointed:\n{logs}");
@@ -541,6 +541,6 @@ fn a_served_container_with_preload_takes_runs_and_stops_cleanly() {
     let ddp = run(r#"{"command": ["python", "/examples/train_ddp.py", "--steps", "3", "--check"]}"#);
     assert_eq!(ddp["record"]["state"], "succeeded", "{ddp}\n{}", c.logs());
     let took = c.stop(30);
-    c.expect_exit(143, "");
+    c.expect_exit(143, LIMIT, "");
     assert!(took < Duration::from_secs(10), "stopped by trainlet, not SIGKILL: {took:?}");
 }
