@@ -9,12 +9,12 @@
 # layout) and explicit default_ulimits (runc cannot raise rlimits without
 # CAP_SYS_RESOURCE): this script writes target/containers/containers.conf
 # with both and prints `export CONTAINERS_CONF=...` for the caller.
-# Needs: podman, mmdebstrap, runc (Debian packages; .ci/run installs them).
+# Needs: podman, mmdebstrap, runc (Debian packages; tests/setup.sh installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for tool in podman mmdebstrap runc; do
   command -v "$tool" >/dev/null || {
-    echo "error: $tool is missing: apt-get install podman mmdebstrap runc (.ci/run does)" >&2
+    echo "error: $tool is missing: apt-get install -y podman mmdebstrap runc (bash tests/setup.sh does, as root)" >&2
     exit 1
   }
 done

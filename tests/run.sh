@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The test suite: lints with warnings denied, unit + integration tests with
-# real PyTorch workers, and a check that the release binary is static.
+# real PyTorch workers, and a check that the release binary is static. It
+# first installs what the tests need where it is missing (tests/setup.sh:
+# apt-get as root, else it stops at once naming the packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tests/venv.sh
-bash tests/mpi_venvs.sh
+bash tests/setup.sh
 export TRAINLET_TEST_PYTHON="$PWD/.venv/bin/python"
 # The Python client installs with pip from its path, with no dependency.
 rm -rf target/client-check

@@ -1,33 +1,41 @@
 #!/usr/bin/env bash
-# Create .venv with PyTorch (CPU use, gloo backend) from PyPI unless it is
-# already there. Used by the main job, the tests and the benchmarks.
+# Create .venv with PyTorch (CPU use, gloo backend) and the other real peers
+# of the tests from PyPI, or add what an existing .venv lacks. Used by the
+# main job, the tests (through tests/setup.sh) and the benchmarks.
+#
+# The check finds every module without importing it (importing torch, jax
+# and transformers takes seconds), so a complete .venv costs a few ms.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-init_packages="huggingface_hub moto[server] boto3 opendal"
-framework_packages="jax[cpu] xgboost deepspeed transformers accelerate kubeflow"
-if .venv/bin/python -c "import yaml, torch.distributed as d; assert d.is_gloo_available()" 2>/dev/null; then
-  # prometheus_client (the metrics test's parser) came later: add it to an
-  # existing venv instead of rebuilding it.
-  .venv/bin/python -c "import prometheus_client" 2>/dev/null ||
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check prometheus_client
-  # The initializer tests' peers came later still: the reference Hub
-  # client, moto's S3 server, boto3 and OpenDAL's Python binding (what
-  # Trainer's initializers run).
-  .venv/bin/python -c "import huggingface_hub, moto.server, boto3, opendal" 2>/dev/null ||
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check $init_packages
-  # The other Trainer runtimes' frameworks (JAX, XGBoost, DeepSpeed) and
-  # the progress reporters (transformers' KubeflowTrainerCallback, the
-  # Kubeflow SDK) came with issue 16.
-  .venv/bin/python -c "import jax, xgboost, deepspeed, transformers, accelerate, kubeflow" 2>/dev/null ||
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check $framework_packages
-  # ssh-audit audits trainlet sshd's algorithms.
-  .venv/bin/python -c "import ssh_audit" 2>/dev/null ||
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check ssh-audit
-  exit 0
+# torch and numpy: the workers. pyyaml: the runtime manifests' checks.
+# prometheus_client: the metrics test's parser. ssh-audit: audits trainlet
+# sshd's algorithms. The initializer tests' peers: the reference Hub client,
+# moto's S3 server, boto3 and OpenDAL's Python binding (what Trainer's
+# initializers run). The other Trainer runtimes' frameworks (JAX, XGBoost,
+# DeepSpeed) and the progress reporters (transformers' KubeflowCallback,
+# the Kubeflow SDK).
+packages="torch numpy pyyaml prometheus_client ssh-audit huggingface_hub moto[server] boto3 opendal jax[cpu] xgboost deepspeed transformers accelerate kubeflow"
+# The module each package installs (moto[server]: flask_cors comes with the
+# extra; jax[cpu]: jaxlib).
+modules="torch numpy yaml prometheus_client ssh_audit huggingface_hub moto flask_cors boto3 opendal jax jaxlib xgboost deepspeed transformers accelerate kubeflow"
+complete() {
+  [ -x .venv/bin/python ] && .venv/bin/python - $modules <<'EOF' 2>/dev/null
+import importlib.util, sys
+sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))
+EOF
+}
+complete && exit 0
+if ! .venv/bin/python -c "import torch.distributed as d; assert d.is_gloo_available()" 2>/dev/null; then
+  python=${PYTHON:-python3}
+  echo "installing torch and the tests' Python peers into .venv (a few minutes) ..." >&2
+  rm -rf .venv
+  "$python" -m venv .venv
+else
+  echo "adding what .venv lacks ..." >&2
 fi
-python=${PYTHON:-python3}
-echo "installing torch into .venv (about a minute) ..." >&2
-rm -rf .venv
-"$python" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check torch numpy pyyaml prometheus_client ssh-audit $init_packages $framework_packages
+.venv/bin/python -m pip install --quiet --disable-pip-version-check $packages
+complete || {
+  echo "error: .venv still lacks one of: $modules" >&2
+  exit 1
+}
 .venv/bin/python -c "import torch; print('torch', torch.__version__, 'ready in .venv')" >&2

@@ -3,7 +3,7 @@
 //! fixture workers. Every wait has a generous timeout so a hang fails.
 //!
 //! PyTorch is found at `$TRAINLET_TEST_PYTHON`, else `.venv/bin/python` in the
-//! repository (what `.ci/run` installs).
+//! repository (what `tests/setup.sh` installs).
 
 mod cli;
 mod containers;

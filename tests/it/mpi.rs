@@ -56,7 +56,10 @@ fn launcher(args: &[&str], env: &[(String, String)], wrap: &Wrap) -> Pod {
 
 #[test]
 fn open_mpi_and_mpi4py_over_four_hosts_with_no_openssh() {
-    assert!(Path::new(DEBIAN_PYTHON).exists(), "Debian's python3 with python3-mpi4py is needed (.ci/run installs it)");
+    assert!(
+        Path::new(DEBIAN_PYTHON).exists(),
+        "Debian's python3 with python3-mpi4py is needed (bash tests/setup.sh installs it, as root)"
+    );
     let keys = keygen("ecdsa-p521");
     let work = tempfile::tempdir().expect("tmp");
     let empty = empty_file(work.path());
@@ -98,7 +101,7 @@ fn compile_mpich(dir: &Path) -> String {
         .arg(&out)
         .arg(fixture("mpi_allreduce.c"))
         .status()
-        .expect("mpicc.mpich (Debian's mpich, installed by .ci/run)");
+        .expect("mpicc.mpich (Debian's mpich, installed by bash tests/setup.sh as root)");
     assert!(st.success());
     out.display().to_string()
 }

@@ -18,7 +18,7 @@ pub fn python() -> String {
         std::env::var("TRAINLET_TEST_PYTHON").unwrap_or_else(|_| repo().join(".venv/bin/python").display().to_string());
     assert!(
         Path::new(&p).exists(),
-        "no python with torch at {p}: run .ci/run (or set TRAINLET_TEST_PYTHON, or bash tests/venv.sh) first"
+        "no python with torch at {p}: run bash tests/setup.sh (or set TRAINLET_TEST_PYTHON) first"
     );
     p
 }
