@@ -177,9 +177,8 @@ fn normal(path: &Path) -> PathBuf {
 /// one line each; empty when all hold.
 fn problems(root: &Path) -> Vec<String> {
     let src = root.join("docs/src");
-    let mut pages: Vec<PathBuf> = std::fs::read_dir(&src)
-        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
+    let mut pages: Vec<PathBuf> =
+        std::fs::read_dir(&src).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
     pages.retain(|p| p.extension().is_some_and(|e| e == "md"));
     pages.sort();
     let mut bad = Vec::new();
@@ -281,5 +280,8 @@ fn headings_are_slugged_as_mdbook_does() {
     ] {
         assert_eq!(slug(heading), id);
     }
-    assert_eq!(anchors("# T\n## This book\n## This book\n"), ["t", "this-book", "this-book-1"].map(String::from).into());
+    assert_eq!(
+        anchors("# T\n## This book\n## This book\n"),
+        ["t", "this-book", "this-book-1"].map(String::from).into()
+    );
 }
