@@ -1,7 +1,7 @@
 # trainlet alone, FROM scratch: the static binary at /usr/local/bin/trainlet.
 # For initializer containers (`trainlet init dataset|model`) and as the
-# source of `COPY --from` into an image you already have (README, "Adopting
-# trainlet in your runtime").
+# source of `COPY --from` into an image you already have (the book,
+# docs/src/runtimes.md, "Adopting trainlet in your runtime").
 #
 #   podman build -f images/trainlet.Dockerfile -t ghcr.io/trainlet/trainlet:0.1.0 .
 #

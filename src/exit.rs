@@ -1,5 +1,6 @@
 //! trainlet's exit codes: a public API that Kubernetes `podFailurePolicy`
-//! rules match on. Never renumber; README.md carries the same table.
+//! rules match on. Never renumber; the book carries the same table
+//! (`docs/src/exit-codes.md`, kept equal by a test).
 //!
 //! | code | meaning |
 //! |---|---|

@@ -2,7 +2,7 @@
 //! add each) and per-GPU gauges sampled through the NVML child, served as
 //! text at `GET /metrics` on `--metrics-addr` (off by default).
 //!
-//! Families (README lists them): `trainlet_workers_started_total`,
+//! Families (the book lists them, `docs/src/metrics.md`): `trainlet_workers_started_total`,
 //! `trainlet_worker_exits_total{code}`, `trainlet_restarts_total`,
 //! `trainlet_rendezvous_duration_seconds`, `trainlet_store_connections_total`,
 //! `trainlet_store_operations_total{op}`, `trainlet_gpu_nvml_up`, and per GPU

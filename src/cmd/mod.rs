@@ -116,8 +116,9 @@ impl From<&Error> for u8 {
     }
 }
 
-/// Which exit codes each mode can return, as README's "Exit codes by mode"
-/// table lists them (a test keeps the two equal). `N` is a signal number.
+/// Which exit codes each mode can return, as the book's "Exit codes by mode"
+/// table (`docs/src/exit-codes.md`) lists them (a test keeps the two equal).
+/// `N` is a signal number.
 pub const CODES: &[(&str, &str)] = &[
     ("run, torchrun", "0, 1-127, 128+N, 200-210, 211-255"),
     ("doctor", "0, 200, 202, 207, 208"),

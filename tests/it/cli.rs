@@ -191,7 +191,7 @@ fn log_dir_gets_per_attempt_per_rank_files_and_redirect_hides_console() {
 }
 
 #[test]
-fn the_readme_exit_code_table_is_the_one_in_exit_rs() {
+fn the_book_exit_code_table_is_the_one_in_exit_rs() {
     let rows = |text: &str, strip: &str| -> Vec<String> {
         text.lines()
             .map(|l| l.strip_prefix(strip).unwrap_or(l).trim())
@@ -199,8 +199,8 @@ fn the_readme_exit_code_table_is_the_one_in_exit_rs() {
             .map(str::to_string)
             .collect()
     };
-    let readme = std::fs::read_to_string(crate::util::repo().join("README.md")).expect("README");
-    let section = readme.split("## Exit codes").nth(1).expect("exit code section").split("\n## ").next().unwrap_or("");
+    let book = crate::docs::chapter("exit-codes");
+    let section = book.split("\n## ").next().unwrap_or("");
     let code = std::fs::read_to_string(crate::util::repo().join("src/exit.rs")).expect("exit.rs");
     let want = rows(&code, "//!");
     assert!(want.len() > 10, "{want:?}");
@@ -236,12 +236,13 @@ fn a_successful_run_leaves_no_directory_behind_and_a_failed_one_keeps_its_report
     assert_eq!(run_dirs(tmp.path()).len(), 2, "--tee asked for files: they stay");
 }
 
-/// README's "Exit codes by mode" table is `cmd::CODES`, row for row, and
-/// every single code it names is one the exit-code tables document.
+/// The book's "Exit codes by mode" table is `cmd::CODES`, row for row, and
+/// every single code it names is one the exit-code tables document
+/// (trainlet's, and the initializers' for `init`).
 #[test]
-fn the_readme_exit_codes_by_mode_are_the_ones_in_cmd() {
-    let readme = std::fs::read_to_string(crate::util::repo().join("README.md")).expect("README");
-    let section = readme.split("### Exit codes by mode").nth(1).expect("section").split("\n## ").next().unwrap_or("");
+fn the_book_exit_codes_by_mode_are_the_ones_in_cmd() {
+    let book = crate::docs::chapter("exit-codes");
+    let section = book.split("\n## Exit codes by mode").nth(1).expect("section").split("\n## ").next().unwrap_or("");
     let rows: Vec<(String, String)> = section
         .lines()
         .filter_map(|l| l.strip_prefix("| ")?.strip_suffix(" |")?.split_once(" | "))
@@ -251,11 +252,12 @@ fn the_readme_exit_codes_by_mode_are_the_ones_in_cmd() {
     let want: Vec<(String, String)> =
         trainlet::cmd::CODES.iter().map(|(m, c)| ((*m).to_string(), (*c).to_string())).collect();
     assert_eq!(rows, want);
+    let tables = book + &crate::docs::chapter("initializers");
     let documented =
-        |code: u32| readme.contains(&format!("| {code} |")) || (1..=127).contains(&code) || (211..=255).contains(&code);
+        |code: u32| tables.contains(&format!("| {code} |")) || (1..=127).contains(&code) || (211..=255).contains(&code);
     for (mode, codes) in &want {
         for c in codes.split([',', ' ']).filter_map(|c| c.parse::<u32>().ok()) {
-            assert!(documented(c), "{mode}: code {c} is in no exit-code table of README");
+            assert!(documented(c), "{mode}: code {c} is in no exit-code table of the book");
         }
     }
 }

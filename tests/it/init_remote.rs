@@ -559,16 +559,16 @@ fn sigterm_stops_at_once_keeps_partial_files_and_releases_the_lock() {
 }
 
 #[test]
-fn the_readme_lists_every_initializer_exit_code() {
-    let readme = std::fs::read_to_string(crate::util::repo().join("README.md")).expect("README");
-    let section = readme.split("## Initializers: trainlet init").nth(1).expect("section");
+fn the_book_lists_every_initializer_exit_code() {
+    let book = crate::docs::chapter("initializers");
+    let section = book.split("\n## Exit codes").nth(1).expect("section");
     let section = section.split("\n## ").next().expect("section end");
     let listed: Vec<u8> =
         section.lines().filter_map(|l| l.strip_prefix("| ")?.split(" |").next()?.trim().parse().ok()).collect();
     use initializers::exit::*;
     let mut want = vec![SUCCESS, 143, CONFIG, IO, NOT_FOUND, NO_FILES, CHECKSUM, NO_SPACE, DENIED, UNAVAILABLE];
     want.sort_unstable();
-    assert_eq!(listed, want, "README's initializer exit table and initializers::exit agree");
+    assert_eq!(listed, want, "the book's initializer exit table and initializers::exit agree");
 }
 
 /// A tree listing whose `Link: rel="next"` names another host (here

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// (layer, module) from a layer table whose rows start with `prefix`
-/// (`//! | ` in lib.rs's docs, `| ` in README).
+/// (`//! | ` in lib.rs's docs, `| ` in the book's source layout chapter).
 fn layers(text: &str, prefix: &str) -> BTreeMap<String, u32> {
     let mut out = BTreeMap::new();
     for line in text.lines().filter_map(|l| l.strip_prefix(prefix)) {
@@ -103,10 +103,8 @@ fn every_module_imports_only_its_layer_or_below_and_there_is_no_cycle() {
     let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
     let layer = layers(&lib, "//! | ");
     assert!(layer.len() >= 15, "the layer table in lib.rs: {layer:?}");
-    let readme = std::fs::read_to_string(crate::util::repo().join("README.md")).expect("README");
-    let section = readme.split("## Source layout").nth(1).expect("README's layout section");
-    let section = section.split("\n## ").next().unwrap_or(section);
-    assert_eq!(layers(section, "| "), layer, "README's layer table and lib.rs's");
+    let book = crate::docs::chapter("source-layout");
+    assert_eq!(layers(&book, "| "), layer, "the book's layer table and lib.rs's");
     let g = graph(&src);
     let mut wrong = Vec::new();
     for (m, deps) in &g {

@@ -7,6 +7,7 @@
 
 mod cli;
 mod containers;
+mod docs;
 mod fault;
 mod frameworks;
 mod gpu;

@@ -287,7 +287,7 @@ fn a_symlink_named_mpirun_runs_the_trainjob_command_under_trainlet_mpi() {
     }
 }
 
-/// In the MPI image `mpirun` on PATH is trainlet's link, so the README's
+/// In the MPI image `mpirun` on PATH is trainlet's link, so the book's
 /// `trainlet mpi -- mpirun ...` used to run trainlet inside trainlet (9.8 s
 /// instead of 0.6 s, and the inner one could not tell the workers the job
 /// was done): the real mpirun is found the way the link finds it.

@@ -147,8 +147,8 @@ print(json.dumps(out))
     }
 }
 
-/// The codes in initializers' exit module (the README table is checked
-/// against it in the cli tests).
+/// The codes in initializers' exit module (the book's table is checked
+/// against it in the init_remote tests).
 fn initializer_codes() -> Vec<u8> {
     use initializers::exit::*;
     vec![SUCCESS, CONFIG, IO, NOT_FOUND, NO_FILES, CHECKSUM, NO_SPACE, DENIED, UNAVAILABLE]
@@ -238,7 +238,7 @@ fn every_runtime_names_an_image_the_repository_builds() {
 /// launcher) runs `trainlet stop` as its preStop hook; the pod's
 /// termination grace covers trainlet's grace period plus its kill timeout,
 /// and the checkpoint time fits in the grace period; every exit code a
-/// podFailurePolicy names is one README's exit-code table documents.
+/// podFailurePolicy names is one the book's exit-code tables document.
 #[test]
 fn every_runtime_stops_gracefully_whatever_pid_1_is_and_routes_documented_codes() {
     let files: Vec<PathBuf> = std::fs::read_dir(repo().join("runtimes"))
@@ -250,10 +250,10 @@ fn every_runtime_stops_gracefully_whatever_pid_1_is_and_routes_documented_codes(
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
     assert!(rows.len() >= 6, "{rows:?}");
-    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README");
     // The exit-code tables: trainlet's and the initializers'.
+    let tables = crate::docs::chapter("exit-codes") + &crate::docs::chapter("initializers");
     let documented = |code: u64| {
-        readme.lines().filter(|l| l.starts_with("| ")).any(|l| {
+        tables.lines().filter(|l| l.starts_with("| ")).any(|l| {
             let cell = l.split('|').nth(1).unwrap_or("").trim();
             cell == code.to_string()
                 || cell.split(" / ").any(|c| c.trim() == code.to_string())
@@ -289,7 +289,7 @@ fn every_runtime_stops_gracefully_whatever_pid_1_is_and_routes_documented_codes(
             assert!(ckpt < grace, "{what}: checkpoint {ckpt} >= grace {grace}");
         }
         for code in row["exit_codes"].as_array().expect("codes").iter().filter_map(serde_json::Value::as_u64) {
-            assert!(documented(code), "{what}: exit code {code} is not in README's table");
+            assert!(documented(code), "{what}: exit code {code} is in no exit-code table of the book");
         }
     }
 }
