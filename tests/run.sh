@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/setup.sh
+# The book (docs/) builds; its links are checked by tests/it/docs.rs.
+bash tests/book.sh
 export TRAINLET_TEST_PYTHON="$PWD/.venv/bin/python"
 # The Python client installs with pip from its path, with no dependency.
 rm -rf target/client-check

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What the tests need on this machine, installed where it is missing: the
-# Debian packages (apt-get, as root), rustfmt and clippy (rustup), mdBook
-# (cargo install), the Python venvs (PyPI). tests/run.sh and .ci/run both
-# call it; run again with everything there, it costs well under a second.
+# Debian packages (apt-get, as root), rustfmt and clippy (rustup), the
+# Python venvs (PyPI); tests/book.sh installs mdBook for the book. tests/run.sh
+# (which .ci/run runs) calls it; run again with everything there, it costs
+# well under a second.
 #
 # Not root and a package missing: it stops before anything else, naming the
 # packages and the one command that installs them. No test skips itself
