@@ -263,7 +263,8 @@ fn sigterm_with_a_checkpoint_signal_lets_workers_checkpoint_then_exits_143() {
     assert_eq!(pod.code(LIMIT), 143, "{}", pod.stderr());
     assert!(stopped.elapsed() < Duration::from_secs(10), "the workers exit on their own: {:?}", stopped.elapsed());
     wait_until_gone(&marker, Duration::from_secs(10));
-    let (step, reason) = ckpt_step(dir.path()).expect("a checkpoint");
+    let (step, reason) = ckpt_step(dir.path())
+        .unwrap_or_else(|| panic!("no checkpoint was written:\n{}\n{}", pod.stdout(), pod.stderr()));
     assert_eq!(reason, "signal", "written by the workers' handler");
     assert!(step > 0, "{step}");
     assert!(pod.stdout().contains(&format!("CHECKPOINT step={step} reason=signal")), "{}", pod.stdout());
