@@ -5,7 +5,7 @@
 //! With Trainer's `KUBEFLOW_TRAINER_SERVER_*` variables (or
 //! `--progress-timeout`), trainlet serves a loopback endpoint with the same
 //! API ([`endpoint`]) and gives each worker its address in those variables,
-//! so transformers' `KubeflowTrainerCallback` and the Kubeflow SDK's
+//! so transformers' `KubeflowCallback` and the Kubeflow SDK's
 //! `update_trainjob_status` report to trainlet. The [`relay`] gathers every
 //! pod's reports on the store host, merges trainlet's own facts
 //! ([`Facts`]) and posts to Trainer ([`upstream`]) once per 5 s per job.
