@@ -2,7 +2,7 @@
 //! status endpoint made by the tests (tests/fixtures/status_server.py: HTTPS
 //! with the test's own CA, a token file it rotates, the TrainJob CRD's
 //! trainerStatus rules), with real reporters: transformers' Trainer and
-//! its KubeflowTrainerCallback, and the Kubeflow SDK's
+//! its KubeflowCallback, and the Kubeflow SDK's
 //! update_trainjob_status. Trainer's real server needs a cluster; this one
 //! speaks its documented API (reference/kubeflow.md 2.3).
 
@@ -108,7 +108,7 @@ fn check(trainer: &Trainer, worker_metric: &str) -> Vec<serde_json::Value> {
 }
 
 /// transformers' Trainer (DDP over gloo on 2 pods): rank 0's
-/// KubeflowTrainerCallback posts to trainlet on pod 0, which posts to
+/// KubeflowCallback posts to trainlet on pod 0, which posts to
 /// Trainer once per 5 s with the token as the file holds it now.
 #[test]
 fn transformers_progress_reaches_trainer_once_per_5_s_with_the_current_token() {
