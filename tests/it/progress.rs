@@ -206,7 +206,9 @@ fn every_rank_reporting_gives_trainer_rank_0s_view_and_drops_a_failed_attempts_r
         assert!(!pod.stdout().contains("ok=False"), "every SDK report reached trainlet: {}", pod.stdout());
     }
     let (requests, _) = trainer.log();
-    let posted: Vec<(&str, Option<i64>, Option<&str>, Option<&str>)> = requests
+    // (trainlet.restarts, progress, the report's attempt, the report's rank) per post.
+    type Post<'a> = (&'a str, Option<i64>, Option<&'a str>, Option<&'a str>);
+    let posted: Vec<Post<'_>> = requests
         .iter()
         .map(|r| {
             assert_eq!(r["status"], 200, "{r}");

@@ -246,7 +246,7 @@ fn the_jax_and_xgboost_images_put_trainlets_python_link_first_on_path() {
             let link = format!("ln -sf /usr/local/bin/trainlet {dir}/{name}");
             assert!(text.contains(&link), "{image}: no `{link}`");
         }
-        let path = text.lines().filter_map(|l| l.strip_prefix("ENV PATH=")).last().unwrap_or_default();
+        let path = text.lines().rev().find_map(|l| l.strip_prefix("ENV PATH=")).unwrap_or_default();
         assert!(path.starts_with(&format!("{dir}:")), "{image}: PATH={path} must start with {dir}");
     }
 }
