@@ -1,5 +1,6 @@
 # The image runtimes/jax-distributed.yaml names: the JAX base Trainer's jax-distributed runtime uses
-# with trainlet as ENTRYPOINT (and as `torchrun`).
+# with trainlet as ENTRYPOINT, as `torchrun`, and as the `python` that the
+# Kubeflow SDK's command runs (`bash -c "...; python "file.py""`).
 #
 #   podman build -f images/jax-runtime.Dockerfile -t ghcr.io/trainlet/jax-runtime:0.1.0 .
 #
@@ -27,6 +28,15 @@ FROM ${BASE_IMAGE}
 COPY --from=binary /trainlet /usr/local/bin/trainlet
 # `torchrun` on PATH is trainlet (before the base's own in /opt/conda/bin or /usr/bin).
 RUN ln -sf /usr/local/bin/trainlet /usr/local/bin/torchrun
-ENV PATH=/usr/local/bin:${PATH}
+# `python` and `python3` first on PATH are trainlet too, in a directory of their own (python
+# images keep the real interpreter in /usr/local/bin). The SDK's entry `python FILE.py` in a
+# pod of Trainer's JAX/XGBoost policy runs as `trainlet run FILE.py`; every other call
+# (`python -m pip ...`, `python -c ...`, any python a worker starts) execs the real
+# interpreter, found on PATH past the links (src/cmd/python.rs). Links only: nothing is
+# written at run time (any uid, read-only root).
+RUN mkdir -p /usr/local/lib/trainlet/python \
+ && ln -sf /usr/local/bin/trainlet /usr/local/lib/trainlet/python/python \
+ && ln -sf /usr/local/bin/trainlet /usr/local/lib/trainlet/python/python3
+ENV PATH=/usr/local/lib/trainlet/python:/usr/local/bin:${PATH}
 ENTRYPOINT ["/usr/local/bin/trainlet"]
 CMD ["run", "--help"]

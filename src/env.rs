@@ -56,6 +56,9 @@ pub const TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: &str = "TORCHELASTIC_LOG_LINE_P
 pub const TORCH_ELASTIC_SHUTDOWN_TIMEOUT: &str = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT";
 /// `--signals-to-handle` (torchrun's env name).
 pub const TORCHELASTIC_SIGNALS_TO_HANDLE: &str = "TORCHELASTIC_SIGNALS_TO_HANDLE";
+/// Set by an agent (trainlet, torchrun) on every worker: the `python`
+/// link runs the real interpreter there (`cmd::python`).
+pub const TORCHELASTIC_RUN_ID: &str = "TORCHELASTIC_RUN_ID";
 /// Node-rank fallback: the Job controller's completion index.
 pub const JOB_COMPLETION_INDEX: &str = "JOB_COMPLETION_INDEX";
 /// `--python`, trainlet's name.

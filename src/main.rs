@@ -1,5 +1,5 @@
 //! trainlet's entry point: block signals, dispatch on argv[0] (`torchrun`,
-//! `ssh`, `sshd`, `mpirun`/`mpiexec` through links) and the subcommand, set
+//! `ssh`, `sshd`, `mpirun`/`mpiexec`, `python`/`python3` through links) and the subcommand, set
 //! up tracing, run the mode (`trainlet::cmd`), exit with its code.
 
 use std::process::ExitCode;
@@ -10,6 +10,14 @@ use trainlet::cmd::{self, finish};
 use trainlet::exit;
 
 fn main() -> ExitCode {
+    // The `python` links of the JAX/XGBoost images exec the interpreter or
+    // `trainlet run` in place: before the signal mask, which exec keeps.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let name = std::path::Path::new(&argv0).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if name == "python" || name == "python3" {
+        let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+        return ExitCode::from(cmd::python::main(&name, &args));
+    }
     // First, before any thread exists, so every thread inherits the mask.
     if let Err(e) = trainlet::sys::block_signals() {
         eprintln!("trainlet: error: cannot block signals: {e}");

@@ -13,6 +13,7 @@ pub mod init;
 pub mod keygen;
 pub mod mpi;
 pub mod nvml_probe;
+pub mod python;
 pub mod run;
 pub mod ssh;
 pub mod sshd;

@@ -263,9 +263,10 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
                 group_rank: round.group_rank,
                 nnodes: round.nnodes,
             };
+            let mut xgb_tracker = None;
             if plan.framework == Framework::Xgboost {
                 match until_stop(&mut events, plan, tracker::prepare(&mut session, &round, plan, &spawner)).await {
-                    Ok(()) => {}
+                    Ok(t) => xgb_tracker = t,
                     Err(sig) => {
                         let _ = tokio::time::timeout(PUBLISH_WAIT, session.publish_abort(round.number, sig)).await;
                         session.bye().await;
@@ -278,7 +279,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
                 sv.started(restarts, round.nnodes, plan.nproc);
             }
             let attempt_dir = log_root.join(format!("attempt_{}", round.number));
-            run_attempt(
+            let ended = run_attempt(
                 &world,
                 (&attempt_dir, files_ok),
                 &spawner,
@@ -286,7 +287,11 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
                 &mut events,
                 &mut RoundJob { session: &mut session, round: &round },
             )
-            .await
+            .await;
+            if let Some(t) = xgb_tracker {
+                t.stop(ended.0 == Outcome::Succeeded).await;
+            }
+            ended
         };
         progress.flush().await;
         if let Some(sv) = &served {

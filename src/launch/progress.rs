@@ -83,8 +83,12 @@ impl Progress {
         self.link.as_ref()
     }
 
-    /// A round starts.
+    /// A round starts: the last round's reports no longer speak for the
+    /// job, and this pod's local rank 0 is global rank `group_rank x nproc`.
     pub(super) fn round(&self, round: &Round, nproc: u32) {
+        if let Some(link) = &self.link {
+            link.board.begin_round(round.number, round.group_rank.saturating_mul(nproc));
+        }
         self.facts.send_modify(|f| {
             f.round = round.number;
             f.restarts = round.restarts;

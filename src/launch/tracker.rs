@@ -6,10 +6,16 @@
 //! round's second port, waits for it to listen, and says so in the store
 //! (`rR/service`); the other pods start their workers only then, since an
 //! XGBoost worker gives up on a tracker that is not there after about 6 s.
-//! The tracker ends by itself when the workers shut the group down, and
-//! the end-of-round sweep kills it otherwise, so a new round gets a new
-//! one. A tracker that does not start is logged and its workers fail to
-//! connect: the failure policy decides, as for any worker failure.
+//! The tracker is the agent's own helper, not a leftover of the workers:
+//! the end-of-round sweep spares it ([`crate::process::sweep::keep`]), and
+//! [`Tracker::stop`] ends it after the round as what it is. After a round
+//! whose workers all succeeded it ends by itself once they shut the group
+//! down (XGBoost's `wait_for` returns a moment after the last worker
+//! leaves), so it gets a short wait first; after a failed round it waits
+//! for workers that are gone, so it is killed at once. Either way a new
+//! round gets a new one. A tracker that does not start is logged and its
+//! workers fail to connect: the failure policy decides, as for any worker
+//! failure.
 
 use std::time::Duration;
 
@@ -20,6 +26,8 @@ use crate::supervise::output::{self, Sink};
 
 /// How long the tracker may take to start (python and XGBoost imports).
 const START_LIMIT: Duration = Duration::from_secs(120);
+/// How long a tracker gets to end by itself after a successful round.
+const END_WAIT: Duration = Duration::from_secs(3);
 /// What the tracker prints once it listens.
 const READY: &[u8] = b"trainlet-tracker-ready";
 /// The tracker: task ids sort the ranks, so DMLC_TASK_ID is the rank.
@@ -31,25 +39,63 @@ print('trainlet-tracker-ready', flush=True)
 t.wait_for()
 ";
 
+/// The round's tracker process, on the store host.
+#[derive(Debug)]
+pub(super) struct Tracker {
+    pid: i32,
+    round: u64,
+}
+
+impl Tracker {
+    /// The round is over and its workers are gone: end the tracker.
+    /// `succeeded`: every worker exited 0, so the tracker is ending by
+    /// itself and gets [`END_WAIT`] to do so; otherwise it is killed now.
+    pub(super) async fn stop(self, succeeded: bool) {
+        let started = tokio::time::Instant::now();
+        let wait = if succeeded { END_WAIT } else { Duration::ZERO };
+        while self.running() && started.elapsed() < wait {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if self.running() {
+            // Its own process group (the spawner's), so nothing it started survives it.
+            crate::sys::signal_group(self.pid, libc::SIGKILL);
+            tracing::info!(round = self.round, pid = self.pid, "stopped the round's XGBoost tracker");
+        } else {
+            tracing::debug!(round = self.round, pid = self.pid, "the XGBoost tracker ended with its round");
+        }
+        crate::process::sweep::release(self.pid);
+    }
+
+    /// Still running (not yet exited; the one reaper reaps it at once when
+    /// it does, and no other process is forked before it is stopped, so
+    /// its pid is not reused meanwhile).
+    fn running(&self) -> bool {
+        crate::sys::proc_state(self.pid).is_some_and(|s| s != 'Z')
+    }
+}
+
 /// Make the round's tracker ready before this pod's workers start: start
-/// it on the store host, wait for it elsewhere. Never fails the round by
-/// itself; a store that is gone shows in the attempt that follows.
-pub(super) async fn prepare(session: &mut Session, round: &Round, plan: &Plan, spawner: &Spawner) {
+/// it on the store host (its [`Tracker`] is returned, to be stopped after
+/// the round), wait for it elsewhere. Never fails the round by itself; a
+/// store that is gone shows in the attempt that follows.
+pub(super) async fn prepare(session: &mut Session, round: &Round, plan: &Plan, spawner: &Spawner) -> Option<Tracker> {
     let workers = round.nnodes * plan.nproc;
     if plan.serve_store {
         let state = start(plan, workers, round.aux_port, spawner).await;
-        match &state {
+        let tracker = match &state {
             Ok(pid) => {
-                tracing::info!(round = round.number, port = round.aux_port, workers, pid, "XGBoost tracker listening")
+                tracing::info!(round = round.number, port = round.aux_port, workers, pid, "XGBoost tracker listening");
+                Some(Tracker { pid: *pid, round: round.number })
             }
             Err(why) => {
-                tracing::error!(round = round.number, error = %why, "cannot start the XGBoost tracker; the workers will fail to reach it")
+                tracing::error!(round = round.number, error = %why, "cannot start the XGBoost tracker; the workers will fail to reach it");
+                None
             }
-        }
+        };
         if let Err(e) = session.publish_service(round.number, state.map(|_| ())).await {
             tracing::warn!(error = %crate::error::error_chain(&e), "cannot tell the other pods the tracker's state");
         }
-        return;
+        return tracker;
     }
     tracing::info!(
         round = round.number,
@@ -69,6 +115,7 @@ pub(super) async fn prepare(session: &mut Session, round: &Round, plan: &Plan, s
             tracing::warn!(error = %crate::error::error_chain(&e), "lost the store while waiting for the XGBoost tracker")
         }
     }
+    None
 }
 
 /// Start the tracker for `workers` on `port`; its pid once it listens.
@@ -80,6 +127,9 @@ async fn start(plan: &Plan, workers: u32, port: u16, spawner: &Spawner) -> Resul
     let args = vec!["-c".to_string(), SCRIPT.to_string(), workers.to_string(), port.to_string()];
     let sp =
         spawner.spawn(WorkerSpec::piped(python, args, Vec::new())).await.map_err(|e| crate::error::error_chain(&e))?;
+    // The agent's helper: the end-of-round sweep must not take it for a
+    // worker's leftover ([`Tracker::stop`] ends it).
+    crate::process::sweep::keep(sp.pid);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let sink = |is_err| Sink { prefix: "[xgboost-tracker]: ".into(), console: true, file: None, is_err, tap: None };
     if let Some(fd) = sp.stdout {
@@ -90,9 +140,13 @@ async fn start(plan: &Plan, workers: u32, port: u16, spawner: &Spawner) -> Resul
     }
     match tokio::time::timeout(START_LIMIT, rx).await {
         Ok(Ok(())) => Ok(sp.pid),
-        Ok(Err(_)) => Err("the tracker exited before it listened (its output is above)".into()),
+        Ok(Err(_)) => {
+            crate::process::sweep::release(sp.pid);
+            Err("the tracker exited before it listened (its output is above)".into())
+        }
         Err(_) => {
             crate::sys::signal_group(sp.pid, libc::SIGKILL);
+            crate::process::sweep::release(sp.pid);
             Err(format!("the tracker did not listen within {START_LIMIT:?}"))
         }
     }

@@ -1,5 +1,5 @@
 //! The pod's loopback status endpoint: what transformers'
-//! `KubeflowTrainerCallback` and the Kubeflow SDK's
+//! `KubeflowCallback` and the Kubeflow SDK's
 //! `update_trainjob_status` post to when trainlet gives the workers its
 //! address as `KUBEFLOW_TRAINER_SERVER_URL`.
 //!
@@ -11,7 +11,7 @@
 //! bounded: 64 connections at once, an 8 KiB head, a 64 KiB body, 10 s per
 //! request; what does not fit is refused with its HTTP status.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -30,8 +30,10 @@ const LIMITS: Limits = Limits { head: 8 * 1024, body: 64 * 1024 };
 /// Time a client gets to send its request.
 const REQUEST_TIME: Duration = Duration::from_secs(10);
 
-/// What this pod's workers reported: the newest status and when each
-/// local rank last reported (the no-progress check reads that).
+/// What this pod's workers reported in the current attempt: each local
+/// rank's newest status, and when each last reported (the no-progress
+/// check reads that). A new attempt starts empty, so a report of a failed
+/// attempt never speaks for the next one.
 #[derive(Debug, Default)]
 pub struct Board {
     inner: Mutex<Inner>,
@@ -39,10 +41,24 @@ pub struct Board {
 
 #[derive(Debug, Default)]
 struct Inner {
-    latest: Option<super::report::Status>,
-    /// Bumped by every accepted report.
+    /// The round these reports belong to, and the global rank of local rank 0.
+    round: u64,
+    first_rank: u32,
+    reports: BTreeMap<u32, super::report::Status>,
+    /// Bumped by every accepted report and by every new attempt.
     seq: u64,
     last: HashMap<u32, Instant>,
+}
+
+/// The board's reports as the relay publishes them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The round they belong to.
+    pub round: u64,
+    /// Global rank -> its newest status in that round.
+    pub ranks: BTreeMap<u32, super::report::Status>,
+    /// Changes whenever the reports do (0: nothing yet).
+    pub seq: u64,
 }
 
 impl Board {
@@ -53,19 +69,18 @@ impl Board {
     /// A report from `local_rank`.
     pub fn record(&self, local_rank: u32, status: super::report::Status) {
         let mut b = self.lock();
-        b.latest = Some(status);
+        super::gauges().reports.inc();
+        super::gauges().observe(&status);
+        b.reports.insert(local_rank, status);
         b.seq += 1;
         b.last.insert(local_rank, Instant::now());
-        super::gauges().reports.inc();
-        if let Some(s) = &b.latest {
-            super::gauges().observe(s);
-        }
     }
 
-    /// The newest status and its sequence number (0: none yet).
-    pub fn latest(&self) -> (Option<super::report::Status>, u64) {
+    /// Every rank's newest status in the current round, by global rank.
+    pub fn snapshot(&self) -> Snapshot {
         let b = self.lock();
-        (b.latest.clone(), b.seq)
+        let ranks = b.reports.iter().map(|(lr, s)| (b.first_rank.saturating_add(*lr), s.clone())).collect();
+        Snapshot { round: b.round, ranks, seq: b.seq }
     }
 
     /// When `local_rank` last reported in this attempt.
@@ -73,9 +88,24 @@ impl Board {
         self.lock().last.get(&local_rank).copied()
     }
 
+    /// Round `round` starts, this pod's local rank 0 being global rank
+    /// `first_rank`: the last round's reports are dropped.
+    pub fn begin_round(&self, round: u64, first_rank: u32) {
+        let mut b = self.lock();
+        (b.round, b.first_rank) = (round, first_rank);
+        b.reports.clear();
+        b.last.clear();
+        b.seq += 1;
+    }
+
     /// A new attempt: no rank has reported in it yet.
     pub fn new_attempt(&self) {
-        self.lock().last.clear();
+        let mut b = self.lock();
+        if !b.reports.is_empty() {
+            b.reports.clear();
+            b.seq += 1;
+        }
+        b.last.clear();
     }
 }
 
@@ -165,7 +195,7 @@ mod tests {
         let port = serve(Arc::clone(&board), "s3cret".into(), cancel.clone()).await.expect("serve");
         let ok = r#"{"trainerStatus": {"progressPercentage": 30}}"#;
         assert!(send(port, &post("/ranks/1/status", "s3cret", ok)).await.starts_with("HTTP/1.1 200"));
-        assert_eq!(board.latest().0.and_then(|s| s.progress), Some(30));
+        assert_eq!(board.snapshot().ranks.get(&1).and_then(|s| s.progress), Some(30));
         assert!(board.last_report(1).is_some() && board.last_report(0).is_none());
         for (raw, code) in [
             (post("/ranks/1/status", "wrong", ok), "401"),
@@ -179,9 +209,10 @@ mod tests {
             let got = send(port, &raw).await;
             assert!(got.starts_with(&format!("HTTP/1.1 {code}")), "{code}: {got}");
         }
-        assert_eq!(board.latest().1, 1, "only the good report counted");
+        assert_eq!(board.snapshot().seq, 1, "only the good report counted");
         board.new_attempt();
         assert!(board.last_report(1).is_none());
+        assert!(board.snapshot().ranks.is_empty(), "a new attempt drops the last one's reports");
         cancel.cancel();
     }
 }

@@ -5,10 +5,13 @@
 //! With Trainer's `KUBEFLOW_TRAINER_SERVER_*` variables (or
 //! `--progress-timeout`), trainlet serves a loopback endpoint with the same
 //! API ([`endpoint`]) and gives each worker its address in those variables,
-//! so transformers' `KubeflowTrainerCallback` and the Kubeflow SDK's
+//! so transformers' `KubeflowCallback` and the Kubeflow SDK's
 //! `update_trainjob_status` report to trainlet. The [`relay`] gathers every
-//! pod's reports on the store host, merges trainlet's own facts
-//! ([`Facts`]) and posts to Trainer ([`upstream`]) once per 5 s per job.
+//! rank's newest report of the current round on the store host, makes one
+//! view of the job of them (global rank 0's report when it has one, else
+//! the least advanced rank's; a failed attempt's reports are dropped),
+//! merges trainlet's own facts ([`Facts`]) and posts to Trainer
+//! ([`upstream`]) once per 5 s per job.
 
 pub(crate) mod endpoint;
 pub(crate) mod relay;

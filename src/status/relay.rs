@@ -1,15 +1,17 @@
 //! The pod's progress relay, one task per `trainlet run`: every pod puts
-//! its workers' newest status in the agents' store
-//! (`<base>/status/<node rank>`, at most once a second, and at once when
-//! a round ends, [`Relay::flush`]); the store host reads every pod's when a post is due,
-//! takes the one that changed last between its reads (pods' clocks do
-//! not matter), merges trainlet's facts, and posts to
-//! Trainer's status endpoint at most once per 5 s per job, with backoff
-//! after a failure. Nothing here can stop or slow the workers: a failure
+//! each of its workers' newest status of the current round in the agents'
+//! store (`<base>/status/<node rank>`: the round and a status per global
+//! rank, at most once a second, and at once when a round ends,
+//! [`Relay::flush`]); the store host reads every pod's when a post is due,
+//! keeps the reports of its current round only (a failed attempt's never
+//! speak for the next), makes one view of the job of them
+//! ([`super::report::job_view`]: rank 0's report, else the least advanced
+//! rank's), merges trainlet's facts, and posts to Trainer's status endpoint
+//! at most once per 5 s per job, with backoff after a failure. Nothing here can stop or slow the workers: a failure
 //! is a rate-limited warning, the store is dialled on its own connection,
 //! and [`Relay::finish`] is bounded.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +20,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::report::{Facts, Status, merge};
+use super::report::{Facts, Status, job_view, merge};
 use super::{Board, Poster};
 use crate::store::Client;
 
@@ -85,28 +87,46 @@ impl Relay {
     }
 }
 
-/// The store host's view of every pod's report.
+/// What a pod puts in the store: its workers' newest statuses in `round`.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Published {
+    round: u64,
+    ranks: BTreeMap<u32, Status>,
+}
+
+/// The store host's view of every pod's reports.
 #[derive(Debug, Default)]
 struct Pods {
     seen: HashMap<u32, Vec<u8>>,
-    newest: Option<Status>,
+    pods: HashMap<u32, Published>,
 }
 
 impl Pods {
-    /// Take what each pod published now; the one that changed last wins.
+    /// Take what each pod published now; true when anything changed.
     fn update(&mut self, values: impl IntoIterator<Item = (u32, Vec<u8>)>) -> bool {
         let mut changed = false;
         for (pod, v) in values {
             if v.is_empty() || self.seen.get(&pod) == Some(&v) {
                 continue;
             }
-            if let Ok(s) = serde_json::from_slice::<Status>(&v) {
-                self.newest = Some(s);
+            if let Ok(p) = serde_json::from_slice::<Published>(&v) {
+                self.pods.insert(pod, p);
                 changed = true;
             }
             self.seen.insert(pod, v);
         }
         changed
+    }
+
+    /// One view of the job in `round`, from every pod's reports of it.
+    fn view(&self, round: u64) -> Option<Status> {
+        let ranks: BTreeMap<u32, &Status> = self
+            .pods
+            .values()
+            .filter(|p| p.round == round)
+            .flat_map(|p| p.ranks.iter().map(|(r, s)| (*r, s)))
+            .collect();
+        job_view(ranks).cloned()
     }
 }
 
@@ -147,12 +167,11 @@ async fn run(
             Some(ack) = asks.recv() => { asked = Some(ack); false }
             Ok(()) = facts.changed() => { pending = host; false }
         };
-        let (latest, seq) = board.latest();
-        // Every pod: our workers' newest status into the store.
-        if seq != published
-            && let Some(s) = &latest
-        {
-            let bytes = serde_json::to_vec(s).unwrap_or_default();
+        let snap = board.snapshot();
+        // Every pod: our workers' newest statuses into the store.
+        if snap.seq != published {
+            let seq = snap.seq;
+            let bytes = serde_json::to_vec(&Published { round: snap.round, ranks: snap.ranks }).unwrap_or_default();
             if let Some(c) = connected(&mut client, setup.store).await {
                 match tokio::time::timeout(STORE_TIME, c.set(&key(setup.node_rank), &bytes)).await {
                     Ok(Ok(())) => published = seq,
@@ -180,7 +199,8 @@ async fn run(
                 tokio::time::sleep_until(pace.next).await;
             }
             if pending && Instant::now() >= pace.next {
-                let status = merge(pods.newest.as_ref(), &facts.borrow(), crate::clock::now_us());
+                let facts = facts.borrow().clone();
+                let status = merge(pods.view(facts.round).as_ref(), &facts, crate::clock::now_us());
                 match poster.post(&status).await {
                     Ok(()) => {
                         if pace.failures > 0 {
@@ -221,16 +241,26 @@ async fn connected(client: &mut Option<Client>, addr: SocketAddr) -> Option<&mut
 mod tests {
     use super::*;
 
+    fn published(round: u64, ranks: &[(u32, u8)]) -> Vec<u8> {
+        let ranks = ranks.iter().map(|&(r, p)| (r, Status { progress: Some(p), ..Status::default() })).collect();
+        serde_json::to_vec(&Published { round, ranks }).expect("json")
+    }
+
     #[test]
-    fn the_pod_that_changed_last_wins() {
-        let s = |p: u8| serde_json::to_vec(&Status { progress: Some(p), ..Status::default() }).expect("json");
+    fn the_job_view_is_rank_0s_of_the_current_round() {
         let mut pods = Pods::default();
-        assert!(pods.update([(0, s(10)), (1, Vec::new())]));
-        assert!(!pods.update([(0, s(10))]), "nothing new");
-        assert!(pods.update([(0, s(10)), (1, s(12))]));
-        assert_eq!(pods.newest.as_ref().and_then(|s| s.progress), Some(12));
+        assert!(pods.update([(0, published(0, &[(0, 8), (1, 3)])), (1, Vec::new())]));
+        assert!(!pods.update([(0, published(0, &[(0, 8), (1, 3)]))]), "nothing new");
+        // Pod 1's ranks report last and less: rank 0 still speaks for the job.
+        assert!(pods.update([(1, published(0, &[(2, 4), (3, 4)]))]));
+        assert_eq!(pods.view(0).and_then(|s| s.progress), Some(8));
         assert!(!pods.update([(1, b"garbage".to_vec())]));
-        assert_eq!(pods.newest.as_ref().and_then(|s| s.progress), Some(12));
+        assert_eq!(pods.view(0).and_then(|s| s.progress), Some(8));
+        // A restart: pod 0 has not reported in round 1 yet, pod 1 has.
+        assert!(pods.update([(0, published(1, &[])), (1, published(1, &[(2, 1), (3, 2)]))]));
+        assert_eq!(pods.view(1).and_then(|s| s.progress), Some(1), "the least advanced rank without rank 0");
+        assert!(pods.update([(1, published(0, &[(2, 60)]))]));
+        assert_eq!(pods.view(1), None, "an earlier round's reports are dropped");
     }
 
     #[test]

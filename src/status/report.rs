@@ -95,6 +95,21 @@ pub fn parse(body: &[u8]) -> Result<Status, String> {
     Ok(Status { progress, remaining, metrics, updated })
 }
 
+/// One view of the job from every rank's newest report of the current
+/// round: global rank 0's (the rank transformers reports from, and the one
+/// a user reads first) when it has one, else the least advanced rank's
+/// (the lowest progress; reports without a progress only when none has
+/// one), ties to the lowest rank. Never a mix of two reports: progress, ETA
+/// and metrics come from one worker.
+pub fn job_view<'a>(ranks: impl IntoIterator<Item = (u32, &'a Status)>) -> Option<&'a Status> {
+    let ranks: std::collections::BTreeMap<u32, &Status> = ranks.into_iter().collect();
+    if let Some(zero) = ranks.get(&0) {
+        return Some(zero);
+    }
+    let with_progress = ranks.values().filter(|s| s.progress.is_some()).min_by_key(|s| s.progress);
+    with_progress.or_else(|| ranks.values().next()).copied()
+}
+
 /// What trainlet posts: the workers' latest status (if any), its metrics
 /// other than `trainlet.*` ones, then trainlet's facts, observed now.
 pub fn merge(latest: Option<&Status>, facts: &Facts, now_us: u64) -> Status {
@@ -148,6 +163,23 @@ mod tests {
         assert_eq!(s.metrics[0].name.chars().count(), MAX_TEXT);
         assert!(s.metrics.iter().all(|m| !m.name.is_empty() && !m.value.is_empty()));
         assert!(parse(b"[]").is_err() && parse(b"{\"trainerStatus\": 3}").is_err() && parse(b"\xff").is_err());
+    }
+
+    fn at(p: Option<u8>, tag: &str) -> Status {
+        Status { progress: p, metrics: vec![Metric { name: "from".into(), value: tag.into() }], ..Status::default() }
+    }
+
+    #[test_case::test_case(&[], None; "no reports")]
+    #[test_case::test_case(&[(0, Some(8), "r0"), (1, Some(50), "r1"), (3, Some(4), "r3")], Some("r0"); "rank 0 speaks for the job")]
+    #[test_case::test_case(&[(0, None, "r0"), (1, Some(50), "r1")], Some("r0"); "rank 0 even without progress")]
+    #[test_case::test_case(&[(2, Some(50), "r2"), (1, Some(40), "r1"), (3, Some(60), "r3")], Some("r1"); "else the least advanced")]
+    #[test_case::test_case(&[(2, Some(40), "r2"), (1, Some(40), "r1")], Some("r1"); "ties to the lowest rank")]
+    #[test_case::test_case(&[(1, None, "r1"), (2, Some(90), "r2")], Some("r2"); "a progress beats none")]
+    #[test_case::test_case(&[(3, None, "r3"), (2, None, "r2")], Some("r2"); "none has progress: the lowest rank")]
+    fn the_job_view(reports: &[(u32, Option<u8>, &str)], want: Option<&str>) {
+        let statuses: Vec<(u32, Status)> = reports.iter().map(|(r, p, t)| (*r, at(*p, t))).collect();
+        let view = job_view(statuses.iter().map(|(r, s)| (*r, s)));
+        assert_eq!(view.map(|s| s.metrics[0].value.as_str()), want);
     }
 
     #[test]

@@ -145,3 +145,180 @@ fn deepspeed_trains_zero_stage_1_on_two_pods_under_the_runtimes_env() {
         assert_eq!(kv["learned"], "True", "the held-out loss went down: {kv:?}");
     }
 }
+
+/// The TrainJob command the Kubeflow SDK's own code makes for
+/// `CustomTrainer(func=sdk_train.<function>)` on `runtime` (with
+/// `packages_to_install`), and the SDK version that made it.
+fn sdk_command(runtime: &str, function: &str, packages: &[&str]) -> (Vec<String>, String) {
+    let out = std::process::Command::new(python())
+        .arg(repo().join("tests/fixtures/sdk_command.py"))
+        .arg(repo().join("runtimes").join(runtime))
+        .arg(function)
+        .args(packages)
+        .output()
+        .expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(v["args"].is_null(), "the SDK sets command, never args: {v}");
+    let command: Vec<String> = serde_json::from_value(v["command"].clone()).expect("command");
+    (command, v["sdk"].as_str().unwrap_or_default().to_string())
+}
+
+/// The runtime's literal env for its `node` container (the failure policy
+/// file, a ConfigMap in the cluster, from the repository).
+fn runtime_env(runtime: &str) -> Vec<(String, String)> {
+    let out = std::process::Command::new(python())
+        .arg(repo().join("tests/runtime_facts.py"))
+        .arg(repo().join("runtimes").join(runtime))
+        .output()
+        .expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    let env = rows[0]["env"].as_object().expect("env");
+    env.iter()
+        .map(|(k, v)| match k.as_str() {
+            "TRAINLET_POLICY" => (k.clone(), repo().join("runtimes/failure-policy.toml").display().to_string()),
+            _ => (k.clone(), v.as_str().unwrap_or_default().to_string()),
+        })
+        .collect()
+}
+
+/// Two pods that run the SDK's `command` as a container with trainlet's JAX
+/// or XGBoost image would: `python` and `python3` on PATH first are links
+/// to trainlet (images/*-runtime.Dockerfile), then the interpreter's
+/// directory; each pod in its own working directory (the SDK writes its
+/// script there); `env(pod)` is what Trainer's policy and the runtime give.
+struct SdkPods {
+    pods: Vec<Pod>,
+    _dirs: Vec<tempfile::TempDir>,
+}
+
+fn sdk_pods(command: &[String], env: impl Fn(u32) -> Vec<(String, String)>) -> SdkPods {
+    let links = tempfile::tempdir().expect("tmp");
+    for name in ["python", "python3"] {
+        std::os::unix::fs::symlink(crate::util::bin(), links.path().join(name)).expect("link");
+    }
+    let venv_bin = std::path::Path::new(&python()).parent().expect("venv bin").display().to_string();
+    let path = format!("{}:{venv_bin}:/usr/local/bin:/usr/bin:/bin", links.path().display());
+    let mut dirs = vec![links];
+    let pods = (0..2)
+        .map(|i| {
+            let work = tempfile::tempdir().expect("tmp");
+            // `env -C` stands for the container's working directory; the
+            // command after it is the SDK's, word for word.
+            let mut argv = vec!["-C".to_string(), work.path().display().to_string()];
+            argv.extend(command.iter().cloned());
+            let mut e = env(i);
+            e.extend([
+                ("PATH".to_string(), path.clone()),
+                // The image sets no TRAINLET_PYTHON: the interpreter is found on PATH past the links.
+                ("TRAINLET_PYTHON".to_string(), String::new()),
+                ("PET_LOCAL_ADDR".to_string(), format!("127.0.0.{}", i + 1)),
+            ]);
+            dirs.push(work);
+            let pairs: Vec<(&str, &str)> = e.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+            Pod::start_as(std::path::Path::new("/usr/bin/env"), &args, &pairs)
+        })
+        .collect();
+    SdkPods { pods, _dirs: dirs }
+}
+
+fn jax_env(port: u16) -> impl Fn(u32) -> Vec<(String, String)> {
+    move |i| {
+        let mut e = runtime_env("jax-distributed.yaml");
+        e.extend([
+            ("JAX_COORDINATOR_ADDRESS".into(), format!("127.0.0.1:{port}")),
+            ("JAX_NUM_PROCESSES".into(), "2".into()),
+            ("JAX_PROCESS_ID".into(), i.to_string()),
+            ("PET_NPROC_PER_NODE".into(), "2".into()),
+        ]);
+        e
+    }
+}
+
+/// The Kubeflow SDK's command for the JAX runtime, unchanged (`bash -c
+/// "<pip install>; ...; python "sdk_train.py""`), on 2 pods x 2: the
+/// `pip` calls run as plain python, the entry runs under `trainlet run`
+/// (store, per-round coordinator, JAX_* per process), and a python a
+/// worker starts by name is the real interpreter.
+#[test]
+fn the_sdks_jax_command_runs_unchanged_under_trainlet() {
+    let (command, sdk) = sdk_command("jax-distributed.yaml", "train_jax", &["numpy"]);
+    assert_eq!(&command[..2], ["bash", "-c"], "SDK {sdk}: {command:?}");
+    assert!(command[2].trim_end().ends_with("python \"sdk_train.py\""), "SDK {sdk}: {}", command[2]);
+    let mut job = sdk_pods(&command, jax_env(free_port()));
+    let seen = lines(&mut job.pods, "SDKJAX");
+    let mut ids: Vec<u32> = seen.iter().map(|kv| kv["id"].parse().expect("id")).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [0, 1, 2, 3], "2 pods x 2 processes (SDK {sdk}): {seen:?}");
+    for kv in &seen {
+        assert_eq!((kv["n"].as_str(), kv["sum"].as_str()), ("4", "10"), "{kv:?}");
+        assert_eq!(kv["exe"], python(), "workers run the real interpreter: {kv:?}");
+        assert_eq!(kv["nested"], python(), "a worker's `python` is the real one: {kv:?}");
+        assert!(!kv["agent"].is_empty(), "{kv:?}");
+    }
+    for (i, pod) in job.pods.iter().enumerate() {
+        let (out, err) = (pod.stdout(), pod.stderr());
+        assert!(
+            out.contains("Successfully installed Python packages"),
+            "pip ran as plain python on pod {i}:\n{out}\n{err}"
+        );
+        assert!(err.contains("python sdk_train.py is this jax pod's entry: running it as trainlet run"), "{err}");
+        assert!(err.contains("starting workers") && err.contains("world_size=4"), "pod {i}:\n{err}");
+    }
+}
+
+/// The Kubeflow SDK's command for the XGBoost runtime, unchanged, on 2 pods
+/// x 2: trainlet runs the tracker (without it every worker fails after
+/// 6 s), the model equals single-process training, and the tracker ends
+/// as trainlet's helper, never swept as a worker's leftover.
+#[test]
+fn the_sdks_xgboost_command_runs_unchanged_under_trainlet_with_its_tracker() {
+    let (command, sdk) = sdk_command("xgboost-distributed.yaml", "train_xgboost", &[]);
+    assert!(command[2].trim_end().ends_with("python \"sdk_train.py\""), "SDK {sdk}: {}", command[2]);
+    let port = free_port();
+    let mut job = sdk_pods(&command, |i| {
+        let mut e = runtime_env("xgboost-distributed.yaml");
+        e.extend([
+            ("DMLC_TRACKER_URI".into(), "127.0.0.1".into()),
+            ("DMLC_TRACKER_PORT".into(), port.to_string()),
+            ("DMLC_TASK_ID".into(), i.to_string()),
+            ("DMLC_NUM_WORKER".into(), "2".into()),
+            ("PET_NPROC_PER_NODE".into(), "2".into()),
+        ]);
+        e
+    });
+    let seen = lines(&mut job.pods, "SDKXGB");
+    let mut tasks: Vec<u32> = seen.iter().map(|kv| kv["task"].parse().expect("task")).collect();
+    tasks.sort_unstable();
+    assert_eq!(tasks, [0, 1, 2, 3], "SDK {sdk}: {seen:?}");
+    for kv in &seen {
+        assert_eq!((kv["world"].as_str(), kv["rank"].as_str()), ("4", kv["task"].as_str()), "{kv:?}");
+        assert_eq!(kv["model"], kv["reference"], "{kv:?}");
+    }
+    let host = job.pods[0].stderr();
+    assert_eq!(host.matches("XGBoost tracker listening").count(), 1, "{host}");
+    for (i, pod) in job.pods.iter().enumerate() {
+        let err = pod.stderr();
+        assert!(err.contains("is this xgboost pod's entry"), "pod {i}: {err}");
+        assert!(!err.contains("killed leftover processes"), "the tracker is not a leftover (pod {i}):\n{err}");
+    }
+}
+
+/// A failing SDK function: the pods end as the runtime's failure policy
+/// says (exit 3 matches a `fail` rule of runtimes/failure-policy.toml: 205,
+/// which the runtime's podFailurePolicy turns into FailJob), with trainlet's
+/// failure report naming the rank.
+#[test]
+fn a_failing_sdk_function_exits_with_the_workers_code_through_trainlet() {
+    let (command, _) = sdk_command("jax-distributed.yaml", "train_failing", &[]);
+    let mut job = sdk_pods(&command, jax_env(free_port()));
+    for (i, pod) in job.pods.iter_mut().enumerate() {
+        assert_eq!(pod.code(LIMIT), 205, "pod {i}:\n{}\n{}", pod.stderr(), pod.stdout());
+        assert!(pod.stderr().contains("is this jax pod's entry"), "pod {i}: {}", pod.stderr());
+    }
+    assert!(job.pods[0].stdout().contains("rank 1 failing on purpose"), "{}", job.pods[0].stdout());
+    let err = job.pods[0].stderr();
+    assert!(err.contains("worker rank 1 (exit code 3) matched a fail rule"), "{err}");
+}

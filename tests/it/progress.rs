@@ -2,7 +2,7 @@
 //! status endpoint made by the tests (tests/fixtures/status_server.py: HTTPS
 //! with the test's own CA, a token file it rotates, the TrainJob CRD's
 //! trainerStatus rules), with real reporters: transformers' Trainer and
-//! its KubeflowTrainerCallback, and the Kubeflow SDK's
+//! its KubeflowCallback, and the Kubeflow SDK's
 //! update_trainjob_status. Trainer's real server needs a cluster; this one
 //! speaks its documented API (reference/kubeflow.md 2.3).
 
@@ -108,7 +108,7 @@ fn check(trainer: &Trainer, worker_metric: &str) -> Vec<serde_json::Value> {
 }
 
 /// transformers' Trainer (DDP over gloo on 2 pods): rank 0's
-/// KubeflowTrainerCallback posts to trainlet on pod 0, which posts to
+/// KubeflowCallback posts to trainlet on pod 0, which posts to
 /// Trainer once per 5 s with the token as the file holds it now.
 #[test]
 fn transformers_progress_reaches_trainer_once_per_5_s_with_the_current_token() {
@@ -184,4 +184,54 @@ fn an_untrusted_or_dead_status_server_costs_warnings_only() {
         assert!(started.elapsed() < Duration::from_secs(60), "{what}: {:?}", started.elapsed());
     }
     assert!(trainer.log().0.is_empty(), "nothing reached the server over untrusted TLS: {:?}", trainer.log().0);
+}
+
+/// The Kubeflow SDK's update_trainjob_status on every rank of 2 pods x 2
+/// (tests/fixtures/sdk_all_ranks.py): Trainer sees one view of the job,
+/// rank 0's report (8, 50, 91 %), never another rank's 3 or 4 % that
+/// arrived after it; after a restart it sees the new round's facts with no
+/// report of the failed attempt, then the new attempt's rank 0 (100 %).
+#[test]
+fn every_rank_reporting_gives_trainer_rank_0s_view_and_drops_a_failed_attempts_reports() {
+    let trainer = Trainer::start(0);
+    let port = free_port();
+    let env = trainer.env(None);
+    let mut pods = start_pods_with(2, &["run", "--max-restarts", "1", &fixture("sdk_all_ranks.py")], |i| {
+        let mut e = pet_env(2, 2, i, port);
+        e.extend(env.iter().cloned());
+        e
+    });
+    for (i, pod) in pods.iter_mut().enumerate() {
+        assert_eq!(pod.code(LIMIT), 0, "pod {i} stderr:\n{}\nstdout:\n{}", pod.stderr(), pod.stdout());
+        assert!(!pod.stdout().contains("ok=False"), "every SDK report reached trainlet: {}", pod.stdout());
+    }
+    let (requests, _) = trainer.log();
+    // (trainlet.restarts, progress, the report's attempt, the report's rank) per post.
+    type Post<'a> = (&'a str, Option<i64>, Option<&'a str>, Option<&'a str>);
+    let posted: Vec<Post<'_>> = requests
+        .iter()
+        .map(|r| {
+            assert_eq!(r["status"], 200, "{r}");
+            let s = &r["body"]["trainerStatus"];
+            let restarts = metric(s, "trainlet.restarts").expect("trainlet.restarts");
+            (restarts, s["progressPercentage"].as_i64(), metric(s, "attempt"), metric(s, "rank"))
+        })
+        .collect();
+    let first: Vec<i64> = posted.iter().filter(|p| p.0 == "0").filter_map(|p| p.1).collect();
+    for (restarts, progress, attempt, rank) in &posted {
+        if progress.is_some() {
+            assert_eq!(Some(*restarts), *attempt, "a report of this attempt only: {posted:?}");
+        }
+        if *restarts == "0" && progress.is_some() {
+            assert_eq!(*rank, Some("0"), "rank 0 speaks for the job: {posted:?}");
+        }
+    }
+    assert!(first.contains(&8) && first.contains(&50) && first.contains(&91), "rank 0's 8, 50, 91 %: {posted:?}");
+    assert!(
+        posted.iter().any(|p| p.0 == "1" && p.1.is_none()),
+        "the new round's facts, without the failed attempt's report: {posted:?}"
+    );
+    let last = posted.last().expect("a post");
+    assert_eq!((last.0, last.1, last.3), ("1", Some(100), Some("0")), "{posted:?}");
+    eprintln!("posted (restarts, progress, attempt, rank): {posted:?}");
 }

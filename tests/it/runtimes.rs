@@ -232,6 +232,25 @@ fn every_runtime_names_an_image_the_repository_builds() {
     }
 }
 
+/// The JAX and XGBoost images, whose runtimes the Kubeflow SDK drives with
+/// `bash -c "...; python "file.py""`: `python` and `python3` are links to
+/// trainlet in the directory trainlet's `python` mode documents, first on
+/// PATH, so the SDK's entry runs under trainlet (tests/it/frameworks.rs runs
+/// the SDK's commands so).
+#[test]
+fn the_jax_and_xgboost_images_put_trainlets_python_link_first_on_path() {
+    let dir = trainlet::cmd::python::LINK_DIR;
+    for image in ["jax-runtime", "xgboost-runtime"] {
+        let text = std::fs::read_to_string(repo().join(format!("images/{image}.Dockerfile"))).expect("read");
+        for name in ["python", "python3"] {
+            let link = format!("ln -sf /usr/local/bin/trainlet {dir}/{name}");
+            assert!(text.contains(&link), "{image}: no `{link}`");
+        }
+        let path = text.lines().rev().find_map(|l| l.strip_prefix("ENV PATH=")).unwrap_or_default();
+        assert!(path.starts_with(&format!("{dir}:")), "{image}: PATH={path} must start with {dir}");
+    }
+}
+
 /// For every container of every shipped runtime: /tmp is an emptyDir
 /// (trainlet and `import torch` need it writable under
 /// readOnlyRootFilesystem); every trainer container (torch nodes, the MPI
