@@ -131,6 +131,10 @@ pub const CODES: &[(&str, &str)] = &[
     ("keygen", "0, 200, 202"),
     ("stop", "0, 1"),
     ("nvml-probe", "0, 1"),
+    (
+        "python, python3 (the JAX/XGBoost images' links)",
+        "the interpreter's, or run's for the job's entry; 126, 127 (no interpreter to exec), 202",
+    ),
 ];
 
 /// Logs on stderr (`TRAINLET_LOG`, else `default`), panics through tracing.
