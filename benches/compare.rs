@@ -11,6 +11,9 @@
 //! Trainer's way of starting them, and progress reporting's cost:
 //! `framework_bench.rs`), redeploy and preload (serve mode against a
 //! cold torchrun start, `--preload torch` against none: `serve_bench.rs`).
+//! `gate` runs a fast subset and checks each ratio against its floor in
+//! `benches/floors.toml` (`gate.rs`); `overhead` includes the bare
+//! fork/exec/wait floor (`compare bare N PROG`, no agent).
 //! Results are also written to
 //! `target/bench-compare.md`. `mpi` and `sshd` compare against OpenSSH
 //! (`mpi_bench.rs`).
@@ -25,6 +28,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[path = "framework_bench.rs"]
 mod framework_bench;
+#[path = "gate.rs"]
+mod gate;
 #[path = "init_bench.rs"]
 mod init_bench;
 #[path = "mpi_bench.rs"]
@@ -82,23 +87,66 @@ fn time_row(name: String, ours: Duration, theirs: Duration, goal: &'static str) 
     Row { name, ours: ms(ours), theirs: ms(theirs), ratio: theirs.as_secs_f64() / ours.as_secs_f64(), goal }
 }
 
+/// `trainlet run --no-python --standalone --nproc-per-node N PROG`.
+fn trainlet_job(n: u32, prog: &str) -> Command {
+    let mut c = Command::new(trainlet());
+    c.args(["run", "--no-python", "--standalone", "--nproc-per-node", &n.to_string(), prog]);
+    c
+}
+
+/// torchrun (`python -m torch.distributed.run`) with the same arguments.
+fn torchrun_job(n: u32, prog: &str) -> Command {
+    let mut c = Command::new(python());
+    c.args(["-m", "torch.distributed.run", "--no-python", "--standalone", "--nproc-per-node", &n.to_string(), prog]);
+    c
+}
+
+/// The floor a launcher can reach: this binary run again as a minimal
+/// launcher ([`bare`]) that starts the same N processes and waits for them.
+fn bare_job(n: u32, prog: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().expect("own path"));
+    c.args(["bare", &n.to_string(), prog]);
+    c
+}
+
+/// `compare bare N PROG`: fork/exec PROG N times, wait for all, exit 0
+/// when all did (the baseline of the launcher overhead rows: no agent).
+fn bare(n: &str, prog: &str) -> std::process::ExitCode {
+    let n: u32 = n.parse().expect("bare N PROG");
+    let children: Vec<Child> =
+        (0..n).map(|_| Command::new(prog).stdin(Stdio::null()).spawn().expect("spawn")).collect();
+    let ok = children.into_iter().all(|mut c| c.wait().is_ok_and(|s| s.success()));
+    if ok { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE }
+}
+
+/// Launcher overhead for `n` x `/bin/true`: trainlet against torchrun and
+/// against the bare fork/exec/wait floor, interleaved (`rounds` rounds of
+/// one torchrun run and `per_round` runs each of trainlet and bare), medians.
+/// Pushes two rows: vs torchrun (ratio torchrun / trainlet), vs bare
+/// (ratio bare / trainlet: 0.5x is "within 2x of the floor").
+fn launch_rows(rows: &mut Vec<Row>, n: u32, rounds: usize, per_round: usize) {
+    let (mut ours, mut theirs, mut floor) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        theirs.push(time_pods(vec![torchrun_job(n, "/bin/true")]));
+        for _ in 0..per_round {
+            ours.push(time_pods(vec![trainlet_job(n, "/bin/true")]));
+            floor.push(time_pods(vec![bare_job(n, "/bin/true")]));
+        }
+    }
+    let (ours, theirs, floor) = (median(ours), median(theirs), median(floor));
+    rows.push(time_row(format!("launcher overhead, {n} x /bin/true, vs torchrun"), ours, theirs, ">= 100x"));
+    rows.push(time_row(
+        format!("launcher overhead, {n} x /bin/true, vs the bare floor (fork/exec/wait, no agent)"),
+        ours,
+        floor,
+        ">= 0.5x (within 2x)",
+    ));
+}
+
 fn launcher_overhead(rows: &mut Vec<Row>) {
-    let run = |torch: bool| {
-        let mut c = if torch {
-            let mut c = Command::new(python());
-            c.args(["-m", "torch.distributed.run"]);
-            c
-        } else {
-            let mut c = Command::new(trainlet());
-            c.arg("run");
-            c
-        };
-        c.args(["--no-python", "--standalone", "--nproc-per-node", "8", "/bin/true"]);
-        time_pods(vec![c])
-    };
-    let ours = median((0..15).map(|_| run(false)).collect());
-    let theirs = median((0..3).map(|_| run(true)).collect());
-    rows.push(time_row("launcher overhead, 8 x /bin/true".to_string(), ours, theirs, ">= 100x"));
+    for n in [1, 8] {
+        launch_rows(rows, n, 3, 5);
+    }
 }
 
 /// Simulated pod `node` of a multi-pod job whose store is on 127.0.0.1:`port`:
@@ -135,8 +183,9 @@ fn job_start(rows: &mut Vec<Row>, pods: u32, script: &str) {
 }
 
 /// Crash of rank 0 to the restarted workers' first instruction (the last of
-/// them), `pods` simulated pods x 1 worker, trainlet vs torchrun c10d.
-fn restart_gap(rows: &mut Vec<Row>, pods: u32) {
+/// them), `pods` simulated pods x 1 worker, trainlet vs torchrun c10d,
+/// interleaved runs, medians.
+fn restart_gap(rows: &mut Vec<Row>, pods: u32, (ours_runs, theirs_runs): (usize, usize)) {
     let run = |torch: bool| -> Duration {
         let dir = tempfile::tempdir().expect("tmp");
         let port = free_port().to_string();
@@ -163,8 +212,16 @@ fn restart_gap(rows: &mut Vec<Row>, pods: u32) {
         let last = (0..pods).map(|r| read(&format!("start_{r}"))).max().unwrap_or(crash);
         Duration::from_nanos(u64::try_from(last.saturating_sub(crash)).unwrap_or(u64::MAX))
     };
-    let ours = median((0..5).map(|_| run(false)).collect());
-    let theirs = median((0..3).map(|_| run(true)).collect());
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for i in 0..ours_runs.max(theirs_runs) {
+        if i < ours_runs {
+            ours.push(run(false));
+        }
+        if i < theirs_runs {
+            theirs.push(run(true));
+        }
+    }
+    let (ours, theirs) = (median(ours), median(theirs));
     rows.push(time_row(
         format!("restart gap: crash -> restarted workers' first instruction, {pods} pods"),
         ours,
@@ -566,7 +623,13 @@ fn pinning_cost(rows: &mut Vec<Row>) {
     });
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
+    // `bare N PROG`: the launcher-overhead floor, run by launch_rows.
+    if let [_, mode, n, prog] = std::env::args().collect::<Vec<_>>().as_slice()
+        && mode == "bare"
+    {
+        return bare(n, prog);
+    }
     let hard = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_or(4096, |(_, h)| h);
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
     let _ = python(); // says what to run when torch is missing
@@ -581,7 +644,11 @@ fn main() {
             tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build().expect("runtime");
         let took = rt.block_on(store_init(port.parse().expect("port"), ranks.parse().expect("ranks"), "bar"));
         println!("{took:?}");
-        return;
+        return std::process::ExitCode::SUCCESS;
+    }
+    // `gate`: the fast subset, checked against benches/floors.toml.
+    if wanted.iter().any(|w| w == "gate") {
+        return gate::run();
     }
     let on = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
     let dir = tempfile::tempdir().expect("tmp");
@@ -627,14 +694,14 @@ fn main() {
         progress(&rows);
     }
     if on("redeploy") {
-        serve_bench::redeploy(&mut rows);
+        serve_bench::redeploy(&mut rows, (5, 3, 3));
     }
     if on("preload") {
         serve_bench::preload(&mut rows);
     }
     if on("restart") {
-        restart_gap(&mut rows, 2);
-        restart_gap(&mut rows, 4);
+        restart_gap(&mut rows, 2, (5, 3));
+        restart_gap(&mut rows, 4, (5, 3));
         progress(&rows);
     }
     if on("scale") {
@@ -682,4 +749,5 @@ fn main() {
     }
     let _ = std::io::stdout().flush();
     let _ = std::io::stdin().read(&mut []);
+    std::process::ExitCode::SUCCESS
 }

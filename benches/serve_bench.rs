@@ -184,18 +184,27 @@ fn torchrun_cold() -> Duration {
     since(t0, t1)
 }
 
-/// Redeploy against a cold torchrun start.
-pub fn redeploy(rows: &mut Vec<Row>) {
-    let preloaded = median(redeploy_served(true, 5));
-    let plain = median(redeploy_served(false, 3));
-    let cold = median((0..3).map(|_| torchrun_cold()).collect());
+/// Redeploy against a cold torchrun start: `preloaded` redeploys served
+/// with `--preload torch`, `plain` without (no row when 0), `cold` torchrun
+/// starts; medians.
+pub fn redeploy(rows: &mut Vec<Row>, (preloaded, plain, cold): (usize, usize, usize)) {
+    let preloaded = median(redeploy_served(true, preloaded));
+    let plain = (plain > 0).then(|| median(redeploy_served(false, plain)));
+    let cold = median((0..cold).map(|_| torchrun_cold()).collect());
     rows.push(time_row(
         "redeploy: changed train.py -> first step on every rank, 2 pods x 2 torch workers, served with --preload torch, vs torchrun cold start".into(),
         preloaded,
         cold,
         "< 1 s",
     ));
-    rows.push(time_row("redeploy as above, served without --preload, vs torchrun cold start".into(), plain, cold, ""));
+    if let Some(plain) = plain {
+        rows.push(time_row(
+            "redeploy as above, served without --preload, vs torchrun cold start".into(),
+            plain,
+            cold,
+            "",
+        ));
+    }
 }
 
 /// Standalone 2-worker job, rank 0 crashes after its first step: crash ->

@@ -7,6 +7,8 @@
 //! are PID 1 or a child subreaper). It is the only place in trainlet that
 //! waits for a process: nobody calls `Child::wait`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
@@ -40,28 +42,60 @@ pub fn now_us() -> u64 {
     crate::clock::now_us()
 }
 
+/// Set once the thread is started: there is one per process.
+static STARTED: AtomicBool = AtomicBool::new(false);
+
 /// Start the signal/reaper thread; events arrive on the returned channel.
+/// A second call is refused: two reapers would race for every exit.
 pub fn start() -> std::io::Result<UnboundedReceiver<SysEvent>> {
+    if STARTED.swap(true, Ordering::SeqCst) {
+        return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "the reaper thread is already running"));
+    }
     let (tx, rx) = unbounded_channel();
     std::thread::Builder::new().name("trainlet-signals".into()).spawn(move || run(&tx))?;
     Ok(rx)
 }
 
+/// How many reaps the thread has done, and a condition variable woken
+/// after each: the sweep waits on it for the processes it killed to be
+/// gone instead of sleeping a fixed time.
+static REAPS: (Mutex<u64>, Condvar) = (Mutex::new(0), Condvar::new());
+
+fn reaps_lock() -> MutexGuard<'static, u64> {
+    REAPS.0.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The number of reaps so far (pass it to [`wait_reap`]).
+pub fn reaps() -> u64 {
+    *reaps_lock()
+}
+
+/// Block until a reap after `seen` (a value of [`reaps`]) or `limit`.
+pub fn wait_reap(seen: u64, limit: Duration) {
+    let guard = reaps_lock();
+    let _ = REAPS.1.wait_timeout_while(guard, limit, |n| *n == seen);
+}
+
 fn run(tx: &UnboundedSender<SysEvent>) {
+    // After the agent stops listening (its mode returned), the thread goes
+    // on reaping until the process exits: the exit sweep waits for what it
+    // killed to be reaped.
+    let mut listening = true;
     loop {
         // The timeout also catches a SIGCHLD that raced an earlier reap.
         let sig = sys::wait_signal(Duration::from_millis(500));
         if sig.is_none_or(|s| s == libc::SIGCHLD) {
-            for (pid, exit) in sys::reap_all() {
-                if tx.send(SysEvent::Exited { pid, exit, at_us: now_us(), reaped: std::time::Instant::now() }).is_err()
-                {
-                    return;
-                }
+            let reaped = sys::reap_all();
+            if !reaped.is_empty() {
+                *reaps_lock() += reaped.len() as u64;
+                REAPS.1.notify_all();
             }
-        } else if let Some(s) = sig
-            && tx.send(SysEvent::Signal(s)).is_err()
-        {
-            return;
+            for (pid, exit) in reaped {
+                let ev = SysEvent::Exited { pid, exit, at_us: now_us(), reaped: std::time::Instant::now() };
+                listening = listening && tx.send(ev).is_ok();
+            }
+        } else if let Some(s) = sig {
+            listening = listening && tx.send(SysEvent::Signal(s)).is_ok();
         }
     }
 }

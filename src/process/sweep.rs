@@ -17,8 +17,10 @@
 //! children lists (microseconds between a list and its stats, where a full
 //! /proc table took milliseconds); the process group of every process seen
 //! (a zombie's too) is signalled as well, and a group signal is atomic
-//! against fork (a child forked meanwhile gets it too); and "none left"
-//! takes [`QUIET_SCANS`] empty scans in a row.
+//! against fork (a child forked meanwhile gets it too); and "none left" is
+//! not read from a scan at all but proved by the agent having no child
+//! left but its helpers ([`only_helpers_left`]): with the one reaper
+//! collecting every exit, that needs no repeated scans and no sleeps.
 //!
 //! Long-lived helpers of the agent itself (the NVML sampling child) are
 //! registered with [`keep`] and spared, with their own children.
@@ -136,8 +138,36 @@ fn signal(scan: &Scan, sig: i32) {
     }
 }
 
-/// Empty scans in a row that mean "none left".
+/// Empty scans in a row that mean "none left", where nothing better can
+/// tell (helpers are kept and the kernel has no children lists).
 pub const QUIET_SCANS: u32 = 3;
+
+/// Longest wait for a reap between two kill rounds: what was killed is
+/// normally reaped sooner (the wait ends at the reap), but a missed
+/// process only shows up at the next scan.
+const REAP_WAIT: Duration = Duration::from_millis(2);
+
+/// Longest wait for a reap between two scans of the grace period.
+const TERM_POLL: Duration = Duration::from_millis(20);
+
+/// Is every descendant of the agent gone but the helpers' subtrees?
+/// `Some(true)` is a proof, not a guess: the agent has no child other than
+/// `spare` (live or unreaped), read atomically across its threads with
+/// `waitid` when no helper is kept, else from the children lists, leader
+/// last ([`sys::children`]). A descendant has a chain of parents up to the
+/// agent (an orphan is re-parented to it, a subreaper, or to a subreaper
+/// below it), so none is left; and none can appear, since only a
+/// descendant or the agent itself forks one, and the agent does not fork
+/// while it sweeps. None when neither way is available.
+fn only_helpers_left(me: u32, spare: &[i32]) -> Option<bool> {
+    if spare.is_empty()
+        && let Some(any) = sys::has_children()
+    {
+        return Some(!any);
+    }
+    let children = sys::children(i32::try_from(me).ok()?)?;
+    Some(children.iter().all(|c| spare.contains(c)))
+}
 
 /// What a sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -149,45 +179,58 @@ pub struct Swept {
 }
 
 /// SIGKILL every descendant of the agent but its helpers (and their
-/// process groups), repeating until [`QUIET_SCANS`] scans in a row find
-/// none or `limit` has passed.
+/// process groups), until [`only_helpers_left`] proves none is left, or
+/// (without that proof) [`QUIET_SCANS`] scans in a row find none, or
+/// `limit` has passed. Between kill rounds it waits for the one reaper to
+/// reap (bounded by [`REAP_WAIT`]), never a fixed time: a round's end with
+/// nothing left costs one `waitid`. Needs the reaper thread
+/// ([`super::signals::start`]) running: what it kills must be reaped.
 pub fn kill_all(limit: Duration) -> Swept {
     let me = std::process::id();
     let deadline = Instant::now() + limit;
     let mut killed: HashSet<i32> = HashSet::new();
     let mut quiet = 0;
     loop {
-        let found = scan(me, &helpers().clone());
+        let spare = helpers().clone();
+        let reaps = super::signals::reaps();
+        let proof = only_helpers_left(me, &spare);
+        if proof == Some(true) {
+            return Swept { killed: killed.len(), left: Vec::new() };
+        }
+        let found = scan(me, &spare);
         signal(&found, libc::SIGKILL);
-        if found.live.is_empty() {
-            quiet += 1;
+        killed.extend(&found.live);
+        if proof.is_none() {
+            quiet = if found.live.is_empty() { quiet + 1 } else { 0 };
             if quiet >= QUIET_SCANS {
                 return Swept { killed: killed.len(), left: Vec::new() };
             }
-        } else {
-            quiet = 0;
-            killed.extend(&found.live);
         }
         if Instant::now() >= deadline {
             return Swept { killed: killed.len(), left: found.live };
         }
-        // Give the kernel a moment to deliver and re-parent.
-        std::thread::sleep(Duration::from_millis(2));
+        super::signals::wait_reap(reaps, REAP_WAIT);
     }
 }
 
 /// SIGTERM every descendant but the helpers (and their groups), wait up to
-/// `grace` for them to go, then [`kill_all`] for up to `limit`.
+/// `grace` for them to go (woken by each reap), then [`kill_all`] for up to
+/// `limit`.
 pub fn terminate_all(grace: Duration, limit: Duration) -> Swept {
     let me = std::process::id();
-    let first = scan(me, &helpers().clone());
-    if first.live.is_empty() && first.groups.is_empty() {
-        return kill_all(limit);
+    if only_helpers_left(me, &helpers().clone()) == Some(true) {
+        return Swept::default();
     }
+    let first = scan(me, &helpers().clone());
     signal(&first, libc::SIGTERM);
     let deadline = Instant::now() + grace;
-    while Instant::now() < deadline && !scan(me, &helpers().clone()).live.is_empty() {
-        std::thread::sleep(Duration::from_millis(20));
+    while Instant::now() < deadline {
+        let reaps = super::signals::reaps();
+        let spare = helpers().clone();
+        if only_helpers_left(me, &spare) == Some(true) || scan(me, &spare).live.is_empty() {
+            break;
+        }
+        super::signals::wait_reap(reaps, TERM_POLL);
     }
     let mut swept = kill_all(limit);
     swept.killed = swept.killed.max(first.live.len());

@@ -200,21 +200,48 @@ pub fn process_table() -> Vec<ProcStat> {
 }
 
 /// The children of `pid`, from `/proc/PID/task/*/children` (every thread's:
-/// orphans are re-parented to any thread of a subreaper). None when the
+/// a child sits on the list of the thread that forked it). None when the
 /// kernel has no such files (built without CONFIG_PROC_CHILDREN); empty
 /// when the process is gone.
+///
+/// The thread group leader's list is read last. A child only moves between
+/// these lists onto the leader's: an orphan re-parented to us (PID 1 or a
+/// subreaper) and the children of one of our threads that exits both go to
+/// the first live thread, the leader (kernel/exit.c `find_alive_thread`).
+/// So a child on another thread's list when that list was read is seen
+/// there, and one that moved before the leader's list was read is seen
+/// there: an empty answer means `pid` had no children when the leader's
+/// list was read, unless `pid` itself forked meanwhile.
 pub fn children(pid: i32) -> Option<Vec<i32>> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Some(Vec::new()) };
+    let leader = std::path::PathBuf::from(format!("/proc/{pid}/task/{pid}"));
     let mut out = Vec::new();
-    for task in tasks.flatten() {
-        match std::fs::read_to_string(task.path().join("children")) {
+    let paths = tasks.flatten().map(|t| t.path()).filter(|p| *p != leader);
+    for task in paths.chain(std::iter::once(leader.clone())) {
+        match std::fs::read_to_string(task.join("children")) {
             Ok(text) => out.extend(text.split_whitespace().filter_map(|c| c.parse::<i32>().ok())),
             // The task is there but the file is not: no CONFIG_PROC_CHILDREN.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && task.path().join("stat").exists() => return None,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && task.join("stat").exists() => return None,
             Err(_) => {} // the task ended meanwhile
         }
     }
     Some(out)
+}
+
+/// Does this process have a child, live or not yet reaped? Asked with
+/// `waitid(P_ALL, WEXITED | WNOHANG | WNOWAIT | __WALL)`, which reaps
+/// nothing (the one reaper still collects every exit) and looks at every
+/// thread's children under one lock: `Some(false)` (ECHILD) is atomic, no
+/// child at all at that instant. None when the kernel refuses the call
+/// (before Linux 4.7, `__WALL` was not accepted by waitid).
+pub fn has_children() -> Option<bool> {
+    use nix::sys::wait::{Id, waitid};
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT | WaitPidFlag::__WALL;
+    match waitid(Id::All, flags) {
+        Ok(_) => Some(true),
+        Err(Errno::ECHILD) => Some(false),
+        Err(_) => None,
+    }
 }
 
 /// The parent of `pid`, from /proc; None when it is gone.

@@ -1,0 +1,134 @@
+//! The benchmark gate (`cargo bench --bench compare -- gate`): a fast subset
+//! of the side-by-side benchmarks, each ratio checked against its floor in
+//! `benches/floors.toml`. A ratio below its floor fails the run (exit 1)
+//! with the measured and the expected ratio.
+//!
+//! Only ratios are gated, never absolute times: both sides of a ratio are
+//! measured in this one process, interleaved where a row has several runs,
+//! so a loaded machine slows both. A floor is a goal of benches/README.md,
+//! or half the last measured ratio where the README has no goal yet; it is
+//! raised when a ratio improves, never lowered to pass.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use super::{Row, agent_rss, launch_rows, restart_gap, serve_bench, store_throughput};
+
+/// One floor of `benches/floors.toml`.
+#[derive(Debug)]
+struct Floor {
+    floor: f64,
+    source: String,
+}
+
+fn floors_file() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/floors.toml")
+}
+
+/// `[key]` tables with `floor = <ratio>` and `source = "<why this floor>"`.
+fn read_floors() -> Result<HashMap<String, Floor>, String> {
+    let path = floors_file();
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let table: toml::Table = text.parse().map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = HashMap::new();
+    for (key, v) in table {
+        let floor = v.get("floor").and_then(|f| f.as_float().or_else(|| f.as_integer().map(|i| i as f64)));
+        let source = v.get("source").and_then(|s| s.as_str());
+        match (floor, source) {
+            (Some(floor), Some(source)) => {
+                out.insert(key, Floor { floor, source: source.to_string() });
+            }
+            _ => return Err(format!("{}: [{key}] needs a number `floor` and a text `source`", path.display())),
+        }
+    }
+    Ok(out)
+}
+
+/// Measure the subset; pairs of (floor key, row).
+fn measure() -> Vec<(&'static str, Row)> {
+    let mut gated = Vec::new();
+    let mut take = |keys: &[&'static str], rows: Vec<Row>| {
+        assert_eq!(keys.len(), rows.len(), "a benchmark gave {} rows for {keys:?}", rows.len());
+        for (key, row) in keys.iter().zip(rows) {
+            eprintln!("gate: {key}: trainlet {} | reference {} | {:.2}x", row.ours, row.theirs, row.ratio);
+            if !key.is_empty() {
+                gated.push((*key, row));
+            }
+        }
+    };
+    for (n, keys) in
+        [(1, ["launch_1_vs_torchrun", "launch_1_vs_bare"]), (8, ["launch_8_vs_torchrun", "launch_8_vs_bare"])]
+    {
+        let mut rows = Vec::new();
+        launch_rows(&mut rows, n, 3, 7);
+        take(&keys, rows);
+    }
+    let mut rows = Vec::new();
+    restart_gap(&mut rows, 2, (3, 3));
+    take(&["restart_gap_2_pods_vs_torchrun"], rows);
+    let mut rows = Vec::new();
+    agent_rss(&mut rows);
+    take(&["agent_rss_vs_torchrun"], rows);
+    let mut rows = Vec::new();
+    store_throughput(&mut rows);
+    // add, check and multi_get are measured by the same client run; set and get are gated.
+    take(&["store_set_vs_torch", "store_get_vs_torch", "", "", ""], rows);
+    let mut rows = Vec::new();
+    serve_bench::redeploy(&mut rows, (3, 0, 2));
+    take(&["redeploy_vs_torchrun_cold"], rows);
+    gated
+}
+
+/// Run the gate: 0 when every ratio is at or above its floor.
+pub fn run() -> ExitCode {
+    let floors = match read_floors() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("gate: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let started = Instant::now();
+    let gated = measure();
+    let took = started.elapsed();
+    let mut table = String::from(
+        "| ratio | trainlet | reference | measured | floor | floor's source | |\n|---|---|---|---|---|---|---|\n",
+    );
+    let mut failures = Vec::new();
+    for (key, row) in &gated {
+        let Some(f) = floors.get(*key) else {
+            failures.push(format!("{key}: measured {:.2}x, no floor in {}", row.ratio, floors_file().display()));
+            continue;
+        };
+        let ok = row.ratio >= f.floor;
+        table.push_str(&format!(
+            "| {key} | {} | {} | {:.2}x | {:.2}x | {} | {} |\n",
+            row.ours,
+            row.theirs,
+            row.ratio,
+            f.floor,
+            f.source,
+            if ok { "ok" } else { "BELOW" }
+        ));
+        if !ok {
+            failures.push(format!(
+                "{key} ({}): measured {:.2}x, floor {:.2}x ({})",
+                row.name, row.ratio, f.floor, f.source
+            ));
+        }
+    }
+    print!("{table}");
+    println!("gate: {} ratios in {:.0} s", gated.len(), took.as_secs_f64());
+    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-gate.md");
+    let _ = std::fs::write(out, &table);
+    if failures.is_empty() {
+        println!("gate: every ratio is at or above its floor");
+        return ExitCode::SUCCESS;
+    }
+    for f in &failures {
+        eprintln!("gate: below the floor: {f}");
+    }
+    ExitCode::FAILURE
+}
