@@ -31,3 +31,6 @@ if ! grep -Eq "static-pie linked|statically linked" <<<"$kind"; then
   exit 1
 fi
 echo "release binary is statically linked"
+# The benchmark gate: a fast subset of the side-by-side benchmarks, each
+# ratio against its floor in benches/floors.toml (under 3 minutes).
+cargo bench --locked --bench compare -- gate

@@ -241,6 +241,61 @@ fn a_torch_job_runs_as_uid_1000_on_a_read_only_root() {
     assert!(c.logs().contains("round decided round=0 end=success"), "{}", c.logs());
 }
 
+/// The Kubeflow SDK's XGBoost command, word for word as the container's
+/// entrypoint (the SDK sets `command`, which replaces ENTRYPOINT), in
+/// trainlet's XGBoost image as uid 1000 on a read-only root: the image's
+/// `python` link makes the SDK's `python "sdk_train.py"` a trainlet job
+/// (the tracker it needs included), and the workers run the real python3.
+#[test]
+fn the_sdks_xgboost_command_runs_under_trainlet_in_its_image_as_uid_1000_on_a_read_only_root() {
+    let (command, sdk) = crate::frameworks::sdk_command("xgboost-distributed.yaml", "train_xgboost", &[]);
+    let entrypoint = serde_json::to_string(&command).expect("json");
+    let site = torch_site();
+    let mut opts = torch_opts(&site);
+    let policy = repo().join("runtimes/failure-policy.toml");
+    opts.extend(
+        [
+            "--user",
+            "1000:1000",
+            "--read-only",
+            "--tmpfs",
+            "/tmp:rw,mode=1777",
+            // The SDK writes its script into the working directory.
+            "-w",
+            "/tmp",
+            "--entrypoint",
+            &entrypoint,
+            "-v",
+            &format!("{}:/etc/trainlet/policy.toml:ro", policy.display()),
+            "-e",
+            "TRAINLET_POLICY=/etc/trainlet/policy.toml",
+            "-e",
+            "DMLC_TRACKER_URI=127.0.0.1",
+            "-e",
+            &format!("DMLC_TRACKER_PORT={}", crate::util::free_port()),
+            "-e",
+            "DMLC_TASK_ID=0",
+            "-e",
+            "DMLC_NUM_WORKER=1",
+            "-e",
+            "PET_NPROC_PER_NODE=2",
+        ]
+        .map(String::from),
+    );
+    let c = Container::start("sdk-xgboost", &refs(&opts), "localhost/trainlet/xgboost-runtime:test", &[]);
+    c.expect_exit(0, LIMIT, &format!("SDK {sdk}: "));
+    let logs = c.logs();
+    assert!(logs.contains("python sdk_train.py is this xgboost pod's entry"), "{logs}");
+    assert!(logs.contains("XGBoost tracker listening"), "{logs}");
+    let seen: Vec<&str> = logs.lines().filter(|l| l.contains("SDKXGB task=")).collect();
+    assert_eq!(seen.len(), 2, "{logs}");
+    for line in seen {
+        let kv = crate::util::parse_kv(line);
+        assert_eq!(kv["world"], "2", "{line}");
+        assert_eq!(kv["model"], kv["reference"], "{line}");
+    }
+}
+
 /// The FROM-scratch image holds the static binary alone and runs it.
 #[test]
 fn the_scratch_image_runs_the_static_binary() {

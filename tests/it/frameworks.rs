@@ -149,7 +149,7 @@ fn deepspeed_trains_zero_stage_1_on_two_pods_under_the_runtimes_env() {
 /// The TrainJob command the Kubeflow SDK's own code makes for
 /// `CustomTrainer(func=sdk_train.<function>)` on `runtime` (with
 /// `packages_to_install`), and the SDK version that made it.
-fn sdk_command(runtime: &str, function: &str, packages: &[&str]) -> (Vec<String>, String) {
+pub(crate) fn sdk_command(runtime: &str, function: &str, packages: &[&str]) -> (Vec<String>, String) {
     let out = std::process::Command::new(python())
         .arg(repo().join("tests/fixtures/sdk_command.py"))
         .arg(repo().join("runtimes").join(runtime))
