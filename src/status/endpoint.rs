@@ -29,6 +29,11 @@ const MAX_CONNECTIONS: usize = 64;
 const LIMITS: Limits = Limits { head: 8 * 1024, body: 64 * 1024 };
 /// Time a client gets to send its request.
 const REQUEST_TIME: Duration = Duration::from_secs(10);
+/// Most local ranks whose reports the board keeps (a pod runs at most
+/// this many workers, as a served run's `nproc_per_node` is bounded): a
+/// report from another rank is refused, so a client holding the token
+/// cannot grow the board by inventing ranks.
+const MAX_RANKS: usize = 1024;
 
 /// What this pod's workers reported in the current attempt: each local
 /// rank's newest status, and when each last reported (the no-progress
@@ -66,14 +71,25 @@ impl Board {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A report from `local_rank`.
-    pub fn record(&self, local_rank: u32, status: super::report::Status) {
+    /// A report from `local_rank`; false (nothing kept) when the board
+    /// already holds [`MAX_RANKS`] other ranks.
+    pub fn record(&self, local_rank: u32, status: super::report::Status) -> bool {
         let mut b = self.lock();
+        if b.reports.len() >= MAX_RANKS && !b.reports.contains_key(&local_rank) {
+            return false;
+        }
         super::gauges().reports.inc();
         super::gauges().observe(&status);
         b.reports.insert(local_rank, status);
         b.seq += 1;
         b.last.insert(local_rank, Instant::now());
+        true
+    }
+
+    /// Changes whenever the reports do (0: nothing yet); cheaper than a
+    /// [`Self::snapshot`] when nothing changed.
+    pub fn seq(&self) -> u64 {
+        self.lock().seq
     }
 
     /// Every rank's newest status in the current round, by global rank.
@@ -152,8 +168,12 @@ fn handle(board: &Board, token: &str, req: &Request) -> Status {
     }
     match parse(&req.body) {
         Ok(status) => {
-            board.record(rank, status);
-            Status::OK
+            if board.record(rank, status) {
+                Status::OK
+            } else {
+                tracing::debug!(local_rank = rank, "refused a status report: too many ranks");
+                Status::BAD
+            }
         }
         Err(why) => {
             tracing::debug!(local_rank = rank, error = %why, "refused a status report");
@@ -186,6 +206,18 @@ mod tests {
             body.len()
         )
         .into_bytes()
+    }
+
+    #[test]
+    fn the_board_keeps_at_most_max_ranks_ranks() {
+        let board = Board::default();
+        let ranks = u32::try_from(MAX_RANKS).expect("fits");
+        for r in 0..ranks {
+            assert!(board.record(r, super::super::report::Status::default()), "rank {r}");
+        }
+        assert!(!board.record(ranks, super::super::report::Status::default()), "one rank too many");
+        assert!(board.record(0, super::super::report::Status::default()), "a known rank still reports");
+        assert_eq!(board.snapshot().ranks.len(), MAX_RANKS);
     }
 
     #[tokio::test]

@@ -167,9 +167,9 @@ async fn run(
             Some(ack) = asks.recv() => { asked = Some(ack); false }
             Ok(()) = facts.changed() => { pending = host; false }
         };
-        let snap = board.snapshot();
         // Every pod: our workers' newest statuses into the store.
-        if snap.seq != published {
+        if board.seq() != published {
+            let snap = board.snapshot();
             let seq = snap.seq;
             let bytes = serde_json::to_vec(&Published { round: snap.round, ranks: snap.ranks }).unwrap_or_default();
             if let Some(c) = connected(&mut client, setup.store).await {
