@@ -51,6 +51,26 @@ if [ -n "$missing" ]; then
   fi
 fi
 
+# A package can be installed and its program still not usable (removed by
+# hand, or hidden by a mount): each package's program the tests run, checked
+# as a regular executable file.
+unusable=""
+for pair in file:/usr/bin/file gcc:/usr/bin/gcc util-linux:/usr/bin/unshare iproute2:/usr/sbin/ip \
+  openmpi-bin:/usr/bin/mpirun.openmpi mpich:/usr/bin/mpiexec.hydra libmpich-dev:/usr/bin/mpicc.mpich \
+  python3-mpi4py:/usr/bin/python3 openssh-client:/usr/bin/ssh openssh-server:/usr/sbin/sshd \
+  openssl:/usr/bin/openssl podman:/usr/bin/podman runc:/usr/sbin/runc mmdebstrap:/usr/bin/mmdebstrap; do
+  program=${pair#*:}
+  if [ ! -f "$program" ] || [ ! -x "$program" ]; then
+    echo "error: $program (package ${pair%%:*}) is not a usable program" >&2
+    unusable="$unusable ${pair%%:*}"
+  fi
+done
+if [ -n "$unusable" ]; then
+  echo "reinstall as root, then run the tests again:" >&2
+  echo "  apt-get install --reinstall -y$unusable" >&2
+  exit 1
+fi
+
 command -v cargo >/dev/null || {
   echo "error: cargo is missing: install Rust with rustup (https://rustup.rs), then run the tests again" >&2
   exit 1
