@@ -11,15 +11,15 @@ use std::time::Duration;
 use crate::util::*;
 
 /// The pods of a served job and what a client needs to reach it.
-struct Served {
-    pods: Vec<Pod>,
-    url: String,
-    token_file: std::path::PathBuf,
-    dir: tempfile::TempDir,
-    store_port: u16,
+pub(crate) struct Served {
+    pub(crate) pods: Vec<Pod>,
+    pub(crate) url: String,
+    pub(crate) token_file: std::path::PathBuf,
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) store_port: u16,
 }
 
-const TOKEN: &str = "t0ken-for-tests";
+pub(crate) const TOKEN: &str = "t0ken-for-tests";
 
 fn pod_env(n: u32, store_port: u16, node: u32) -> Vec<(String, String)> {
     let mut env = pet_env(n, 2, node, store_port);
@@ -47,7 +47,7 @@ fn pod_args(s: &Served, control: u16, node: u32, extra: &[&str]) -> Vec<String> 
     a
 }
 
-fn start(n: u32, extra: &[&str]) -> Served {
+pub(crate) fn start(n: u32, extra: &[&str]) -> Served {
     let dir = tempfile::tempdir().expect("tmp");
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token");
@@ -61,7 +61,7 @@ fn start(n: u32, extra: &[&str]) -> Served {
     s
 }
 
-fn start_pod(s: &Served, (control, n): (u16, u32), node: u32, extra: &[&str]) -> Pod {
+pub(crate) fn start_pod(s: &Served, (control, n): (u16, u32), node: u32, extra: &[&str]) -> Pod {
     let args = pod_args(s, control, node, extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut env = pod_env(n, s.store_port, node);
@@ -99,12 +99,12 @@ pub fn http(url: &str, method: &str, path: &str, token: Option<&str>, body: &str
     (status, out)
 }
 
-fn json(body: &str) -> serde_json::Value {
+pub(crate) fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
 }
 
 /// RESULT lines of a run's output: rank -> fields.
-fn results(lines: &[serde_json::Value]) -> HashMap<String, HashMap<String, String>> {
+pub(crate) fn results(lines: &[serde_json::Value]) -> HashMap<String, HashMap<String, String>> {
     lines
         .iter()
         .filter_map(|l| l.as_str())
@@ -114,7 +114,7 @@ fn results(lines: &[serde_json::Value]) -> HashMap<String, HashMap<String, Strin
 }
 
 /// Run the Python client driver for `steps`; one JSON document per step.
-fn drive(s: &Served, steps: &[&str]) -> Vec<serde_json::Value> {
+pub(crate) fn drive(s: &Served, steps: &[&str]) -> Vec<serde_json::Value> {
     let out = std::process::Command::new(python())
         .arg(fixture("serve_driver.py"))
         .args([s.url.as_str(), &s.token_file.display().to_string(), &fixture("serve_train.py")])
@@ -131,7 +131,7 @@ fn drive(s: &Served, steps: &[&str]) -> Vec<serde_json::Value> {
     stdout.lines().map(json).collect()
 }
 
-fn assert_ran_everywhere(step: &serde_json::Value, version: &str, agents: &BTreeSet<String>) {
+pub(crate) fn assert_ran_everywhere(step: &serde_json::Value, version: &str, agents: &BTreeSet<String>) {
     assert_eq!(step["state"], "succeeded", "{step}");
     let lines = step["lines"].as_array().expect("lines");
     let r = results(lines);
