@@ -255,7 +255,13 @@ fn rendezvous_scale(rows: &mut Vec<Row>) {
         let tok = cancel.child_token();
         let serve: ServeFn =
             Box::new(move || l2.serve(Some([127, 0, 0, 1].into()), 0, std::sync::Arc::default(), tok.child_token()));
-        tokio::spawn(serve_rounds(addr, "trainlet/scale/j0".into(), timing, serve, cancel.child_token()));
+        tokio::spawn(serve_rounds(
+            trainlet::store::Dial { addr, guard: None },
+            "trainlet/scale/j0".into(),
+            timing,
+            serve,
+            cancel.child_token(),
+        ));
         let endpoint = trainlet::store::Endpoint { host: "127.0.0.1".into(), port: addr.port() };
         let started = Instant::now();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u32, Instant, Instant)>();
@@ -274,8 +280,9 @@ fn rendezvous_scale(rows: &mut Vec<Row>) {
                     max_restarts: 0,
                 };
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-                let mut s =
-                    Session::connect(&endpoint, "scale", 0, me, timing, deadline, &cancel).await.expect("connect");
+                let mut s = Session::connect(&endpoint, "scale", 0, me, timing, None, deadline, &cancel)
+                    .await
+                    .expect("connect");
                 let mut known = Known::default();
                 let Ok(Joined::Round(r)) = s.next_round(&mut known, deadline).await else { panic!("round") };
                 let formed = Instant::now();

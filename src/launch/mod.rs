@@ -117,6 +117,9 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     let timing =
         Timing { last_call: plan.last_call, heartbeat: plan.heartbeat, heartbeat_timeout: plan.heartbeat_timeout };
 
+    // Serve mode's agents' store asks every connection for the control token.
+    let token_file = serve::token_file(&plan)?;
+    let guard = token_file.as_deref().map(crate::store::Guard::new);
     // The agents' store, when this pod hosts it.
     let bind_ip: Option<IpAddr> = plan.standalone.then_some(IpAddr::from([127, 0, 0, 1]));
     let store_loop = if plan.serve_store { Some(Arc::new(StoreLoop::start().map_err(Error::Os)?)) } else { None };
@@ -124,7 +127,8 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     let budget = Arc::new(crate::store::Budget::new(plan.store_memory));
     let control = if let Some(lp) = &store_loop {
         sys::raise_nofile();
-        let server = lp.serve(bind_ip, plan.endpoint.port, Arc::clone(&budget), cancel.child_token())?;
+        let server =
+            lp.serve_guarded(bind_ip, plan.endpoint.port, Arc::clone(&budget), guard.clone(), cancel.child_token())?;
         tracing::info!(addr = %server.local_addr(), memory_budget = budget.limit(), "serving the rendezvous store");
         Some(server)
     } else {
@@ -144,7 +148,8 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
         let serve: ServeFn = Box::new(move || lp.serve(bind_ip, 0, Arc::clone(&budget), token.child_token()));
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], server.local_addr().port()));
         let base = rendezvous::job_base(&plan.run_id, plan.jobset_attempt);
-        tokio::spawn(host::serve_rounds(addr, base, timing, serve, cancel.child_token()));
+        let dial = crate::store::Dial { addr, guard: guard.clone() };
+        tokio::spawn(host::serve_rounds(dial, base, timing, serve, cancel.child_token()));
     }
 
     let me = Member {
@@ -158,7 +163,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
         max_restarts: plan.max_restarts,
     };
     let deadline = Instant::now() + plan.join_timeout;
-    let connect = Session::connect(&endpoint, &plan.run_id, plan.jobset_attempt, me, timing, deadline, &cancel);
+    let connect = Session::connect(&endpoint, &plan.run_id, plan.jobset_attempt, me, timing, guard, deadline, &cancel);
     let mut session = match until_stop(&mut events, &plan, connect).await {
         Ok(Ok(s)) => s,
         Ok(Err(e @ rendezvous::Error::Stale { .. })) => {
@@ -176,8 +181,8 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
         "joined the rendezvous"
     );
 
-    let progress = progress::Progress::start(&plan, &log_root, session.addr(), &cancel).await;
-    let mut served = serve::Served::start(&plan, session.addr(), &cancel).await?;
+    let progress = progress::Progress::start(&plan, &log_root, session.dial(), &cancel).await;
+    let mut served = serve::Served::start(&plan, session.dial(), token_file, &cancel).await?;
     let mut known = Known::default();
     let mut history: Vec<Failure> = Vec::new();
     let mut rounds: Vec<RoundRecord> = Vec::new();

@@ -29,12 +29,7 @@ pub(super) struct Progress {
 
 impl Progress {
     /// Serve the endpoint and start the relay, as the plan asks.
-    pub(super) async fn start(
-        plan: &Plan,
-        dir: &Path,
-        store: std::net::SocketAddr,
-        cancel: &CancellationToken,
-    ) -> Self {
+    pub(super) async fn start(plan: &Plan, dir: &Path, store: crate::store::Dial, cancel: &CancellationToken) -> Self {
         let (facts, facts_rx) = watch::channel(Facts::default());
         let mut me = Self { link: None, relay: None, facts };
         if let Some(why) = &plan.progress.off_because {

@@ -6,7 +6,6 @@
 //! store host it also starts the control API and tells its board what
 //! the rounds decided.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -19,7 +18,8 @@ use crate::rendezvous::{Round, Session};
 use crate::serve::board::{Board, RankExit, State, World};
 use crate::serve::logs::Shipper;
 use crate::serve::spec::{Run, shown};
-use crate::serve::{Go, Link, api, files, wait_go};
+use crate::serve::{Go, Link, Scope, api, files, wait_go, wait_key};
+use crate::store::Dial;
 use crate::supervise::output::LineTap;
 use crate::supervise::policy::{JobEnd, Outcome};
 use crate::supervise::report::{Failure, Report};
@@ -52,7 +52,9 @@ pub(super) struct Served {
     conf: Serve,
     base: String,
     link: Link,
-    store: SocketAddr,
+    dial: Dial,
+    /// The serving session this pod follows (None until published).
+    scope: Option<Scope>,
     board: Option<Arc<Board>>,
     current: Option<Current>,
     /// The newest run this pod saw end.
@@ -71,41 +73,58 @@ impl std::fmt::Debug for Served {
     }
 }
 
+/// The control token's file of a served job (None without `--serve`):
+/// `--control-token-file`, or on a single standalone pod a fresh one.
+/// Every pod needs it before it dials the agents' store, which asks for it.
+pub(super) fn token_file(plan: &Plan) -> Result<Option<PathBuf>, crate::config::Error> {
+    let Some(conf) = &plan.serve else { return Ok(None) };
+    let usage = crate::config::Error::Usage;
+    match &conf.token_file {
+        Some(f) => {
+            crate::serve::read_token(f).map_err(|e| {
+                usage(format!("--control-token-file {}: {e}; mount the control Secret there", f.display()))
+            })?;
+            Ok(Some(f.clone()))
+        }
+        None if plan.serve_store && plan.nnodes == 1 => api::make_token(&conf.dir).map(Some).map_err(|e| {
+            usage(format!("cannot write the control API's token under {} ({e}); give --control-token-file or a writable --serve-dir", conf.dir.display()))
+        }),
+        None => Err(usage(
+            "--serve on more than one pod needs --control-token-file on every pod (the same Secret): the agents' store asks every pod for it, and each pod checks that a run was signed with it".into(),
+        )),
+    }
+}
+
 impl Served {
-    /// Serve mode for `plan` (None without `--serve`); the store host
-    /// starts the control API.
+    /// Serve mode for `plan` (None without `--serve`) with the control
+    /// token in `token_file`; the store host publishes a new serving
+    /// session and starts the control API.
     pub async fn start(
         plan: &Plan,
-        store: SocketAddr,
+        dial: Dial,
+        token_file: Option<PathBuf>,
         cancel: &CancellationToken,
     ) -> Result<Option<Self>, crate::config::Error> {
-        let Some(conf) = plan.serve.clone() else { return Ok(None) };
+        let (Some(conf), Some(token_file)) = (plan.serve.clone(), token_file) else { return Ok(None) };
         let base = crate::rendezvous::job_base(&plan.run_id, plan.jobset_attempt);
         let usage = crate::config::Error::Usage;
-        // Every pod checks each run's signature with the token.
-        let token_file = match &conf.token_file {
-            Some(f) => {
-                crate::serve::read_token(f).map_err(|e| {
-                    usage(format!("--control-token-file {}: {e}; mount the control Secret there", f.display()))
-                })?;
-                f.clone()
-            }
-            None if plan.serve_store && plan.nnodes == 1 => api::make_token(&conf.dir).map_err(|e| {
-                usage(format!("cannot write the control API's token under {} ({e}); give --control-token-file or a writable --serve-dir", conf.dir.display()))
-            })?,
-            None => {
-                return Err(usage(
-                    "--serve on more than one pod needs --control-token-file on every pod (the same Secret): each pod checks that a run was signed with it".into(),
-                ));
-            }
-        };
+        let mut link = Link::new(dial.clone(), &base);
         let board = if plan.serve_store {
             let board = Arc::new(Board::default());
+            let token = crate::serve::read_token(&token_file)
+                .map_err(|e| usage(format!("--control-token-file {}: {e}", token_file.display())))?;
+            let scope = link.new_session(&token).await.map_err(|e| {
+                usage(format!(
+                    "cannot publish the serving session in the agents' store: {}",
+                    crate::error::error_chain(&e)
+                ))
+            })?;
             let api_conf = api::Conf {
                 listen: conf.control,
                 token_file: token_file.clone(),
-                store,
+                dial: dial.clone(),
                 base: base.clone(),
+                scope,
                 max_restarts: plan.max_restarts,
                 stop_limit: plan.checkpoint_timeout + plan.grace + plan.kill_timeout + super::STOP_SYNC_MARGIN,
                 idle_timeout: conf.idle_timeout,
@@ -119,17 +138,25 @@ impl Served {
             None
         };
         Ok(Some(Self {
-            link: Link::new(store, &base),
+            link,
             base,
             conf,
             token_file,
-            store,
+            dial,
             board,
+            scope: None,
             current: None,
             ended: 0,
             next_go: 1,
             refusing: false,
         }))
+    }
+
+    /// Log a refusal of something in the store once, until a valid run is seen.
+    fn refuse(&mut self, what: &str, why: &str) {
+        if !std::mem::replace(&mut self.refusing, true) {
+            tracing::error!(reason = %why, "refused {what} in the store: not this job's control API's in this session");
+        }
     }
 
     /// What round `round` does: run the current run, or wait for one.
@@ -156,33 +183,65 @@ impl Served {
                     String::new()
                 }
             };
-            let newest = match self.link.newest(&token).await {
-                Ok(Some(Ok(run))) => Some(run),
+            let scope = match self.link.scope(&token).await {
+                Ok(Some(Ok(scope))) => Some(scope),
                 Ok(Some(Err(why))) => {
-                    if !std::mem::replace(&mut self.refusing, true) {
-                        tracing::error!(reason = %why, "refused the run in the store: it was not submitted through the control API");
-                    }
+                    self.refuse("the serving session", &why);
                     None
                 }
                 Ok(None) => None,
                 Err(e) => {
-                    tracing::error!(error = %crate::error::error_chain(&e), "cannot read the served run from the store");
+                    tracing::error!(error = %crate::error::error_chain(&e), "cannot read the serving session from the store");
                     return Work::Idle(Outcome::Lost);
                 }
+            };
+            if scope.is_some() && scope != self.scope {
+                if self.scope.is_some() {
+                    tracing::warn!(
+                        "a new serving session (the store host was replaced): runs are numbered from 1 again"
+                    );
+                }
+                self.scope.clone_from(&scope);
+                self.ended = 0;
+                self.next_go = 1;
+                self.current = None;
+            }
+            let newest = match &scope {
+                None => None,
+                Some(sc) => match self.link.newest(&token, sc).await {
+                    Ok(Some(Ok(run))) => Some(run),
+                    Ok(Some(Err(why))) => {
+                        self.refuse("the run", &why);
+                        None
+                    }
+                    Ok(None) => None,
+                    Err(e) => {
+                        tracing::error!(error = %crate::error::error_chain(&e), "cannot read the served run from the store");
+                        return Work::Idle(Outcome::Lost);
+                    }
+                },
             };
             if let Some(r) = &newest {
                 self.next_go = self.next_go.max(r.seq + 1);
                 self.refusing = false;
             }
-            if let Some(run) = newest.filter(|r| r.seq > self.ended) {
-                match self.link.is_ended(run.seq).await {
-                    Ok(false) => {
+            if let (Some(run), Some(sc)) = (newest.filter(|r| r.seq > self.ended), &scope) {
+                match self.link.ended(&token, sc, run.seq, &run.id).await {
+                    Ok(None) => {
                         if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq) {
                             self.begin(run).await;
                         }
                         return Work::Run;
                     }
-                    Ok(true) => self.over(run.seq, State::Stopped, Vec::new(), None),
+                    Ok(Some(Err(why))) => {
+                        // A marker that is not the control API's does not end a run.
+                        self.refuse("an end marker", &why);
+                        if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq) {
+                            self.begin(run).await;
+                        }
+                        return Work::Run;
+                    }
+                    Ok(Some(Ok(_))) => self.over(run.seq, State::Stopped, Vec::new(), None),
                     Err(_) => return Work::Idle(Outcome::Lost),
                 }
             }
@@ -195,13 +254,17 @@ impl Served {
             // A go signal with no valid run behind it (forged in the store):
             // poll for the real one instead of waiting on the same key.
             let poll = fired == Some(self.next_go);
-            let (store, keys, seq) = (self.store, self.link.keys.clone(), self.next_go);
+            let (dial, keys, seq) = (self.dial.clone(), self.link.keys.clone(), self.next_go);
             let go = async move {
                 if poll {
                     tokio::time::sleep(POLL_FORGED).await;
                     return Ok(Go::Run);
                 }
-                wait_go(store, keys, seq, &token).await
+                match scope {
+                    Some(sc) => wait_go(&dial, &keys, seq, &token, &sc).await,
+                    // Not published yet (the store host is starting serve mode).
+                    None => wait_key(&dial, &keys.session()).await.map(|_| Go::Run),
+                }
             };
             let end = session.watch_end(round.number);
             tokio::pin!(go, end);
@@ -213,9 +276,7 @@ impl Served {
                             None
                         }
                         Ok(Go::Forged) => {
-                            if !std::mem::replace(&mut self.refusing, true) {
-                                tracing::error!(seq, "refused a go signal in the store: not the control API's");
-                            }
+                            self.refuse("a go signal", "not `run`, and not a shutdown sealed for this job, session and run");
                             fired = Some(seq);
                             None
                         }
@@ -270,7 +331,7 @@ impl Served {
         };
         let command: Vec<String> = run.command.iter().map(|w| shown(w)).collect();
         tracing::info!(run = %run.id, command = %command.join(" "), "starting a served run");
-        let shipper = Shipper::start(Link::new(self.store, &self.base), run.seq);
+        let shipper = Shipper::start(Link::new(self.dial.clone(), &self.base), run.seq);
         self.current = Some(Current { run, dir, unstartable, shipper });
     }
 
@@ -342,9 +403,21 @@ impl Served {
     pub async fn run_over(&mut self, state: State, world: u32, failures: &[Failure], report: Option<&Report>) {
         let Some(c) = &self.current else { return };
         let seq = c.run.seq;
-        if let Err(e) = self.link.set_ended(seq, state.word()).await {
-            tracing::warn!(error = %crate::error::error_chain(&e), "cannot mark the run over in the store");
+        let marked = match (crate::serve::read_token(&self.token_file), &self.scope) {
+            (Ok(token), Some(scope)) => {
+                let id = c.run.id.clone();
+                self.link
+                    .set_ended(&token, scope, seq, &id, state.word())
+                    .await
+                    .map_err(|e| crate::error::error_chain(&e))
+            }
+            (Err(e), _) => Err(format!("cannot read the control token: {e}")),
+            (_, None) => Err("no serving session".into()),
+        };
+        if let Err(e) = marked {
+            tracing::warn!(error = %e, "cannot mark the run over in the store");
         }
+        let Some(c) = &self.current else { return };
         let ranks = (0..world)
             .map(|rank| match failures.iter().rev().find(|f| f.rank == rank) {
                 Some(f) if state == State::Failed => {

@@ -43,10 +43,10 @@ impl Session {
     /// A future that resolves when the round's end is published, on its
     /// own connection. A broken connection reads as [`JobEnd::Lost`].
     pub fn watch_end(&self, r: u64) -> impl std::future::Future<Output = (JobEnd, String)> + Send + 'static {
-        let addr = self.addr;
+        let dial = self.dial.clone();
         let key = self.rkey(r, "end");
         async move {
-            match wait_get(addr, &key).await {
+            match wait_get(dial, &key).await {
                 Ok(v) => {
                     let v = String::from_utf8_lossy(&v).to_string();
                     (parse_end(&v), v)
@@ -76,8 +76,8 @@ impl Session {
         let r = round.number;
         let all = self.rkey(r, "all_stopped");
         let dead = self.rkey(r, "dead");
-        let all_w = wait_on(self.addr, std::slice::from_ref(&all), limit);
-        let dead_w = wait_on(self.addr, std::slice::from_ref(&dead), limit);
+        let all_w = wait_on(self.dial.clone(), std::slice::from_ref(&all), limit);
+        let dead_w = wait_on(self.dial.clone(), std::slice::from_ref(&dead), limit);
         tokio::pin!(all_w, dead_w);
         let what = format!("the other pods of round {r} to stop their workers");
         let mut progress = Progress::new(what, Some(Instant::now() + limit));

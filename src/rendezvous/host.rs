@@ -15,7 +15,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -23,25 +22,25 @@ use tokio_util::sync::CancellationToken;
 
 use super::session::{raise, wait_on};
 use super::{Assignment, Member, Timing};
-use crate::store::{Client, ClientError, ServerError, StoreServer};
+use crate::store::{Client, ClientError, Dial, ServerError, StoreServer};
 
 /// Serves a fresh worker store; called once per round.
 pub type ServeFn = Box<dyn Fn() -> Result<StoreServer, ServerError> + Send + Sync>;
 
 /// Run until `cancel`: worker stores and liveness for every round of the
-/// job under `base` (`trainlet/<run_id>/j<attempt>`) on the store at `addr`.
-pub async fn serve_rounds(addr: SocketAddr, base: String, timing: Timing, serve: ServeFn, cancel: CancellationToken) {
+/// job under `base` (`trainlet/<run_id>/j<attempt>`) on the store at `dial`.
+pub async fn serve_rounds(dial: Dial, base: String, timing: Timing, serve: ServeFn, cancel: CancellationToken) {
     tokio::select! {
         () = cancel.cancelled() => {}
-        Err(e) = rounds(addr, &base, timing, &serve) => {
+        Err(e) = rounds(&dial, &base, timing, &serve) => {
             tracing::debug!(error = %crate::error::error_chain(&e), "round service stopped");
         }
     }
 }
 
 /// Serve and watch round after round; returns only when the store is gone.
-async fn rounds(addr: SocketAddr, base: &str, timing: Timing, serve: &ServeFn) -> Result<Infallible, ClientError> {
-    let mut c = Client::connect(addr).await?;
+async fn rounds(dial: &Dial, base: &str, timing: Timing, serve: &ServeFn) -> Result<Infallible, ClientError> {
+    let mut c = dial.connect().await?;
     let mut round = raise(&mut c, &format!("{base}/round"), 0).await?;
     let mut stores: VecDeque<StoreServer> = VecDeque::new();
     loop {
@@ -60,7 +59,7 @@ async fn rounds(addr: SocketAddr, base: &str, timing: Timing, serve: &ServeFn) -
                 old.shutdown().await;
             }
         }
-        round = monitor(&mut c, addr, base, round, timing).await?;
+        round = monitor(&mut c, dial, base, round, timing).await?;
     }
 }
 
@@ -72,13 +71,13 @@ fn free_port() -> u16 {
 }
 
 /// Watch round `r` until the job moves on; returns the next round.
-async fn monitor(c: &mut Client, addr: SocketAddr, base: &str, r: u64, timing: Timing) -> Result<u64, ClientError> {
+async fn monitor(c: &mut Client, dial: &Dial, base: &str, r: u64, timing: Timing) -> Result<u64, ClientError> {
     let key = |rest: &str| format!("{base}/r{r}/{rest}");
     let next_key = key("next");
     let members_key = key("members");
     let year = Duration::from_secs(86_400 * 365);
-    let next = wait_on(addr, std::slice::from_ref(&next_key), year);
-    let formed = wait_on(addr, std::slice::from_ref(&members_key), year);
+    let next = wait_on(dial.clone(), std::slice::from_ref(&next_key), year);
+    let formed = wait_on(dial.clone(), std::slice::from_ref(&members_key), year);
     tokio::pin!(next, formed);
     let mut formed_done = false;
     let mut tick = tokio::time::interval(timing.heartbeat);
@@ -93,7 +92,7 @@ async fn monitor(c: &mut Client, addr: SocketAddr, base: &str, r: u64, timing: T
                     let v = c.get(&next_key).await?;
                     return Ok(std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()).unwrap_or(r + 1));
                 }
-                next.set(wait_on(addr, std::slice::from_ref(&next_key), year));
+                next.set(wait_on(dial.clone(), std::slice::from_ref(&next_key), year));
             }
             ok = &mut formed, if !formed_done => { formed_done = true; ok?; }
             _ = tick.tick() => {}

@@ -66,9 +66,9 @@ impl Session {
         let quorum = self.rkey(r, "quorum");
         let limit = deadline.saturating_duration_since(Instant::now());
         let elastic = min < max;
-        let closed_w = wait_on(self.addr, std::slice::from_ref(&closed), limit);
-        let next_w = wait_on(self.addr, std::slice::from_ref(&next), limit);
-        let quorum_w = wait_on(self.addr, std::slice::from_ref(&quorum), limit);
+        let closed_w = wait_on(self.dial.clone(), std::slice::from_ref(&closed), limit);
+        let next_w = wait_on(self.dial.clone(), std::slice::from_ref(&next), limit);
+        let quorum_w = wait_on(self.dial.clone(), std::slice::from_ref(&quorum), limit);
         tokio::pin!(closed_w, next_w, quorum_w);
         let mut quorum_seen = !elastic;
         let mut last_call: Option<Instant> = None;
@@ -279,8 +279,8 @@ impl Session {
         let next = self.rkey(r, "next");
         let verdict = self.rkey(r, "verdict");
         let day = Duration::from_secs(86_400);
-        let next_w = wait_on(self.addr, std::slice::from_ref(&next), day);
-        let verdict_w = wait_on(self.addr, std::slice::from_ref(&verdict), day);
+        let next_w = wait_on(self.dial.clone(), std::slice::from_ref(&next), day);
+        let verdict_w = wait_on(self.dial.clone(), std::slice::from_ref(&verdict), day);
         tokio::pin!(next_w, verdict_w);
         let mut progress = Progress::new(format!("room in the job at {} (a spare)", self.endpoint), None);
         let mut tick = progress_tick();
@@ -290,11 +290,11 @@ impl Session {
                     if ok.map_err(|e| self.lost(e))? {
                         return Ok(Try::Moved(parse_u64(&self.get(&next).await?).unwrap_or(r + 1)));
                     }
-                    next_w.set(wait_on(self.addr, std::slice::from_ref(&next), day));
+                    next_w.set(wait_on(self.dial.clone(), std::slice::from_ref(&next), day));
                 }
                 ok = &mut verdict_w => {
                     if !ok.map_err(|e| self.lost(e))? {
-                        verdict_w.set(wait_on(self.addr, std::slice::from_ref(&verdict), day));
+                        verdict_w.set(wait_on(self.dial.clone(), std::slice::from_ref(&verdict), day));
                         continue;
                     }
                     let v = String::from_utf8_lossy(&self.get(&verdict).await?).parse::<Verdict>();

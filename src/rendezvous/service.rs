@@ -23,10 +23,10 @@ impl Session {
     pub async fn wait_service(&mut self, round: &Round, limit: Duration) -> Result<Option<String>, Error> {
         let service = self.rkey(round.number, "service");
         let end = self.rkey(round.number, "end");
-        let (addr, s, e) = (self.addr(), std::slice::from_ref(&service), std::slice::from_ref(&end));
+        let (dial, s, e) = (self.dial(), std::slice::from_ref(&service), std::slice::from_ref(&end));
         let up = tokio::select! {
-            up = wait_on(addr, s, limit) => up,
-            ended = wait_on(addr, e, limit) => ended,
+            up = wait_on(dial.clone(), s, limit) => up,
+            ended = wait_on(dial.clone(), e, limit) => ended,
         }
         .map_err(|e| self.lost(e))?;
         if !up {

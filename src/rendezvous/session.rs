@@ -2,7 +2,6 @@
 //! store host for a clean leave, and the store reads and writes the round
 //! steps share. Joining a round is [`super::join`], ending one [`super::end`].
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -10,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Error;
 use super::member::Member;
-use crate::store::{Client, ClientError, Endpoint, connect_quietly, connect_with_retry};
+use crate::store::{Client, ClientError, Dial, Endpoint, Guard, connect_quietly, connect_with_retry};
 use crate::supervise::policy::Verdict;
 
 /// Rendezvous timing.
@@ -82,7 +81,7 @@ pub struct Stopped {
 #[derive(Debug)]
 pub struct Session {
     pub(super) endpoint: Endpoint,
-    pub(super) addr: SocketAddr,
+    pub(super) dial: Dial,
     pub(super) client: Client,
     pub(super) base: String,
     pub(super) me: Member,
@@ -126,22 +125,26 @@ impl Session {
         jobset_attempt: u64,
         mut me: Member,
         timing: Timing,
+        guard: Option<Guard>,
         deadline: Instant,
         cancel: &CancellationToken,
     ) -> Result<Self, Error> {
         me.uid = format!("{}#{}#{}", me.host, me.pid, nonce());
-        let client = connect_with_retry(endpoint, deadline, cancel).await.map_err(Error::Unreachable)?;
+        let client =
+            connect_with_retry(endpoint, guard.as_ref(), deadline, cancel).await.map_err(Error::Unreachable)?;
         let addr = client.peer_addr().map_err(|e| Error::Unreachable(ClientError::Io(e)))?;
+        let dial = Dial { addr, guard };
         let base = job_base(run_id, jobset_attempt);
         let heartbeat = tokio::spawn(heartbeat(
             endpoint.clone(),
+            dial.guard.clone(),
             format!("{base}/hb/{}", me.uid),
             timing.heartbeat,
             cancel.clone(),
         ));
         let mut s = Self {
             endpoint: endpoint.clone(),
-            addr,
+            dial,
             client,
             base,
             me,
@@ -160,8 +163,10 @@ impl Session {
 
     /// Reconnect after losing the store (its host restarted), until `deadline`.
     pub async fn reconnect(&mut self, deadline: Instant, cancel: &CancellationToken) -> Result<(), Error> {
-        self.client = connect_with_retry(&self.endpoint, deadline, cancel).await.map_err(Error::Unreachable)?;
-        self.addr = self.client.peer_addr().map_err(|e| Error::Unreachable(ClientError::Io(e)))?;
+        self.client = connect_with_retry(&self.endpoint, self.dial.guard.as_ref(), deadline, cancel)
+            .await
+            .map_err(Error::Unreachable)?;
+        self.dial.addr = self.client.peer_addr().map_err(|e| Error::Unreachable(ClientError::Io(e)))?;
         self.watch_host();
         self.check_attempt().await
     }
@@ -172,9 +177,9 @@ impl Session {
         if let Ok(mut g) = self.host_left.lock() {
             *g = None;
         }
-        let (addr, key, slot) = (self.addr, self.key("host_left"), self.host_left.clone());
+        let (dial, key, slot) = (self.dial.clone(), self.key("host_left"), self.host_left.clone());
         self.host_watch = tokio::spawn(async move {
-            if let Ok(v) = wait_get(addr, &key).await
+            if let Ok(v) = wait_get(dial, &key).await
                 && let Ok(mut g) = slot.lock()
             {
                 *g = Some(String::from_utf8_lossy(&v).chars().take(200).collect());
@@ -223,9 +228,9 @@ impl Session {
         &self.me
     }
 
-    /// The store's address as resolved.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
+    /// The store as resolved, and the token it asks for.
+    pub fn dial(&self) -> Dial {
+        self.dial.clone()
     }
 
     pub(super) fn lost(&self, source: ClientError) -> Error {
@@ -256,7 +261,7 @@ impl Session {
     /// WAIT for `keys` on a second connection, so that running out of
     /// `limit` leaves this one usable; Ok(false) on timeout.
     pub(super) async fn wait_for(&self, keys: &[String], limit: Duration) -> Result<bool, Error> {
-        wait_on(self.addr, keys, limit).await.map_err(|e| self.lost(e))
+        wait_on(self.dial.clone(), keys, limit).await.map_err(|e| self.lost(e))
     }
 
     pub(super) async fn get(&mut self, key: &str) -> Result<Vec<u8>, Error> {
@@ -270,8 +275,8 @@ pub fn job_base(run_id: &str, jobset_attempt: u64) -> String {
 }
 
 /// WAIT for `key` on a fresh connection to `addr`, then read it.
-pub(super) async fn wait_get(addr: SocketAddr, key: &String) -> Result<Vec<u8>, ClientError> {
-    let mut c = Client::connect(addr).await?;
+pub(super) async fn wait_get(dial: Dial, key: &String) -> Result<Vec<u8>, ClientError> {
+    let mut c = dial.connect().await?;
     c.wait(std::slice::from_ref(key)).await?;
     c.get(key).await
 }
@@ -285,8 +290,8 @@ pub(super) fn progress_tick() -> tokio::time::Interval {
 }
 
 /// WAIT for `keys` on a fresh connection to `addr`; Ok(false) after `limit`.
-pub(crate) async fn wait_on(addr: SocketAddr, keys: &[String], limit: Duration) -> Result<bool, ClientError> {
-    let mut waiter = Client::connect(addr).await?;
+pub(crate) async fn wait_on(dial: Dial, keys: &[String], limit: Duration) -> Result<bool, ClientError> {
+    let mut waiter = dial.connect().await?;
     match tokio::time::timeout(limit, waiter.wait(keys)).await {
         Ok(r) => r.map(|()| true),
         Err(_) => Ok(false),
@@ -311,11 +316,17 @@ pub(crate) async fn raise(c: &mut Client, key: &str, to: u64) -> Result<u64, Cli
 }
 
 /// Set `key` to a rising counter every `every`, reconnecting as needed.
-pub(super) async fn heartbeat(endpoint: Endpoint, key: String, every: Duration, cancel: CancellationToken) {
+pub(super) async fn heartbeat(
+    endpoint: Endpoint,
+    guard: Option<Guard>,
+    key: String,
+    every: Duration,
+    cancel: CancellationToken,
+) {
     let mut seq = 0u64;
     loop {
         let far = Instant::now() + Duration::from_secs(86_400);
-        let Ok(mut c) = connect_quietly(&endpoint, far, &cancel).await else { return };
+        let Ok(mut c) = connect_quietly(&endpoint, guard.as_ref(), far, &cancel).await else { return };
         loop {
             seq += 1;
             if c.set(&key, seq.to_string().as_bytes()).await.is_err() {

@@ -25,8 +25,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::board::{Board, State};
 use super::spec::{Run, check, check_archive, shown};
-use super::{Link, files, logs};
+use super::{Link, Scope, files, kind, logs};
 use crate::http::{Limits, Request, Status, error_body, read_request, respond, same};
+use crate::store::Dial;
 
 /// Most connections at once (log followers included).
 const MAX_CONNECTIONS: usize = 64;
@@ -49,10 +50,12 @@ pub struct Conf {
     pub listen: SocketAddr,
     /// The bearer token's file.
     pub token_file: PathBuf,
-    /// The agents' store (loopback).
-    pub store: SocketAddr,
+    /// The agents' store (loopback) and its token.
+    pub dial: Dial,
     /// The job's key prefix.
     pub base: String,
+    /// The serving session everything is sealed for.
+    pub scope: Scope,
     /// A run's restarts when it does not say.
     pub max_restarts: u32,
     /// How long a stop may take on every pod (grace, kill timeout, margin).
@@ -81,7 +84,7 @@ pub async fn serve(conf: Conf, board: Arc<Board>, cancel: CancellationToken) -> 
     let listener = TcpListener::bind(conf.listen).await?;
     let addr = listener.local_addr()?;
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let link = tokio::sync::Mutex::new(Link::new(conf.store, &conf.base));
+    let link = tokio::sync::Mutex::new(Link::new(conf.dial.clone(), &conf.base));
     let api = Arc::new(Api { conf, board, link, submit: tokio::sync::Mutex::new(()) });
     if let Some(limit) = api.conf.idle_timeout {
         tokio::spawn(idle_watch(Arc::clone(&api), limit, cancel.child_token()));
@@ -234,8 +237,10 @@ async fn submit(api: &Api, req: &Request) -> Answer {
     };
     let seq = api.board.next_seq();
     let id = format!("run-{seq}-{:06x}", crate::sys::random_u64() & 0xff_ffff);
+    let scope = &api.conf.scope;
     let mut link = api.link.lock().await;
-    let published: Result<(Run, u64), super::Error> = async {
+    let mut visible = false;
+    let published: Result<(Run, u64, Option<Run>), super::Error> = async {
         let base_restarts = std::str::from_utf8(&link.get(&format!("{}/restarts", api.conf.base)).await?)
             .ok()
             .and_then(|s| s.trim().parse().ok())
@@ -251,44 +256,75 @@ async fn submit(api: &Api, req: &Request) -> Answer {
             base_restarts,
             files: checked.files,
         };
-        let previous = link.newest(&token).await?.and_then(Result::ok);
+        let previous = link.newest(&token, scope).await?.and_then(Result::ok);
         let json = serde_json::to_vec(&run).map_err(|e| super::Error::Corrupt(e.to_string()))?;
         let (run_key, go_key) = (link.keys.run(), link.keys.go(seq));
-        link.set(&run_key, &super::seal(&token, &json)).await?;
-        api.board.submitted(&run, sent);
+        link.set(&run_key, &super::seal(&token, scope, kind::RUN, 0, &json)).await?;
+        visible = true;
         link.set(&go_key, b"run").await?;
-        // What earlier runs left in the store and this one does not use.
-        if let Some(prev) = previous {
-            files::forget(&mut link, &prev.files, &run.files).await?;
-        }
-        if seq > KEEP_LOGS {
-            let keys = link.keys.clone();
-            logs::forget(&mut link, &keys, seq - KEEP_LOGS).await?;
-        }
-        Ok((run, sent))
+        Ok((run, sent, previous))
     }
     .await;
     match published {
-        Ok((run, sent)) => {
+        Ok((run, sent, previous)) => {
+            api.board.submitted(&run, sent);
+            drop(link);
             tracing::info!(run = %run.id, command = ?run.command, files = run.files.len(), sent_bytes = sent, "run submitted");
+            // What earlier runs left in the store and this one does not use,
+            // on a connection of its own: a submission never waits for it.
+            tokio::spawn(cleanup(api.conf.dial.clone(), api.conf.base.clone(), previous, run.clone()));
             let body = serde_json::json!({ "id": run.id, "seq": run.seq, "state": State::Starting });
             (Status::CREATED, body.to_string())
         }
         Err(e) => {
             let why = crate::error::error_chain(&e);
-            tracing::error!(run = %id, error = %why, "cannot publish a run");
+            tracing::error!(run = %id, error = %why, "cannot publish a run; nothing was started");
+            if visible {
+                // The run is in the store without its wake-up: take it back,
+                // so that no pod finds it in a later round.
+                let key = link.keys.run();
+                if let Err(e) = link.delete(&key).await {
+                    tracing::warn!(run = %id, error = %crate::error::error_chain(&e), "cannot take back a run the pods were not told of");
+                }
+            }
             fail(Status::UNAVAILABLE, &format!("cannot publish the run to the pods: {why}"))
         }
     }
 }
 
+/// Remove what `previous` left in the store and `run` does not use: its
+/// files, and the lines of runs older than the last [`KEEP_LOGS`].
+async fn cleanup(dial: Dial, base: String, previous: Option<Run>, run: Run) {
+    let mut link = Link::new(dial, &base);
+    let done: Result<(), super::Error> = async {
+        if let Some(prev) = previous {
+            files::forget(&mut link, &prev.files, &run.files).await?;
+        }
+        if run.seq > KEEP_LOGS {
+            let keys = link.keys.clone();
+            logs::forget(&mut link, &keys, run.seq - KEEP_LOGS).await?;
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = done {
+        tracing::warn!(run = %run.id, error = %crate::error::error_chain(&e), "cannot remove earlier runs' files or lines from the store");
+    }
+}
+
 /// Mark run `seq` over in the store and end the round it runs in.
 async fn stop(api: &Api, seq: u64) -> Result<(), super::Error> {
+    let Some(id) = api.board.list().into_iter().find(|r| r.seq == seq).map(|r| r.id) else { return Ok(()) };
+    let token = super::read_token(&api.conf.token_file).map_err(|e| super::Error::Io {
+        what: "cannot read the control token",
+        path: api.conf.token_file.display().to_string(),
+        source: e,
+    })?;
     if !api.board.stopping(seq) {
         return Ok(());
     }
     let mut link = api.link.lock().await;
-    link.set_ended(seq, "stopped").await?;
+    link.set_ended(&token, &api.conf.scope, seq, &id, State::Stopped.word()).await?;
     let round = std::str::from_utf8(&link.get(&format!("{}/round", api.conf.base)).await?)
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
@@ -333,7 +369,7 @@ async fn stream_logs(api: &Api, conn: &mut TcpStream, id: &str, seq: u64, follow
         .await
         .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))?;
     // A connection of its own: a follower never waits behind a submission.
-    let mut link = Link::new(api.conf.store, &api.conf.base);
+    let mut link = Link::new(api.conf.dial.clone(), &api.conf.base);
     let mut reader = logs::Reader::new(seq);
     let mut over = !follow;
     loop {
@@ -399,7 +435,7 @@ async fn idle_watch(api: Arc<Api>, limit: Duration, cancel: CancellationToken) {
         let mut link = api.link.lock().await;
         let key = link.keys.go(seq);
         let word = match super::read_token(&api.conf.token_file) {
-            Ok(token) => super::seal(&token, super::shutdown_word(seq).as_bytes()),
+            Ok(token) => super::seal(&token, &api.conf.scope, kind::SHUTDOWN, seq, b"shutdown"),
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the control token to sign the shutdown");
                 continue;

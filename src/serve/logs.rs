@@ -30,6 +30,12 @@ pub const SHIP_BUDGET: u64 = 16 * 1024 * 1024;
 const MAX_SLOTS: i64 = 1024;
 /// Bytes a [`Reader`] returns per call.
 const READ_BATCH: usize = 4 * 1024 * 1024;
+/// Chunks a [`Reader`] reads per call, over every slot.
+const READ_CHUNKS: usize = 4096;
+/// Most chunks one shipper writes for a run (a chunk per 100 ms for 27
+/// hours; within [`SHIP_BUDGET`] anyway). A larger count in the store is
+/// not believed.
+pub const MAX_CHUNKS: i64 = 1 << 20;
 
 /// The pod side: ships one run's lines until dropped.
 #[derive(Debug)]
@@ -183,16 +189,26 @@ impl Reader {
         Self { seq, offsets: Vec::new() }
     }
 
-    /// What was shipped since the last call (at most a few MiB; call again for more).
+    /// What was shipped since the last call (at most a few MiB and
+    /// [`READ_CHUNKS`] chunks; call again for more). Counts are bounded
+    /// ([`MAX_SLOTS`], [`MAX_CHUNKS`]), and a chunk not in the store ends
+    /// that slot's read until the next call: a count ahead of the chunks
+    /// costs one read per call, never a loop.
     pub async fn read(&mut self, link: &mut Link) -> Result<Vec<u8>, Error> {
         let slots = number(&link.get(&link.keys.log_slots(self.seq)).await?).clamp(0, MAX_SLOTS);
         self.offsets.resize(usize::try_from(slots).unwrap_or(0).max(self.offsets.len()), 0);
         let mut out = Vec::new();
+        let mut chunks = 0;
         for (slot, at) in self.offsets.iter_mut().enumerate() {
             let slot = slot as i64;
-            let n = number(&link.get(&link.keys.log_count(self.seq, slot)).await?);
-            while *at < n && out.len() < READ_BATCH {
-                out.extend_from_slice(&link.get(&link.keys.log_chunk(self.seq, slot, *at)).await?);
+            let n = number(&link.get(&link.keys.log_count(self.seq, slot)).await?).clamp(0, MAX_CHUNKS);
+            while *at < n && out.len() < READ_BATCH && chunks < READ_CHUNKS {
+                let chunk = link.get(&link.keys.log_chunk(self.seq, slot, *at)).await?;
+                chunks += 1;
+                if chunk.is_empty() {
+                    break;
+                }
+                out.extend_from_slice(&chunk);
                 *at += 1;
             }
         }
@@ -200,13 +216,15 @@ impl Reader {
     }
 }
 
-/// Remove run `seq`'s lines from the store.
+/// Remove run `seq`'s lines from the store: each slot's chunks from the
+/// first on, until one is missing (chunks are written in order), so the
+/// work is what is stored, whatever the counters say.
 pub async fn forget(link: &mut Link, keys: &Keys, seq: u64) -> Result<(), Error> {
     let slots = number(&link.get(&keys.log_slots(seq)).await?).clamp(0, MAX_SLOTS);
     for slot in 0..slots {
-        let n = number(&link.get(&keys.log_count(seq, slot)).await?).clamp(0, 1 << 20);
-        for i in 0..n {
-            link.delete(&keys.log_chunk(seq, slot, i)).await?;
+        let mut i = 0;
+        while i < MAX_CHUNKS && link.delete(&keys.log_chunk(seq, slot, i)).await? {
+            i += 1;
         }
         link.delete(&keys.log_count(seq, slot)).await?;
     }

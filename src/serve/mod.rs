@@ -13,9 +13,10 @@
 //!
 //! | key | written by | meaning |
 //! |---|---|---|
-//! | `serve/run` | the control API | the newest run ([`spec::Run`], JSON, [`seal`]ed with the control token) |
-//! | `serve/go/<seq>` | the control API | `run`: run `seq` is published (a wake-up); `shutdown <seq>`, sealed: the pods exit 0 |
-//! | `serve/ended/<seq>` | the control API, the store host's agent | run `seq` is over (`succeeded`, `failed`, `stopped`) |
+//! | `serve/session` | the control API, at start | this serving session's random id, [`seal`]ed |
+//! | `serve/run` | the control API | the newest run ([`spec::Run`], JSON, sealed) |
+//! | `serve/go/<seq>` | the control API | `run`: run `seq` is published (a wake-up only); `shutdown`, sealed: the pods exit 0 |
+//! | `serve/ended/<seq>` | the control API, every pod's agent | run `seq` is over: `<id> <state>` (`succeeded`, `failed`, `stopped`), sealed |
 //! | `serve/blob/<sha256>/<i>` | the control API | a file's content in 4 MiB chunks |
 //! | `serve/log/<seq>/n` | ADD per shipping agent | its slot |
 //! | `serve/log/<seq>/<slot>/n`, `.../<i>` | that agent | chunks of its workers' lines, and how many |
@@ -23,6 +24,18 @@
 //! A run is stopped (`DELETE`, or replaced) by ending the round it runs
 //! in with `stop:<seq>`: every pod stops its workers as for a planned
 //! regroup (checkpoint signal, grace), and the next round finds it ended.
+//!
+//! # Trust
+//! The agents' store asks every connection for the control token
+//! (`crate::store::Guard`): nothing without it reads a run's command, env,
+//! files or lines, or writes, deletes or fills anything. On top of that,
+//! whatever makes a pod act is sealed (HMAC-SHA256 under the token) for
+//! one [`Scope`] (this job's key prefix and this serving session's random
+//! id), one kind and one sequence number: a copy from another job sharing
+//! the token, from an earlier session (a replaced store host) or for
+//! another run is refused. Numbers read from the store (chunk and slot
+//! counts) are bounded before use, and a write the store refuses fails
+//! the request that needed it.
 
 pub mod api;
 pub mod board;
@@ -31,10 +44,9 @@ pub mod logs;
 pub mod spec;
 pub mod tar;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::store::{Client, ClientError};
+use crate::store::{Client, ClientError, Dial};
 
 /// Why a serve-mode store operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -66,11 +78,36 @@ pub const STORE_WAIT: Duration = Duration::from_secs(30);
 pub enum Go {
     /// `run`: run `seq` is in `serve/run` (a wake-up only: the run itself is signed).
     Run,
-    /// The pods exit 0 (idle timeout), [`seal`]ed `shutdown <seq>`.
+    /// The pods exit 0 (idle timeout): `shutdown`, [`seal`]ed for `seq`.
     Shutdown,
     /// Something else: not the control API's.
     Forged,
 }
+
+/// What a seal is bound to: the job and the serving session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    /// The job's key prefix (`crate::rendezvous::job_base`).
+    pub job: String,
+    /// The serving session: a random id the control API draws at start
+    /// ("" for the session record itself).
+    pub session: String,
+}
+
+/// The kinds of sealed values.
+pub mod kind {
+    /// `serve/session`.
+    pub const SESSION: &str = "session";
+    /// `serve/run`.
+    pub const RUN: &str = "run";
+    /// A shutdown in `serve/go/<seq>`.
+    pub const SHUTDOWN: &str = "shutdown";
+    /// `serve/ended/<seq>`.
+    pub const ENDED: &str = "ended";
+}
+
+/// Most bytes of a session id read from the store.
+const MAX_SESSION: usize = 64;
 
 /// The store keys of serve mode under one job prefix.
 #[derive(Debug, Clone)]
@@ -82,6 +119,11 @@ impl Keys {
     /// Keys under `base` (the job's prefix).
     pub fn new(base: &str) -> Self {
         Self { base: format!("{base}/serve") }
+    }
+
+    /// The serving session.
+    pub fn session(&self) -> String {
+        format!("{}/session", self.base)
     }
 
     /// The newest run.
@@ -123,22 +165,24 @@ impl Keys {
 /// A store connection of serve mode that reconnects after a failure.
 #[derive(Debug)]
 pub struct Link {
-    addr: SocketAddr,
+    dial: Dial,
     client: Option<Client>,
     /// The job's serve keys.
     pub keys: Keys,
+    /// The job's key prefix.
+    pub job: String,
 }
 
 impl Link {
-    /// A link to the store at `addr` for the job under `base` (connects on first use).
-    pub fn new(addr: SocketAddr, base: &str) -> Self {
-        Self { addr, client: None, keys: Keys::new(base) }
+    /// A link to the store at `dial` for the job under `base` (connects on first use).
+    pub fn new(dial: Dial, base: &str) -> Self {
+        Self { dial, client: None, keys: Keys::new(base), job: base.to_string() }
     }
 
     /// The connected client, connecting first if needed.
     pub async fn client(&mut self) -> Result<&mut Client, Error> {
         if self.client.is_none() {
-            let c = tokio::time::timeout(STORE_WAIT, Client::connect(self.addr))
+            let c = tokio::time::timeout(STORE_WAIT, self.dial.connect())
                 .await
                 .map_err(|_| ClientError::Io(std::io::ErrorKind::TimedOut.into()))??;
             self.client = Some(c);
@@ -160,9 +204,9 @@ impl Link {
         self.kept(r)
     }
 
-    /// SET.
+    /// SET, known to be stored (an error when the store refused it: its budget).
     pub async fn set(&mut self, key: &str, value: &[u8]) -> Result<(), Error> {
-        let r = bounded(self.client().await?.set(key, value)).await;
+        let r = bounded(self.client().await?.set_checked(key, value)).await;
         self.kept(r)
     }
 
@@ -190,52 +234,118 @@ impl Link {
         self.kept(r)
     }
 
+    /// This serving session's scope, once the control API published it;
+    /// Err(why) inside when the record is not the control API's.
+    pub async fn scope(&mut self, token: &str) -> Result<Option<Result<Scope, String>>, Error> {
+        let raw = self.get(&self.keys.session()).await?;
+        if raw.is_empty() {
+            return Ok(None);
+        }
+        let outer = Scope { job: self.job.clone(), session: String::new() };
+        Ok(Some(match unseal(token, &outer, kind::SESSION, 0, &raw) {
+            Ok(id) if !id.is_empty() && id.len() <= MAX_SESSION && id.iter().all(u8::is_ascii_hexdigit) => {
+                Ok(Scope { job: self.job.clone(), session: String::from_utf8_lossy(id).into_owned() })
+            }
+            Ok(_) => Err("the session record is not a session id".to_string()),
+            Err(why) => Err(format!("the session record: {why}")),
+        }))
+    }
+
+    /// Publish a new serving session (the control API, at start); its scope.
+    pub async fn new_session(&mut self, token: &str) -> Result<Scope, Error> {
+        let id = format!("{:016x}{:016x}", crate::sys::random_u64(), crate::sys::random_u64());
+        let outer = Scope { job: self.job.clone(), session: String::new() };
+        self.set(&self.keys.session(), &seal(token, &outer, kind::SESSION, 0, id.as_bytes())).await?;
+        Ok(Scope { job: self.job.clone(), session: id })
+    }
+
     /// The newest run, if one was published: Err(why) inside when it is
-    /// not signed with `token` (written by something other than the control API).
-    pub async fn newest(&mut self, token: &str) -> Result<Option<Result<spec::Run, String>>, Error> {
+    /// not sealed with `token` for `scope` (written by something other
+    /// than this job's control API in this session).
+    pub async fn newest(&mut self, token: &str, scope: &Scope) -> Result<Option<Result<spec::Run, String>>, Error> {
         let raw = self.get(&self.keys.run()).await?;
         if raw.is_empty() {
             return Ok(None);
         }
-        Ok(Some(open(token, &raw)))
+        Ok(Some(open(token, scope, &raw)))
     }
 
-    /// Is run `seq` over?
-    pub async fn is_ended(&mut self, seq: u64) -> Result<bool, Error> {
-        Ok(!self.get(&self.keys.ended(seq)).await?.is_empty())
+    /// How run `seq` (`id`) ended, if it did; Err(why) inside when the
+    /// marker is not sealed for it (a forgery: the run is not over).
+    pub async fn ended(
+        &mut self,
+        token: &str,
+        scope: &Scope,
+        seq: u64,
+        id: &str,
+    ) -> Result<Option<Result<String, String>>, Error> {
+        let raw = self.get(&self.keys.ended(seq)).await?;
+        if raw.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(match unseal(token, scope, kind::ENDED, seq, &raw) {
+            Ok(v) => match std::str::from_utf8(v).ok().and_then(|v| v.split_once(' ')) {
+                Some((who, state)) if who == id => Ok(state.to_string()),
+                _ => Err(format!("the end marker of run {seq} is another run's")),
+            },
+            Err(why) => Err(format!("the end marker of run {seq}: {why}")),
+        }))
     }
 
-    /// Mark run `seq` over (`state`: succeeded, failed or stopped).
-    pub async fn set_ended(&mut self, seq: u64, state: &str) -> Result<(), Error> {
-        self.compare_set(&self.keys.ended(seq), b"", state.as_bytes()).await.map(|_| ())
+    /// Mark run `seq` (`id`) over (`state`: succeeded, failed or stopped);
+    /// the first marker stays.
+    /// A marker that is not sealed for this run is overwritten.
+    pub async fn set_ended(
+        &mut self,
+        token: &str,
+        scope: &Scope,
+        seq: u64,
+        id: &str,
+        state: &str,
+    ) -> Result<(), Error> {
+        let value = seal(token, scope, kind::ENDED, seq, format!("{id} {state}").as_bytes());
+        let key = self.keys.ended(seq);
+        let now = self.compare_set(&key, b"", &value).await?;
+        if now != value && !matches!(self.ended(token, scope, seq, id).await?, Some(Ok(_))) {
+            self.set(&key, &value).await?;
+        }
+        Ok(())
     }
 }
 
-/// A run as stored: the hex HMAC-SHA256 of its JSON under the control
-/// token, a newline, the JSON. The store is open to anything that reaches
-/// its port (as torch's is); the signature keeps a store writer from
-/// running a command on every pod, which only the token's holder may.
-pub fn seal(token: &str, run_json: &[u8]) -> Vec<u8> {
+/// What a seal covers: the scope, the kind, the sequence number, the payload.
+fn sealed_message(scope: &Scope, kind: &str, seq: u64, payload: &[u8]) -> Vec<u8> {
+    let mut m = format!("trainlet serve v2\n{}\n{}\n{kind}\n{seq}\n", scope.job, scope.session).into_bytes();
+    m.extend_from_slice(payload);
+    m
+}
+
+/// A value as stored: the hex HMAC-SHA256, under the control token, of
+/// the payload bound to `scope`, `kind` and `seq`; a newline; the payload.
+pub fn seal(token: &str, scope: &Scope, kind: &str, seq: u64, payload: &[u8]) -> Vec<u8> {
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.as_bytes());
-    let tag = ring::hmac::sign(&key, run_json);
+    let tag = ring::hmac::sign(&key, &sealed_message(scope, kind, seq, payload));
     let mut out = data_encoding::HEXLOWER.encode(tag.as_ref()).into_bytes();
     out.push(b'\n');
-    out.extend_from_slice(run_json);
+    out.extend_from_slice(payload);
     out
 }
 
-/// What `value` holds when it was [`seal`]ed with `token`, or why not.
-pub fn unseal<'a>(token: &str, value: &'a [u8]) -> Result<&'a [u8], &'static str> {
-    let i = value.iter().position(|b| *b == b'\n').ok_or("not signed")?;
+/// The payload of `value` when it was [`seal`]ed with `token` for exactly
+/// this scope, kind and seq; or why not.
+pub fn unseal<'a>(token: &str, scope: &Scope, kind: &str, seq: u64, value: &'a [u8]) -> Result<&'a [u8], &'static str> {
+    let i = value.iter().take(65).position(|b| *b == b'\n').ok_or("not signed")?;
     let tag = data_encoding::HEXLOWER.decode(&value[..i]).map_err(|_| "not signed")?;
+    let payload = &value[i + 1..];
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.as_bytes());
-    ring::hmac::verify(&key, &value[i + 1..], &tag).map_err(|_| "its signature does not match the control token")?;
-    Ok(&value[i + 1..])
+    ring::hmac::verify(&key, &sealed_message(scope, kind, seq, payload), &tag)
+        .map_err(|_| "its signature is not the control token's for this job, session and sequence number")?;
+    Ok(payload)
 }
 
-/// The run in a value [`seal`]ed with `token`, or why it is refused.
-pub fn open(token: &str, value: &[u8]) -> Result<spec::Run, String> {
-    serde_json::from_slice(unseal(token, value)?).map_err(|e| format!("not a run: {e}"))
+/// The run in a value [`seal`]ed with `token` for `scope`, or why it is refused.
+pub fn open(token: &str, scope: &Scope, value: &[u8]) -> Result<spec::Run, String> {
+    serde_json::from_slice(unseal(token, scope, kind::RUN, 0, value)?).map_err(|e| format!("not a run: {e}"))
 }
 
 /// The token in `file` (trimmed; an empty file is an error).
@@ -254,25 +364,24 @@ async fn bounded<T>(f: impl Future<Output = Result<T, ClientError>>) -> Result<T
         .unwrap_or_else(|_| Err(ClientError::Io(std::io::ErrorKind::TimedOut.into())))
 }
 
-/// Wait until `serve/go/<seq>` is set, on a connection of its own (WAIT
-/// blocks it; dropping the future drops the connection); what it says.
-pub async fn wait_go(addr: SocketAddr, keys: Keys, seq: u64, token: &str) -> Result<Go, Error> {
-    let mut c = Client::connect(addr).await?;
-    let key = keys.go(seq);
-    c.wait(std::slice::from_ref(&key)).await?;
-    let value = c.get(&key).await?;
+/// Wait until `key` is set, on a connection of its own (WAIT blocks it;
+/// dropping the future drops the connection); its value.
+pub async fn wait_key(dial: &Dial, key: &str) -> Result<Vec<u8>, Error> {
+    let mut c = dial.connect().await?;
+    c.wait(&[key.to_string()]).await?;
+    Ok(c.get(key).await?)
+}
+
+/// Wait until `serve/go/<seq>` is set; what it says.
+pub async fn wait_go(dial: &Dial, keys: &Keys, seq: u64, token: &str, scope: &Scope) -> Result<Go, Error> {
+    let value = wait_key(dial, &keys.go(seq)).await?;
     Ok(if value == b"run" {
         Go::Run
-    } else if unseal(token, &value) == Ok(shutdown_word(seq).as_bytes()) {
+    } else if unseal(token, scope, kind::SHUTDOWN, seq, &value) == Ok(b"shutdown".as_slice()) {
         Go::Shutdown
     } else {
         Go::Forged
     })
-}
-
-/// What the control API seals into `serve/go/<seq>` to end the job.
-pub fn shutdown_word(seq: u64) -> String {
-    format!("shutdown {seq}")
 }
 
 #[cfg(test)]
@@ -280,7 +389,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_runs_sealed_with_the_token_open() {
+    fn only_runs_sealed_with_the_token_for_this_job_and_session_open() {
         let run = spec::Run {
             id: "run-1-a".into(),
             seq: 1,
@@ -291,14 +400,23 @@ mod tests {
             base_restarts: 0,
             files: Vec::new(),
         };
+        let scope = Scope { job: "trainlet/none/j0".into(), session: "ab12".into() };
         let json = serde_json::to_vec(&run).expect("json");
-        let sealed = seal("s3cret", &json);
-        assert_eq!(open("s3cret", &sealed), Ok(run));
-        assert!(open("other", &sealed).is_err_and(|e| e.contains("does not match")));
-        assert!(open("s3cret", &json).is_err(), "an unsigned run is refused");
+        let sealed = seal("s3cret", &scope, kind::RUN, 0, &json);
+        assert_eq!(open("s3cret", &scope, &sealed), Ok(run));
+        assert!(open("other", &scope, &sealed).is_err_and(|e| e.contains("not the control token's")));
+        assert!(open("s3cret", &scope, &json).is_err(), "an unsigned run is refused");
+        let other_job = Scope { job: "trainlet/x/j0".into(), ..scope.clone() };
+        let other_session = Scope { session: "cd34".into(), ..scope.clone() };
+        assert!(open("s3cret", &other_job, &sealed).is_err(), "another job's run is refused");
+        assert!(open("s3cret", &other_session, &sealed).is_err(), "an earlier session's run is refused");
         let mut forged = sealed.clone();
         let n = forged.len();
         forged[n - 2] ^= 1;
-        assert!(open("s3cret", &forged).is_err(), "a changed run is refused");
+        assert!(open("s3cret", &scope, &forged).is_err(), "a changed run is refused");
+        let stop = seal("s3cret", &scope, kind::SHUTDOWN, 3, b"shutdown");
+        assert_eq!(unseal("s3cret", &scope, kind::SHUTDOWN, 3, &stop), Ok(b"shutdown".as_slice()));
+        assert!(unseal("s3cret", &scope, kind::SHUTDOWN, 4, &stop).is_err(), "another sequence number");
+        assert!(unseal("s3cret", &scope, kind::ENDED, 3, &stop).is_err(), "another kind");
     }
 }

@@ -12,7 +12,6 @@
 //! and [`Relay::finish`] is bounded.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::report::{Facts, Status, job_view, merge};
 use super::{Board, Poster};
-use crate::store::Client;
+use crate::store::{Client, Dial};
 
 /// Trainer's documented limit: one update per 5 s.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(5);
@@ -37,7 +36,7 @@ const STORE_TIME: Duration = Duration::from_secs(3);
 #[derive(Debug)]
 pub struct Setup {
     /// The agents' store.
-    pub store: SocketAddr,
+    pub store: Dial,
     /// `trainlet/<run id>/j<attempt>`.
     pub base: String,
     /// This pod's node rank.
@@ -172,7 +171,7 @@ async fn run(
             let snap = board.snapshot();
             let seq = snap.seq;
             let bytes = serde_json::to_vec(&Published { round: snap.round, ranks: snap.ranks }).unwrap_or_default();
-            if let Some(c) = connected(&mut client, setup.store).await {
+            if let Some(c) = connected(&mut client, &setup.store).await {
                 match tokio::time::timeout(STORE_TIME, c.set(&key(setup.node_rank), &bytes)).await {
                     Ok(Ok(())) => published = seq,
                     _ => client = None,
@@ -188,7 +187,7 @@ async fn run(
             && (stopping || Instant::now() >= pace.next)
         {
             let keys: Vec<String> = (0..setup.nnodes).map(key).collect();
-            if let Some(c) = connected(&mut client, setup.store).await {
+            if let Some(c) = connected(&mut client, &setup.store).await {
                 match tokio::time::timeout(STORE_TIME, c.multi_get(&keys)).await {
                     Ok(Ok(values)) => pending |= pods.update((0..setup.nnodes).zip(values)),
                     _ => client = None,
@@ -230,9 +229,9 @@ async fn run(
 
 /// The relay's own store connection, dialled (again) when there is none;
 /// None when the store does not answer in time.
-async fn connected(client: &mut Option<Client>, addr: SocketAddr) -> Option<&mut Client> {
+async fn connected<'a>(client: &'a mut Option<Client>, dial: &Dial) -> Option<&'a mut Client> {
     if client.is_none() {
-        *client = tokio::time::timeout(STORE_TIME, Client::connect(addr)).await.ok()?.ok();
+        *client = tokio::time::timeout(STORE_TIME, dial.connect()).await.ok()?.ok();
     }
     client.as_mut()
 }

@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::guard::{AGENT, Guard, STORE, nonce};
 use super::wire::{Command, MAGIC, MAX_VALUE_LEN};
 use crate::error::error_chain;
 
@@ -62,6 +63,30 @@ pub enum ClientError {
     /// The caller cancelled.
     #[error("cancelled")]
     Cancelled,
+    /// A guarded store's handshake failed (see [`super::guard`]).
+    #[error("{0}")]
+    Refused(String),
+    /// This pod's token cannot be used.
+    #[error("this pod's control token")]
+    Token(#[from] super::guard::GuardError),
+}
+
+/// A resolved store address, and the token it asks for (serve mode's
+/// agents' store), if any: every connection of an agent to its store is
+/// made through one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dial {
+    /// Where the store is.
+    pub addr: SocketAddr,
+    /// The token the store asks for.
+    pub guard: Option<Guard>,
+}
+
+impl Dial {
+    /// A new connection (the handshake done when the store is guarded).
+    pub async fn connect(&self) -> Result<Client, ClientError> {
+        Client::connect_guarded(self.addr, self.guard.as_ref()).await
+    }
 }
 
 /// A connected, validated store client.
@@ -75,10 +100,19 @@ pub struct Client {
 impl Client {
     /// Connect to `addr`, then VALIDATE and PING as torch's client does.
     pub async fn connect(addr: SocketAddr) -> Result<Self, ClientError> {
+        Self::connect_guarded(addr, None).await
+    }
+
+    /// [`Client::connect`]; with a `guard`, prove its token to the store
+    /// (and check the store's proof) before anything else.
+    pub async fn connect_guarded(addr: SocketAddr, guard: Option<&Guard>) -> Result<Self, ClientError> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
         let mut c = Self { stream, buf: BytesMut::with_capacity(1024), out: Vec::with_capacity(256) };
         c.queue(&Command::Validate(MAGIC));
+        if let Some(guard) = guard {
+            c.prove(guard).await?;
+        }
         let nonce = std::process::id();
         c.queue(&Command::Ping(nonce));
         c.flush().await?;
@@ -86,6 +120,30 @@ impl Client {
             return Err(ClientError::Protocol("PING echo does not match"));
         }
         Ok(c)
+    }
+
+    /// The client's side of the handshake (after VALIDATE, queued).
+    async fn prove(&mut self, guard: &Guard) -> Result<(), ClientError> {
+        let key = guard.key()?;
+        let cn = nonce()?;
+        self.send(&Command::Auth(cn.to_vec())).await?;
+        let unguarded = |_| {
+            ClientError::Refused(
+                "the store closed the connection at the control token's handshake: it asks for no token (is its pod started with --serve?) or it is not trainlet's".into(),
+            )
+        };
+        let sn = self.read_bytes().await.map_err(unguarded)?;
+        let theirs = self.read_bytes().await.map_err(unguarded)?;
+        if !key.verify(STORE, &cn, &sn, &theirs) {
+            return Err(ClientError::Refused(
+                "the store could not prove it holds this pod's control token: the pods do not share one token Secret, or this is not the job's store".into(),
+            ));
+        }
+        self.send(&Command::Auth(key.proof(AGENT, &cn, &sn))).await?;
+        match self.read_u8().await {
+            Ok(1) => Ok(()),
+            _ => Err(ClientError::Refused("the store refused this pod's control token".into())),
+        }
     }
 
     fn queue(&mut self, cmd: &Command) {
@@ -141,6 +199,24 @@ impl Client {
     /// SET (no reply).
     pub async fn set(&mut self, key: &str, value: &[u8]) -> Result<(), ClientError> {
         self.send(&Command::Set { key: key.into(), value: value.to_vec() }).await
+    }
+
+    /// SET, and know it was stored: SET has no reply, and a store that
+    /// refuses it (its memory budget) closes the connection, so a PING
+    /// sent behind it comes back only when the SET was applied.
+    pub async fn set_checked(&mut self, key: &str, value: &[u8]) -> Result<(), ClientError> {
+        self.queue(&Command::Set { key: key.into(), value: value.to_vec() });
+        let nonce = 0x5e7;
+        self.queue(&Command::Ping(nonce));
+        self.flush().await?;
+        match self.read_u32().await {
+            Ok(n) if n == nonce => Ok(()),
+            Ok(_) => Err(ClientError::Protocol("PING echo does not match")),
+            Err(_) => Err(ClientError::Refused(format!(
+                "the store closed the connection instead of storing {} bytes (its memory budget, --store-memory, may be full: see the store host's log)",
+                value.len()
+            ))),
+        }
     }
 
     /// GET without waiting: a missing key reads as empty.
@@ -226,24 +302,27 @@ impl Client {
 /// until `deadline`.
 pub async fn connect_with_retry(
     endpoint: &Endpoint,
+    guard: Option<&Guard>,
     deadline: Instant,
     cancel: &CancellationToken,
 ) -> Result<Client, ClientError> {
-    connect_retrying(endpoint, deadline, cancel, true).await
+    connect_retrying(endpoint, guard, deadline, cancel, true).await
 }
 
 /// [`connect_with_retry`] that logs its retries at debug level only (for
 /// a background connection whose owner reports the outage itself).
 pub async fn connect_quietly(
     endpoint: &Endpoint,
+    guard: Option<&Guard>,
     deadline: Instant,
     cancel: &CancellationToken,
 ) -> Result<Client, ClientError> {
-    connect_retrying(endpoint, deadline, cancel, false).await
+    connect_retrying(endpoint, guard, deadline, cancel, false).await
 }
 
 async fn connect_retrying(
     endpoint: &Endpoint,
+    guard: Option<&Guard>,
     deadline: Instant,
     cancel: &CancellationToken,
     report: bool,
@@ -261,7 +340,7 @@ async fn connect_retrying(
                 .collect();
             let mut last = format!("{} resolved to no address", endpoint.host);
             for addr in addrs {
-                match Client::connect(addr).await {
+                match Client::connect_guarded(addr, guard).await {
                     Ok(c) => return Ok(c),
                     Err(e) => last = format!("{addr}: {}", error_chain(&e)),
                 }

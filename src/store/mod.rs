@@ -17,6 +17,9 @@
 //!   = somaxconn, accept backoff) and one task per connection that
 //!   `select!`s on the socket, its wake channel and the cancel token.
 //! - `client`: the agents' client with connect retry until a deadline.
+//! - `guard`: serve mode's agents' store asks every connection for the
+//!   control token (a challenge and response after VALIDATE); torch
+//!   clients never meet it (workers have stores of their own).
 //! - `budget`: the memory a store may hold for its clients (stored data,
 //!   parked waits, partial frames, large replies), one limit per store.
 //!
@@ -25,12 +28,14 @@
 
 mod budget;
 mod client;
+mod guard;
 mod server;
 mod state;
 mod wire;
 
 pub use budget::{MIN_BUDGET, default_budget, parse_size};
-pub use client::{Client, ClientError, Endpoint, connect_quietly, connect_with_retry};
+pub use client::{Client, ClientError, Dial, Endpoint, connect_quietly, connect_with_retry};
+pub use guard::{Guard, GuardError};
 pub use server::{COMMAND_NAMES, Counters, ServerError, StoreLoop, StoreServer, bind_listener, counters};
 pub use state::{Budget, ENTRY_OVERHEAD, State};
 pub use wire::{

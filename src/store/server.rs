@@ -16,6 +16,7 @@ use tokio::sync::mpsc::unbounded_channel;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::guard::{AGENT, Guard, Key, NONCE_LEN, STORE, nonce};
 use super::state::{Budget, ExecError, FREE_REPLY, State};
 use super::wire::{Command, DecodeError, MAGIC, Scanner};
 use crate::ratelimit::RateLimit;
@@ -91,11 +92,23 @@ impl StoreLoop {
         budget: Arc<Budget>,
         cancel: CancellationToken,
     ) -> Result<StoreServer, ServerError> {
+        self.serve_guarded(host, port, budget, None, cancel)
+    }
+
+    /// [`StoreLoop::serve`], asking every connection for `guard`'s token when there is one.
+    pub fn serve_guarded(
+        &self,
+        host: Option<std::net::IpAddr>,
+        port: u16,
+        budget: Arc<Budget>,
+        guard: Option<Guard>,
+        cancel: CancellationToken,
+    ) -> Result<StoreServer, ServerError> {
         // Inside the loop's context the listener registers with its reactor
         // and `StoreServer::start` spawns the accept loop onto it.
-        let _guard = self.handle.enter();
+        let _enter = self.handle.enter();
         let listener = bind_listener(host, port)?;
-        StoreServer::start(listener, budget, cancel).map_err(|source| ServerError::Bind { port, source })
+        StoreServer::start_guarded(listener, budget, guard, cancel).map_err(|source| ServerError::Bind { port, source })
     }
 }
 
@@ -123,9 +136,20 @@ impl StoreServer {
     /// Serve a fresh, empty store on `listener` until `cancel` fires; what
     /// its clients store counts against `budget`.
     pub fn start(listener: TcpListener, budget: Arc<Budget>, cancel: CancellationToken) -> std::io::Result<Self> {
+        Self::start_guarded(listener, budget, None, cancel)
+    }
+
+    /// [`StoreServer::start`]; with a `guard`, a connection is served only
+    /// once it proved it holds the guard's token (see [`super::guard`]).
+    pub fn start_guarded(
+        listener: TcpListener,
+        budget: Arc<Budget>,
+        guard: Option<Guard>,
+        cancel: CancellationToken,
+    ) -> std::io::Result<Self> {
         let local = listener.local_addr()?;
         let state = Arc::new(State::with_budget(budget));
-        let task = tokio::spawn(accept_loop(listener, Arc::clone(&state), cancel.clone()));
+        let task = tokio::spawn(accept_loop(listener, Arc::clone(&state), guard, cancel.clone()));
         Ok(Self { state, local, task, cancel })
     }
 
@@ -146,7 +170,7 @@ impl StoreServer {
     }
 }
 
-async fn accept_loop(listener: TcpListener, state: Arc<State>, cancel: CancellationToken) {
+async fn accept_loop(listener: TcpListener, state: Arc<State>, guard: Option<Guard>, cancel: CancellationToken) {
     let conns = tokio_util::task::TaskTracker::new();
     let warnings = Arc::new(warnings());
     let mut backoff = Duration::from_millis(5);
@@ -160,7 +184,8 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, cancel: Cancellat
                 backoff = Duration::from_millis(5);
                 counters().connections.inc();
                 // TCP_NODELAY comes from the listener (see `sys::tune_listener`).
-                conns.spawn(serve_conn(stream, peer, Arc::clone(&state), Arc::clone(&warnings), cancel.clone()));
+                let gate = guard.clone().map(Gate::Hello);
+                conns.spawn(serve_conn(stream, peer, Arc::clone(&state), gate, Arc::clone(&warnings), cancel.clone()));
             }
             Err(e) => {
                 // EMFILE/ENFILE/ENOBUFS: back off instead of spinning.
@@ -236,10 +261,62 @@ async fn flush(wr: &mut tokio::net::tcp::OwnedWriteHalf, out: &mut Vec<u8>, char
     ok
 }
 
+/// Where a connection to a guarded store is in its handshake.
+#[derive(Debug)]
+enum Gate {
+    /// Waiting for the client's nonce.
+    Hello(Guard),
+    /// Waiting for the client's proof.
+    Proof { key: Key, cn: Vec<u8>, sn: [u8; NONCE_LEN] },
+}
+
+/// Longest a connection to a guarded store may take to prove its token.
+const HANDSHAKE_TIME: Duration = Duration::from_secs(10);
+/// Most bytes a connection may send before it is admitted.
+const HANDSHAKE_BYTES: usize = 1024;
+
+/// One step of the handshake of a guarded store: the next gate (None:
+/// admitted), or why the connection is closed. Replies go to `out`.
+fn handshake(gate: Gate, cmd: Command, out: &mut Vec<u8>) -> Result<Option<Gate>, String> {
+    let step = match cmd {
+        Command::Auth(step) => step,
+        other => {
+            return Err(format!(
+                "{} before the control token was proved (this store is serve mode's: it asks every client for the token)",
+                short(&other)
+            ));
+        }
+    };
+    match gate {
+        Gate::Hello(guard) => {
+            if step.len() != NONCE_LEN {
+                return Err("a handshake nonce of the wrong length".into());
+            }
+            let key = guard.key().map_err(|e| {
+                format!("{} (no client is admitted until it can be read)", crate::error::error_chain(&e))
+            })?;
+            let sn = nonce().map_err(|e| e.to_string())?;
+            super::wire::put_bytes(out, &sn);
+            super::wire::put_bytes(out, &key.proof(STORE, &step, &sn));
+            Ok(Some(Gate::Proof { key, cn: step, sn }))
+        }
+        Gate::Proof { key, cn, sn } => {
+            if key.verify(AGENT, &cn, &sn, &step) {
+                out.push(1);
+                Ok(None)
+            } else {
+                out.push(0);
+                Err("a wrong control token".into())
+            }
+        }
+    }
+}
+
 async fn serve_conn(
     stream: TcpStream,
     peer: SocketAddr,
     state: Arc<State>,
+    mut gate: Option<Gate>,
     warnings: Arc<RateLimit>,
     cancel: CancellationToken,
 ) {
@@ -255,9 +332,15 @@ async fn serve_conn(
     let mut charge = 0u64;
     let mut scanner = Scanner::default();
     let mut validated = false;
+    let handshake_over = tokio::time::sleep(HANDSHAKE_TIME);
+    tokio::pin!(handshake_over);
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
+            () = &mut handshake_over, if gate.is_some() => {
+                conn_warn!(warnings, %peer, "store client did not prove the control token in time; closing");
+                return;
+            }
             Some(b) = wake_rx.recv() => {
                 out.push(b);
                 while let Ok(b) = wake_rx.try_recv() {
@@ -313,6 +396,17 @@ async fn serve_conn(
                         conn_warn!(warnings, %peer, first = ?short(&cmd), "store connection did not start with VALIDATE; closing");
                         return;
                     }
+                    if let Some(g) = gate.take() {
+                        match handshake(g, cmd, &mut out) {
+                            Ok(next) => gate = next,
+                            Err(why) => {
+                                conn_warn!(warnings, %peer, reason = %why, "store client refused; closing");
+                                let _ = flush(&mut wr, &mut out, &mut charge, &state).await;
+                                return;
+                            }
+                        }
+                        continue;
+                    }
                     counters().op(command_index(&cmd));
                     match state.apply(id, cmd, &mut out) {
                         Ok(reply) => charge += reply,
@@ -333,6 +427,10 @@ async fn serve_conn(
                     if out.len() as u64 > FREE_REPLY && !flush(&mut wr, &mut out, &mut charge, &state).await {
                         return;
                     }
+                }
+                if gate.is_some() && buf.len() > HANDSHAKE_BYTES {
+                    conn_warn!(warnings, %peer, pending = buf.len(), "store client sent more than a handshake before proving the control token; closing");
+                    return;
                 }
                 if let Err(e) = registration.buffer(buf.len()) {
                     tracing::warn!(%peer, error = %e, scanned = scanner.scanned(), "store memory budget reached by a partial frame (--store-memory); closing connection");
@@ -397,7 +495,7 @@ pub fn counters() -> &'static Counters {
 }
 
 /// Every name [`short`] gives, in one place (metrics label by them).
-pub const COMMAND_NAMES: [&str; 19] = [
+pub const COMMAND_NAMES: [&str; 20] = [
     "VALIDATE(wrong magic)",
     "SET",
     "COMPARE_SET",
@@ -417,6 +515,7 @@ pub const COMMAND_NAMES: [&str; 19] = [
     "QUEUE_LEN",
     "LIST_KEYS",
     "BARRIER",
+    "AUTH",
 ];
 
 /// A log-friendly name for a command (never its payload).
@@ -446,5 +545,6 @@ fn command_index(cmd: &Command) -> usize {
         Command::QueueLen(_) => 16,
         Command::ListKeys => 17,
         Command::Barrier { .. } => 18,
+        Command::Auth(_) => 19,
     }
 }

@@ -48,6 +48,9 @@ pub enum ExecError {
     /// VALIDATE after the handshake or with the wrong magic.
     #[error("unexpected VALIDATE")]
     Validate,
+    /// AUTH after the handshake, or on a store that asks for no token.
+    #[error("unexpected AUTH (this store asks for no token, or the handshake is over)")]
+    Auth,
     /// The write would take the store past its memory budget.
     #[error("the store is full: {need} more bytes would pass its budget of {limit} bytes ({used} in use)")]
     Full {
@@ -373,6 +376,8 @@ impl State {
         let mut reply_charge = 0;
         match cmd {
             Command::Validate(_) => return Err(ExecError::Validate),
+            // The handshake is the connection's, before any command.
+            Command::Auth(_) => return Err(ExecError::Auth),
             Command::Ping(nonce) => out.extend_from_slice(&nonce.to_le_bytes()),
             Command::Set { key, value } => inner.set(budget, key, value)?,
             Command::CompareSet { key, expected, desired } => {

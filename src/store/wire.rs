@@ -100,7 +100,13 @@ pub enum Command {
         /// Arrivals that release the barrier.
         world_size: i64,
     },
+    /// 64 (trainlet's, not torch's): a step of a guarded store's
+    /// handshake (`crate::store::Guard`): a nonce, then a proof.
+    Auth(Vec<u8>),
 }
+
+/// The query type of [`Command::Auth`], far from torch's.
+pub const AUTH: u8 = 64;
 
 /// Why a buffer does not hold a whole valid frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,7 +157,7 @@ fn layout(query: u8) -> Result<&'static [Field], Invalid> {
         0 | 13 => &[U32],
         1 | 9 | 14 => &[Key, Value],
         2 => &[Key, Value, Value],
-        3 | 8 | 15 | 16 => &[Key],
+        3 | 8 | 15 | 16 | AUTH => &[Key],
         4 | 18 => &[Key, I64],
         5 | 6 | 10 => &[Keys],
         7 | 12 | 17 => &[],
@@ -386,6 +392,7 @@ impl Command {
             16 => Command::QueueLen(c.key()?),
             17 => Command::ListKeys,
             18 => Command::Barrier { key: c.key()?, world_size: c.i64()? },
+            AUTH => Command::Auth(c.key()?),
             other => return Err(DecodeError::Invalid(Invalid::UnknownQuery(other))),
         };
         Ok((cmd, c.pos))
@@ -437,6 +444,7 @@ impl Command {
                 single(out, 18, key);
                 out.extend_from_slice(&world_size.to_le_bytes());
             }
+            Command::Auth(step) => single(out, AUTH, step),
         }
     }
 }

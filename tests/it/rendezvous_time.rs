@@ -34,7 +34,13 @@ fn store_host(cancel: &CancellationToken) -> (StoreServer, Endpoint) {
             .map_err(|source| trainlet::store::ServerError::Bind { port: 0, source })
     });
     let addr = store.local_addr();
-    tokio::spawn(serve_rounds(addr, "trainlet/t/j0".into(), TIMING, serve, cancel.child_token()));
+    tokio::spawn(serve_rounds(
+        trainlet::store::Dial { addr, guard: None },
+        "trainlet/t/j0".into(),
+        TIMING,
+        serve,
+        cancel.child_token(),
+    ));
     (store, Endpoint { host: "127.0.0.1".into(), port: addr.port() })
 }
 
@@ -63,8 +69,9 @@ fn join(
 ) -> tokio::task::JoinHandle<(trainlet::rendezvous::Round, Session, Duration)> {
     let (endpoint, cancel) = (endpoint.clone(), cancel.clone());
     tokio::spawn(async move {
-        let mut s =
-            Session::connect(&endpoint, "t", 0, member(i, nnodes), TIMING, deadline, &cancel).await.expect("connect");
+        let mut s = Session::connect(&endpoint, "t", 0, member(i, nnodes), TIMING, None, deadline, &cancel)
+            .await
+            .expect("connect");
         let started = Instant::now();
         let Ok(Joined::Round(r)) = s.next_round(&mut Known::default(), deadline).await else { panic!("no round") };
         (r, s, started.elapsed())
