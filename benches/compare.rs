@@ -280,7 +280,7 @@ fn rendezvous_scale(rows: &mut Vec<Row>) {
                     max_restarts: 0,
                 };
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-                let mut s = Session::connect(&endpoint, "scale", 0, me, timing, None, deadline, &cancel)
+                let mut s = Session::connect((&endpoint, None), "scale", 0, me, timing, deadline, &cancel)
                     .await
                     .expect("connect");
                 let mut known = Known::default();

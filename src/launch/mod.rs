@@ -163,7 +163,8 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
         max_restarts: plan.max_restarts,
     };
     let deadline = Instant::now() + plan.join_timeout;
-    let connect = Session::connect(&endpoint, &plan.run_id, plan.jobset_attempt, me, timing, guard, deadline, &cancel);
+    let connect =
+        Session::connect((&endpoint, guard), &plan.run_id, plan.jobset_attempt, me, timing, deadline, &cancel);
     let mut session = match until_stop(&mut events, &plan, connect).await {
         Ok(Ok(s)) => s,
         Ok(Err(e @ rendezvous::Error::Stale { .. })) => {

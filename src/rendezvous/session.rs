@@ -117,15 +117,15 @@ fn nonce() -> String {
 }
 
 impl Session {
-    /// Connect (retrying until `deadline`), check the JobSet attempt and
-    /// start heartbeating. `me.uid` is filled in here.
+    /// Connect to the store at `endpoint` (proving `guard`'s token when it
+    /// asks for one; retrying until `deadline`), check the JobSet attempt
+    /// and start heartbeating. `me.uid` is filled in here.
     pub async fn connect(
-        endpoint: &Endpoint,
+        (endpoint, guard): (&Endpoint, Option<Guard>),
         run_id: &str,
         jobset_attempt: u64,
         mut me: Member,
         timing: Timing,
-        guard: Option<Guard>,
         deadline: Instant,
         cancel: &CancellationToken,
     ) -> Result<Self, Error> {

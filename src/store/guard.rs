@@ -129,4 +129,36 @@ mod tests {
         assert!(matches!(Guard::new(&a).key(), Err(GuardError::Empty(_))));
         assert!(matches!(Guard::new(&dir.path().join("none")).key(), Err(GuardError::Read { .. })));
     }
+
+    #[tokio::test]
+    async fn a_guarded_store_serves_only_clients_with_its_token() {
+        use crate::store::{Budget, Client, ClientError, StoreServer};
+        let dir = tempfile::tempdir().expect("tmp");
+        let (good, bad) = (dir.path().join("good"), dir.path().join("bad"));
+        std::fs::write(&good, "s3cret").expect("good");
+        std::fs::write(&bad, "other").expect("bad");
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let serve = |guard: Option<Guard>| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.set_nonblocking(true).expect("nonblocking");
+            let l = tokio::net::TcpListener::from_std(l).expect("listener");
+            StoreServer::start_guarded(l, Arc::new(Budget::new(64 << 20)), guard, cancel.child_token()).expect("serve")
+        };
+        let guarded = serve(Some(Guard::new(&good)));
+        let addr = guarded.local_addr();
+        let mut c = Client::connect_guarded(addr, Some(&Guard::new(&good))).await.expect("admitted");
+        c.set("k", b"v").await.expect("set");
+        assert_eq!(c.get("k").await.expect("get"), b"v");
+        let refused = Client::connect_guarded(addr, Some(&Guard::new(&bad))).await.expect_err("another token");
+        assert!(matches!(&refused, ClientError::Refused(m) if m.contains("could not prove")), "{refused:?}");
+        assert!(Client::connect(addr).await.is_err(), "a client without a token is closed at its PING");
+        let plain = serve(None);
+        let e = Client::connect_guarded(plain.local_addr(), Some(&Guard::new(&good))).await.expect_err("unguarded");
+        assert!(matches!(&e, ClientError::Refused(m) if m.contains("asks for no token")), "{e:?}");
+        // A rotated token admits new connections with the new one only.
+        std::fs::write(&good, "rotated").expect("rotate");
+        std::fs::write(&bad, "rotated").expect("rotate");
+        Client::connect_guarded(addr, Some(&Guard::new(&bad))).await.expect("the rotated token");
+        cancel.cancel();
+    }
 }

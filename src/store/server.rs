@@ -267,7 +267,7 @@ enum Gate {
     /// Waiting for the client's nonce.
     Hello(Guard),
     /// Waiting for the client's proof.
-    Proof { key: Key, cn: Vec<u8>, sn: [u8; NONCE_LEN] },
+    Proof { key: Box<Key>, cn: Vec<u8>, sn: [u8; NONCE_LEN] },
 }
 
 /// Longest a connection to a guarded store may take to prove its token.
@@ -298,7 +298,7 @@ fn handshake(gate: Gate, cmd: Command, out: &mut Vec<u8>) -> Result<Option<Gate>
             let sn = nonce().map_err(|e| e.to_string())?;
             super::wire::put_bytes(out, &sn);
             super::wire::put_bytes(out, &key.proof(STORE, &step, &sn));
-            Ok(Some(Gate::Proof { key, cn: step, sn }))
+            Ok(Some(Gate::Proof { key: Box::new(key), cn: step, sn }))
         }
         Gate::Proof { key, cn, sn } => {
             if key.verify(AGENT, &cn, &sn, &step) {

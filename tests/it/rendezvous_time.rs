@@ -69,7 +69,7 @@ fn join(
 ) -> tokio::task::JoinHandle<(trainlet::rendezvous::Round, Session, Duration)> {
     let (endpoint, cancel) = (endpoint.clone(), cancel.clone());
     tokio::spawn(async move {
-        let mut s = Session::connect(&endpoint, "t", 0, member(i, nnodes), TIMING, None, deadline, &cancel)
+        let mut s = Session::connect((&endpoint, None), "t", 0, member(i, nnodes), TIMING, deadline, &cancel)
             .await
             .expect("connect");
         let started = Instant::now();

@@ -119,6 +119,9 @@ impl Raw {
     }
 }
 
+/// One thing a client without the token tries: true when it got an answer.
+type Attempt = Box<dyn Fn(&mut Raw) -> bool>;
+
 fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool, log: impl Fn() -> String) {
     let start = Instant::now();
     while !done() {
@@ -176,7 +179,7 @@ fn without_the_token_the_agents_store_reads_writes_and_deletes_nothing() {
 
     // Every command of a client without the token closes its connection
     // before anything is read or written.
-    let attempts: Vec<(&str, Box<dyn Fn(&mut Raw) -> bool>)> = vec![
+    let attempts: Vec<(&str, Attempt)> = vec![
         ("GET the run", Box::new(|r: &mut Raw| r.get(&format!("{BASE}/run")).is_some())),
         ("SET a forged run", Box::new(|r: &mut Raw| r.set(&format!("{BASE}/run"), b"forged"))),
         ("SET a go signal", Box::new(|r: &mut Raw| r.set(&format!("{BASE}/go/2"), b"run"))),
