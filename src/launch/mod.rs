@@ -123,12 +123,16 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     // The agents' store, when this pod hosts it.
     let bind_ip: Option<IpAddr> = plan.standalone.then_some(IpAddr::from([127, 0, 0, 1]));
     let store_loop = if plan.serve_store { Some(Arc::new(StoreLoop::start().map_err(Error::Os)?)) } else { None };
-    // One memory budget for the agents' store and every worker store.
+    // One memory budget for the agents' store and every worker store;
+    // serve mode's guarded store has one of its own, so that a client of
+    // an (open) worker store cannot fill the store the control API writes.
     let budget = Arc::new(crate::store::Budget::new(plan.store_memory));
+    let agents_budget =
+        if guard.is_some() { Arc::new(crate::store::Budget::new(plan.store_memory)) } else { Arc::clone(&budget) };
     let control = if let Some(lp) = &store_loop {
         sys::raise_nofile();
         let server =
-            lp.serve_guarded(bind_ip, plan.endpoint.port, Arc::clone(&budget), guard.clone(), cancel.child_token())?;
+            lp.serve_guarded(bind_ip, plan.endpoint.port, agents_budget, guard.clone(), cancel.child_token())?;
         tracing::info!(addr = %server.local_addr(), memory_budget = budget.limit(), "serving the rendezvous store");
         Some(server)
     } else {
