@@ -208,8 +208,8 @@ impl Client {
         self.queue(&Command::Set { key: key.into(), value: value.to_vec() });
         let nonce = 0x5e7;
         self.queue(&Command::Ping(nonce));
-        self.flush().await?;
-        match self.read_u32().await {
+        let sent = self.flush().await;
+        match sent.and(self.read_u32().await) {
             Ok(n) if n == nonce => Ok(()),
             Ok(_) => Err(ClientError::Protocol("PING echo does not match")),
             Err(_) => Err(ClientError::Refused(format!(

@@ -227,7 +227,7 @@ fn without_the_token_the_agents_store_reads_writes_and_deletes_nothing() {
 /// marker does not end Y's next run either.
 #[test]
 fn a_sealed_run_shutdown_or_end_of_another_job_is_refused() {
-    let x = start(1, &["--serve-idle-timeout", "3"]);
+    let x = start(1, &["--serve-idle-timeout", "10"]);
     let mut y = start(1, &[]);
     let marker_dir = tempfile::tempdir().expect("tmp");
     let x_cmd = format!(
