@@ -171,11 +171,6 @@ fn without_the_token_the_agents_store_reads_writes_and_deletes_nothing() {
     );
     assert_eq!(wait_over(&s, &id), "succeeded");
     let port = s.store_port;
-    let mut admitted = Raw::with_token(port, TOKEN);
-    let run = admitted.get(&format!("{BASE}/run")).expect("the token holder reads the run");
-    assert!(String::from_utf8_lossy(&run).contains("hf_s3cret_value"), "the run is stored");
-    let ended = admitted.get(&format!("{BASE}/ended/1")).expect("end marker");
-    assert!(!ended.is_empty());
 
     // Every command of a client without the token closes its connection
     // before anything is read or written.
@@ -191,6 +186,11 @@ fn without_the_token_the_agents_store_reads_writes_and_deletes_nothing() {
         assert!(!attempt(&mut r), "{what} without the token got an answer");
         assert!(r.closed(), "{what}: the connection is closed");
     }
+    let mut admitted = Raw::with_token(port, TOKEN);
+    let run = admitted.get(&format!("{BASE}/run")).expect("the token holder reads the run");
+    assert!(String::from_utf8_lossy(&run).contains("hf_s3cret_value"), "the run is stored");
+    let ended = admitted.get(&format!("{BASE}/ended/1")).expect("end marker");
+    assert!(!ended.is_empty(), "run 1 is marked over");
     // A wrong token is refused at the handshake.
     let mut wrong = Raw::open(port);
     assert!(!wrong.auth("not-the-token"), "a wrong token is refused");
