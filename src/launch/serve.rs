@@ -90,7 +90,7 @@ pub(super) fn token_file(plan: &Plan) -> Result<Option<PathBuf>, crate::config::
             usage(format!("cannot write the control API's token under {} ({e}); give --control-token-file or a writable --serve-dir", conf.dir.display()))
         }),
         None => Err(usage(
-            "--serve on more than one pod needs --control-token-file on every pod (the same Secret): the agents' store asks every pod for it, and each pod checks that a run was signed with it".into(),
+            "--serve on more than one pod needs --control-token-file on every pod (the same Secret): the agents' store asks every pod for it, and each pod checks that a run was sealed with it".into(),
         )),
     }
 }

@@ -76,7 +76,7 @@ pub const STORE_WAIT: Duration = Duration::from_secs(30);
 /// What `serve/go/<seq>` says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Go {
-    /// `run`: run `seq` is in `serve/run` (a wake-up only: the run itself is signed).
+    /// `run`: run `seq` is in `serve/run` (a wake-up only: the run itself is sealed).
     Run,
     /// The pods exit 0 (idle timeout): `shutdown`, [`seal`]ed for `seq`.
     Shutdown,
