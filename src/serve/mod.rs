@@ -198,10 +198,18 @@ impl Link {
         r.map_err(Error::from)
     }
 
-    /// GET (empty when missing).
+    /// GET (empty when missing). A connection that broke since its last
+    /// use (the store host was replaced) is dialled again once.
     pub async fn get(&mut self, key: &str) -> Result<Vec<u8>, Error> {
+        let stale = self.client.is_some();
         let r = bounded(self.client().await?.get(key)).await;
-        self.kept(r)
+        match self.kept(r) {
+            Err(Error::Store(ClientError::Io(_))) if stale => {
+                let r = bounded(self.client().await?.get(key)).await;
+                self.kept(r)
+            }
+            r => r,
+        }
     }
 
     /// SET, known to be stored (an error when the store refused it: its budget).

@@ -332,3 +332,33 @@ fn counters_and_a_full_store_do_not_wedge_the_control_api() {
     let (_, logs) = http(&s.url, "GET", &format!("/v1/runs/{id}/logs"), Some(TOKEN), "");
     assert!(logs.contains("after-full"), "{logs}");
 }
+
+/// A replaced store host starts a new serving session (a new store):
+/// runs are numbered from 1 again, and the pod that stayed up follows it
+/// (it ran run 1 of the old session, and runs run 1 of the new one).
+#[test]
+fn a_replaced_store_host_starts_a_session_the_other_pods_follow() {
+    let extra = ["--heartbeat-timeout", "3"];
+    let mut s = start(2, &extra);
+    let say = r#"{"command": ["python", "-c", "import os; print('rank-' + os.environ['RANK'] + '-of-' + os.environ['WORLD_SIZE'])"], "nproc_per_node": 1}"#;
+    let lines = |s: &Served, id: &str| http(&s.url, "GET", &format!("/v1/runs/{id}/logs"), Some(TOKEN), "").1;
+    let first = submit(&s, say);
+    assert_eq!(wait_over(&s, &first), "succeeded", "{}", s.pods[0].stderr());
+    assert!(lines(&s, &first).contains("rank-1-of-2"), "{}", lines(&s, &first));
+    s.pods[0].signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = s.pods[0].child.wait();
+    let control: u16 = s.url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    s.pods[0] = crate::serve::start_pod(&s, (control, 2), 0, &extra);
+    s.pods[0].wait_for_stderr("control API listening", Duration::from_secs(60));
+    wait_until(
+        "pod 1 following the new session",
+        Duration::from_secs(120),
+        || s.pods[1].stderr().contains("a new serving session"),
+        || format!("pod 0:\n{}\npod 1:\n{}", s.pods[0].stderr(), s.pods[1].stderr()),
+    );
+    let next = submit(&s, say);
+    assert!(next.starts_with("run-1-"), "numbered from 1 again: {next}");
+    assert_eq!(wait_over(&s, &next), "succeeded", "pod 1:\n{}", s.pods[1].stderr());
+    let out = lines(&s, &next);
+    assert!(out.contains("rank-0-of-2") && out.contains("rank-1-of-2"), "both pods ran it: {out}");
+}
