@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -29,6 +29,8 @@ use super::spec::{Run, check, check_archive, shown};
 use super::{Link, files, logs};
 use crate::http::{Limits, Lobby, Request, Status, Ticket, admit, error_body, read_body, respond, same};
 
+/// Connections the kernel queues before they are accepted.
+const BACKLOG: u32 = 1024;
 /// Connections that have not yet shown the token (their head is not all
 /// in); a new one evicts the oldest.
 const MAX_WAITING: usize = 256;
@@ -96,7 +98,12 @@ struct Slots {
 
 /// Bind the control API and serve it until `cancel`; the bound address.
 pub async fn serve(conf: Conf, board: Arc<Board>, cancel: CancellationToken) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(conf.listen).await?;
+    let sock = if conf.listen.is_ipv6() { TcpSocket::new_v6()? } else { TcpSocket::new_v4()? };
+    sock.set_reuseaddr(true)?;
+    sock.bind(conf.listen)?;
+    // Deeper than the default 128: a burst of connections waits here
+    // rather than have its SYNs dropped (the client would retry after 1 s).
+    let listener = sock.listen(BACKLOG)?;
     let addr = listener.local_addr()?;
     let slots = Arc::new(Slots {
         lobby: Lobby::new(MAX_WAITING),
@@ -132,7 +139,12 @@ pub async fn serve(conf: Conf, board: Arc<Board>, cancel: CancellationToken) -> 
 /// requests or the followers, then its body and the answer.
 async fn connection(api: &Api, slots: &Slots, mut conn: TcpStream, ticket: Ticket) {
     let admitted = tokio::select! {
-        () = ticket.evicted() => None,
+        () = ticket.evicted() => {
+            // Reset, not closed: no TIME_WAIT left behind per evicted
+            // connection (and a client reusing its port is not held up).
+            let _ = conn.set_zero_linger();
+            return;
+        }
         req = admit(&mut conn, LIMITS, HEAD_TIME, |req| authorized(&api.conf.token_file, req)) => req,
     };
     drop(ticket);

@@ -220,3 +220,47 @@ fn followers_that_hang_up_free_their_place_at_once() {
     }
     assert_eq!(json(&http(url, "GET", &format!("/v1/runs/{id}"), Some(TOKEN), "").1)["state"], "stopped");
 }
+
+/// Clients that open connections as fast as they can (each with the start
+/// of a head, never finished) do not keep a request with the token out:
+/// the lobby evicts the oldest waiting connection, and a request's head is
+/// in long before hundreds more connections are taken.
+#[test]
+fn a_flood_of_connections_does_not_keep_the_token_out() {
+    let s = start(1, &["--standalone"]);
+    let done = Arc::new(AtomicBool::new(false));
+    let floods: Vec<_> = (0..3)
+        .map(|_| {
+            let (url, done) = (s.url.clone(), Arc::clone(&done));
+            std::thread::spawn(move || {
+                let mut open = std::collections::VecDeque::new();
+                let mut opened = 0;
+                while !done.load(Ordering::SeqCst) {
+                    let Ok(mut c) = TcpStream::connect(url.trim_start_matches("http://")) else { continue };
+                    let _ = c.write_all(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n");
+                    open.push_back(c);
+                    if open.len() > 1000 {
+                        open.pop_front();
+                    }
+                    opened += 1;
+                }
+                opened
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let mut answers = Vec::new();
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(300));
+        let asked = Instant::now();
+        let (status, _) = http(&s.url, "GET", "/v1/status", Some(TOKEN), "");
+        answers.push((status, asked.elapsed()));
+    }
+    done.store(true, Ordering::SeqCst);
+    let opened: u64 = floods.into_iter().map(|f| f.join().expect("flood")).sum();
+    assert!(opened > 1000, "a flood: {opened} connections");
+    assert!(
+        answers.iter().all(|(status, took)| *status == 200 && *took < Duration::from_secs(10)),
+        "requests with the token among {opened} connections: {answers:?}"
+    );
+}
