@@ -6,6 +6,16 @@
 //! One request per connection (`Connection: close`); no chunked request
 //! bodies (411: a length is required); a head or body over its limit is
 //! refused with its status before more is read.
+//!
+//! A server that authorizes requests reads the head alone first
+//! ([`read_head`], or [`admit`], which also answers the refusals), and the
+//! body ([`read_body`]) only once the head is let through: a client
+//! without the token never gets a body buffered. Connections still to show
+//! a token are bounded by a [`Lobby`] that evicts its oldest, so that idle
+//! or slow clients cannot hold every place; [`closed`] tells a server that
+//! streams a reply when its client has hung up. This module holds no
+//! policy of its own: deadlines, limits and the token check are the
+//! caller's.
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;

@@ -12,7 +12,27 @@
 //! | `GET /v1/status` | the world and the runs |
 //!
 //! A bad request gets a 4xx whose JSON `message` names what was wrong, and
-//! changes nothing. Connections, heads and bodies are bounded.
+//! changes nothing.
+//!
+//! # Bounds
+//!
+//! What a client without the token can make trainlet hold is small and
+//! cannot crowd out one with it:
+//!
+//! - The token is checked from the head (16 KiB at most, complete within
+//!   10 s of the accept) before its body is read: a request without it is
+//!   answered 401 and closed, its body never buffered (what it still sends
+//!   is dropped for up to 5 s, so that it sees the 401 rather than a reset).
+//! - Connections that have not shown the token wait in a lobby of 256; a
+//!   new one evicts the oldest (reset). Idle, trickling or flooding clients
+//!   thus only ever evict each other, while a client that sends its head at
+//!   once is judged long before 256 newer connections come.
+//! - With the token, 64 requests at once (a body of up to 72 MiB within
+//!   30 s), and 64 log followers apart: one more of either is answered 503,
+//!   so followers never take a request's place. A follower watches its read
+//!   side and ends as soon as its client hangs up (EOF or reset), though the
+//!   run be silent; any reply chunk the client does not take within 30 s
+//!   ends its connection.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
