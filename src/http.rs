@@ -177,8 +177,9 @@ pub async fn read_body<C: AsyncRead + Unpin>(conn: &mut C, req: &mut Request, li
 /// `authorized` says so from the head alone; anything else is answered
 /// here (408, 400, 431, 401) and None returned, the connection to be
 /// closed. A refused client's body is never read into memory: after the
-/// 401 whatever it still sends is dropped for up to [`LINGER`], so that a
-/// client busy sending its body sees the 401 rather than a reset.
+/// refusal (but a 408) whatever it still sends is dropped for up to
+/// [`LINGER`], so that a client busy sending its body sees the 401 rather
+/// than a reset.
 pub async fn admit<C: AsyncRead + AsyncWrite + Unpin>(
     conn: &mut C,
     limits: Limits,
@@ -196,7 +197,8 @@ pub async fn admit<C: AsyncRead + AsyncWrite + Unpin>(
         Err(_) => (Status::TIMEOUT, "request head not sent in time"),
     };
     let refuse = async {
-        if respond(conn, status, &error_body(status, message)).await.is_ok() {
+        // A client past the deadline has had its time: no lingering.
+        if respond(conn, status, &error_body(status, message)).await.is_ok() && status != Status::TIMEOUT {
             closed(conn).await;
         }
     };

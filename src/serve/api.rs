@@ -159,13 +159,15 @@ pub async fn serve(conf: Conf, board: Arc<Board>, cancel: CancellationToken) -> 
 /// requests or the followers, then its body and the answer.
 async fn connection(api: &Api, slots: &Slots, mut conn: TcpStream, ticket: Ticket) {
     let admitted = tokio::select! {
+        // A head that is in wins over an eviction at the same moment.
+        biased;
+        req = admit(&mut conn, LIMITS, HEAD_TIME, |req| authorized(&api.conf.token_file, req)) => req,
         () = ticket.evicted() => {
-            // Reset, not closed: no TIME_WAIT left behind per evicted
-            // connection (and a client reusing its port is not held up).
+            // Reset, not closed: an evicted connection leaves no
+            // TIME_WAIT behind.
             let _ = conn.set_zero_linger();
             return;
         }
-        req = admit(&mut conn, LIMITS, HEAD_TIME, |req| authorized(&api.conf.token_file, req)) => req,
     };
     drop(ticket);
     let Some(mut req) = admitted else { return };
