@@ -6,8 +6,19 @@
 //! One request per connection (`Connection: close`); no chunked request
 //! bodies (411: a length is required); a head or body over its limit is
 //! refused with its status before more is read.
+//!
+//! A server that authorizes requests reads the head alone first
+//! ([`read_head`], or [`admit`], which also answers the refusals), and the
+//! body ([`read_body`]) only once the head is let through: a client
+//! without the token never gets a body buffered. Connections still to show
+//! a token are bounded by a [`Lobby`] that evicts its oldest, so that idle
+//! or slow clients cannot hold every place; [`closed`] tells a server that
+//! streams a reply when its client has hung up. This module holds no
+//! policy of its own: deadlines, limits and the token check are the
+//! caller's.
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
 
 /// What a request may grow to.
 #[derive(Debug, Clone, Copy)]
@@ -88,12 +99,27 @@ impl Request {
 
 /// Read one request: the head, then `Content-Length` bytes of body.
 pub async fn read_request<C: AsyncRead + Unpin>(conn: &mut C, limits: Limits) -> Result<Request, Status> {
+    let mut req = read_head(conn, limits).await?;
+    read_body(conn, &mut req, limits).await?;
+    Ok(req)
+}
+
+/// Read a request's head (request line and headers), and nothing of its
+/// body but what came in the same read as the head's end (under 8 KiB,
+/// kept in `body` for [`read_body`]). Nothing about the body is judged
+/// here: a caller can authorize from the head before it reads or refuses
+/// a body.
+pub async fn read_head<C: AsyncRead + Unpin>(conn: &mut C, limits: Limits) -> Result<Request, Status> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 8192];
+    let mut scanned = 0;
     let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
+        // Only what is new (and the 3 bytes before it) is searched: a head
+        // trickled a byte at a time costs its length, not its square.
+        if let Some(i) = buf[scanned..].windows(4).position(|w| w == b"\r\n\r\n") {
+            break scanned + i + 4;
         }
+        scanned = buf.len().saturating_sub(3);
         if buf.len() > limits.head {
             return Err(Status::HEAD_TOO_LARGE);
         }
@@ -112,27 +138,31 @@ pub async fn read_request<C: AsyncRead + Unpin>(conn: &mut C, limits: Limits) ->
     let target = first.next().unwrap_or_default();
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let mut req = Request { method, path: path.to_string(), query: query.to_string(), ..Request::default() };
-    let mut length = None;
     for line in lines {
         let Some((name, value)) = line.split_once(':') else { continue };
-        let (name, value) = (name.trim().to_ascii_lowercase(), value.trim());
-        match name.as_str() {
-            "content-length" => length = Some(value.parse::<usize>().map_err(|_| Status::BAD)?),
-            "transfer-encoding" => return Err(Status::LENGTH),
-            _ => {}
-        }
-        req.headers.push((name, value.to_string()));
+        req.headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
     }
-    let length = match length {
-        Some(n) => n,
+    req.body = buf.split_off(head_end);
+    Ok(req)
+}
+
+/// Read the body of a request whose head [`read_head`] read: its
+/// `Content-Length` bytes (required for POST and PUT, at most
+/// `limits.body`; chunked bodies are refused).
+pub async fn read_body<C: AsyncRead + Unpin>(conn: &mut C, req: &mut Request, limits: Limits) -> Result<(), Status> {
+    if req.header("transfer-encoding").is_some() {
+        return Err(Status::LENGTH);
+    }
+    let length = match req.header("content-length") {
+        Some(n) => n.parse::<usize>().map_err(|_| Status::BAD)?,
         None if req.method == "POST" || req.method == "PUT" => return Err(Status::LENGTH),
         None => 0,
     };
     if length > limits.body {
         return Err(Status::TOO_LARGE);
     }
-    req.body = buf[head_end..].to_vec();
     req.body.reserve(length.saturating_sub(req.body.len()));
+    let mut chunk = [0u8; 8192];
     while req.body.len() < length {
         match conn.read(&mut chunk).await {
             Ok(0) | Err(_) => return Err(Status::BAD),
@@ -140,7 +170,114 @@ pub async fn read_request<C: AsyncRead + Unpin>(conn: &mut C, limits: Limits) ->
         }
     }
     req.body.truncate(length);
-    Ok(req)
+    Ok(())
+}
+
+/// Read a request's head within `deadline` and let it through only when
+/// `authorized` says so from the head alone; anything else is answered
+/// here (408, 400, 431, 401) and None returned, the connection to be
+/// closed. A refused client's body is never read into memory: after the
+/// refusal (but a 408) whatever it still sends is dropped for up to
+/// [`LINGER`], so that a client busy sending its body sees the 401 rather
+/// than a reset.
+pub async fn admit<C: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut C,
+    limits: Limits,
+    deadline: std::time::Duration,
+    authorized: impl FnOnce(&Request) -> bool,
+) -> Option<Request> {
+    let (status, message) = match tokio::time::timeout(deadline, read_head(conn, limits)).await {
+        Ok(Ok(req)) => {
+            if authorized(&req) {
+                return Some(req);
+            }
+            (Status::UNAUTHORIZED, "missing or wrong bearer token")
+        }
+        Ok(Err(status)) => (status, "malformed or oversized request head"),
+        Err(_) => (Status::TIMEOUT, "request head not sent in time"),
+    };
+    let refuse = async {
+        // A client past the deadline has had its time: no lingering.
+        if respond(conn, status, &error_body(status, message)).await.is_ok() && status != Status::TIMEOUT {
+            closed(conn).await;
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, refuse).await;
+    None
+}
+
+/// How long a refused connection's reply may take to go out, and what the
+/// client still sends is dropped after it.
+pub const LINGER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Returns once the peer has closed its side (EOF) or the connection
+/// failed (a reset); whatever it sends until then is dropped.
+pub async fn closed<R: AsyncRead + Unpin>(conn: &mut R) {
+    let mut sink = [0u8; 4096];
+    while let Ok(1..) = conn.read(&mut sink).await {}
+}
+
+/// The connections that have not yet shown a valid token, at most `cap`:
+/// a new one evicts the oldest. Against many idle or slow connections this
+/// keeps a place for a client that sends its head at once (its head is
+/// read and judged long before `cap` newer connections come), where a
+/// plain limit would refuse everyone until the slow ones time out.
+#[derive(Debug)]
+pub struct Lobby {
+    cap: usize,
+    /// Oldest first: (ticket number, evicts it).
+    waiting: std::sync::Mutex<(u64, std::collections::VecDeque<(u64, CancellationToken)>)>,
+}
+
+/// A place in a [`Lobby`], given up when dropped.
+#[derive(Debug)]
+pub struct Ticket {
+    lobby: std::sync::Arc<Lobby>,
+    number: u64,
+    evicted: CancellationToken,
+}
+
+impl Lobby {
+    /// A lobby of at most `cap` connections.
+    pub fn new(cap: usize) -> std::sync::Arc<Lobby> {
+        std::sync::Arc::new(Lobby { cap, waiting: std::sync::Mutex::default() })
+    }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, (u64, std::collections::VecDeque<(u64, CancellationToken)>)> {
+        self.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A place for a new connection, evicting the oldest when full.
+    pub fn enter(self: &std::sync::Arc<Self>) -> Ticket {
+        let evicted = CancellationToken::new();
+        let mut w = self.waiting();
+        while w.1.len() >= self.cap.max(1) {
+            if let Some((_, oldest)) = w.1.pop_front() {
+                oldest.cancel();
+            }
+        }
+        w.0 += 1;
+        let number = w.0;
+        w.1.push_back((number, evicted.clone()));
+        drop(w);
+        Ticket { lobby: std::sync::Arc::clone(self), number, evicted }
+    }
+}
+
+impl Ticket {
+    /// Returns once a newer connection has taken this one's place.
+    pub async fn evicted(&self) {
+        self.evicted.cancelled().await;
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut w = self.lobby.waiting();
+        if let Some(i) = w.1.iter().position(|(n, _)| *n == self.number) {
+            w.1.remove(i);
+        }
+    }
 }
 
 /// The next connection of `listener`, or None once `cancel` fires. An
@@ -148,7 +285,7 @@ pub async fn read_request<C: AsyncRead + Unpin>(conn: &mut C, limits: Limits) ->
 /// at debug level for `what` and retried after a pause.
 pub async fn accept(
     listener: &tokio::net::TcpListener,
-    cancel: &tokio_util::sync::CancellationToken,
+    cancel: &CancellationToken,
     what: &str,
 ) -> Option<tokio::net::TcpStream> {
     loop {
@@ -192,6 +329,7 @@ pub fn error_body(status: Status, message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn read(raw: &[u8], limits: Limits) -> Result<Request, Status> {
         let mut r = raw;
@@ -223,5 +361,69 @@ mod tests {
             assert_eq!(read(&raw, l).await.expect_err("refused"), want);
         }
         assert!(same(b"abc", b"abc") && !same(b"abc", b"abd") && !same(b"abc", b"ab"));
+    }
+
+    #[tokio::test]
+    async fn a_head_is_read_without_judging_its_body() {
+        let l = Limits { head: 256, body: 16 };
+        let mut raw: &[u8] = b"POST / HTTP/1.1\r\nContent-Length: 99\r\nTransfer-Encoding: chunked\r\n\r\nab";
+        let mut r = read_head(&mut raw, l).await.expect("a head");
+        assert_eq!(r.body, b"ab", "what came with the head is kept for the body");
+        assert_eq!(read_body(&mut raw, &mut r, l).await, Err(Status::LENGTH), "judged when the body is read");
+        let mut raw: &[u8] = b"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab";
+        let mut r = read_head(&mut raw, l).await.expect("a head");
+        let mut rest: &[u8] = b"cdefg";
+        read_body(&mut rest, &mut r, l).await.expect("the body");
+        assert_eq!(r.body, b"abcde");
+    }
+
+    /// A client, and what `admit` made of its request.
+    async fn admit_from(sent: &'static [u8], token: &'static str) -> (Option<Request>, String) {
+        let (mut client, mut server) = tokio::io::duplex(64 * 1024);
+        let door = tokio::spawn(async move {
+            let limits = Limits { head: 256, body: 1 << 20 };
+            // As the control API's: an empty token admits nobody.
+            let authorized = |r: &Request| !token.is_empty() && same(r.bearer().as_bytes(), token.as_bytes());
+            admit(&mut server, limits, std::time::Duration::from_secs(10), authorized).await
+        });
+        client.write_all(sent).await.expect("write");
+        let mut reply = Vec::new();
+        // An admitted request gets no reply here: only the refused ones are closed.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(20), client.read_to_end(&mut reply)).await;
+        drop(client);
+        (door.await.expect("admit"), String::from_utf8_lossy(&reply).to_string())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_head_with_the_token_is_let_through() {
+        let (req, reply) =
+            admit_from(b"POST /v1/runs HTTP/1.1\r\nAuthorization: Bearer t\r\nContent-Length: 9\r\n\r\n{", "t").await;
+        let req = req.expect("admitted");
+        assert_eq!((req.path.as_str(), req.body.as_slice(), reply.as_str()), ("/v1/runs", b"{".as_slice(), ""));
+        for (sent, token, status) in [
+            // The body is not waited for: refused from the head.
+            (b"POST / HTTP/1.1\r\nContent-Length: 999999\r\n\r\nxx".as_slice(), "t", "401"),
+            (b"POST / HTTP/1.1\r\nAuthorization: Bearer u\r\nTransfer-Encoding: chunked\r\n\r\n", "t", "401"),
+            (b"GET / HTTP/1.1\r\nAuthorization: Bearer \r\n\r\n", "", "401"),
+            // A head that never ends is cut off at the deadline.
+            (b"GET / HTTP/1.1\r\nAuthorization: Bearer t\r\n", "t", "408"),
+            (&[b'a'; 300], "t", "431"),
+        ] {
+            let (req, reply) = admit_from(sent, token).await;
+            assert!(req.is_none() && reply.starts_with(&format!("HTTP/1.1 {status} ")), "{sent:?}: {reply}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_lobby_evicts_its_oldest() {
+        let lobby = Lobby::new(2);
+        let (a, b, c) = (lobby.enter(), lobby.enter(), lobby.enter());
+        assert!(a.evicted.is_cancelled() && !b.evicted.is_cancelled() && !c.evicted.is_cancelled());
+        a.evicted().await;
+        drop(b);
+        let d = lobby.enter();
+        assert!(!c.evicted.is_cancelled() && !d.evicted.is_cancelled(), "a place given up is taken first");
+        drop((a, c, d));
+        assert!(lobby.waiting().1.is_empty());
     }
 }

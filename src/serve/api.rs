@@ -12,29 +12,61 @@
 //! | `GET /v1/status` | the world and the runs |
 //!
 //! A bad request gets a 4xx whose JSON `message` names what was wrong, and
-//! changes nothing. Connections, heads and bodies are bounded.
+//! changes nothing.
+//!
+//! # Bounds
+//!
+//! What a client without the token can make trainlet hold is small and
+//! cannot crowd out one with it:
+//!
+//! - The token is checked from the head (16 KiB at most, complete within
+//!   10 s of the accept) before its body is read: a request without it is
+//!   answered 401 and closed, its body never buffered (what it still sends
+//!   is dropped for up to 5 s, so that it sees the 401 rather than a reset).
+//! - Connections that have not shown the token wait in a lobby of 256; a
+//!   new one evicts the oldest (reset). Idle, trickling or flooding clients
+//!   thus only ever evict each other, while a client that sends its head at
+//!   once is judged long before 256 newer connections come.
+//! - With the token, 64 requests at once (a body of up to 72 MiB within
+//!   30 s), and 64 log followers apart: one more of either is answered 503,
+//!   so followers never take a request's place. A follower watches its read
+//!   side and ends as soon as its client hangs up (EOF or reset), though the
+//!   run be silent; any reply chunk the client does not take within 30 s
+//!   ends its connection.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::board::{Board, State};
 use super::spec::{Run, check, check_archive, shown};
 use super::{Link, Scope, files, kind, logs};
-use crate::http::{Limits, Request, Status, error_body, read_request, respond, same};
+use crate::http::{Limits, Lobby, Request, Status, Ticket, admit, error_body, read_body, respond, same};
 use crate::store::Dial;
 
-/// Most connections at once (log followers included).
-const MAX_CONNECTIONS: usize = 64;
+/// Connections the kernel queues before they are accepted.
+const BACKLOG: u32 = 1024;
+/// Connections that have not yet shown the token (their head is not all
+/// in); a new one evicts the oldest.
+const MAX_WAITING: usize = 256;
+/// Requests with the token being read or answered at once, log followers
+/// apart; one more is answered 503.
+const MAX_REQUESTS: usize = 64;
+/// Log followers (`?follow=true`) at once; one more is answered 503.
+const MAX_FOLLOWERS: usize = 64;
 /// A request's head, and its body (a run's files, base64).
 const LIMITS: Limits = Limits { head: 16 * 1024, body: 72 * 1024 * 1024 };
-/// Time a client gets to send its request (up to 72 MiB), or to take
-/// one chunk of a reply.
+/// Time from a connection's accept to the end of its request's head
+/// (where the token is): an idle or trickling client is cut off after it.
+const HEAD_TIME: Duration = Duration::from_secs(10);
+/// Time a client with the token gets to send its body (up to 72 MiB), or
+/// to take one chunk of a reply.
 const REQUEST_TIME: Duration = Duration::from_secs(30);
 /// How often a log follower looks for new lines.
 const FOLLOW_EVERY: Duration = Duration::from_millis(100);
@@ -79,11 +111,28 @@ fn fail(status: Status, message: &str) -> Answer {
     (status, error_body(status, message))
 }
 
+/// Where a connection stands: waiting to show the token, or holding one of
+/// the places for requests or for log followers.
+struct Slots {
+    lobby: Arc<Lobby>,
+    requests: Semaphore,
+    followers: Semaphore,
+}
+
 /// Bind the control API and serve it until `cancel`; the bound address.
 pub async fn serve(conf: Conf, board: Arc<Board>, cancel: CancellationToken) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(conf.listen).await?;
+    let sock = if conf.listen.is_ipv6() { TcpSocket::new_v6()? } else { TcpSocket::new_v4()? };
+    sock.set_reuseaddr(true)?;
+    sock.bind(conf.listen)?;
+    // Deeper than the default 128: a burst of connections waits here
+    // rather than have its SYNs dropped (the client would retry after 1 s).
+    let listener = sock.listen(BACKLOG)?;
     let addr = listener.local_addr()?;
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let slots = Arc::new(Slots {
+        lobby: Lobby::new(MAX_WAITING),
+        requests: Semaphore::new(MAX_REQUESTS),
+        followers: Semaphore::new(MAX_FOLLOWERS),
+    });
     let link = tokio::sync::Mutex::new(Link::new(conf.dial.clone(), &conf.base));
     let api = Arc::new(Api { conf, board, link, submit: tokio::sync::Mutex::new(()) });
     if let Some(limit) = api.conf.idle_timeout {
@@ -92,20 +141,15 @@ pub async fn serve(conf: Conf, board: Arc<Board>, cancel: CancellationToken) -> 
     tokio::spawn(async move {
         loop {
             let Some(conn) = crate::http::accept(&listener, &cancel, "control API").await else { return };
-            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-                let mut conn = conn;
-                let _ =
-                    respond(&mut conn, Status::UNAVAILABLE, &error_body(Status::UNAVAILABLE, "too many connections"))
-                        .await;
-                continue;
-            };
-            let api = Arc::clone(&api);
+            // Every connection is taken; the lobby bounds those without
+            // the token, evicting the oldest.
+            let ticket = slots.lobby.enter();
+            let (api, slots) = (Arc::clone(&api), Arc::clone(&slots));
             let stop = cancel.child_token();
             tokio::spawn(async move {
-                let _slot = slot;
                 tokio::select! {
                     () = stop.cancelled() => {}
-                    () = connection(&api, conn) => {}
+                    () = connection(&api, &slots, conn, ticket) => {}
                 }
             });
         }
@@ -113,44 +157,58 @@ pub async fn serve(conf: Conf, board: Arc<Board>, cancel: CancellationToken) -> 
     Ok(addr)
 }
 
-async fn connection(api: &Api, mut conn: TcpStream) {
-    let req = match tokio::time::timeout(REQUEST_TIME, read_request(&mut conn, LIMITS)).await {
-        Ok(Ok(req)) => req,
-        Ok(Err(status)) => {
-            let _ = respond(&mut conn, status, &error_body(status, "malformed or oversized request")).await;
-            return;
-        }
-        Err(_) => {
-            let _ = respond(&mut conn, Status::TIMEOUT, &error_body(Status::TIMEOUT, "request not sent in time")).await;
+/// One request: its head within [`HEAD_TIME`] and authorized before
+/// anything else (in the lobby until then), then a place among the
+/// requests or the followers, then its body and the answer.
+async fn connection(api: &Api, slots: &Slots, mut conn: TcpStream, ticket: Ticket) {
+    let admitted = tokio::select! {
+        // A head that is in wins over an eviction at the same moment.
+        biased;
+        req = admit(&mut conn, LIMITS, HEAD_TIME, |req| authorized(&api.conf.token_file, req)) => req,
+        () = ticket.evicted() => {
+            // Reset, not closed: an evicted connection leaves no
+            // TIME_WAIT behind.
+            let _ = conn.set_zero_linger();
             return;
         }
     };
-    if !authorized(&api.conf.token_file, &req) {
-        let _ = respond(
-            &mut conn,
-            Status::UNAUTHORIZED,
-            &error_body(Status::UNAUTHORIZED, "missing or wrong bearer token"),
+    drop(ticket);
+    let Some(mut req) = admitted else { return };
+    api.board.touch();
+    let follow = req.query_has("follow", "true") || req.query_has("follow", "1");
+    let follower = follow && req.method == "GET" && req.path.ends_with("/logs");
+    let (places, what) = if follower { (&slots.followers, "log followers") } else { (&slots.requests, "requests") };
+    let Ok(_place) = places.try_acquire() else {
+        let message = format!("too many {what} at once; try again");
+        let _ = tokio::time::timeout(
+            REQUEST_TIME,
+            respond(&mut conn, Status::UNAVAILABLE, &error_body(Status::UNAVAILABLE, &message)),
         )
         .await;
         return;
+    };
+    let refused = match tokio::time::timeout(REQUEST_TIME, read_body(&mut conn, &mut req, LIMITS)).await {
+        Ok(Ok(())) => None,
+        Ok(Err(status)) => Some((status, "malformed or oversized request body")),
+        Err(_) => Some((Status::TIMEOUT, "request body not sent in time")),
+    };
+    if let Some((status, message)) = refused {
+        let _ = tokio::time::timeout(REQUEST_TIME, respond(&mut conn, status, &error_body(status, message))).await;
+        return;
     }
-    api.board.touch();
     let parts: Vec<&str> = req.path.trim_matches('/').split('/').collect();
     let (status, body) = match (req.method.as_str(), parts.as_slice()) {
-        ("GET", ["v1", "runs", id, "logs"]) => {
-            let follow = req.query_has("follow", "true") || req.query_has("follow", "1");
-            match api.board.get(id) {
-                Some(r) if r.seq + KEEP_LOGS < api.board.next_seq() => fail(
-                    Status(410, "Gone"),
-                    &format!("the lines of {} are no longer kept (only the last {KEEP_LOGS} runs')", r.id),
-                ),
-                Some(r) => {
-                    let _ = stream_logs(api, &mut conn, &r.id, r.seq, follow).await;
-                    return;
-                }
-                None => fail(Status::NOT_FOUND, &format!("no run {}", shown(id))),
+        ("GET", ["v1", "runs", id, "logs"]) => match api.board.get(id) {
+            Some(r) if r.seq + KEEP_LOGS < api.board.next_seq() => fail(
+                Status(410, "Gone"),
+                &format!("the lines of {} are no longer kept (only the last {KEEP_LOGS} runs')", r.id),
+            ),
+            Some(r) => {
+                let _ = stream_logs(api, &mut conn, &r.id, r.seq, follow).await;
+                return;
             }
-        }
+            None => fail(Status::NOT_FOUND, &format!("no run {}", shown(id))),
+        },
         ("POST", ["v1", "runs"]) => submit(api, &req).await,
         ("GET", ["v1", "runs"]) => (Status::OK, serde_json::json!({ "runs": api.board.list() }).to_string()),
         ("GET", ["v1", "runs", id]) => match api.board.get(id) {
@@ -362,8 +420,32 @@ async fn delete(api: &Api, id: &str) -> Answer {
     }
 }
 
-/// Every rank's lines of run `seq`, chunked; with `follow`, until it is over.
+/// Every rank's lines of run `seq`, chunked; with `follow`, until it is
+/// over, or until the client hangs up: a follower of a silent run writes
+/// nothing for minutes, so it watches its read side (EOF or reset) rather
+/// than learn of a closed client at its next write.
 async fn stream_logs(api: &Api, conn: &mut TcpStream, id: &str, seq: u64, follow: bool) -> std::io::Result<()> {
+    let (mut from, mut to) = conn.split();
+    let hung_up = async {
+        if follow {
+            crate::http::closed(&mut from).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        sent = send_logs(api, &mut to, id, seq, follow) => sent,
+        () = hung_up => Err(std::io::ErrorKind::ConnectionAborted.into()),
+    }
+}
+
+async fn send_logs<W: AsyncWrite + Unpin>(
+    api: &Api,
+    conn: &mut W,
+    id: &str,
+    seq: u64,
+    follow: bool,
+) -> std::io::Result<()> {
     let head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
     tokio::time::timeout(REQUEST_TIME, conn.write_all(head))
         .await
@@ -405,8 +487,8 @@ async fn stream_logs(api: &Api, conn: &mut TcpStream, id: &str, seq: u64, follow
 }
 
 /// One chunk of a chunked reply; a client that stops reading for
-/// [`REQUEST_TIME`] loses its connection (it holds one of the slots).
-async fn chunk(conn: &mut TcpStream, data: &[u8]) -> std::io::Result<()> {
+/// [`REQUEST_TIME`] loses its connection (it holds one of the places).
+async fn chunk<W: AsyncWrite + Unpin>(conn: &mut W, data: &[u8]) -> std::io::Result<()> {
     let write = async {
         conn.write_all(format!("{:x}\r\n", data.len()).as_bytes()).await?;
         conn.write_all(data).await?;
