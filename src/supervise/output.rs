@@ -6,12 +6,20 @@
 //! and to `<attempt dir>/<local_rank>/std{out,err}.log` when files are on.
 //! A worker that leaves a grandchild holding its pipe open cannot stall the
 //! agent: the attempt waits for the drain only for a bounded time.
+//!
+//! Every buffer on the way is bounded, whatever a worker prints: a stream
+//! holds its read buffer and one piece of a line, at most [`LINE`] bytes
+//! (plus the prefix). A longer line is shown as several lines of at most
+//! [`LINE`] bytes each, every one prefixed, so nothing is lost on the
+//! console; the per-rank file gets the bytes as printed, unbroken. A
+//! [`LineTap`] holds at most [`TAP_BYTES`] and drops (counting) what does
+//! not fit.
 
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
 
 /// Where one stream of one worker goes.
 #[derive(Debug, Clone)]
@@ -28,26 +36,62 @@ pub struct Sink {
     pub tap: Option<LineTap>,
 }
 
-/// Longest line a [`LineTap`] takes; the rest of a longer one is cut.
-const TAP_LINE: usize = 64 * 1024;
+/// Longest piece of a line, newline not counted: a longer line is shown
+/// as several lines of at most this many bytes. The same bound as the
+/// control API's relay of a line, so both show the same pieces.
+pub const LINE: usize = 64 * 1024;
+
+/// Longest line a [`LineTap`] takes; the rest of a longer one is cut (the
+/// drains never hand it one: their pieces are at most [`LINE`] bytes).
+const TAP_LINE: usize = LINE;
+
+/// Most bytes waiting in one [`LineTap`] (all its clones together) for its
+/// reader. Its channel also bounds the count of lines, but a few thousand
+/// lines of [`LINE`] bytes would be hundreds of MiB.
+pub const TAP_BYTES: usize = 8 * 1024 * 1024;
 
 /// A bounded hand-off of prefixed lines that never blocks a drain: a line
-/// that does not fit is counted as dropped.
+/// that does not fit (in the channel, or in [`TAP_BYTES`]) is counted as
+/// dropped.
 #[derive(Debug, Clone)]
 pub struct LineTap {
     tx: tokio::sync::mpsc::Sender<Vec<u8>>,
     dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    waiting: std::sync::Arc<std::sync::Mutex<Waiting>>,
+}
+
+/// The sizes of the lines sent and maybe not yet received, oldest first.
+/// The reader is not told (it is `serve::logs`, and any plain receiver
+/// will do): the channel's free capacity says how many lines it still
+/// holds, and as it takes them in order, the others are the oldest ones.
+/// The sum may count a line the reader has just taken, never too few.
+#[derive(Debug, Default)]
+struct Waiting {
+    sizes: std::collections::VecDeque<usize>,
+    bytes: usize,
 }
 
 impl LineTap {
     /// Lines go to `tx`; those that do not fit are counted in `dropped`.
+    /// Every line sent on `tx` must come through this tap (and its clones).
     pub fn new(tx: tokio::sync::mpsc::Sender<Vec<u8>>, dropped: std::sync::Arc<std::sync::atomic::AtomicU64>) -> Self {
-        Self { tx, dropped }
+        Self { tx, dropped, waiting: std::sync::Arc::default() }
     }
 
     /// Hand over `prefix` + `line` (which ends with a newline).
     pub fn send(&self, prefix: &str, line: &[u8]) {
-        let mut buf = Vec::with_capacity(prefix.len() + line.len().min(TAP_LINE + 1));
+        let size = prefix.len() + line.len().min(TAP_LINE + 1);
+        let mut w = self.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let held = self.tx.max_capacity() - self.tx.capacity();
+        while w.sizes.len() > held {
+            let taken = w.sizes.pop_front().unwrap_or(0);
+            w.bytes -= taken;
+        }
+        if w.bytes + size > TAP_BYTES {
+            self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return;
+        }
+        let mut buf = Vec::with_capacity(size);
         buf.extend_from_slice(prefix.as_bytes());
         if line.len() > TAP_LINE {
             buf.extend_from_slice(&line[..TAP_LINE]);
@@ -55,7 +99,10 @@ impl LineTap {
         } else {
             buf.extend_from_slice(line);
         }
-        if self.tx.try_send(buf).is_err() {
+        if self.tx.try_send(buf).is_ok() {
+            w.sizes.push_back(size);
+            w.bytes += size;
+        } else {
             self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
@@ -103,17 +150,23 @@ pub async fn drain_watching(fd: OwnedFd, sink: Sink, mut ready: Option<ReadyLine
             None
         }
     });
-    let mut reader = BufReader::with_capacity(64 * 1024, pipe);
-    let mut line = Vec::with_capacity(256);
+    let mut reader = BufReader::with_capacity(LINE, pipe);
+    // The prefix, then one piece of a line: what the console gets in one write.
+    let start = sink.prefix.len();
+    let mut buf = Vec::with_capacity(start + 256);
     loop {
-        line.clear();
-        match reader.read_until(b'\n', &mut line).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
+        buf.clear();
+        buf.extend_from_slice(sink.prefix.as_bytes());
+        // A read error ends the stream as EOF does, after what was read.
+        let whole = read_piece(&mut reader, &mut buf, start).await.unwrap_or(false);
+        if buf.len() == start {
+            break;
         }
-        if !line.ends_with(b"\n") {
-            line.push(b'\n');
+        let printed = buf.len();
+        if !whole {
+            buf.push(b'\n');
         }
+        let line = &buf[start..];
         if ready.as_ref().is_some_and(|(marker, _)| line.starts_with(marker)) {
             if let Some((_, tx)) = ready.take() {
                 let _ = tx.send(());
@@ -121,10 +174,11 @@ pub async fn drain_watching(fd: OwnedFd, sink: Sink, mut ready: Option<ReadyLine
             continue;
         }
         if let Some(tap) = &sink.tap {
-            tap.send(&sink.prefix, &line);
+            tap.send(&sink.prefix, line);
         }
+        // The file gets the bytes as printed: a long line's pieces join up again.
         if let Some(f) = file.as_mut()
-            && let Err(e) = f.write_all(&line).and_then(|()| f.flush())
+            && let Err(e) = f.write_all(&buf[start..printed]).and_then(|()| f.flush())
         {
             let path = sink.file.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
             tracing::warn!(path, error = %e, "cannot write worker log file; this stream goes to the console from now on");
@@ -132,9 +186,6 @@ pub async fn drain_watching(fd: OwnedFd, sink: Sink, mut ready: Option<ReadyLine
             console = true;
         }
         if console {
-            let mut buf = Vec::with_capacity(sink.prefix.len() + line.len());
-            buf.extend_from_slice(sink.prefix.as_bytes());
-            buf.extend_from_slice(&line);
             // One write per line keeps lines from different ranks whole.
             let _ = if sink.is_err {
                 std::io::stderr().lock().write_all(&buf)
@@ -142,6 +193,33 @@ pub async fn drain_watching(fd: OwnedFd, sink: Sink, mut ready: Option<ReadyLine
                 std::io::stdout().lock().write_all(&buf)
             };
         }
+    }
+}
+
+/// Read the next piece of a line into `buf` after its first `start`
+/// bytes: up to and including a newline, or [`LINE`] bytes of a longer
+/// line. True when a newline ended it; nothing read means EOF.
+///
+/// A full piece is handed over once the byte after it is read: a newline
+/// there ends the line, so a line of exactly [`LINE`] bytes stays one.
+async fn read_piece<R: AsyncBufRead + Unpin>(r: &mut R, buf: &mut Vec<u8>, start: usize) -> std::io::Result<bool> {
+    loop {
+        let avail = r.fill_buf().await?;
+        if avail.is_empty() {
+            return Ok(false);
+        }
+        let room = LINE - (buf.len() - start);
+        if let Some(i) = avail.iter().take(room + 1).position(|b| *b == b'\n') {
+            buf.extend_from_slice(&avail[..=i]);
+            r.consume(i + 1);
+            return Ok(true);
+        }
+        if room == 0 {
+            return Ok(false);
+        }
+        let take = avail.len().min(room);
+        buf.extend_from_slice(&avail[..take]);
+        r.consume(take);
     }
 }
 
@@ -154,5 +232,70 @@ mod tests {
         assert_eq!(prefix("[${role_name}${local_rank}]:", "default", 3, 7, "h"), "[default3]: ");
         assert_eq!(prefix("${hostname}/${rank}", "r", 0, 12, "pod-1"), "pod-1/12 ");
         assert_eq!(prefix("", "r", 0, 0, "h"), "");
+    }
+
+    async fn pieces(input: &[u8]) -> Vec<(Vec<u8>, bool)> {
+        let mut r = input;
+        let mut out = Vec::new();
+        loop {
+            let mut buf = b"[p] ".to_vec();
+            let whole = read_piece(&mut r, &mut buf, 4).await.expect("read");
+            assert!(buf.starts_with(b"[p] "));
+            if buf.len() == 4 {
+                return out;
+            }
+            out.push((buf[4..].to_vec(), whole));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_long_line_comes_in_pieces_and_nothing_is_lost() {
+        assert_eq!(
+            pieces(b"a\n\nbc").await,
+            [(b"a\n".to_vec(), true), (b"\n".to_vec(), true), (b"bc".to_vec(), false)]
+        );
+        // Exactly LINE bytes and a newline: one line.
+        let mut exact = vec![b'x'; LINE];
+        exact.push(b'\n');
+        assert_eq!(pieces(&exact).await, [(exact.clone(), true)]);
+        // One more: a full piece, then the rest with its newline.
+        let mut over = vec![b'y'; LINE + 1];
+        over.push(b'\n');
+        assert_eq!(pieces(&over).await, [(vec![b'y'; LINE], false), (b"y\n".to_vec(), true)]);
+        // Three and a half pieces, no newline at the end.
+        let long = vec![b'z'; LINE * 7 / 2];
+        let got = pieces(&long).await;
+        assert_eq!(got.len(), 4);
+        assert!(got.iter().all(|(p, whole)| p.len() <= LINE && !whole && p.iter().all(|b| *b == b'z')));
+        assert_eq!(got.iter().map(|(p, _)| p.len()).sum::<usize>(), long.len());
+    }
+
+    #[tokio::test]
+    async fn a_tap_holds_a_bounded_number_of_bytes() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+        let dropped = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let tap = LineTap::new(tx, std::sync::Arc::clone(&dropped));
+        let mut line = vec![b'x'; LINE];
+        line.push(b'\n');
+        let fit = TAP_BYTES / (4 + line.len());
+        for _ in 0..fit + 10 {
+            tap.send("[p] ", &line);
+        }
+        assert_eq!(dropped.load(std::sync::atomic::Ordering::Relaxed), 10, "over the byte bound: dropped, counted");
+        let mut got = 0;
+        while let Ok(l) = rx.try_recv() {
+            assert_eq!(l.len(), 4 + line.len());
+            got += 1;
+        }
+        assert_eq!(got, fit);
+        // Taken lines free their bytes.
+        tap.clone().send("[p] ", &line);
+        assert_eq!(rx.try_recv().map(|l| l.len()), Ok(4 + line.len()));
+        assert_eq!(dropped.load(std::sync::atomic::Ordering::Relaxed), 10);
+        // Short lines are bounded by the channel's count.
+        for _ in 0..5000 {
+            tap.send("", b"s\n");
+        }
+        assert_eq!(dropped.load(std::sync::atomic::Ordering::Relaxed), 10 + 5000 - 4096);
     }
 }
