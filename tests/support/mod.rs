@@ -23,9 +23,30 @@ pub fn python() -> String {
     p
 }
 
-/// A TCP port free on 127.0.0.1 now.
+/// A TCP port free on 127.0.0.1 now, below the kernel's ephemeral range
+/// (32768-60999): a port the kernel picks for some other socket (a
+/// client's, a store bound to port 0) is never handed out here, and no
+/// two calls in one test process return the same port.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    // Test processes run one after another: start each at its own place.
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7919) % SPAN,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..SPAN {
+        let port = LOW + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN;
+        let port = u16::try_from(port).expect("below 32000");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {LOW}..{}", LOW + SPAN)
 }
 
 /// A CA and a certificate it signed for 127.0.0.1, made with openssl in
