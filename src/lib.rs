@@ -36,6 +36,7 @@ pub mod exit;
 pub mod gpu;
 pub(crate) mod http;
 pub(crate) mod launch;
+pub(crate) mod lobby;
 pub(crate) mod metrics;
 pub mod mpi;
 pub(crate) mod process;

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::guard::{AGENT, Guard, Key, NONCE_LEN, STORE, nonce};
 use super::state::{Budget, ExecError, FREE_REPLY, State};
 use super::wire::{Command, DecodeError, MAGIC, Scanner};
+use crate::lobby::{Lobby, Ticket};
 use crate::ratelimit::RateLimit;
 
 /// Errors from binding the store.
@@ -172,6 +173,8 @@ impl StoreServer {
 
 async fn accept_loop(listener: TcpListener, state: Arc<State>, guard: Option<Guard>, cancel: CancellationToken) {
     let conns = tokio_util::task::TaskTracker::new();
+    // A guarded store's connections that have not proved the token yet.
+    let lobby = Lobby::new(MAX_UNPROVED);
     let warnings = Arc::new(warnings());
     let mut backoff = Duration::from_millis(5);
     loop {
@@ -184,7 +187,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, guard: Option<Gua
                 backoff = Duration::from_millis(5);
                 counters().connections.inc();
                 // TCP_NODELAY comes from the listener (see `sys::tune_listener`).
-                let gate = guard.clone().map(Gate::Hello);
+                let gate = guard.clone().map(|g| (Gate::Hello(g), lobby.enter()));
                 conns.spawn(serve_conn(stream, peer, Arc::clone(&state), gate, Arc::clone(&warnings), cancel.clone()));
             }
             Err(e) => {
@@ -272,6 +275,10 @@ enum Gate {
 
 /// Longest a connection to a guarded store may take to prove its token.
 const HANDSHAKE_TIME: Duration = Duration::from_secs(10);
+/// Most connections to a guarded store that have not proved the token:
+/// a new one evicts the oldest (see [`Lobby`]). The agents' own prove it
+/// within a round trip or two.
+const MAX_UNPROVED: usize = 256;
 /// Most bytes a connection may send before it is admitted.
 const HANDSHAKE_BYTES: usize = 1024;
 
@@ -312,14 +319,24 @@ fn handshake(gate: Gate, cmd: Command, out: &mut Vec<u8>) -> Result<Option<Gate>
     }
 }
 
+/// Returns once `ticket` is evicted from the lobby; never without one.
+async fn evicted(ticket: Option<&Ticket>) {
+    match ticket {
+        Some(t) => t.evicted().await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn serve_conn(
     stream: TcpStream,
     peer: SocketAddr,
     state: Arc<State>,
-    mut gate: Option<Gate>,
+    gate: Option<(Gate, Ticket)>,
     warnings: Arc<RateLimit>,
     cancel: CancellationToken,
 ) {
+    let (mut gate, ticket) = gate.map_or((None, None), |(g, t)| (Some(g), Some(t)));
+    let mut ticket = ticket;
     let (wake_tx, mut wake_rx) = unbounded_channel();
     let id = state.connect(wake_tx);
     let mut registration = Registration { state: &state, id, buffered: 0 };
@@ -339,6 +356,10 @@ async fn serve_conn(
             () = cancel.cancelled() => return,
             () = &mut handshake_over, if gate.is_some() => {
                 conn_warn!(warnings, %peer, "store client did not prove the control token in time; closing");
+                return;
+            }
+            () = evicted(ticket.as_ref()) => {
+                conn_warn!(warnings, %peer, max = MAX_UNPROVED, "store client evicted before proving the control token (too many connections without it); closing");
                 return;
             }
             Some(b) = wake_rx.recv() => {
@@ -398,7 +419,13 @@ async fn serve_conn(
                     }
                     if let Some(g) = gate.take() {
                         match handshake(g, cmd, &mut out) {
-                            Ok(next) => gate = next,
+                            Ok(next) => {
+                                if next.is_none() {
+                                    // Proved: out of the lobby for good.
+                                    ticket = None;
+                                }
+                                gate = next;
+                            }
                             Err(why) => {
                                 conn_warn!(warnings, %peer, reason = %why, "store client refused; closing");
                                 let _ = flush(&mut wr, &mut out, &mut charge, &state).await;

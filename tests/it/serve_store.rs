@@ -362,3 +362,51 @@ fn a_replaced_store_host_starts_a_session_the_other_pods_follow() {
     let out = lines(&s, &next);
     assert!(out.contains("rank-0-of-2") && out.contains("rank-1-of-2"), "both pods ran it: {out}");
 }
+
+/// Connections that never prove the token hold at most a bounded lobby of
+/// the agents' store (the oldest is evicted): 1,500 of them opened and
+/// kept do not take the store host's descriptors, and a pod's own
+/// connection, the control API and a run still get through.
+#[test]
+fn a_flood_of_unproved_store_connections_is_bounded() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("setrlimit");
+    let s = start(1, &[]);
+    let pid = s.pods[0].pid();
+    let fds = || std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    let before = fds();
+    let mut flood = Vec::new();
+    let mut most = before;
+    for i in 0..1500 {
+        // VALIDATE and nothing more (a connection that sends nothing is
+        // not even accepted: the listener defers accepting until data).
+        if let Ok(mut c) = TcpStream::connect(("127.0.0.1", s.store_port))
+            && c.write_all(&[0, 0xCE, 0xF7, 0x85, 0x3C]).is_ok()
+        {
+            flood.push(c);
+        }
+        if i % 100 == 0 {
+            most = most.max(fds());
+        }
+    }
+    // Evicted connections are closed as their tasks run: settled, the
+    // lobby's 256 are left.
+    let mut settled = fds();
+    let calm = Instant::now() + Duration::from_secs(30);
+    while settled > before + 256 + 20 && Instant::now() < calm {
+        std::thread::sleep(Duration::from_millis(100));
+        settled = fds();
+    }
+    assert!(flood.len() >= 1000, "the flood opened {} connections", flood.len());
+    assert!(
+        settled <= before + 256 + 20,
+        "the store host went from {before} to {most} descriptors (settled at {settled}) under a flood of {}",
+        flood.len()
+    );
+    let mut admitted = Raw::with_token(s.store_port, TOKEN);
+    assert!(admitted.set("trainlet/none/j0/probe", b"1"), "a pod's own connection is served");
+    let id = submit(&s, r#"{"command": ["python", "-c", "print('through')"]}"#);
+    assert_eq!(wait_over(&s, &id), "succeeded", "{}", s.pods[0].stderr());
+    drop(flood);
+}
