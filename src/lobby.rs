@@ -69,3 +69,21 @@ impl Drop for Ticket {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_full_lobby_evicts_its_oldest() {
+        let lobby = Lobby::new(2);
+        let (a, b, c) = (lobby.enter(), lobby.enter(), lobby.enter());
+        assert!(a.evicted.is_cancelled() && !b.evicted.is_cancelled() && !c.evicted.is_cancelled());
+        a.evicted().await;
+        drop(b);
+        let d = lobby.enter();
+        assert!(!c.evicted.is_cancelled() && !d.evicted.is_cancelled(), "a place given up is taken first");
+        drop((a, c, d));
+        assert!(lobby.waiting().1.is_empty());
+    }
+}

@@ -165,6 +165,11 @@ pub struct Attempt {
     term: Option<i32>,
     killed: bool,
     abandoned: Vec<u32>,
+    /// The round's end said success while workers here still ran (only
+    /// a writer other than trainlet can make it so): the end is written
+    /// once and its watch is over, so the round ends as soon as the last
+    /// worker here exits 0, instead of waiting for an end that came.
+    early_success: bool,
 }
 
 impl Attempt {
@@ -179,6 +184,7 @@ impl Attempt {
             term: None,
             killed: false,
             abandoned: Vec::new(),
+            early_success: false,
         }
     }
 
@@ -264,6 +270,10 @@ impl Attempt {
                             if self.alive.is_empty() {
                                 self.phase = Phase::LocalDone;
                                 out.push(Action::PublishLocalDone);
+                                if self.early_success {
+                                    self.phase = Phase::Finished;
+                                    out.push(Action::Finish(Outcome::Succeeded));
+                                }
                             }
                         }
                         action => self.fail(
@@ -317,7 +327,9 @@ impl Attempt {
             }
             (Phase::Running | Phase::Stopping(_), Event::ForwardSignal(sig)) => out.push(Action::Signal(sig)),
             (Phase::LocalDone, Event::ForwardSignal(_)) => {}
-            (Phase::Running, Event::Job(JobEnd::Success)) => {} // impossible while we run; ignore
+            // Not trainlet's (it writes success once every member is done):
+            // the workers here go on, and their own end decides.
+            (Phase::Running, Event::Job(JobEnd::Success)) => self.early_success = true,
             (Phase::Running, Event::Job(end)) => {
                 let planned = matches!(end, JobEnd::Regroup { planned: true });
                 self.stop(Self::job_outcome(end), planned, libc::SIGTERM, &mut out);
@@ -496,6 +508,8 @@ mod tests {
     #[test_case(&[exited(0, 0), exited(1, 0)], &[PublishLocalDone]; "all succeed locally")]
     #[test_case(&[exited(0, 0), exited(1, 0), Event::Job(JobEnd::Success)],
         &[PublishLocalDone, Finish(Outcome::Succeeded)]; "job success")]
+    #[test_case(&[Event::Job(JobEnd::Success), exited(0, 0), exited(1, 0)],
+        &[PublishLocalDone, Finish(Outcome::Succeeded)]; "a success end while running is not lost")]
     #[test_case(&[exited(1, 3)], &[FAIL, Signal(TERM), Arm(Timer::Grace)]; "local failure stops the rest")]
     #[test_case(&[exited(1, 3), exited(0, -1)],
         &[FAIL, Signal(TERM), Arm(Timer::Grace), Finish(Outcome::Failed)]; "casualty is not a failure")]

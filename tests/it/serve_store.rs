@@ -410,3 +410,25 @@ fn a_flood_of_unproved_store_connections_is_bounded() {
     assert_eq!(wait_over(&s, &id), "succeeded", "{}", s.pods[0].stderr());
     drop(flood);
 }
+
+/// A round end of `success` written while the workers still run (only a
+/// writer other than trainlet does that: a token holder) does not leave
+/// the pods waiting for an end that already came: the run ends when its
+/// workers exit 0, and the next run is taken.
+#[test]
+fn a_success_end_written_while_workers_run_does_not_wedge_the_pods() {
+    let s = start(1, &[]);
+    let id = submit(&s, r#"{"command": ["python", "-c", "import time; print('up', flush=True); time.sleep(3)"]}"#);
+    wait_until(
+        "the run's first line",
+        Duration::from_secs(60),
+        || http(&s.url, "GET", &format!("/v1/runs/{id}/logs"), Some(TOKEN), "").1.contains("up"),
+        || s.pods[0].stderr(),
+    );
+    let mut raw = Raw::with_token(s.store_port, TOKEN);
+    let round = String::from_utf8(raw.get("trainlet/none/j0/round").expect("round")).expect("utf-8");
+    assert!(raw.set(&format!("trainlet/none/j0/r{}/end", round.trim()), b"success"));
+    assert_eq!(wait_over(&s, &id), "succeeded", "{}", s.pods[0].stderr());
+    let next = submit(&s, r#"{"command": ["python", "-c", "print('next')"]}"#);
+    assert_eq!(wait_over(&s, &next), "succeeded", "{}", s.pods[0].stderr());
+}
