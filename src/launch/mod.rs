@@ -63,6 +63,9 @@ pub type Result<T> = std::result::Result<T, Error>;
 const PUBLISH_WAIT: Duration = Duration::from_secs(2);
 /// How long the store host waits for the other pods to read the outcome.
 const LEAVE_WAIT: Duration = Duration::from_secs(10);
+/// Longest the loss of the store waits for the watch of the store host's
+/// "leaving" announcement to settle (it ends as the connection does).
+const HOST_LEFT_SETTLE: Duration = Duration::from_secs(1);
 /// Extra time, beyond grace and kill timeout, for other pods to report stopped.
 const STOP_SYNC_MARGIN: Duration = Duration::from_secs(10);
 /// Most time between two restarts, whatever --restart-backoff says.
@@ -480,7 +483,7 @@ async fn reconnect(
     cause: &str,
 ) -> std::result::Result<(), u8> {
     let timeout_s = plan.join_timeout.as_secs_f64();
-    match session.host_left() {
+    match session.host_left_settled(HOST_LEFT_SETTLE).await {
         Some(why) => tracing::warn!(
             store_host = %why,
             timeout_s,

@@ -179,12 +179,30 @@ impl Session {
         }
         let (dial, key, slot) = (self.dial.clone(), self.key("host_left"), self.host_left.clone());
         self.host_watch = tokio::spawn(async move {
-            if let Ok(v) = wait_get(dial, &key).await
-                && let Ok(mut g) = slot.lock()
-            {
-                *g = Some(String::from_utf8_lossy(&v).chars().take(200).collect());
+            let Ok(mut c) = dial.connect().await else { return };
+            if c.wait(std::slice::from_ref(&key)).await.is_err() {
+                return;
+            }
+            // The WAIT answered: the key is set. The host may be gone before
+            // the GET is (it lingers only until the others stopped).
+            let why = match c.get(&key).await {
+                Ok(v) => String::from_utf8_lossy(&v).chars().take(200).collect(),
+                Err(_) => "it announced it was leaving".to_string(),
+            };
+            if let Ok(mut g) = slot.lock() {
+                *g = Some(why);
             }
         });
+    }
+
+    /// Why the store host left, once the watch for its announcement has
+    /// settled (up to `limit`): the store closing wakes that watch and the
+    /// caller at the same moment, and the caller must not decide first.
+    pub async fn host_left_settled(&mut self, limit: Duration) -> Option<String> {
+        if !self.host_watch.is_finished() {
+            let _ = tokio::time::timeout(limit, &mut self.host_watch).await;
+        }
+        self.host_left()
     }
 
     /// The store host is leaving cleanly (it was told to stop): say so, so
