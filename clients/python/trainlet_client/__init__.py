@@ -10,6 +10,9 @@ Standard library only (``http.client``). One object per job::
 ``files`` is a directory (every regular file under it, by relative path)
 or a mapping of relative path to ``bytes``/``str``. Unchanged files are
 not re-sent to the other pods (trainlet stores them by content).
+
+Actors (``t.actor(...)``, ``t.function(...)``: a class instantiated once on
+every worker, whose methods the driver calls) are in :mod:`.actor`.
 """
 
 import base64
@@ -20,7 +23,8 @@ import sys
 import time
 import urllib.parse
 
-__all__ = ["Trainlet", "Result", "TrainletError"]
+__all__ = ["Trainlet", "Result", "TrainletError", "Actor", "Function", "Method", "Call", "CallFuture",
+           "ActorError", "WorkerDied", "ActorRestarted", "ActorGone", "CallCancelled"]
 
 FINAL = ("succeeded", "failed", "stopped")
 
@@ -106,8 +110,19 @@ class Trainlet:
     def _conn(self, timeout=None):
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout or self.timeout)
 
-    def _request(self, method, path, body=None, archive=None):
-        c = self._conn()
+    def _request(self, method, path, body=None, archive=None, timeout=None):
+        """One request on a new connection; a 503 (the API is saturated) is retried
+        a few times after a short sleep."""
+        for delay in (0.2, 0.5, 1.0, 2.0, None):
+            try:
+                return self._request_once(method, path, body, archive, timeout)
+            except TrainletError as e:
+                if e.status != 503 or delay is None:
+                    raise
+                time.sleep(delay)
+
+    def _request_once(self, method, path, body, archive, timeout):
+        c = self._conn(timeout)
         try:
             headers = {"Authorization": "Bearer " + self.token}
             data = None
@@ -165,11 +180,13 @@ class Trainlet:
 
     def logs(self, run_id, follow=False):
         """Yield the run's lines (every rank's, prefixed); with ``follow``, until it ends."""
+        return self._lines("/v1/runs/%s/logs" % urllib.parse.quote(run_id), follow)
+
+    def _lines(self, path, follow):
         c = self._conn(timeout=None if follow else self.timeout)
         try:
             q = "?follow=true" if follow else ""
-            c.request("GET", "/v1/runs/%s/logs%s" % (urllib.parse.quote(run_id), q),
-                      headers={"Authorization": "Bearer " + self.token})
+            c.request("GET", path + q, headers={"Authorization": "Bearer " + self.token})
             r = c.getresponse()
             if r.status >= 400:
                 raw = r.read()
@@ -212,3 +229,32 @@ class Trainlet:
                 out.write(line + "\n")
                 out.flush()
         return self.wait(run_id)
+
+    def actor(self, target, files=None, init_args=(), init_kwargs=None, nproc_per_node=None, env=None,
+              max_restarts=None, replace=True, pickle=False, wait_ready=True, logs=None, ready_timeout=300.0):
+        """Deploy ``target`` (``"pkg.module:Name"``, importable from ``files``): every worker of
+        every pod instantiates ``Name(*init_args, **init_kwargs)`` once. Returns an :class:`Actor`
+        whose attributes are the remote methods (``a.train(steps=10)``).
+
+        ``replace`` stops an active run or actor first (else 409). ``pickle`` sends the init
+        arguments and every call's arguments pickled, and gets the results pickled (only with pods
+        you trust; JSON by default). ``wait_ready`` waits (up to ``ready_timeout`` s) until it is
+        running. ``logs``: a file object (``sys.stdout``) every rank's lines are copied to, by a
+        background thread, until it is closed."""
+        return _actor.create(self, Actor, target, files, init_args, init_kwargs, nproc_per_node, env,
+                             max_restarts, replace, pickle, wait_ready, logs, ready_timeout)
+
+    def function(self, target, files=None, **kw):
+        """Deploy a plain function ``"pkg.module:fn"`` as a one-method actor: ``f(...)`` calls it
+        on every rank (a list, rank order), ``f.rank0(...)`` returns rank 0's value. Same
+        keywords as :meth:`actor`, without ``init_args``/``init_kwargs``."""
+        return _actor.create(self, Function, target, files, **kw)
+
+    def attach(self, actor_id, pickle=False):
+        """A handle on an actor deployed earlier (by id), without creating anything."""
+        return Actor(self, actor_id, pickle=pickle)
+
+
+from . import actor as _actor  # noqa: E402  (actor.py imports names from here lazily)
+from .actor import (Actor, ActorError, ActorGone, ActorRestarted, Call, CallCancelled,  # noqa: E402
+                    CallFuture, Function, Method, WorkerDied)
