@@ -287,3 +287,21 @@ fn preloaded_served_workers_train_and_restart_from_the_zygote() {
     assert_eq!(steps[1]["restarts"], 1, "{}", steps[1]);
     assert!(results(steps[1]["lines"].as_array().expect("lines")).values().all(|kv| kv["restart"] == "1"));
 }
+
+/// The Python client's own tests (`clients/python/tests`, standard library
+/// only): the actor client against a fake control API on loopback.
+#[test]
+fn the_python_clients_unit_tests_pass() {
+    let out = std::process::Command::new(python())
+        .args(["-m", "unittest", "discover", "-s", "clients/python/tests", "-v"])
+        .current_dir(repo())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("python");
+    assert!(
+        out.status.success(),
+        "python -m unittest discover -s clients/python/tests failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
