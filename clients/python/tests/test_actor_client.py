@@ -371,6 +371,28 @@ class ActorClientTest(unittest.TestCase):
             a.wait_ready(timeout=5)
         self.assertIn("ImportError: no trainer", str(cm.exception))
 
+    def test_cli_call(self):
+        import contextlib
+        import tempfile
+        from trainlet_client.__main__ import main
+        a = self.actor()
+        with tempfile.NamedTemporaryFile("w", suffix=".token") as tok:
+            tok.write(TOKEN + "\n")
+            tok.flush()
+            common = ["--url", self.t_url(), "--token-file", tok.name, "call", a.id]
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                rc = main(common + ["echo", "--json", "[1]", "--kwargs", '{"k": 2}', "--rank", "2"])
+            self.assertEqual(rc, 0)
+            self.assertEqual(json.loads(out.getvalue()),
+                             [{"rank": 2, "ok": True, "value": {"rank": 2, "args": [1], "kwargs": {"k": 2}}}])
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                rc = main(common + ["boom"])
+            self.assertEqual(rc, 1)
+            self.assertEqual(json.loads(out.getvalue())[1]["error"]["type"], "ValueError")
+        a.close()
+
     def test_exports(self):
         for name in ("Actor", "Function", "Call", "ActorError", "WorkerDied", "ActorRestarted",
                      "ActorGone", "CallCancelled"):

@@ -1,4 +1,4 @@
-"""``trainlet-client run|status|stop|logs``: the control API from a shell.
+"""``trainlet-client run|status|stop|logs|get|call``: the control API from a shell.
 
 The URL and token come from ``--url``/``--token-file`` or the variables
 ``TRAINLET_URL`` and ``TRAINLET_TOKEN_FILE``.
@@ -31,6 +31,12 @@ def main(argv=None):
         s.add_argument("run_id")
         if name == "logs":
             s.add_argument("-f", "--follow", action="store_true")
+    c = sub.add_parser("call", help="call a method of an actor on every rank (or --rank), print the results as JSON")
+    c.add_argument("actor_id")
+    c.add_argument("method")
+    c.add_argument("--json", default="[]", metavar="ARGS", help="the positional arguments, a JSON list")
+    c.add_argument("--kwargs", default="{}", metavar="JSON", help="the keyword arguments, a JSON object")
+    c.add_argument("--rank", type=int, action="append", help="call this rank only (repeatable)")
     a = p.parse_args(argv)
     if not a.token_file:
         p.error("give --token-file or TRAINLET_TOKEN_FILE")
@@ -56,6 +62,13 @@ def main(argv=None):
             print(t.stop(a.run_id))
         elif a.cmd == "get":
             print(json.dumps(t.get(a.run_id).record, indent=2))
+        elif a.cmd == "call":
+            args, kwargs = json.loads(a.json), json.loads(a.kwargs)
+            if not isinstance(args, list) or not isinstance(kwargs, dict):
+                p.error("--json takes a JSON list, --kwargs a JSON object")
+            doc = t.attach(a.actor_id).method(a.method).options(ranks=a.rank)._start(args, kwargs, None, 30).wait()
+            print(json.dumps(doc["results"], indent=2))
+            return 0 if doc.get("ok") else 1
         elif a.cmd == "logs":
             for line in t.logs(a.run_id, follow=a.follow):
                 print(line)
