@@ -47,6 +47,16 @@ class Counter:
         return (a, b)
     def things(self):
         return {1, 2}
+    def step(self, k):
+        for _ in range(k):
+            time.sleep(0.0002)
+        self.total += 1
+        return self.total
+    def big(self, n):
+        return "x" * n
+    def torch(self):
+        import torch
+        return {"t": torch.tensor([[1.5, 2.5]]), "s": torch.tensor(3).sum()}
     def _private(self):
         return "secret"
     limit = 3
@@ -380,4 +390,52 @@ fn without_the_socket_variable_it_says_so_and_exits_2() {
     let mut child = runtime_command(false, dir.path(), &stderr).spawn().expect("spawn");
     assert_eq!(wait(&mut child, &stderr).code(), Some(2));
     assert!(read(&stderr).contains("TRAINLET_ACTOR_SOCKET"), "{}", read(&stderr));
+}
+
+#[test]
+fn tensors_come_back_as_json_lists_and_numbers() {
+    let mut w = Worker::ready("actmod:Counter", &json!({"args": [0]}));
+    assert_eq!(w.value(1, "torch", &json!([])), json!({"t": [[1.5, 2.5]], "s": 3}));
+}
+
+#[test]
+fn a_result_larger_than_a_frame_is_a_bad_result_and_a_larger_frame_in_ends_the_worker() {
+    let mut w = Worker::ready("actmod:Counter", &json!({"args": [0]}));
+    let e = w.fault(1, "big", &json!([64 * 1024 * 1024]));
+    assert_eq!(e["type"], "BadResult", "{e}");
+    assert_eq!(w.value(2, "add", &json!([1])), json!(1), "the actor still answers");
+    let too_long = u32::try_from(64 * 1024 * 1024 + 1).expect("u32");
+    w.conn.write_all(&too_long.to_be_bytes()).expect("write");
+    assert_eq!(w.wait().code(), Some(1), "stderr:\n{}", w.stderr());
+    assert!(w.stderr().contains("frame"), "{}", w.stderr());
+}
+
+/// A cancel that races the end of its call: every call still answers
+/// once (its value, or CallCancelled), and no cancel lands in a later one.
+#[test]
+fn cancels_racing_the_end_of_their_calls_leave_one_answer_each() {
+    let mut w = Worker::ready("actmod:Counter", &json!({"args": [0]}));
+    let n: u64 = 300;
+    // Calls of nothing to a few short sleeps, each cancelled at once: some
+    // cancels land in the call, some before it starts, some after it ended.
+    for id in 1..=n {
+        w.call(id, "step", &json!([id % 4]), &json!({}));
+        w.send(&json!({"op": "cancel", "id": id}));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut cancelled = 0;
+    for _ in 1..=n {
+        let r = w.recv();
+        assert!(seen.insert(r["id"].as_u64().expect("id")), "two answers: {r}");
+        if r["ok"] == false {
+            assert_eq!(r["error"]["type"], "CallCancelled", "{r}");
+            cancelled += 1;
+        }
+    }
+    assert_eq!(seen.len(), usize::try_from(n).expect("usize"));
+    let total = w.value(n + 1, "state", &json!([]))["total"].as_u64().expect("total");
+    assert!(total >= n - cancelled && total <= n, "{total} of {n} steps, {cancelled} cancelled");
+    for id in n + 2..n + 50 {
+        assert_eq!(w.result(id, "state", &json!([]))["ok"], true, "no stray cancel lands in a later call");
+    }
 }
