@@ -371,6 +371,11 @@ def main():
               file=sys.stderr)
         exit_now(2)
     sys.modules["trainlet_actor"] = api
+    for stream in (sys.stdout, sys.stderr):  # what calls print reaches the logs as it happens
+        try:
+            stream.reconfigure(line_buffering=True)
+        except (AttributeError, ValueError):
+            pass
     cwd = os.getcwd()
     if cwd in sys.path:
         sys.path.remove(cwd)
