@@ -5,6 +5,7 @@
 //! PyTorch is found at `$TRAINLET_TEST_PYTHON`, else `.venv/bin/python` in the
 //! repository (what `tests/setup.sh` installs).
 
+mod actor_runtime;
 mod cli;
 mod containers;
 mod docs;

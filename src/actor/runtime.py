@@ -1,0 +1,404 @@
+"""trainlet's actor runtime: the worker side of an actor.
+
+The agent starts every worker of an actor as ``python actor_runtime.py``
+(or runs this file with ``runpy.run_path(path, run_name="__main__")`` in a
+forked zygote), in the run's directory, with the environment a torchrun
+worker gets plus ``TRAINLET_ACTOR_SOCKET``: the Unix stream socket where the
+agent listens. The worker connects, imports and instantiates the target
+once, then runs every call the agent sends in a thread of its own, so calls
+are concurrent (``state()`` answers while ``train()`` runs).
+
+Protocol. Every frame is a 4-byte big-endian length, then a UTF-8 JSON
+object of that many bytes (at most 64 MiB; a larger incoming frame ends the
+worker, a larger result is answered as a ``BadResult`` fault)::
+
+    worker  {"op": "hello", "rank": R, "local_rank": L, "pid": P}   first frame
+    agent   {"op": "init", "target": "pkg.mod:Name", "encoding": E, "args": A}
+    worker  {"op": "ready"}                       instantiated; calls may come
+    worker  {"op": "init_failed", "error": F}     then the worker exits 1
+    agent   {"op": "call", "id": N, "method": "m", "encoding": E, "args": A}
+    agent   {"op": "cancel", "id": N}             raise Cancelled in call N
+    worker  {"op": "result", "id": N, "ok": true, "value": V}
+    worker  {"op": "result", "id": N, "ok": false, "error": F}
+
+- ``E`` is ``"json"`` or ``"pickle"``. ``A`` is the JSON text of
+  ``{"args": [...], "kwargs": {...}}``, or base64 of the pickled
+  ``(args, kwargs)``. ``V`` is the JSON text of the result (objects with
+  ``.tolist()`` or ``.item()``, such as tensors and arrays, become lists or
+  numbers), or base64 of its pickle.
+- ``F`` (a fault) is ``{"type", "module", "message", "traceback"}`` of the
+  exception raised, or of trainlet's own: ``CallCancelled``, ``BadResult``.
+- ``Name`` may be dotted (``Outer.Inner``). A class is instantiated with the
+  init arguments; any other callable is a function actor, whose only method
+  is ``__call__``. Methods whose names start with ``_`` cannot be called.
+- The agent closing the connection ends the worker (exit 0).
+
+Cancellation. ``cancel`` raises ``trainlet_actor.Cancelled`` (a
+``BaseException``, so ``except Exception`` does not swallow it) in the call's
+thread with ``PyThreadState_SetAsyncExc``. It takes effect at the thread's
+next Python bytecode: a thread inside C code is interrupted only when that
+code returns to Python. Measured on CPython 3.11: ``time.sleep(3)``,
+``Event.wait(3)``, ``Lock.acquire(timeout=3)`` and ``subprocess.run`` are
+NOT interrupted (they end after their 3 s, then the call is cancelled); a
+loop of short sleeps, or of torch operations, is cancelled within one
+iteration; a blocked collective (NCCL, gloo) is interrupted only when it
+returns, if ever. A method that should be cancellable works in short steps.
+If a cancelled call raises anything (``Cancelled`` or what user code turned
+it into), its fault is ``CallCancelled``; if it catches ``Cancelled`` and
+returns, its value is the result.
+
+User code may ``import trainlet_actor`` for ``Cancelled`` and
+``current_call()`` (the id of the call the calling thread runs, or None).
+Standard library only; Python 3.9+.
+"""
+
+import base64
+import ctypes
+import importlib
+import json
+import os
+import pickle
+import socket
+import struct
+import sys
+import threading
+import traceback
+import types
+
+MAX_FRAME = 64 * 1024 * 1024
+THIS_FILE = os.path.abspath(__file__) if "__file__" in globals() else None
+
+
+class Cancelled(BaseException):
+    """Raised in a call's thread when the driver cancels the call."""
+
+
+Cancelled.__module__ = "trainlet_actor"
+_local = threading.local()
+
+
+def current_call():
+    """The id of the call this thread runs, or None outside a call."""
+    return getattr(_local, "call", None)
+
+
+# The module user code imports: the same objects, whether this file runs as
+# a script or through runpy (where its own module is a temporary one).
+api = types.ModuleType("trainlet_actor", "trainlet's actor runtime, as user code sees it.")
+api.Cancelled = Cancelled
+api.current_call = current_call
+api.MAX_FRAME = MAX_FRAME
+
+
+def exit_now(code):
+    """Flush what the user printed and leave at once: daemon call threads
+    and threads the user started must not keep the worker alive."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+class Conn:
+    """The agent's socket: the main thread reads, any thread writes whole
+    frames under one lock."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.lock = threading.Lock()
+
+    def send(self, frame):
+        body = json.dumps(frame).encode()
+        if len(body) > MAX_FRAME:
+            raise ValueError("frame of %d bytes, more than %d" % (len(body), MAX_FRAME))
+        try:
+            with self.lock:
+                self.sock.sendall(struct.pack(">I", len(body)) + body)
+        except OSError:
+            exit_now(0)  # the agent is gone: nothing to answer to
+
+    def read_exact(self, n):
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
+        while got < n:
+            k = self.sock.recv_into(view[got:], min(n - got, 1 << 20))
+            if k == 0:
+                return None
+            got += k
+        return bytes(buf)
+
+    def recv(self):
+        """The next frame; None when the agent closed the connection."""
+        head = self.read_exact(4)
+        if head is None:
+            return None
+        (n,) = struct.unpack(">I", head)
+        if n > MAX_FRAME:
+            print("trainlet actor: the agent sent a frame of %d bytes (at most %d); leaving" % (n, MAX_FRAME),
+                  file=sys.stderr)
+            exit_now(1)
+        body = self.read_exact(n)
+        if body is None:
+            return None
+        frame = json.loads(body)
+        if not isinstance(frame, dict):
+            raise ValueError("a frame is a JSON object, not %s" % type(frame).__name__)
+        return frame
+
+
+def fault(exc, kind=None, module=None, message=None):
+    """A fault frame's ``error`` for ``exc``, its traceback without this
+    file's frames (the user's code is what matters) unless all are ours."""
+    tb = exc.__traceback__
+    while tb is not None and THIS_FILE and os.path.abspath(tb.tb_frame.f_code.co_filename) == THIS_FILE:
+        tb = tb.tb_next
+    tb = tb or exc.__traceback__
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<%s whose str() raised>" % type(exc).__name__
+    return {
+        "type": kind or type(exc).__name__,
+        "module": module or type(exc).__module__,
+        "message": text if message is None else message,
+        "traceback": "".join(traceback.format_exception(type(exc), exc, tb)),
+    }
+
+
+def decode_args(encoding, text):
+    if encoding == "json":
+        a = json.loads(text) if text else {}
+        return list(a.get("args") or []), dict(a.get("kwargs") or {})
+    if encoding == "pickle":
+        args, kwargs = pickle.loads(base64.b64decode(text, validate=True))
+        return list(args), dict(kwargs or {})
+    raise ValueError("unknown encoding %r (json or pickle)" % (encoding,))
+
+
+def to_json(obj):
+    """``json.dumps``'s default: tensors and arrays become lists, numpy and
+    torch scalars become numbers."""
+    for name in ("tolist", "item"):
+        f = getattr(obj, name, None)
+        if callable(f):
+            return f()
+    raise TypeError("%s is not JSON-serializable" % type(obj).__name__)
+
+
+def encode_value(encoding, value, method):
+    if encoding == "pickle":
+        return base64.b64encode(pickle.dumps(value)).decode()
+    try:
+        return json.dumps(value, default=to_json)
+    except (TypeError, ValueError) as e:
+        raise BadResult("the return value of %s is not JSON-serializable (%s): return JSON values "
+                        "(lists, dicts, numbers, strings), or call it with pickle" % (method, e)) from e
+
+
+class BadResult(Exception):
+    """A result that cannot be sent (not encodable, too large)."""
+
+
+BadResult.__module__ = "trainlet_actor"
+
+
+class Call:
+    """One call: ``running`` and ``cancelled`` change under ``lock`` only,
+    so that a cancel is raised at most once, and only while the call's own
+    code runs."""
+
+    def __init__(self, frame):
+        self.id = frame.get("id")
+        self.method = frame.get("method")
+        self.encoding = frame.get("encoding", "json")
+        self.args = frame.get("args", "")
+        self.lock = threading.Lock()
+        self.running = False
+        self.cancelled = False
+        self.ident = None
+
+    def cancel(self):
+        with self.lock:
+            if self.cancelled:
+                return
+            self.cancelled = True
+            if self.running:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.ident), ctypes.py_object(Cancelled))
+
+    def start(self):
+        with self.lock:
+            if self.cancelled:
+                raise Cancelled()
+            self.ident = threading.get_ident()
+            self.running = True
+
+    def finish(self):
+        """No cancel from now on. A cancel raised but not yet delivered is
+        withdrawn here, or delivered here (raised out of this method): it
+        can never land later in the code that sends the result."""
+        with self.lock:
+            self.running = False
+            if self.cancelled and self.ident is not None:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.ident), None)
+
+
+class Actor:
+    def __init__(self, conn):
+        self.conn = conn
+        self.instance = None
+        self.function = False  # a function actor: only __call__
+        self.calls = {}  # id -> Call, while it runs
+        self.calls_lock = threading.Lock()
+
+    def init(self, frame):
+        """Import and instantiate; on failure, say so and exit 1."""
+        try:
+            module_name, _, attr = frame["target"].partition(":")
+            if not module_name or not attr:
+                raise ValueError("target %r is not 'package.module:Name'" % frame["target"])
+            obj = importlib.import_module(module_name)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+            if isinstance(obj, type):
+                args, kwargs = decode_args(frame.get("encoding", "json"), frame.get("args", ""))
+                self.instance = obj(*args, **kwargs)
+            elif callable(obj):
+                self.instance, self.function = obj, True
+            else:
+                raise TypeError("target %s is a %s, not a class or a function" % (frame["target"], type(obj).__name__))
+        except BaseException as e:  # SystemExit in an import is a failure too
+            traceback.print_exc()
+            print("trainlet actor: cannot instantiate %s" % frame.get("target"), file=sys.stderr)
+            self.conn.send({"op": "init_failed", "error": fault(e)})
+            exit_now(1)
+        self.conn.send({"op": "ready"})
+
+    def method(self, name):
+        """The bound method ``name``, or the exception that refuses it."""
+        if not isinstance(name, str):
+            raise TypeError("a method's name is a string, not %r" % (name,))
+        if self.instance is None:
+            raise RuntimeError("the actor is not initialized: no init before call %s" % name)
+        if self.function:
+            if name == "__call__":
+                return self.instance
+            if name.startswith("_"):
+                raise AttributeError("%s is private; only public methods can be called" % name)
+            raise AttributeError("function actor %s has no method %r: call it with __call__"
+                                 % (getattr(self.instance, "__name__", "?"), name))
+        if name.startswith("_"):
+            raise AttributeError("%s is private; only public methods can be called" % name)
+        cls = type(self.instance).__name__
+        try:
+            attr = getattr(self.instance, name)
+        except AttributeError as e:
+            raise AttributeError("%s has no method %r" % (cls, name)) from e
+        if not callable(attr):
+            raise TypeError("%s.%s is a %s, not a method" % (cls, name, type(attr).__name__))
+        return attr
+
+    def call(self, frame):
+        call = Call(frame)
+        with self.calls_lock:
+            self.calls[call.id] = call
+        try:
+            threading.Thread(target=self.run, args=(call,), name="trainlet-call-%s" % call.id, daemon=True).start()
+        except RuntimeError as e:  # can't start new thread
+            with self.calls_lock:
+                self.calls.pop(call.id, None)
+            self.conn.send({"op": "result", "id": call.id, "ok": False, "error": fault(e)})
+
+    def cancel(self, frame):
+        with self.calls_lock:
+            call = self.calls.get(frame.get("id"))
+        if call is not None:
+            call.cancel()
+
+    def run(self, call):
+        """A call's thread: run the method, answer its result or fault."""
+        _local.call = call.id
+        try:
+            try:
+                call.start()
+                fn = self.method(call.method)
+                args, kwargs = decode_args(call.encoding, call.args)
+                value = fn(*args, **kwargs)
+            finally:
+                call.finish()
+            answer = {"op": "result", "id": call.id, "ok": True,
+                      "value": encode_value(call.encoding, value, call.method)}
+        except BaseException as e:
+            if call.cancelled:
+                error = fault(e, "CallCancelled", "trainlet_actor", "call %s (%s) was cancelled" % (call.id, call.method))
+            elif isinstance(e, BadResult):
+                error = fault(e, "BadResult")
+            else:
+                error = fault(e)
+            answer = {"op": "result", "id": call.id, "ok": False, "error": error}
+        finally:
+            _local.call = None
+            with self.calls_lock:
+                self.calls.pop(call.id, None)
+        try:
+            self.conn.send(answer)
+        except ValueError as e:  # larger than a frame
+            message = "the result of %s does not fit in a frame: %s" % (call.method, e)
+            self.conn.send({"op": "result", "id": call.id, "ok": False,
+                            "error": fault(e, "BadResult", "trainlet_actor", message)})
+
+    def serve(self):
+        while True:
+            frame = self.conn.recv()
+            if frame is None:
+                exit_now(0)
+            op = frame.get("op")
+            if op == "call":
+                self.call(frame)
+            elif op == "cancel":
+                self.cancel(frame)
+            elif op == "init" and self.instance is None:
+                self.init(frame)
+            else:
+                print("trainlet actor: ignoring a frame %r" % (op,), file=sys.stderr)
+
+
+def main():
+    path = os.environ.get("TRAINLET_ACTOR_SOCKET")
+    if not path:
+        print("trainlet actor: TRAINLET_ACTOR_SOCKET is not set; this file is run by trainlet's agent",
+              file=sys.stderr)
+        exit_now(2)
+    sys.modules["trainlet_actor"] = api
+    for stream in (sys.stdout, sys.stderr):  # what calls print reaches the logs as it happens
+        try:
+            stream.reconfigure(line_buffering=True)
+        except (AttributeError, ValueError):
+            pass
+    cwd = os.getcwd()
+    if cwd in sys.path:
+        sys.path.remove(cwd)
+    sys.path.insert(0, cwd)  # the user's files
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError as e:
+        print("trainlet actor: cannot connect to the agent at %s: %s" % (path, e), file=sys.stderr)
+        exit_now(2)
+    conn = Conn(sock)
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    try:
+        conn.send({"op": "hello", "rank": rank, "local_rank": local_rank, "pid": os.getpid()})
+        Actor(conn).serve()
+    except OSError:
+        exit_now(0)  # the socket broke: the agent is gone
+    except KeyboardInterrupt:
+        exit_now(130)  # SIGINT, from the agent or a terminal: no traceback
+    except ValueError as e:  # a frame that is not JSON
+        print("trainlet actor: a bad frame from the agent: %s" % e, file=sys.stderr)
+        exit_now(1)
+
+
+if __name__ == "__main__":
+    main()
