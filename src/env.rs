@@ -132,6 +132,11 @@ pub const TRAINLET_PROGRESS_TIMEOUT: &str = "TRAINLET_PROGRESS_TIMEOUT";
 /// A file a worker touches to say it makes progress (trainlet gives each worker its own).
 pub const TRAINLET_HEARTBEAT_FILE: &str = "TRAINLET_HEARTBEAT_FILE";
 
+/// The Unix socket an actor's worker dials its agent on (set by trainlet).
+pub const TRAINLET_ACTOR_SOCKET: &str = "TRAINLET_ACTOR_SOCKET";
+/// A served pod's cache directory, kept across runs and actors (set by trainlet).
+pub const TRAINLET_CACHE_DIR: &str = "TRAINLET_CACHE_DIR";
+
 /// `--serve`: keep the pods up between runs submitted to the control API.
 pub const TRAINLET_SERVE: &str = "TRAINLET_SERVE";
 /// `--control-port`: the control API's port on the store host.

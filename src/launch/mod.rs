@@ -289,7 +289,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
             }
             progress.round(&round, plan.nproc);
             if let Some(sv) = &served {
-                sv.started(restarts, round.nnodes, plan.nproc);
+                sv.started(&round, restarts, plan.nproc);
             }
             let attempt_dir = log_root.join(format!("attempt_{}", round.number));
             let ended = run_attempt(
@@ -349,6 +349,9 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
                     || "the store connection broke while the workers ran".into(),
                     |e| crate::error::error_chain(&e),
                 );
+                if let Some(sv) = &served {
+                    sv.round_over(round.number, &failures, &cause);
+                }
                 rounds.push(record(&round, "store lost", "regroup"));
                 history.extend(failures.iter().cloned());
                 match reconnect(&mut session, plan, &mut events, &cancel, &cause).await {
@@ -358,6 +361,9 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
             }
         };
         history.extend(all_failures.iter().cloned());
+        if let Some(sv) = &served {
+            sv.round_over(round.number, &all_failures, &end);
+        }
         let proposal = verdict(&facts);
         let agreed = match session.decide(round.number, proposal).await {
             Ok(v) => v,

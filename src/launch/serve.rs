@@ -12,6 +12,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
+use crate::actor::bridge::{Bridge, Place};
 use crate::config::{Plan, Serve};
 use crate::process::signals::SysEvent;
 use crate::rendezvous::{Round, Session};
@@ -45,6 +46,8 @@ struct Current {
     dir: Option<PathBuf>,
     unstartable: Option<String>,
     shipper: Shipper,
+    /// Its workers' bridge, when it is an actor.
+    bridge: Option<Bridge>,
 }
 
 /// This pod's part of serve mode.
@@ -106,6 +109,10 @@ impl Served {
         cancel: &CancellationToken,
     ) -> Result<Option<Self>, crate::config::Error> {
         let (Some(conf), Some(token_file)) = (plan.serve.clone(), token_file) else { return Ok(None) };
+        let cache = conf.dir.join("cache");
+        if let Err(e) = std::fs::create_dir_all(&cache) {
+            tracing::warn!(dir = %cache.display(), error = %e, "cannot make the pod's cache directory (TRAINLET_CACHE_DIR)");
+        }
         let base = crate::rendezvous::job_base(&plan.run_id, plan.jobset_attempt);
         let usage = crate::config::Error::Usage;
         let mut link = Link::new(dial.clone(), &base);
@@ -124,10 +131,19 @@ impl Served {
                 token_file: token_file.clone(),
                 dial: dial.clone(),
                 base: base.clone(),
-                scope,
+                scope: scope.clone(),
                 max_restarts: plan.max_restarts,
                 stop_limit: plan.checkpoint_timeout + plan.grace + plan.kill_timeout + super::STOP_SYNC_MARGIN,
                 idle_timeout: conf.idle_timeout,
+                calls: Some(Arc::new(crate::actor::calls::Desk::new(
+                    crate::actor::calls::Conf {
+                        dial: dial.clone(),
+                        base: base.clone(),
+                        token_file: token_file.clone(),
+                        scope: scope.clone(),
+                    },
+                    Arc::clone(&board),
+                ))),
             };
             let addr = api::serve(api_conf, Arc::clone(&board), cancel.child_token()).await.map_err(|e| {
                 usage(format!("--control-port: cannot listen on {} ({e}); choose a free port or address", conf.control))
@@ -332,7 +348,38 @@ impl Served {
         let command: Vec<String> = run.command.iter().map(|w| shown(w)).collect();
         tracing::info!(run = %run.id, command = %command.join(" "), "starting a served run");
         let shipper = Shipper::start(Link::new(self.dial.clone(), &self.base), run.seq);
-        self.current = Some(Current { run, dir, unstartable, shipper });
+        let (bridge, unstartable) = match self.bridge(&run) {
+            Ok(b) => (b, unstartable),
+            Err(why) => {
+                tracing::error!(run = %run.id, "{why}");
+                (None, unstartable.or(Some(why)))
+            }
+        };
+        self.current = Some(Current { run, dir, unstartable, shipper, bridge });
+    }
+
+    /// The bridge to this pod's workers of `run`, when it is an actor (its
+    /// runtime written beside the runs).
+    fn bridge(&self, run: &Run) -> Result<Option<Bridge>, String> {
+        let (Some(actor), Some(scope)) = (&run.actor, &self.scope) else { return Ok(None) };
+        let runtime = self.runtime();
+        crate::actor::write_runtime(&runtime)
+            .map_err(|e| format!("cannot write the actor runtime {}: {e}", runtime.display()))?;
+        let place = Place {
+            dial: self.dial.clone(),
+            base: self.base.clone(),
+            token_file: self.token_file.clone(),
+            scope: scope.clone(),
+        };
+        let socket = self.conf.dir.join(format!("actor-{}.sock", run.seq));
+        Bridge::start(place, run.seq, actor.clone(), &socket)
+            .map(Some)
+            .map_err(|e| format!("cannot start the actor's bridge: {}", crate::error::error_chain(&e)))
+    }
+
+    /// Where the actor runtime is written.
+    fn runtime(&self) -> PathBuf {
+        self.conf.dir.join("actor_runtime.py")
     }
 
     /// The plan of the current run: its command, variables, directory,
@@ -351,6 +398,14 @@ impl Served {
         p.entry.args = args;
         p.entry.cwd.clone_from(&c.dir);
         p.entry.env.clone_from(&c.run.env);
+        if let Some(b) = &c.bridge {
+            let runtime = self.runtime().display().to_string();
+            p.entry.program = base.entry.python.clone().unwrap_or_else(|| "python3".into());
+            p.entry.args = vec![runtime.clone()];
+            p.entry.script = runtime;
+            p.entry.env.push((crate::env::TRAINLET_ACTOR_SOCKET.into(), b.socket().display().to_string()));
+        }
+        p.entry.env.push((crate::env::TRAINLET_CACHE_DIR.into(), self.cache_dir().display().to_string()));
         // Lines reach the control API as they are printed.
         if !p.entry.env.iter().any(|(k, _)| k == "PYTHONUNBUFFERED") {
             p.entry.env.push(("PYTHONUNBUFFERED".into(), "1".into()));
@@ -379,11 +434,34 @@ impl Served {
         self.current.as_ref().and_then(|c| c.unstartable.as_deref())
     }
 
-    /// This pod's workers of the current run started.
-    pub fn started(&self, restarts: u32, nnodes: u32, nproc: u32) {
-        if let (Some(b), Some(c)) = (&self.board, &self.current) {
-            b.started(c.run.seq, restarts, nnodes, nproc);
+    /// This pod's workers of the current run start in `round`.
+    pub fn started(&self, round: &Round, restarts: u32, nproc: u32) {
+        let Some(c) = &self.current else { return };
+        if let Some(b) = &c.bridge {
+            let first = round.group_rank * nproc;
+            b.round_started(round.number, (first..first + nproc).collect());
         }
+        if let Some(b) = &self.board {
+            b.started(c.run.seq, round.number, restarts, round.nnodes, nproc);
+        }
+    }
+
+    /// The current run's `round` is over on every pod (`failures`: the
+    /// workers that died on their own; `why`: how it ended).
+    pub fn round_over(&self, round: u64, failures: &[Failure], why: &str) {
+        let Some(c) = &self.current else { return };
+        if let Some(b) = &self.board {
+            b.round_over(c.run.seq);
+        }
+        if let Some(b) = &c.bridge {
+            b.round_over(round, failures, why);
+        }
+    }
+
+    /// The pod-local directory runs and actors keep their downloads in
+    /// (`TRAINLET_CACHE_DIR`), until the serving job ends.
+    pub fn cache_dir(&self) -> PathBuf {
+        self.conf.dir.join("cache")
     }
 
     /// Ship every line of the current run so far.

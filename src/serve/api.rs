@@ -44,7 +44,7 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use super::board::{Board, State};
+use super::board::{Board, Record, State};
 use super::spec::{Run, check, check_archive, shown};
 use super::{Link, Scope, files, kind, logs};
 use crate::http::{Limits, Lobby, Request, Status, Ticket, admit, error_body, read_body, respond, same};
@@ -94,6 +94,8 @@ pub struct Conf {
     pub stop_limit: Duration,
     /// Exit 0 after this long without a run or a request.
     pub idle_timeout: Option<Duration>,
+    /// Actor calls, when actors are served.
+    pub calls: Option<std::sync::Arc<dyn Calls>>,
 }
 
 struct Api {
@@ -105,7 +107,17 @@ struct Api {
 }
 
 /// A finished answer: status and JSON body.
-type Answer = (Status, String);
+pub type Answer = (Status, String);
+
+/// A future an answer comes from.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// What answers `/v1/actors/{id}/calls[/...]` (the actors' layer, above
+/// this one): `run` is the actor's record, `rest` the path after `calls`.
+pub trait Calls: Send + Sync + std::fmt::Debug {
+    /// The answer to `req`.
+    fn answer<'a>(&'a self, run: Record, rest: Vec<String>, req: &'a Request) -> BoxFuture<'a, Answer>;
+}
 
 fn fail(status: Status, message: &str) -> Answer {
     (status, error_body(status, message))
@@ -198,7 +210,15 @@ async fn connection(api: &Api, slots: &Slots, mut conn: TcpStream, ticket: Ticke
     }
     let parts: Vec<&str> = req.path.trim_matches('/').split('/').collect();
     let (status, body) = match (req.method.as_str(), parts.as_slice()) {
-        ("GET", ["v1", "runs", id, "logs"]) => match api.board.get(id) {
+        (_, ["v1", "actors", id, "calls", rest @ ..]) => match (api.board.get(id), &api.conf.calls) {
+            (Some(r), Some(calls)) if rest.len() <= 1 => {
+                calls.answer(r, rest.iter().map(|s| (*s).to_string()).collect(), &req).await
+            }
+            (Some(_), Some(_)) => fail(Status::NOT_FOUND, &format!("no endpoint {}", shown(&req.path))),
+            (_, None) => fail(Status::NOT_FOUND, "this control API serves no actors"),
+            (None, _) => fail(Status::NOT_FOUND, &format!("no actor {}", shown(id))),
+        },
+        ("GET", ["v1", "runs" | "actors", id, "logs"]) => match api.board.get(id) {
             Some(r) if r.seq + KEEP_LOGS < api.board.next_seq() => fail(
                 Status(410, "Gone"),
                 &format!("the lines of {} are no longer kept (only the last {KEEP_LOGS} runs')", r.id),
@@ -209,17 +229,22 @@ async fn connection(api: &Api, slots: &Slots, mut conn: TcpStream, ticket: Ticke
             }
             None => fail(Status::NOT_FOUND, &format!("no run {}", shown(id))),
         },
-        ("POST", ["v1", "runs"]) => submit(api, &req).await,
+        ("POST", ["v1", "runs"]) => submit(api, &req, false).await,
+        ("POST", ["v1", "actors"]) => submit(api, &req, true).await,
         ("GET", ["v1", "runs"]) => (Status::OK, serde_json::json!({ "runs": api.board.list() }).to_string()),
-        ("GET", ["v1", "runs", id]) => match api.board.get(id) {
+        ("GET", ["v1", "runs" | "actors", id]) => match api.board.get(id) {
             Some(r) => (Status::OK, serde_json::to_string(&r).unwrap_or_default()),
             None => fail(Status::NOT_FOUND, &format!("no run {}", shown(id))),
         },
-        ("DELETE", ["v1", "runs", id]) => delete(api, id).await,
+        ("DELETE", ["v1", "runs" | "actors", id]) => delete(api, id).await,
         ("GET", ["v1", "status"]) => status(api),
-        (_, ["v1", "runs"] | ["v1", "runs", _] | ["v1", "runs", _, "logs"] | ["v1", "status"]) => {
-            fail(Status::METHOD, &format!("{} is not allowed on {}", shown(&req.method), shown(&req.path)))
-        }
+        (
+            _,
+            ["v1", "runs" | "actors"]
+            | ["v1", "runs" | "actors", _]
+            | ["v1", "runs" | "actors", _, "logs"]
+            | ["v1", "status"],
+        ) => fail(Status::METHOD, &format!("{} is not allowed on {}", shown(&req.method), shown(&req.path))),
         _ => fail(Status::NOT_FOUND, &format!("no endpoint {}", shown(&req.path))),
     };
     let _ = tokio::time::timeout(REQUEST_TIME, respond(&mut conn, status, &body)).await;
@@ -254,7 +279,7 @@ fn status(api: &Api) -> Answer {
     (Status::OK, body.to_string())
 }
 
-async fn submit(api: &Api, req: &Request) -> Answer {
+async fn submit(api: &Api, req: &Request, actor: bool) -> Answer {
     // JSON whatever the client called it (curl -d says form-urlencoded),
     // or the files as a tar(.gz) body with the JSON in X-Trainlet-Run.
     let kind = req.header("content-type").unwrap_or("");
@@ -268,6 +293,17 @@ async fn submit(api: &Api, req: &Request) -> Answer {
         (false, _) => check(&req.body),
     };
     let checked = match checked {
+        Ok(c) if c.actor.is_some() != actor => {
+            let why = if actor {
+                "an actor needs \"actor\": {\"target\": \"package.module:Name\", ...}"
+            } else {
+                "a run with \"actor\" goes to POST /v1/actors"
+            };
+            return fail(Status::BAD, why);
+        }
+        Ok(_) if actor && api.conf.calls.is_none() => {
+            return fail(Status::NOT_FOUND, "this control API serves no actors");
+        }
         Ok(c) => c,
         Err(why) => return fail(Status::BAD, &why),
     };
@@ -313,6 +349,7 @@ async fn submit(api: &Api, req: &Request) -> Answer {
             max_restarts: checked.max_restarts.unwrap_or(api.conf.max_restarts),
             base_restarts,
             files: checked.files,
+            actor: checked.actor,
         };
         let previous = link.newest(&token, scope).await?.and_then(Result::ok);
         let json = serde_json::to_vec(&run).map_err(|e| super::Error::Corrupt(e.to_string()))?;

@@ -95,6 +95,12 @@ pub struct Record {
     pub files: usize,
     /// Bytes of files sent to the store for it (unchanged contents are not sent again).
     pub files_sent_bytes: u64,
+    /// The actor's target, when it is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
+    /// The round whose workers run it now (None between rounds).
+    #[serde(skip)]
+    pub round: Option<u64>,
 }
 
 /// When a run moved.
@@ -207,6 +213,8 @@ impl Board {
             },
             files: run.files.len(),
             files_sent_bytes,
+            actor: run.actor.as_ref().map(|a| a.target.clone()),
+            round: None,
         });
         while b.runs.len() > KEEP_RUNS {
             b.runs.pop_front();
@@ -226,9 +234,11 @@ impl Board {
         self.changed();
     }
 
-    /// The host's workers of run `seq` started (round `restarts` of it, with `nnodes` pods of `nproc`).
-    pub fn started(&self, seq: u64, restarts: u32, nnodes: u32, nproc: u32) {
+    /// The host's workers of run `seq` started in `round` (the run's
+    /// restart `restarts`, with `nnodes` pods of `nproc`).
+    pub fn started(&self, seq: u64, round: u64, restarts: u32, nnodes: u32, nproc: u32) {
         self.update(seq, |r| {
+            r.round = Some(round);
             if r.state == State::Starting {
                 r.state = State::Running;
                 r.timings.started = Some(crate::clock::rfc3339(crate::clock::now_us()));
@@ -238,6 +248,24 @@ impl Board {
             r.nnodes = Some(nnodes);
             r.nproc_per_node = Some(nproc);
         });
+    }
+
+    /// The round of run `seq` is over on the host (its workers are gone).
+    pub fn round_over(&self, seq: u64) {
+        self.update(seq, |r| r.round = None);
+    }
+
+    /// Run `seq`'s round whose workers run now, with its pods and workers
+    /// per pod; None between rounds or when it is not running.
+    pub fn running(&self, seq: u64) -> Option<(u64, u32, u32)> {
+        let b = self.lock();
+        let r = b.runs.iter().find(|r| r.seq == seq).filter(|r| !r.state.is_final())?;
+        Some((r.round?, r.nnodes?, r.nproc_per_node?))
+    }
+
+    /// Run `seq`, by number.
+    pub fn by_seq(&self, seq: u64) -> Option<Record> {
+        self.lock().runs.iter().find(|r| r.seq == seq).cloned()
     }
 
     /// Run `seq` is being stopped; false when it is already over.
@@ -259,6 +287,7 @@ impl Board {
                 return;
             }
             r.state = state;
+            r.round = None;
             r.ranks = ranks;
             r.report = report;
             r.timings.ended = Some(crate::clock::rfc3339(crate::clock::now_us()));
@@ -319,6 +348,7 @@ mod tests {
             max_restarts: 1,
             base_restarts: 0,
             files: Vec::new(),
+            actor: None,
         }
     }
 
@@ -331,7 +361,7 @@ mod tests {
         assert!(w.has_changed().expect("watch"));
         assert_eq!(b.next_seq(), 2);
         assert_eq!(b.active().map(|a| a.2), Some(State::Starting));
-        b.started(1, 0, 2, 2);
+        b.started(1, 1, 0, 2, 2);
         assert_eq!(b.get("run-1").map(|r| (r.state, r.nnodes)), Some((State::Running, Some(2))));
         assert!(b.stopping(1));
         b.ended(1, State::Stopped, Vec::new(), None);

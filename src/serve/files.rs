@@ -341,6 +341,7 @@ mod tests {
             max_restarts: 0,
             base_restarts: 0,
             files: Vec::new(),
+            actor: None,
         };
         let runs = dir.path().join("runs");
         plain_dir(&runs).expect("runs");

@@ -407,6 +407,7 @@ mod tests {
             max_restarts: 0,
             base_restarts: 0,
             files: Vec::new(),
+            actor: None,
         };
         let scope = Scope { job: "trainlet/none/j0".into(), session: "ab12".into() };
         let json = serde_json::to_vec(&run).expect("json");

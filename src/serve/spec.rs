@@ -43,7 +43,9 @@ const RESERVED_PREFIXES: &[&str] = &["TORCHELASTIC_", "TRAINLET_", "KUBEFLOW_TRA
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Submit {
-    /// The program and its first arguments, e.g. `["python", "train.py"]`.
+    /// The program and its first arguments, e.g. `["python", "train.py"]`
+    /// (none for an actor: trainlet's actor runtime is the program).
+    #[serde(default)]
     pub command: Vec<String>,
     /// More arguments.
     #[serde(default)]
@@ -63,6 +65,50 @@ pub struct Submit {
     /// Stop a running run and start this one instead (else 409).
     #[serde(default)]
     pub replace: bool,
+    /// An actor instead of a command (`POST /v1/actors`).
+    #[serde(default)]
+    pub actor: Option<ActorSubmit>,
+}
+
+/// `POST /v1/actors`'s `actor`: what every worker instantiates.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActorSubmit {
+    /// `package.module:Name`: a class (instantiated once per worker) or a
+    /// function (a one-method actor, called as `__call__`).
+    pub target: String,
+    /// Positional arguments of `Name(...)`, JSON.
+    #[serde(default)]
+    pub args: Vec<serde_json::Value>,
+    /// Keyword arguments, JSON.
+    #[serde(default)]
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+    /// `(args, kwargs)` pickled and base64-encoded, instead of `args` and
+    /// `kwargs` (the workers unpickle it: only for drivers they trust).
+    #[serde(default)]
+    pub pickle: Option<String>,
+}
+
+/// How arguments and results travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    /// JSON text.
+    Json,
+    /// base64 of a pickle.
+    Pickle,
+}
+
+/// An actor as every pod reads it (in its [`Run`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Actor {
+    /// `package.module:Name`.
+    pub target: String,
+    /// How `init` is encoded.
+    pub encoding: Encoding,
+    /// `{"args": [...], "kwargs": {...}}` (JSON), or base64 of the pickled
+    /// `(args, kwargs)`.
+    pub init: String,
 }
 
 /// One file of a run, by content.
@@ -96,6 +142,9 @@ pub struct Run {
     pub base_restarts: u32,
     /// Its files.
     pub files: Vec<FileRef>,
+    /// The actor it serves, when it is one (`command` is then only shown).
+    #[serde(default)]
+    pub actor: Option<Actor>,
 }
 
 /// A checked submission: the run less its identity, and the blobs to store.
@@ -115,6 +164,8 @@ pub struct Checked {
     pub blobs: BTreeMap<String, Vec<u8>>,
     /// Replace a running run.
     pub replace: bool,
+    /// The actor, when it is one.
+    pub actor: Option<Actor>,
 }
 
 /// Hex SHA-256 of `data`.
@@ -130,7 +181,17 @@ pub fn check_archive(json: &str, body: &[u8]) -> Result<Checked, String> {
         return Err("X-Trainlet-Run: give the files in the archive, not in \"files\"".into());
     }
     let files = super::tar::files(body)?;
-    check_parts(s.command, s.args, s.env, (s.nproc_per_node, s.max_restarts), files, s.replace)
+    let actor = s.actor.map(check_actor).transpose()?;
+    let mut c = check_parts(
+        command_of(s.command, actor.as_ref()),
+        s.args,
+        s.env,
+        (s.nproc_per_node, s.max_restarts),
+        files,
+        s.replace,
+    )?;
+    c.actor = actor;
+    Ok(c)
 }
 
 /// Parse and check a JSON submission.
@@ -143,7 +204,64 @@ pub fn check(body: &[u8]) -> Result<Checked, String> {
             .map_err(|e| format!("files[{}]: not base64 ({e})", shown(path)))?;
         files.push((path.clone(), data));
     }
-    check_parts(s.command, s.args, s.env, (s.nproc_per_node, s.max_restarts), files, s.replace)
+    let actor = s.actor.map(check_actor).transpose()?;
+    let mut c = check_parts(
+        command_of(s.command, actor.as_ref()),
+        s.args,
+        s.env,
+        (s.nproc_per_node, s.max_restarts),
+        files,
+        s.replace,
+    )?;
+    c.actor = actor;
+    Ok(c)
+}
+
+/// The command a run shows: an actor's is trainlet's runtime and its target.
+fn command_of(command: Vec<String>, actor: Option<&Actor>) -> Vec<String> {
+    match actor {
+        Some(a) if command.is_empty() => vec!["python".into(), "-m".into(), "trainlet-actor".into(), a.target.clone()],
+        _ => command,
+    }
+}
+
+/// Most bytes of an actor's target, and of its encoded init arguments.
+const MAX_TARGET: usize = 512;
+/// Most bytes of an actor's encoded init arguments.
+pub const MAX_INIT: usize = 16 * 1024 * 1024;
+
+/// A dotted Python name: identifiers separated by `.`.
+fn dotted(s: &str) -> bool {
+    !s.is_empty()
+        && s.split('.').all(|p| {
+            !p.is_empty()
+                && !p.starts_with(|c: char| c.is_ascii_digit())
+                && p.chars().all(|c| c.is_alphanumeric() || c == '_')
+        })
+}
+
+/// Check an actor's target and init arguments.
+pub fn check_actor(a: ActorSubmit) -> Result<Actor, String> {
+    let target_ok =
+        a.target.len() <= MAX_TARGET && a.target.split_once(':').is_some_and(|(m, n)| dotted(m) && dotted(n));
+    if !target_ok {
+        return Err(format!(
+            "actor.target: {} is not `package.module:Name` (a module to import and a class or function in it)",
+            shown(&a.target)
+        ));
+    }
+    let (encoding, init) = match a.pickle {
+        Some(p) if a.args.is_empty() && a.kwargs.is_empty() => {
+            data_encoding::BASE64.decode(p.as_bytes()).map_err(|e| format!("actor.pickle: not base64 ({e})"))?;
+            (Encoding::Pickle, p)
+        }
+        Some(_) => return Err("actor: give either pickle or args/kwargs, not both".into()),
+        None => (Encoding::Json, serde_json::json!({ "args": a.args, "kwargs": a.kwargs }).to_string()),
+    };
+    if init.len() > MAX_INIT {
+        return Err(format!("actor: the init arguments are {} bytes encoded, at most {MAX_INIT}", init.len()));
+    }
+    Ok(Actor { target: a.target, encoding, init })
 }
 
 /// Check the parts of a submission (the JSON's, or a tar's files).
@@ -218,7 +336,16 @@ pub fn check_parts(
     if let Some(dir) = refs.iter().find(|r| seen.iter().any(|s| s.starts_with(&format!("{}/", r.path)))) {
         return Err(format!("files: {} is both a file and a directory", shown(&dir.path)));
     }
-    Ok(Checked { command, env: env.into_iter().collect(), nproc, max_restarts, files: refs, blobs, replace })
+    Ok(Checked {
+        command,
+        env: env.into_iter().collect(),
+        nproc,
+        max_restarts,
+        files: refs,
+        blobs,
+        replace,
+        actor: None,
+    })
 }
 
 /// A relative path inside the run's directory: plain names separated by

@@ -6,6 +6,7 @@
 //! repository (what `tests/setup.sh` installs).
 
 mod actor_runtime;
+mod actors;
 mod cli;
 mod containers;
 mod docs;

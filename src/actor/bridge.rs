@@ -1,0 +1,591 @@
+//! A pod's side of an actor: the Unix socket its workers dial
+//! ([`super::wire`]), the reader of the actor's operations in the agents'
+//! store, and the writer of its ranks' outcomes.
+//!
+//! One task (the core) owns every decision, fed by events: operations
+//! read from the store, frames from the workers, and the round loop's
+//! "round started" and "round over". An operation is run by the workers
+//! of its round only: one for a round this pod has not started yet is
+//! held until it does; one for the round that just ended here is answered
+//! "not run" (the control API sends it again); a call still queued or
+//! running when its round ends is answered for each local rank with what
+//! ended it: the rank's own death ([`fault::WORKER_DIED`], exit code or
+//! signal), or the round's end ([`fault::ACTOR_RESTARTED`]), or the
+//! actor's ([`fault::ACTOR_GONE`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio_util::sync::CancellationToken;
+
+use super::wire::{self, FromWorker, ToWorker};
+use super::{Error, Fault, Keys, OP_KIND, Op, Outcome, What, fault};
+use crate::serve::spec::Actor;
+use crate::serve::{Link, Scope};
+use crate::store::Dial;
+use crate::supervise::report::{Failure, root_cause};
+
+/// How long a worker has to say who it is.
+const HELLO_TIME: Duration = Duration::from_secs(30);
+/// How long the operation reader waits on one key before it looks whether
+/// the control API removed it (a call that none of this pod's ranks ran).
+const OP_POLL: Duration = Duration::from_secs(2);
+/// Longest a Unix socket path may be (`sun_path`, less its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// What the round loop tells the bridge.
+enum Event {
+    Op(Op),
+    Hello { conn: u64, rank: u32, pid: i32, tx: UnboundedSender<ToWorker> },
+    Ready { conn: u64 },
+    InitFailed { conn: u64, error: Fault },
+    Result { conn: u64, id: u64, outcome: Outcome },
+    Gone { conn: u64 },
+    RoundStarted { round: u64, ranks: Vec<u32> },
+    RoundOver { round: u64, failures: Vec<Failure>, why: String },
+}
+
+/// This pod's bridge to the workers of one actor.
+#[derive(Debug)]
+pub struct Bridge {
+    tx: UnboundedSender<Event>,
+    socket: PathBuf,
+    cancel: CancellationToken,
+}
+
+/// Where the bridge reads and writes the actor's keys.
+#[derive(Debug, Clone)]
+pub struct Place {
+    /// The agents' store.
+    pub dial: Dial,
+    /// The job's key prefix.
+    pub base: String,
+    /// The control token's file (operations are sealed with it).
+    pub token_file: PathBuf,
+    /// The serving session operations are sealed for.
+    pub scope: Scope,
+}
+
+impl Bridge {
+    /// Listen on `socket` for the workers of the actor of run `seq`.
+    pub fn start(place: Place, seq: u64, actor: Actor, socket: &Path) -> Result<Self, Error> {
+        let io = |what, source| Error::Io { what, path: socket.display().to_string(), source };
+        if socket.as_os_str().len() > MAX_SOCKET_PATH {
+            return Err(io(
+                "the actor's socket path is too long (use a shorter --serve-dir)",
+                std::io::ErrorKind::InvalidInput.into(),
+            ));
+        }
+        let _ = std::fs::remove_file(socket);
+        let listener = UnixListener::bind(socket).map_err(|e| io("cannot listen on", e))?;
+        let cancel = CancellationToken::new();
+        let (tx, rx) = unbounded_channel();
+        let keys = Keys::new(&place.base, seq);
+        let results = writer(Link::new(place.dial.clone(), &place.base), cancel.child_token());
+        tokio::spawn(accept(listener, tx.clone(), cancel.child_token()));
+        let core = Core {
+            seq,
+            actor,
+            keys,
+            place,
+            tx: tx.clone(),
+            results,
+            reader: None,
+            cancel: cancel.child_token(),
+            round: None,
+            ranks: Vec::new(),
+            last: None,
+            workers: HashMap::new(),
+            held: Vec::new(),
+            calls: BTreeMap::new(),
+        };
+        tokio::spawn(core.run(rx));
+        Ok(Self { tx, socket: socket.to_path_buf(), cancel })
+    }
+
+    /// The socket path the workers get in `TRAINLET_ACTOR_SOCKET`.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// This pod's workers of `round` (global `ranks`) are starting.
+    pub fn round_started(&self, round: u64, ranks: Vec<u32>) {
+        let _ = self.tx.send(Event::RoundStarted { round, ranks });
+    }
+
+    /// `round` is over on every pod: `failures` are the workers that died
+    /// on their own, `why` how the round ended.
+    pub fn round_over(&self, round: u64, failures: &[Failure], why: &str) {
+        let _ = self.tx.send(Event::RoundOver { round, failures: failures.to_vec(), why: why.to_string() });
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// A connected worker.
+struct Worker {
+    conn: u64,
+    pid: i32,
+    tx: UnboundedSender<ToWorker>,
+    ready: bool,
+    /// Why its instantiation failed.
+    init_failed: Option<Fault>,
+}
+
+/// Where a call stands on one local rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Queued,
+    Running,
+}
+
+/// A call of the current round with local ranks.
+struct Call {
+    method: String,
+    encoding: super::Encoding,
+    args: String,
+    ranks: BTreeMap<u32, Phase>,
+}
+
+struct Core {
+    seq: u64,
+    actor: Actor,
+    keys: Keys,
+    place: Place,
+    tx: UnboundedSender<Event>,
+    results: UnboundedSender<(String, Vec<u8>)>,
+    reader: Option<CancellationToken>,
+    cancel: CancellationToken,
+    /// The round whose workers run here now.
+    round: Option<u64>,
+    /// This pod's ranks in it.
+    ranks: Vec<u32>,
+    /// The round that ended here last, and this pod's ranks in it.
+    last: Option<(u64, Vec<u32>)>,
+    workers: HashMap<u32, Worker>,
+    /// Operations for a round not started here yet.
+    held: Vec<Op>,
+    calls: BTreeMap<u64, Call>,
+}
+
+impl Core {
+    async fn run(mut self, mut rx: UnboundedReceiver<Event>) {
+        loop {
+            let ev = tokio::select! {
+                () = self.cancel.cancelled() => break,
+                ev = rx.recv() => match ev { Some(ev) => ev, None => break },
+            };
+            self.handle(ev);
+        }
+        if let Some(r) = self.reader.take() {
+            r.cancel();
+        }
+    }
+
+    fn handle(&mut self, ev: Event) {
+        match ev {
+            Event::Op(op) => self.op(op),
+            Event::Hello { conn, rank, pid, tx } => self.hello(conn, rank, pid, tx),
+            Event::Ready { conn } => {
+                if let Some(rank) = self.rank_of(conn) {
+                    if let Some(w) = self.workers.get_mut(&rank) {
+                        w.ready = true;
+                    }
+                    tracing::info!(actor = self.seq, rank, "actor instantiated");
+                    self.dispatch(rank);
+                }
+            }
+            Event::InitFailed { conn, error } => {
+                if let Some(rank) = self.rank_of(conn) {
+                    tracing::error!(actor = self.seq, rank, error = %error.kind, message = %crate::serve::spec::shown(&error.message), "the actor's target could not be instantiated");
+                    if let Some(w) = self.workers.get_mut(&rank) {
+                        w.init_failed = Some(error);
+                    }
+                }
+            }
+            Event::Result { conn, id, outcome } => {
+                let Some(rank) = self.rank_of(conn) else { return };
+                let running = self.calls.get_mut(&id).and_then(|c| c.ranks.remove(&rank)) == Some(Phase::Running);
+                if running {
+                    self.answer(id, rank, &outcome);
+                }
+                if self.calls.get(&id).is_some_and(|c| c.ranks.is_empty()) {
+                    self.calls.remove(&id);
+                }
+            }
+            Event::Gone { conn } => {
+                if let Some(rank) = self.rank_of(conn) {
+                    // Its calls are answered when the round ends, with what
+                    // the reaper saw.
+                    tracing::debug!(actor = self.seq, rank, "an actor worker's connection closed");
+                    if let Some(w) = self.workers.get_mut(&rank) {
+                        w.ready = false;
+                    }
+                }
+            }
+            Event::RoundStarted { round, ranks } => {
+                if self.reader.is_none() {
+                    let token = CancellationToken::new();
+                    tokio::spawn(read_ops(
+                        self.place.clone(),
+                        self.keys.clone(),
+                        (self.seq, round),
+                        self.tx.clone(),
+                        token.clone(),
+                    ));
+                    self.reader = Some(token);
+                }
+                self.round = Some(round);
+                self.ranks = ranks;
+                self.workers.clear();
+                let held = std::mem::take(&mut self.held);
+                for op in held {
+                    self.op(op);
+                }
+            }
+            Event::RoundOver { round, failures, why } => self.round_over(round, &failures, &why),
+        }
+    }
+
+    fn rank_of(&self, conn: u64) -> Option<u32> {
+        self.workers.iter().find(|(_, w)| w.conn == conn).map(|(r, _)| *r)
+    }
+
+    fn hello(&mut self, conn: u64, rank: u32, pid: i32, tx: UnboundedSender<ToWorker>) {
+        if !self.ranks.contains(&rank) || self.workers.get(&rank).is_some_and(|w| w.ready) {
+            tracing::warn!(
+                actor = self.seq,
+                rank,
+                pid,
+                "refused an actor connection: not a rank of this pod's current workers, or one already connected"
+            );
+            return;
+        }
+        let init = ToWorker::Init {
+            target: self.actor.target.clone(),
+            encoding: self.actor.encoding,
+            args: self.actor.init.clone(),
+        };
+        let _ = tx.send(init);
+        self.workers.insert(rank, Worker { conn, pid, tx, ready: false, init_failed: None });
+    }
+
+    fn op(&mut self, op: Op) {
+        let Some(round) = self.round.filter(|r| *r >= op.round) else {
+            let past = self.last.as_ref().is_some_and(|(r, _)| *r >= op.round);
+            if past {
+                self.not_run(&op);
+            } else {
+                self.held.push(op);
+            }
+            return;
+        };
+        if op.round < round {
+            self.not_run(&op);
+            return;
+        }
+        match op.what {
+            What::Call { method, encoding, args, ranks } => {
+                let mine: BTreeMap<u32, Phase> = self
+                    .ranks
+                    .iter()
+                    .filter(|r| ranks.as_ref().is_none_or(|rs| rs.contains(r)))
+                    .map(|r| (*r, Phase::Queued))
+                    .collect();
+                if mine.is_empty() {
+                    return;
+                }
+                let todo: Vec<u32> = mine.keys().copied().collect();
+                self.calls.insert(op.n, Call { method, encoding, args, ranks: mine });
+                for rank in todo {
+                    self.dispatch(rank);
+                }
+            }
+            What::Cancel { call } => {
+                let Some(c) = self.calls.get_mut(&call) else { return };
+                let queued: Vec<u32> = c.ranks.iter().filter(|(_, p)| **p == Phase::Queued).map(|(r, _)| *r).collect();
+                for rank in &queued {
+                    c.ranks.remove(rank);
+                }
+                let running: Vec<u32> = c.ranks.keys().copied().collect();
+                for rank in queued {
+                    let o =
+                        Outcome::fault(fault::CANCELLED, format!("cancelled before it started on rank {rank}"), false);
+                    self.answer(call, rank, &o);
+                }
+                for rank in running {
+                    if let Some(w) = self.workers.get(&rank) {
+                        let _ = w.tx.send(ToWorker::Cancel { id: call });
+                    }
+                }
+                tracing::info!(actor = self.seq, call, "cancelling a call");
+            }
+        }
+    }
+
+    /// Answer an operation of a round that is over here: not run.
+    fn not_run(&mut self, op: &Op) {
+        let What::Call { ranks, .. } = &op.what else { return };
+        let Some((round, mine)) = &self.last else { return };
+        if *round != op.round {
+            return;
+        }
+        let mine: Vec<u32> = mine.iter().copied().filter(|r| ranks.as_ref().is_none_or(|rs| rs.contains(r))).collect();
+        for rank in mine {
+            let o = Outcome::fault(
+                fault::ACTOR_RESTARTED,
+                format!("round {round} of the actor ended before the call reached rank {rank}"),
+                false,
+            );
+            self.answer(op.n, rank, &o);
+        }
+    }
+
+    /// Send `rank` its queued calls, when its worker is ready.
+    fn dispatch(&mut self, rank: u32) {
+        let Some(w) = self.workers.get(&rank).filter(|w| w.ready) else { return };
+        for (id, c) in &mut self.calls {
+            if let Some(p) = c.ranks.get_mut(&rank).filter(|p| **p == Phase::Queued) {
+                let frame =
+                    ToWorker::Call { id: *id, method: c.method.clone(), encoding: c.encoding, args: c.args.clone() };
+                if w.tx.send(frame).is_ok() {
+                    *p = Phase::Running;
+                }
+            }
+        }
+    }
+
+    fn answer(&self, n: u64, rank: u32, outcome: &Outcome) {
+        match serde_json::to_vec(outcome) {
+            Ok(v) => {
+                let _ = self.results.send((self.keys.result(n, rank), v));
+            }
+            Err(e) => tracing::error!(actor = self.seq, call = n, rank, error = %e, "cannot encode an outcome"),
+        }
+    }
+
+    fn round_over(&mut self, round: u64, failures: &[Failure], why: &str) {
+        if self.round != Some(round) {
+            return;
+        }
+        let root = root_cause(failures);
+        let cause = root.map_or_else(|| why.to_string(), |f| format!("rank {} {}", f.rank, died(f)));
+        let gone = why.starts_with("stop:");
+        let calls = std::mem::take(&mut self.calls);
+        for (n, c) in calls {
+            for (rank, phase) in c.ranks {
+                let own = failures.iter().find(|f| f.rank == rank);
+                let init = self.workers.get(&rank).and_then(|w| w.init_failed.clone());
+                let o = match (own, init) {
+                    (_, Some(mut e)) => {
+                        e.message = format!("rank {rank} could not instantiate the actor: {}", e.message);
+                        Outcome { ok: false, value: None, error: Some(e) }
+                    }
+                    (Some(f), None) if phase == Phase::Running => {
+                        let mut o = Outcome::fault(
+                            fault::WORKER_DIED,
+                            format!("rank {rank}'s worker (pid {}) {} during the call", f.pid, died(f)),
+                            true,
+                        );
+                        if let Some(e) = o.error.as_mut() {
+                            e.exit_code = f.exit_code;
+                            e.signal = f.signal.map(crate::sys::signal_name);
+                        }
+                        o
+                    }
+                    _ if gone => Outcome::fault(
+                        fault::ACTOR_GONE,
+                        format!("the actor was closed or replaced before rank {rank} finished the call"),
+                        phase == Phase::Running,
+                    ),
+                    _ => Outcome::fault(
+                        fault::ACTOR_RESTARTED,
+                        format!("rank {rank} was stopped: the actor restarts ({cause})"),
+                        phase == Phase::Running,
+                    ),
+                };
+                self.answer(n, rank, &o);
+            }
+        }
+        if let Some(w) = self.workers.values().find(|w| w.ready) {
+            tracing::debug!(actor = self.seq, pid = w.pid, "round over with a worker still connected");
+        }
+        self.workers.clear();
+        self.last = Some((round, std::mem::take(&mut self.ranks)));
+        self.round = None;
+    }
+}
+
+/// How a worker ended, in words.
+fn died(f: &Failure) -> String {
+    match (f.exit_code, f.signal) {
+        (_, Some(s)) => format!("was killed by {}", crate::sys::signal_name(s)),
+        (Some(c), None) => format!("exited with code {c}"),
+        (None, None) => "hung".into(),
+    }
+}
+
+/// Write outcomes in order, on a connection of their own.
+fn writer(mut link: Link, cancel: CancellationToken) -> UnboundedSender<(String, Vec<u8>)> {
+    let (tx, mut rx) = unbounded_channel::<(String, Vec<u8>)>();
+    tokio::spawn(async move {
+        loop {
+            let (key, value) = tokio::select! {
+                () = cancel.cancelled() => return,
+                kv = rx.recv() => match kv { Some(kv) => kv, None => return },
+            };
+            let mut tries = 0;
+            while let Err(e) = link.set(&key, &value).await {
+                tries += 1;
+                if tries >= 3 {
+                    tracing::error!(key = %key, error = %crate::error::error_chain(&e), "cannot write an actor call's outcome to the store");
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    });
+    tx
+}
+
+/// Every worker connection: its hello, then its frames as events.
+async fn accept(listener: UnixListener, tx: UnboundedSender<Event>, cancel: CancellationToken) {
+    let mut next = 0u64;
+    loop {
+        let conn = tokio::select! {
+            () = cancel.cancelled() => return,
+            c = listener.accept() => c,
+        };
+        let stream = match conn {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot accept an actor worker's connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        next += 1;
+        tokio::spawn(worker(stream, next, tx.clone(), cancel.child_token()));
+    }
+}
+
+async fn worker(stream: UnixStream, conn: u64, tx: UnboundedSender<Event>, cancel: CancellationToken) {
+    let (mut rd, mut wr) = stream.into_split();
+    let hello = tokio::time::timeout(HELLO_TIME, wire::read(&mut rd)).await;
+    let Ok(Ok(Some(FromWorker::Hello { rank, pid, .. }))) = hello else {
+        tracing::warn!("an actor connection did not say hello in time; closed");
+        return;
+    };
+    let (to, mut frames) = unbounded_channel::<ToWorker>();
+    if tx.send(Event::Hello { conn, rank, pid, tx: to }).is_err() {
+        return;
+    }
+    let send = async move {
+        while let Some(f) = frames.recv().await {
+            if let Err(e) = wire::write(&mut wr, &f).await {
+                tracing::debug!(rank, error = %e, "cannot write to an actor worker");
+                return;
+            }
+        }
+    };
+    let recv = async {
+        loop {
+            let ev = match wire::read(&mut rd).await {
+                Ok(Some(FromWorker::Ready)) => Event::Ready { conn },
+                Ok(Some(FromWorker::InitFailed { error })) => Event::InitFailed { conn, error },
+                Ok(Some(FromWorker::Result { id, ok, value, error })) => {
+                    Event::Result { conn, id, outcome: Outcome { ok, value, error } }
+                }
+                Ok(Some(FromWorker::Hello { .. })) => continue,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(rank, error = %e, "an actor worker sent what it should not; closed");
+                    return;
+                }
+            };
+            if tx.send(ev).is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        () = cancel.cancelled() => {}
+        () = send => {}
+        () = recv => {}
+    }
+    let _ = tx.send(Event::Gone { conn });
+}
+
+/// Read the actor's operations in order, from the first of `round` (or,
+/// when the control API has none for it yet, the next one it writes).
+async fn read_ops(
+    place: Place,
+    keys: Keys,
+    (seq, round): (u64, u64),
+    tx: UnboundedSender<Event>,
+    cancel: CancellationToken,
+) {
+    let mut link = Link::new(place.dial.clone(), &place.base);
+    let count = |v: Vec<u8>| std::str::from_utf8(&v).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
+    let mut n = {
+        let ops = link.get(&keys.ops()).await.map(count).unwrap_or(0);
+        match link.get(&keys.first(round)).await.map(count) {
+            Ok(first) if first > 0 => first,
+            _ => ops + 1,
+        }
+    };
+    let mut warned = false;
+    loop {
+        let key = keys.op(n);
+        let waited = tokio::select! {
+            () = cancel.cancelled() => return,
+            w = tokio::time::timeout(OP_POLL, crate::serve::wait_key(&place.dial, &key)) => w,
+        };
+        let value = match waited {
+            Ok(Ok(v)) if !v.is_empty() => v,
+            Ok(Err(e)) => {
+                if !std::mem::replace(&mut warned, true) {
+                    tracing::warn!(actor = seq, error = %crate::error::error_chain(&e), "cannot read the actor's calls from the store; retrying");
+                }
+                tokio::time::sleep(OP_POLL).await;
+                continue;
+            }
+            // Not there: removed (a call none of this pod's ranks ran), or
+            // not written yet.
+            _ => {
+                if link.get(&keys.ops()).await.map(count).unwrap_or(0) >= n && !link.exists(&key).await.unwrap_or(true)
+                {
+                    n += 1;
+                }
+                continue;
+            }
+        };
+        warned = false;
+        let token = crate::serve::read_token(&place.token_file).unwrap_or_default();
+        let op = crate::serve::unseal(&token, &place.scope, OP_KIND, n, &value)
+            .map_err(str::to_string)
+            .and_then(|p| serde_json::from_slice::<Op>(p).map_err(|e| e.to_string()))
+            .and_then(
+                |op| if op.actor == seq && op.n == n { Ok(op) } else { Err("for another actor or number".into()) },
+            );
+        match op {
+            Ok(op) => {
+                if tx.send(Event::Op(op)).is_err() {
+                    return;
+                }
+            }
+            Err(why) => {
+                tracing::error!(actor = seq, op = n, reason = %why, "refused an actor operation in the store: not this job's control API's")
+            }
+        }
+        n += 1;
+    }
+}

@@ -1,0 +1,466 @@
+//! The control API's side of actors: `/v1/actors/{id}/calls`.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `POST /v1/actors/{id}/calls[?wait=S]` | `{"method", "args", "kwargs", "ranks"}` or `{"method", "pickle", "ranks"}`: 200 `{"call", "done": true, "ok", "results"}` when it ended within S seconds (default 30, at most 300), else 202 `{"call", "done": false}` |
+//! | `GET /v1/actors/{id}/calls/{n}[?wait=S]` | the same, for call `n` |
+//! | `DELETE /v1/actors/{id}/calls/{n}` | 202 `cancelling`: the method's thread gets `trainlet_actor.Cancelled` |
+//!
+//! Each call is driven by a task of its own: it waits until the actor's
+//! workers run in a round (the host's started), publishes the call for that
+//! round, and gathers one [`Outcome`] per rank. A call that no rank ran
+//! (its round ended first) is published again for the next round; a rank
+//! that never answers (its pod was lost) is answered for once the round is
+//! over on the host and [`SETTLE`] has passed; an actor that is over
+//! answers every rank that did not.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::sync::watch;
+
+use super::{Encoding, Keys, OP_KIND, Op, Outcome, What, fault};
+use crate::http::{Request, Status, error_body};
+use crate::serve::api::{Answer, BoxFuture, Calls};
+use crate::serve::board::{Board, Record};
+use crate::serve::spec::shown;
+use crate::serve::{Link, Scope};
+use crate::store::Dial;
+
+/// Default and longest wait of a call request.
+const WAIT_DEFAULT: f64 = 30.0;
+const WAIT_MAX: f64 = 300.0;
+/// Calls of one actor not over at once; one more is answered 503.
+const MAX_OPEN: usize = 1024;
+/// Calls over whose answers are kept, per actor.
+const KEEP_DONE: usize = 1024;
+/// Time the ranks of a round that ended get to answer for themselves.
+pub const SETTLE: Duration = Duration::from_secs(5);
+/// Most bytes of a call's encoded arguments.
+const MAX_ARGS: usize = 64 * 1024 * 1024;
+
+/// What the desk needs of the job.
+#[derive(Debug, Clone)]
+pub struct Conf {
+    /// The agents' store.
+    pub dial: Dial,
+    /// The job's key prefix.
+    pub base: String,
+    /// The control token's file.
+    pub token_file: PathBuf,
+    /// The serving session operations are sealed for.
+    pub scope: Scope,
+}
+
+/// A call as a driver sends it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Body {
+    method: String,
+    #[serde(default)]
+    args: Vec<serde_json::Value>,
+    #[serde(default)]
+    kwargs: serde_json::Map<String, serde_json::Value>,
+    #[serde(default)]
+    pickle: Option<String>,
+    #[serde(default)]
+    ranks: Option<Vec<u32>>,
+}
+
+/// One call: its answer when over, and where it runs.
+#[derive(Debug)]
+struct Entry {
+    done: watch::Receiver<Option<Arc<String>>>,
+    /// The operation and round it runs in now (None until published).
+    at: Option<(u64, u64)>,
+    cancelled: bool,
+}
+
+#[derive(Debug, Default)]
+struct Actor {
+    next_call: u64,
+    calls: BTreeMap<u64, Entry>,
+}
+
+/// The control API's record of actor calls.
+#[derive(Debug)]
+pub struct Desk {
+    conf: Conf,
+    board: Arc<Board>,
+    actors: Mutex<HashMap<u64, Actor>>,
+    /// Operations are numbered and published one at a time.
+    publisher: tokio::sync::Mutex<Publisher>,
+}
+
+#[derive(Debug)]
+struct Publisher {
+    link: Link,
+    /// Per actor: the next operation number, and the newest round with an operation.
+    next: HashMap<u64, (u64, u64)>,
+}
+
+fn fail(status: Status, message: &str) -> Answer {
+    (status, error_body(status, message))
+}
+
+impl Desk {
+    /// A desk for the control API of `board`.
+    pub fn new(conf: Conf, board: Arc<Board>) -> Arc<Self> {
+        let link = Link::new(conf.dial.clone(), &conf.base);
+        Arc::new(Self {
+            conf,
+            board,
+            actors: Mutex::new(HashMap::new()),
+            publisher: tokio::sync::Mutex::new(Publisher { link, next: HashMap::new() }),
+        })
+    }
+
+    fn actors(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Actor>> {
+        self.actors.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn post(self: &Arc<Self>, run: &Record, req: &Request) -> Answer {
+        if run.state.is_final() {
+            return fail(Status::CONFLICT, &format!("actor {} is {}; deploy it again", run.id, run.state.word()));
+        }
+        let body: Body = match serde_json::from_slice(&req.body) {
+            Ok(b) => b,
+            Err(e) => return fail(Status::BAD, &format!("the body is not a valid call: {e}")),
+        };
+        let method_ok = !body.method.is_empty()
+            && body.method.len() <= 256
+            && body.method.chars().all(|c| c.is_alphanumeric() || c == '_')
+            && (!body.method.starts_with('_') || body.method == "__call__");
+        if !method_ok {
+            return fail(Status::BAD, &format!("method: {} is not the name of a public method", shown(&body.method)));
+        }
+        let (encoding, args) = match body.pickle {
+            Some(p) if body.args.is_empty() && body.kwargs.is_empty() => {
+                if let Err(e) = data_encoding::BASE64.decode(p.as_bytes()) {
+                    return fail(Status::BAD, &format!("pickle: not base64 ({e})"));
+                }
+                (Encoding::Pickle, p)
+            }
+            Some(_) => return fail(Status::BAD, "give either pickle or args/kwargs, not both"),
+            None => (Encoding::Json, serde_json::json!({ "args": body.args, "kwargs": body.kwargs }).to_string()),
+        };
+        if args.len() > MAX_ARGS {
+            return fail(
+                Status::TOO_LARGE,
+                &format!("the arguments are {} bytes encoded, at most {MAX_ARGS}", args.len()),
+            );
+        }
+        let ranks = body.ranks.map(|mut r| {
+            r.sort_unstable();
+            r.dedup();
+            r
+        });
+        let (tx, rx) = watch::channel(None);
+        let id = {
+            let mut actors = self.actors();
+            let a = actors.entry(run.seq).or_default();
+            if a.calls.values().filter(|e| e.done.borrow().is_none()).count() >= MAX_OPEN {
+                return fail(Status::UNAVAILABLE, &format!("{MAX_OPEN} calls of this actor are not over; try again"));
+            }
+            a.next_call += 1;
+            let id = a.next_call;
+            a.calls.insert(id, Entry { done: rx.clone(), at: None, cancelled: false });
+            while a.calls.len() > KEEP_DONE + MAX_OPEN {
+                let Some(old) = a.calls.iter().find(|(_, e)| e.done.borrow().is_some()).map(|(k, _)| *k) else { break };
+                a.calls.remove(&old);
+            }
+            id
+        };
+        let spec = Spec { method: body.method, encoding, args, ranks };
+        tracing::debug!(actor = %run.id, call = id, method = %spec.method, "actor call");
+        tokio::spawn(Arc::clone(self).drive(run.seq, id, spec, tx));
+        wait_answer(id, rx, wait_of(req)).await
+    }
+
+    async fn get(&self, run: &Record, n: &str, req: &Request) -> Answer {
+        let Some(rx) = n.parse::<u64>().ok().and_then(|n| self.entry(run.seq, n, |e| e.done.clone())) else {
+            return fail(
+                Status::NOT_FOUND,
+                &format!("no call {} of actor {} (or it is no longer kept)", shown(n), run.id),
+            );
+        };
+        wait_answer(n.parse().unwrap_or(0), rx, wait_of(req)).await
+    }
+
+    async fn cancel(&self, run: &Record, n: &str) -> Answer {
+        let Some(id) = n.parse::<u64>().ok() else {
+            return fail(Status::NOT_FOUND, &format!("no call {}", shown(n)));
+        };
+        let Some((over, at)) = self.entry(run.seq, id, |e| {
+            e.cancelled = true;
+            (e.done.borrow().is_some(), e.at)
+        }) else {
+            return fail(Status::NOT_FOUND, &format!("no call {id} of actor {}", run.id));
+        };
+        if over {
+            return (Status::OK, serde_json::json!({ "call": id, "state": "over" }).to_string());
+        }
+        if let Some((op, round)) = at
+            && let Err(e) = self.publish(run.seq, round, What::Cancel { call: op }).await
+        {
+            return fail(Status::UNAVAILABLE, &format!("cannot cancel call {id}: {}", crate::error::error_chain(&e)));
+        }
+        tracing::info!(actor = %run.id, call = id, "cancelling an actor call on request");
+        (Status(202, "Accepted"), serde_json::json!({ "call": id, "state": "cancelling" }).to_string())
+    }
+
+    fn entry<T>(&self, seq: u64, id: u64, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {
+        self.actors().get_mut(&seq).and_then(|a| a.calls.get_mut(&id)).map(f)
+    }
+
+    /// Publish an operation for `round`; its number.
+    async fn publish(&self, seq: u64, round: u64, what: What) -> Result<u64, super::Error> {
+        let token = crate::serve::read_token(&self.conf.token_file).map_err(|e| super::Error::Io {
+            what: "cannot read the control token",
+            path: self.conf.token_file.display().to_string(),
+            source: e,
+        })?;
+        let keys = Keys::new(&self.conf.base, seq);
+        let mut p = self.publisher.lock().await;
+        let (n, newest) = p.next.get(&seq).copied().unwrap_or((1, 0));
+        let op = Op { actor: seq, n, round, what };
+        let json = serde_json::to_vec(&op).map_err(|e| super::Error::Corrupt(e.to_string()))?;
+        if round > newest {
+            p.link.set(&keys.first(round), n.to_string().as_bytes()).await?;
+        }
+        p.link.set(&keys.op(n), &crate::serve::seal(&token, &self.conf.scope, OP_KIND, n, &json)).await?;
+        p.link.set(&keys.ops(), n.to_string().as_bytes()).await?;
+        p.next.insert(seq, (n + 1, newest.max(round)));
+        Ok(n)
+    }
+
+    /// Wait until the actor's workers run in a round: (round, world), or
+    /// None when the actor is over.
+    async fn running(&self, seq: u64) -> Option<(u64, u32)> {
+        let mut w = self.board.watch();
+        loop {
+            if let Some((round, nnodes, nproc)) = self.board.running(seq) {
+                return Some((round, nnodes.saturating_mul(nproc)));
+            }
+            if self.board.by_seq(seq).is_none_or(|r| r.state.is_final()) {
+                return None;
+            }
+            if w.changed().await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    /// Run one call to its answer.
+    async fn drive(self: Arc<Self>, seq: u64, id: u64, spec: Spec, done: watch::Sender<Option<Arc<String>>>) {
+        let mut last: Vec<(u32, Outcome)> = Vec::new();
+        let answer = loop {
+            let Some((round, world)) = self.running(seq).await else {
+                break gone_for(&spec, &last);
+            };
+            if self.entry(seq, id, |e| e.cancelled).unwrap_or(true) {
+                let all = ranks_of(&spec, world);
+                break all
+                    .into_iter()
+                    .map(|r| (r, Outcome::fault(fault::CANCELLED, "cancelled before it started".into(), false)))
+                    .collect();
+            }
+            let ranks = ranks_of(&spec, world);
+            let (valid, invalid): (Vec<u32>, Vec<u32>) = ranks.iter().partition(|r| **r < world);
+            if !invalid.is_empty() || valid.is_empty() {
+                break ranks
+                    .into_iter()
+                    .map(|r| {
+                        let why = format!("no rank {r}: the actor has {world} ranks");
+                        (r, Outcome::fault("ValueError", why, false))
+                    })
+                    .collect();
+            }
+            let what = What::Call {
+                method: spec.method.clone(),
+                encoding: spec.encoding,
+                args: spec.args.clone(),
+                ranks: spec.ranks.clone(),
+            };
+            let n = match self.publish(seq, round, what).await {
+                Ok(n) => n,
+                Err(e) => {
+                    let why = format!("cannot publish the call to the pods: {}", crate::error::error_chain(&e));
+                    break valid
+                        .into_iter()
+                        .map(|r| (r, Outcome::fault(fault::ACTOR_GONE, why.clone(), false)))
+                        .collect();
+                }
+            };
+            self.entry(seq, id, |e| e.at = Some((n, round)));
+            let got = self.gather(seq, n, round, &valid).await;
+            self.forget(seq, n, &valid).await;
+            let again = got.iter().all(|(_, o)| o.not_run());
+            last = got;
+            if !again || self.entry(seq, id, |e| e.cancelled).unwrap_or(true) {
+                break std::mem::take(&mut last);
+            }
+            tracing::debug!(call = id, round, "no rank ran the call before its round ended; publishing it again");
+        };
+        let _ = done.send(Some(Arc::new(render(id, &spec, &answer))));
+    }
+
+    /// Every rank's outcome of operation `n` of `round`.
+    async fn gather(&self, seq: u64, n: u64, round: u64, ranks: &[u32]) -> Vec<(u32, Outcome)> {
+        let keys = Keys::new(&self.conf.base, seq);
+        let names: Vec<String> = ranks.iter().map(|r| keys.result(n, *r)).collect();
+        let mut w = self.board.watch();
+        let waited = async {
+            let mut c = self.conf.dial.connect().await?;
+            c.wait(&names).await?;
+            c.multi_get(&names).await
+        };
+        tokio::pin!(waited);
+        let settle = tokio::time::sleep(Duration::from_secs(86_400));
+        tokio::pin!(settle);
+        let mut armed = false;
+        let values = loop {
+            tokio::select! {
+                v = &mut waited => break v.ok(),
+                () = &mut settle, if armed => break None,
+                ch = w.changed() => {
+                    let moved = self.board.running(seq).is_none_or(|(r, _, _)| r != round);
+                    if (ch.is_err() || moved) && !armed {
+                        armed = true;
+                        settle.as_mut().reset(tokio::time::Instant::now() + SETTLE);
+                    }
+                }
+            }
+        };
+        let values = match values {
+            Some(v) => v,
+            None => {
+                let mut link = Link::new(self.conf.dial.clone(), &self.conf.base);
+                let mut v = Vec::new();
+                for k in &names {
+                    v.push(link.get(k).await.unwrap_or_default());
+                }
+                v
+            }
+        };
+        let over = self.board.by_seq(seq).is_none_or(|r| r.state.is_final());
+        ranks
+            .iter()
+            .zip(values)
+            .map(|(r, v)| {
+                let o = if v.is_empty() {
+                    let (kind, why) = if over {
+                        (fault::ACTOR_GONE, format!("the actor ended before rank {r} answered"))
+                    } else {
+                        (fault::ACTOR_RESTARTED, format!("rank {r} did not answer before round {round} ended (its pod left or was lost); the actor restarts"))
+                    };
+                    Outcome::fault(kind, why, true)
+                } else {
+                    serde_json::from_slice(&v).unwrap_or_else(|e| {
+                        Outcome::fault(fault::BAD_RESULT, format!("rank {r}'s outcome is not trainlet's: {e}"), true)
+                    })
+                };
+                (*r, o)
+            })
+            .collect()
+    }
+
+    /// Remove what call `n` left in the store.
+    async fn forget(&self, seq: u64, n: u64, ranks: &[u32]) {
+        let keys = Keys::new(&self.conf.base, seq);
+        let mut link = Link::new(self.conf.dial.clone(), &self.conf.base);
+        for r in ranks {
+            let _ = link.delete(&keys.result(n, *r)).await;
+        }
+        let _ = link.delete(&keys.op(n)).await;
+    }
+}
+
+/// A call's content.
+#[derive(Debug)]
+struct Spec {
+    method: String,
+    encoding: Encoding,
+    args: String,
+    ranks: Option<Vec<u32>>,
+}
+
+fn ranks_of(spec: &Spec, world: u32) -> Vec<u32> {
+    spec.ranks.clone().unwrap_or_else(|| (0..world).collect())
+}
+
+/// The answer when the actor is over: what ranks said last, and ActorGone.
+fn gone_for(spec: &Spec, last: &[(u32, Outcome)]) -> Vec<(u32, Outcome)> {
+    let gone =
+        |r| (r, Outcome::fault(fault::ACTOR_GONE, "the actor is over (closed, replaced or failed)".into(), false));
+    if last.is_empty() {
+        return spec.ranks.clone().unwrap_or_else(|| vec![0]).into_iter().map(gone).collect();
+    }
+    last.iter().map(|(r, o)| if o.not_run() { gone(*r) } else { (*r, o.clone()) }).collect()
+}
+
+/// The JSON answer of a call that is over.
+fn render(id: u64, spec: &Spec, outcomes: &[(u32, Outcome)]) -> String {
+    let results: Vec<serde_json::Value> = outcomes
+        .iter()
+        .map(|(rank, o)| match (o.ok, &o.value, &o.error) {
+            (true, Some(v), _) if spec.encoding == Encoding::Json => {
+                let value: serde_json::Value = serde_json::from_str(v).unwrap_or(serde_json::Value::Null);
+                serde_json::json!({ "rank": rank, "ok": true, "value": value })
+            }
+            (true, v, _) => serde_json::json!({ "rank": rank, "ok": true, "pickle": v }),
+            (false, _, e) => serde_json::json!({ "rank": rank, "ok": false, "error": e }),
+        })
+        .collect();
+    let ok = outcomes.iter().all(|(_, o)| o.ok);
+    serde_json::json!({ "call": id, "done": true, "ok": ok, "results": results }).to_string()
+}
+
+/// `?wait=S`, bounded.
+fn wait_of(req: &Request) -> Duration {
+    let s = req
+        .query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("wait="))
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .unwrap_or(WAIT_DEFAULT);
+    Duration::from_secs_f64(s.min(WAIT_MAX))
+}
+
+async fn wait_answer(id: u64, mut rx: watch::Receiver<Option<Arc<String>>>, wait: Duration) -> Answer {
+    let done = tokio::time::timeout(wait, async {
+        loop {
+            if let Some(a) = rx.borrow_and_update().clone() {
+                return Some(a);
+            }
+            if rx.changed().await.is_err() {
+                return rx.borrow().clone();
+            }
+        }
+    })
+    .await;
+    match done {
+        Ok(Some(a)) => (Status::OK, a.as_str().to_string()),
+        _ => (Status(202, "Accepted"), serde_json::json!({ "call": id, "done": false }).to_string()),
+    }
+}
+
+impl Calls for Arc<Desk> {
+    fn answer<'a>(&'a self, run: Record, rest: Vec<String>, req: &'a Request) -> BoxFuture<'a, Answer> {
+        Box::pin(async move {
+            if run.actor.is_none() {
+                return fail(Status::NOT_FOUND, &format!("{} is a run, not an actor", run.id));
+            }
+            match (req.method.as_str(), rest.as_slice()) {
+                ("POST", []) => self.post(&run, req).await,
+                ("GET", [n]) => self.get(&run, n, req).await,
+                ("DELETE", [n]) => self.cancel(&run, n).await,
+                _ => fail(Status::METHOD, &format!("{} is not allowed on {}", shown(&req.method), shown(&req.path))),
+            }
+        })
+    }
+}

@@ -1,0 +1,132 @@
+//! Actors on served pods: 2 simulated pods (127.0.0.1-2) x 2 workers, real
+//! torch (gloo, CPU), driven by the repository's Python client
+//! (`tests/fixtures/actor_driver_test.py`), which prints one JSON line per
+//! step; the assertions are here.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use crate::serve::{json, start};
+use crate::util::*;
+
+/// Weights of `actor_trainer.py --reference STEPS WORLD`: one process, the
+/// ranks' gradients averaged as DDP does.
+fn reference(steps: u32, world: u32) -> Vec<f64> {
+    let out = std::process::Command::new(python())
+        .arg(fixture("actor_trainer.py"))
+        .args(["--reference", &steps.to_string(), &world.to_string()])
+        .output()
+        .expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("weights")
+}
+
+fn close(a: &serde_json::Value, b: &[f64]) -> bool {
+    let a: Vec<f64> = a.as_array().expect("weights").iter().filter_map(serde_json::Value::as_f64).collect();
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5)
+}
+
+#[test]
+fn an_actor_keeps_its_state_across_calls_and_survives_exceptions_and_a_killed_rank() {
+    let mut s = start(2, &[]);
+    let out = std::process::Command::new(python())
+        .arg(fixture("actor_driver_test.py"))
+        .args([s.url.as_str(), &s.token_file.display().to_string(), &fixture("actor_trainer.py")])
+        .output()
+        .expect("driver");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "driver failed: {}\n{stdout}\npod 0:\n{}\npod 1:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.pods[0].stderr(),
+        s.pods[1].stderr()
+    );
+    let steps: HashMap<String, serde_json::Value> =
+        stdout.lines().map(json).map(|v| (v["step"].as_str().unwrap_or("").to_string(), v)).collect();
+    let step = |name: &str| steps.get(name).unwrap_or_else(|| panic!("no step {name}:\n{stdout}"));
+
+    // State kept across five calls: counters and parameters the same on every
+    // rank, equal to the single-process reference; one process per rank.
+    let five = step("five_calls")["states"].as_array().expect("states");
+    assert_eq!(five.len(), 5, "{stdout}");
+    for (i, call) in five.iter().enumerate() {
+        let ranks = call.as_array().expect("ranks");
+        assert_eq!(ranks.len(), 4, "every rank answered call {i}: {call}");
+        let want = if i == 4 { 8 } else { 2 * (i as u64 + 1) };
+        for (r, st) in ranks.iter().enumerate() {
+            assert_eq!(st["rank"], r as u64, "results come in rank order: {call}");
+            assert_eq!(st["steps"], want, "call {i}: {call}");
+            assert_eq!(st["world"], 4, "{call}");
+        }
+        let params: BTreeSet<&str> = ranks.iter().filter_map(|st| st["params"].as_str()).collect();
+        assert_eq!(params.len(), 1, "DDP kept the ranks identical: {call}");
+    }
+    let last = &five[4].as_array().expect("ranks")[0];
+    assert!(close(&last["weights"], &reference(8, 4)), "equal to the one-process reference: {last}");
+    let pids: BTreeSet<u64> = five
+        .iter()
+        .flat_map(|c| c.as_array().expect("ranks").iter().map(|st| st["pid"].as_u64().unwrap_or(0)))
+        .collect();
+    assert_eq!(pids.len(), 4, "one process per rank for every call: {pids:?}");
+
+    // A call answers while another runs in the same processes.
+    let conc = step("concurrent");
+    assert_eq!(conc["slow_done_when_state_answered"], false, "{conc}");
+    assert_eq!(conc["slow"], serde_json::json!([0, 1, 2, 3]), "{conc}");
+    let during: BTreeSet<u64> =
+        conc["state"].as_array().expect("state").iter().filter_map(|st| st["pid"].as_u64()).collect();
+    assert_eq!(during, pids, "the same worker processes: {conc}");
+
+    // Cancelled: the method's thread got the exception, well before 60 s.
+    let cancel = step("cancel");
+    assert_eq!(cancel["raised"]["type"], "CallCancelled", "{cancel}");
+    assert!(cancel["seconds"].as_f64().unwrap_or(99.0) < 20.0, "{cancel}");
+
+    // An exception comes back with its rank and remote traceback; the actor lives on.
+    let fail = step("fail");
+    let raised = &fail["raised"];
+    assert_eq!((raised["type"].as_str(), raised["rank"].as_u64()), (Some("ValueError"), Some(1)), "{fail}");
+    assert!(raised["message"].as_str().is_some_and(|m| m.contains("rank 1")), "{fail}");
+    assert!(
+        raised["traceback"].as_str().is_some_and(|t| t.contains("actor_trainer.py") && t.contains("in fail")),
+        "{fail}"
+    );
+    let after = fail["after"].as_array().expect("after");
+    assert!(after.iter().all(|st| st["steps"] == 9), "train() works after the exception, state kept: {fail}");
+
+    // A killed rank: WorkerDied naming rank 3 and SIGKILL; the actor is
+    // rebuilt (every rank re-instantiated) and answers again.
+    let die = step("die");
+    let raised = &die["raised"];
+    assert_eq!((raised["class"].as_str(), raised["rank"].as_u64()), (Some("WorkerDied"), Some(3)), "{die}");
+    let root = raised["failures"].as_array().expect("failures").iter().find(|f| f[0] == 3).expect("rank 3");
+    assert_eq!(root[1]["signal"], "SIGKILL", "{die}");
+    let after = die["after"].as_array().expect("after");
+    assert_eq!(after.len(), 4, "{die}");
+    let new_pids: BTreeSet<u64> = after.iter().filter_map(|st| st["pid"].as_u64()).collect();
+    assert!(new_pids.is_disjoint(&pids), "every rank re-instantiated: {die}");
+    assert!(after.iter().all(|st| st["steps"] == 0), "{die}");
+
+    // The cache directory outlives the actor that wrote into it.
+    let paths = step("cache_put")["paths"].as_array().expect("paths").clone();
+    assert!(
+        paths.iter().all(|p| p.as_str().is_some_and(|p| p.contains(&s.dir.path().display().to_string()))),
+        "{paths:?}"
+    );
+    assert_eq!(
+        step("cache_get")["texts"],
+        serde_json::json!(["across actors", "across actors", "across actors", "across actors"]),
+        "{stdout}"
+    );
+
+    // A function is a one-method actor.
+    let f = step("function");
+    let values = f["values"].as_array().unwrap_or_else(|| panic!("{f}"));
+    assert_eq!(values.len(), 4, "{f}");
+    assert!(close(&values[0], &reference(2, 1)), "{f}");
+
+    for p in &mut s.pods {
+        p.wait_for_stderr("actor instantiated", Duration::from_secs(5));
+    }
+}
