@@ -23,7 +23,16 @@ cargo clippy --locked --workspace --all-targets
 # The release binary first: the container tests put it in the images.
 cargo build --locked --release
 # Every test binary runs even when an earlier one fails; the exit is non-zero then.
-cargo test --locked --workspace --no-fail-fast
+# A failure's details are printed again at the very end, where a CI log's
+# tail shows them.
+mkdir -p target
+if ! cargo test --locked --workspace --no-fail-fast 2>&1 | tee target/test.log; then
+  echo "=== the failures again (full log: target/test.log) ===" >&2
+  awk '/^failures:$/{on=1} on' target/test.log | grep -v '^ *[0-9]*: \|^ *at ' | tail -300 >&2
+  echo "=== where each failing test panicked ===" >&2
+  grep -A4 "panicked at" target/test.log | cut -c1-400 | head -120 >&2
+  exit 101
+fi
 kind=$(file target/x86_64-unknown-linux-gnu/release/trainlet)
 echo "$kind"
 if ! grep -Eq "static-pie linked|statically linked" <<<"$kind"; then

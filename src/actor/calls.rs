@@ -407,15 +407,19 @@ fn render(id: u64, spec: &Spec, outcomes: &[(u32, Outcome)]) -> String {
     let results: Vec<serde_json::Value> = outcomes
         .iter()
         .map(|(rank, o)| match (o.ok, &o.value, &o.error) {
-            (true, Some(v), _) if spec.encoding == Encoding::Json => {
-                let value: serde_json::Value = serde_json::from_str(v).unwrap_or(serde_json::Value::Null);
-                serde_json::json!({ "rank": rank, "ok": true, "value": value })
-            }
+            (true, Some(v), _) if spec.encoding == Encoding::Json => match serde_json::from_str::<serde_json::Value>(v) {
+                Ok(value) => serde_json::json!({ "rank": rank, "ok": true, "value": value }),
+                Err(e) => {
+                    let why = format!("rank {rank}'s result is not JSON ({e}): NaN and Infinity are not; return None or a string, or call with pickle");
+                    let bad = Outcome::fault(fault::BAD_RESULT, why, true);
+                    serde_json::json!({ "rank": rank, "ok": false, "error": bad.error })
+                }
+            },
             (true, v, _) => serde_json::json!({ "rank": rank, "ok": true, "pickle": v }),
             (false, _, e) => serde_json::json!({ "rank": rank, "ok": false, "error": e }),
         })
         .collect();
-    let ok = outcomes.iter().all(|(_, o)| o.ok);
+    let ok = results.iter().all(|r| r["ok"] == true);
     serde_json::json!({ "call": id, "done": true, "ok": ok, "results": results }).to_string()
 }
 
@@ -462,5 +466,41 @@ impl Calls for Arc<Desk> {
                 _ => fail(Status::METHOD, &format!("{} is not allowed on {}", shown(&req.method), shown(&req.path))),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(encoding: Encoding) -> Spec {
+        Spec { method: "m".into(), encoding, args: String::new(), ranks: None }
+    }
+
+    #[test]
+    fn answers_carry_values_in_rank_order_and_refuse_what_is_not_json() {
+        let ok = |v: &str| Outcome { ok: true, value: Some(v.into()), error: None };
+        let text = render(7, &spec(Encoding::Json), &[(0, ok("{\"a\": 1}")), (1, ok("NaN"))]);
+        let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(v["call"], 7);
+        assert_eq!(v["ok"], false, "one rank's result is not JSON: {v}");
+        assert_eq!(v["results"][0], serde_json::json!({"rank": 0, "ok": true, "value": {"a": 1}}));
+        assert_eq!(v["results"][1]["error"]["type"], fault::BAD_RESULT, "{v}");
+        let text = render(8, &spec(Encoding::Pickle), &[(0, ok("gASVAAAA"))]);
+        let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(
+            (v["ok"].clone(), v["results"][0]["pickle"].clone()),
+            (serde_json::json!(true), serde_json::json!("gASVAAAA"))
+        );
+    }
+
+    #[test]
+    fn an_actor_that_is_over_keeps_what_ranks_said_and_answers_the_rest() {
+        let ran = Outcome::fault("ValueError", "x".into(), true);
+        let not = Outcome::fault(fault::ACTOR_RESTARTED, "y".into(), false);
+        let got = gone_for(&spec(Encoding::Json), &[(0, ran.clone()), (1, not)]);
+        assert_eq!(got[0], (0, ran));
+        assert_eq!(got[1].1.error.as_ref().map(|e| e.kind.as_str()), Some(fault::ACTOR_GONE));
+        assert_eq!(ranks_of(&spec(Encoding::Json), 3), [0, 1, 2]);
     }
 }

@@ -8,24 +8,19 @@
 //! up to the join deadline. Must not parse flags or env (that
 //! is `config`) nor decide policy (that is `supervise::policy`).
 
-use std::net::IpAddr;
 use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use std::sync::Arc;
-
 use crate::config::rules::RuleAction;
 use crate::config::{Env, Framework, Plan};
 use crate::exit;
 use crate::process::signals::SysEvent;
 use crate::process::spawn::Spawner;
-use crate::rendezvous::host::{self, ServeFn};
 use crate::rendezvous::{self, Joined, Known, Member, Round, Session, Timing};
 use crate::serve::board::State as RunState;
-use crate::store::{Endpoint, StoreLoop};
 use crate::supervise::attempt::{Job, run_attempt};
 use crate::supervise::policy::{JobEnd, Outcome, RoundFacts, Verdict, backoff, verdict};
 use crate::supervise::report::{Failure, RoundRecord, root_cause};
@@ -34,6 +29,7 @@ use crate::sys;
 use finish::{check_writable, fail_code, forget_logs, log_root, record, report};
 
 mod finish;
+mod hosting;
 mod progress;
 mod serve;
 mod tracker;
@@ -123,41 +119,9 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     // Serve mode's agents' store asks every connection for the control token.
     let token_file = serve::token_file(&plan)?;
     let guard = token_file.as_deref().map(crate::store::Guard::new);
-    // The agents' store, when this pod hosts it.
-    let bind_ip: Option<IpAddr> = plan.standalone.then_some(IpAddr::from([127, 0, 0, 1]));
-    let store_loop = if plan.serve_store { Some(Arc::new(StoreLoop::start().map_err(Error::Os)?)) } else { None };
-    // One memory budget for the agents' store and every worker store;
-    // serve mode's guarded store has one of its own, so that a client of
-    // an (open) worker store cannot fill the store the control API writes.
-    let budget = Arc::new(crate::store::Budget::new(plan.store_memory));
-    let agents_budget =
-        if guard.is_some() { Arc::new(crate::store::Budget::new(plan.store_memory)) } else { Arc::clone(&budget) };
-    let control = if let Some(lp) = &store_loop {
-        sys::raise_nofile();
-        let server =
-            lp.serve_guarded(bind_ip, plan.endpoint.port, agents_budget, guard.clone(), cancel.child_token())?;
-        tracing::info!(addr = %server.local_addr(), memory_budget = budget.limit(), "serving the rendezvous store");
-        Some(server)
-    } else {
-        None
-    };
-    // The store host dials its own store on loopback: its own DNS record may
-    // not be published yet (headless services publish late). Workers get the
-    // address every pod can reach.
-    let endpoint = match &control {
-        Some(s) => Endpoint { host: "127.0.0.1".into(), port: s.local_addr().port() },
-        None => plan.endpoint.clone(),
-    };
+    // The agents' store (and the rounds' worker stores), when this pod hosts it.
+    let (control, endpoint) = hosting::host_store(&plan, guard.as_ref(), timing, &cancel)?;
     let master_addr = if plan.standalone { endpoint.host.clone() } else { plan.endpoint.host.clone() };
-    if let (Some(lp), Some(server)) = (&store_loop, &control) {
-        let lp = Arc::clone(lp);
-        let token = cancel.child_token();
-        let serve: ServeFn = Box::new(move || lp.serve(bind_ip, 0, Arc::clone(&budget), token.child_token()));
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], server.local_addr().port()));
-        let base = rendezvous::job_base(&plan.run_id, plan.jobset_attempt);
-        let dial = crate::store::Dial { addr, guard: guard.clone() };
-        tokio::spawn(host::serve_rounds(dial, base, timing, serve, cancel.child_token()));
-    }
 
     let me = Member {
         uid: String::new(),

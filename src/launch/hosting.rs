@@ -1,0 +1,48 @@
+//! The store host's part of `trainlet run`: the agents' store, the
+//! rounds' worker stores and the liveness monitor.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Error, Result};
+use crate::config::Plan;
+use crate::rendezvous::host::{self, ServeFn};
+use crate::rendezvous::{self, Timing};
+use crate::store::{Endpoint, StoreLoop};
+use crate::sys;
+
+/// Serve the agents' store when this pod hosts it, with the rounds' worker
+/// stores and liveness monitor; the server, and the endpoint this pod
+/// dials (the host dials its own store on loopback: its own DNS record may
+/// not be published yet, as headless services publish late).
+pub(super) fn host_store(
+    plan: &Plan,
+    guard: Option<&crate::store::Guard>,
+    timing: Timing,
+    cancel: &CancellationToken,
+) -> Result<(Option<crate::store::StoreServer>, Endpoint)> {
+    if !plan.serve_store {
+        return Ok((None, plan.endpoint.clone()));
+    }
+    let bind_ip: Option<IpAddr> = plan.standalone.then_some(IpAddr::from([127, 0, 0, 1]));
+    let lp = Arc::new(StoreLoop::start().map_err(Error::Os)?);
+    // One memory budget for the agents' store and every worker store;
+    // serve mode's guarded store has one of its own, so that a client of
+    // an (open) worker store cannot fill the store the control API writes.
+    let budget = Arc::new(crate::store::Budget::new(plan.store_memory));
+    let agents_budget =
+        if guard.is_some() { Arc::new(crate::store::Budget::new(plan.store_memory)) } else { Arc::clone(&budget) };
+    sys::raise_nofile();
+    let server = lp.serve_guarded(bind_ip, plan.endpoint.port, agents_budget, guard.cloned(), cancel.child_token())?;
+    tracing::info!(addr = %server.local_addr(), memory_budget = budget.limit(), "serving the rendezvous store");
+    let port = server.local_addr().port();
+    let token = cancel.child_token();
+    let serve: ServeFn = Box::new(move || lp.serve(bind_ip, 0, Arc::clone(&budget), token.child_token()));
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let base = rendezvous::job_base(&plan.run_id, plan.jobset_attempt);
+    let dial = crate::store::Dial { addr, guard: guard.cloned() };
+    tokio::spawn(host::serve_rounds(dial, base, timing, serve, cancel.child_token()));
+    Ok((Some(server), Endpoint { host: "127.0.0.1".into(), port }))
+}
