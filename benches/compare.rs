@@ -10,7 +10,9 @@
 //! boto3: `init_bench.rs`), jax, xgboost and report (frameworks against
 //! Trainer's way of starting them, and progress reporting's cost:
 //! `framework_bench.rs`), redeploy and preload (serve mode against a
-//! cold torchrun start, `--preload torch` against none: `serve_bench.rs`).
+//! cold torchrun start, `--preload torch` against none: `serve_bench.rs`),
+//! actors (call overhead against the HTTP floor, actor redeploy and
+//! recovery against a cold torchrun start: `actor_bench.rs`).
 //! `gate` runs a fast subset and checks each ratio against its floor in
 //! `benches/floors.toml` (`gate.rs`); `overhead` includes the bare
 //! fork/exec/wait floor (`compare bare N PROG`, no agent).
@@ -26,6 +28,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+#[path = "actor_bench.rs"]
+mod actor_bench;
 #[path = "framework_bench.rs"]
 mod framework_bench;
 #[path = "gate.rs"]
@@ -705,6 +709,10 @@ fn main() -> std::process::ExitCode {
     }
     if on("preload") {
         serve_bench::preload(&mut rows);
+    }
+    if on("actors") {
+        actor_bench::actors(&mut rows);
+        progress(&rows);
     }
     if on("restart") {
         restart_gap(&mut rows, 2, (5, 3));

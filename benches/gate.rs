@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use super::{Row, agent_rss, launch_rows, restart_gap, serve_bench, store_throughput};
+use super::{Row, actor_bench, agent_rss, launch_rows, restart_gap, serve_bench, store_throughput};
 
 /// One floor of `benches/floors.toml`.
 #[derive(Debug)]
@@ -76,8 +76,20 @@ fn measure() -> Vec<(&'static str, Row)> {
     // add, check and multi_get are measured by the same client run; set and get are gated.
     take(&["store_set_vs_torch", "store_get_vs_torch", "", "", ""], rows);
     let mut rows = Vec::new();
-    serve_bench::redeploy(&mut rows, (3, 0, 2));
+    let cold = serve_bench::redeploy(&mut rows, (3, 0, 2));
     take(&["redeploy_vs_torchrun_cold"], rows);
+    // Actors, against the same cold torchrun start: 200 calls, 3 redeploys, 3 recoveries.
+    let mut rows = Vec::new();
+    actor_bench::rows(&mut rows, &actor_bench::measure(200, 3, 3), cold);
+    take(
+        &[
+            "actor_call_vs_http_floor",
+            "actor_call_vs_goal",
+            "actor_redeploy_vs_torchrun_cold",
+            "actor_recovery_vs_torchrun_cold",
+        ],
+        rows,
+    );
     gated
 }
 

@@ -45,7 +45,7 @@ fn since(t0: u128, t1: u128) -> Duration {
 }
 
 /// `trainlet run` pods (simulated, 127.0.0.N) of a 2 x 2 job.
-fn trainlet_pod(node: u32, port: u16, args: &[&str]) -> Command {
+pub(super) fn trainlet_pod(node: u32, port: u16, args: &[&str]) -> Command {
     let mut c = Command::new(trainlet());
     c.arg("run").args(args);
     c.env("TRAINLET_PYTHON", python())
@@ -145,7 +145,7 @@ fn redeploy_served(preload: bool, n: usize) -> Vec<Duration> {
 
 /// Served pods never exit on their own: stopped (SIGTERM) when the
 /// benchmark is done with them, also when it panics.
-struct Pods(Vec<Child>);
+pub(super) struct Pods(pub(super) Vec<Child>);
 
 impl Drop for Pods {
     fn drop(&mut self) {
@@ -163,7 +163,7 @@ fn stop(mut p: Child) {
 }
 
 /// torchrun cold start of the same job: launch -> every rank's first step.
-fn torchrun_cold() -> Duration {
+pub(super) fn torchrun_cold() -> Duration {
     let dir = tempfile::tempdir().expect("tmp");
     let port = free_port().to_string();
     let t0 = now_ns();
@@ -186,8 +186,9 @@ fn torchrun_cold() -> Duration {
 
 /// Redeploy against a cold torchrun start: `preloaded` redeploys served
 /// with `--preload torch`, `plain` without (no row when 0), `cold` torchrun
-/// starts; medians.
-pub fn redeploy(rows: &mut Vec<Row>, (preloaded, plain, cold): (usize, usize, usize)) {
+/// starts; medians. Returns the cold start's median (the actor rows compare
+/// with it too).
+pub fn redeploy(rows: &mut Vec<Row>, (preloaded, plain, cold): (usize, usize, usize)) -> Duration {
     let preloaded = median(redeploy_served(true, preloaded));
     let plain = (plain > 0).then(|| median(redeploy_served(false, plain)));
     let cold = median((0..cold).map(|_| torchrun_cold()).collect());
@@ -205,6 +206,7 @@ pub fn redeploy(rows: &mut Vec<Row>, (preloaded, plain, cold): (usize, usize, us
             "",
         ));
     }
+    cold
 }
 
 /// Standalone 2-worker job, rank 0 crashes after its first step: crash ->
