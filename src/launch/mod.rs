@@ -32,6 +32,7 @@ mod finish;
 mod hosting;
 mod progress;
 mod serve;
+mod setup;
 mod tracker;
 
 /// Why `trainlet run` could not run the job to an outcome of its own
@@ -154,7 +155,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     );
 
     let progress = progress::Progress::start(&plan, &log_root, session.dial(), &cancel).await;
-    let mut served = serve::Served::start(&plan, session.dial(), token_file, &cancel).await?;
+    let mut served = serve::Served::start(&plan, (session.dial(), &spawner), token_file, &cancel).await?;
     let mut known = Known::default();
     let mut history: Vec<Failure> = Vec::new();
     let mut rounds: Vec<RoundRecord> = Vec::new();

@@ -15,9 +15,11 @@ use tokio_util::sync::CancellationToken;
 use crate::actor::bridge::{Bridge, Place};
 use crate::config::{Plan, Serve};
 use crate::process::signals::SysEvent;
+use crate::process::spawn::Spawner;
 use crate::rendezvous::{Round, Session};
 use crate::serve::board::{Board, RankExit, State, World};
 use crate::serve::logs::Shipper;
+use crate::serve::setup::{Dirs, Step};
 use crate::serve::spec::{Run, shown};
 use crate::serve::{Go, Link, Scope, api, files, wait_go, wait_key};
 use crate::store::Dial;
@@ -68,6 +70,10 @@ pub(super) struct Served {
     token_file: PathBuf,
     /// A forged run or signal was refused (logged once).
     refusing: bool,
+    /// Starts the setup steps' processes.
+    spawner: Spawner,
+    /// The setup steps this pod applied for the current run.
+    steps: Vec<Step>,
 }
 
 impl std::fmt::Debug for Served {
@@ -104,7 +110,7 @@ impl Served {
     /// session and starts the control API.
     pub async fn start(
         plan: &Plan,
-        dial: Dial,
+        (dial, spawner): (Dial, &Spawner),
         token_file: Option<PathBuf>,
         cancel: &CancellationToken,
     ) -> Result<Option<Self>, crate::config::Error> {
@@ -165,6 +171,8 @@ impl Served {
             ended: 0,
             next_go: 1,
             refusing: false,
+            spawner: spawner.clone(),
+            steps: Vec::new(),
         }))
     }
 
@@ -244,16 +252,20 @@ impl Served {
             if let (Some(run), Some(sc)) = (newest.filter(|r| r.seq > self.ended), &scope) {
                 match self.link.ended(&token, sc, run.seq, &run.id).await {
                     Ok(None) => {
-                        if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq) {
-                            self.begin(run).await;
+                        if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq)
+                            && let Some(stopped) = self.begin(run, plan, events).await
+                        {
+                            return stopped;
                         }
                         return Work::Run;
                     }
                     Ok(Some(Err(why))) => {
                         // A marker that is not the control API's does not end a run.
                         self.refuse("an end marker", &why);
-                        if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq) {
-                            self.begin(run).await;
+                        if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq)
+                            && let Some(stopped) = self.begin(run, plan, events).await
+                        {
+                            return stopped;
                         }
                         return Work::Run;
                     }
@@ -331,8 +343,9 @@ impl Served {
         members.into_iter().map(|m| m.host).collect()
     }
 
-    /// A new run: its files, its log shipper.
-    async fn begin(&mut self, run: Run) {
+    /// A new run: its files, its log shipper, the setup steps this pod has
+    /// not applied yet; Some when a stop signal came meanwhile.
+    async fn begin(&mut self, run: Run, plan: &Plan, events: &mut UnboundedReceiver<SysEvent>) -> Option<Work> {
         let started = std::time::Instant::now();
         let (dir, unstartable) = match files::materialize(&mut self.link, &self.conf.dir, &run).await {
             Ok((dir, fetched)) => {
@@ -348,6 +361,18 @@ impl Served {
         let command: Vec<String> = run.command.iter().map(|w| shown(w)).collect();
         tracing::info!(run = %run.id, command = %command.join(" "), "starting a served run");
         let shipper = Shipper::start(Link::new(self.dial.clone(), &self.base), run.seq);
+        let spawner = self.spawner.clone();
+        let pod = super::setup::Pod { plan, spawner: &spawner, tap: Some(shipper.tap()) };
+        let unstartable = match (unstartable, self.setup(&pod, events).await) {
+            (_, Err(super::setup::Stop::Signal(s))) => return Some(Work::Idle(Outcome::Stopped(s))),
+            (Some(why), _) | (None, Err(super::setup::Stop::Failed(why))) => {
+                if why.starts_with("setup step") {
+                    tracing::error!(run = %run.id, "{why}");
+                }
+                Some(why)
+            }
+            (None, Ok(())) => None,
+        };
         let (bridge, unstartable) = match self.bridge(&run) {
             Ok(b) => (b, unstartable),
             Err(why) => {
@@ -356,6 +381,30 @@ impl Served {
             }
         };
         self.current = Some(Current { run, dir, unstartable, shipper, bridge });
+        None
+    }
+
+    /// Apply the declared setup steps this pod has not applied.
+    async fn setup(
+        &mut self,
+        pod: &super::setup::Pod<'_>,
+        events: &mut UnboundedReceiver<SysEvent>,
+    ) -> Result<(), super::setup::Stop> {
+        let Some(scope) = &self.scope else { return Ok(()) };
+        let token = crate::serve::read_token(&self.token_file).unwrap_or_default();
+        self.steps = match self.link.setup(&token, scope).await {
+            Ok(Some(Ok(steps))) => steps,
+            Ok(None) => Vec::new(),
+            Ok(Some(Err(why))) => {
+                self.refuse("the setup steps", &why);
+                Vec::new()
+            }
+            Err(e) => {
+                let why = format!("cannot read the setup steps from the store: {}", crate::error::error_chain(&e));
+                return Err(super::setup::Stop::Failed(why));
+            }
+        };
+        super::setup::apply(&self.steps, &Dirs::new(&self.conf.dir), pod, events).await
     }
 
     /// The bridge to this pod's workers of `run`, when it is an actor (its
@@ -397,7 +446,11 @@ impl Served {
         p.entry.program = program;
         p.entry.args = args;
         p.entry.cwd.clone_from(&c.dir);
-        p.entry.env.clone_from(&c.run.env);
+        // The setup's variables first: the run's own win.
+        let (path, pythonpath) =
+            (std::env::var("PATH").unwrap_or_default(), std::env::var("PYTHONPATH").unwrap_or_default());
+        p.entry.env = Dirs::new(&self.conf.dir).env(&self.steps, &path, &pythonpath);
+        p.entry.env.extend(c.run.env.iter().cloned());
         if let Some(b) = &c.bridge {
             let runtime = self.runtime().display().to_string();
             p.entry.program = base.entry.python.clone().unwrap_or_else(|| "python3".into());

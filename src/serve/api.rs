@@ -238,6 +238,8 @@ async fn connection(api: &Api, slots: &Slots, mut conn: TcpStream, ticket: Ticke
         },
         ("DELETE", ["v1", "runs" | "actors", id]) => delete(api, id).await,
         ("GET", ["v1", "status"]) => status(api),
+        ("POST", ["v1", "setup"]) => declare_setup(api, &req).await,
+        ("GET", ["v1", "setup"]) => show_setup(api).await,
         (
             _,
             ["v1", "runs" | "actors"]
@@ -293,16 +295,8 @@ async fn submit(api: &Api, req: &Request, actor: bool) -> Answer {
         (false, _) => check(&req.body),
     };
     let checked = match checked {
-        Ok(c) if c.actor.is_some() != actor => {
-            let why = if actor {
-                "an actor needs \"actor\": {\"target\": \"package.module:Name\", ...}"
-            } else {
-                "a run with \"actor\" goes to POST /v1/actors"
-            };
+        Ok(c) if let Some(why) = super::spec::misrouted(&c, actor, api.conf.calls.is_some()) => {
             return fail(Status::BAD, why);
-        }
-        Ok(_) if actor && api.conf.calls.is_none() => {
-            return fail(Status::NOT_FOUND, "this control API serves no actors");
         }
         Ok(c) => c,
         Err(why) => return fail(Status::BAD, &why),
@@ -404,6 +398,25 @@ async fn cleanup(dial: Dial, base: String, previous: Option<Run>, run: Run) {
     .await;
     if let Err(e) = done {
         tracing::warn!(run = %run.id, error = %crate::error::error_chain(&e), "cannot remove earlier runs' files or lines from the store");
+    }
+}
+
+/// Record the setup steps every pod applies before its next run or actor.
+async fn declare_setup(api: &Api, req: &Request) -> Answer {
+    let _one = api.submit.lock().await;
+    let mut link = api.link.lock().await;
+    match super::setup::declare(&mut link, &api.conf.token_file, &api.conf.scope, &req.body).await {
+        Ok(n) => (Status::OK, serde_json::json!({ "steps": n }).to_string()),
+        Err((true, why)) => fail(Status::BAD, &why),
+        Err((false, why)) => fail(Status::UNAVAILABLE, &why),
+    }
+}
+
+/// The setup steps declared.
+async fn show_setup(api: &Api) -> Answer {
+    match super::setup::declared(&mut *api.link.lock().await, &api.conf.token_file, &api.conf.scope).await {
+        Ok(steps) => (Status::OK, serde_json::json!({ "steps": steps }).to_string()),
+        Err(why) => fail(Status::UNAVAILABLE, &why),
     }
 }
 

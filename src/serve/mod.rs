@@ -41,6 +41,7 @@ pub mod api;
 pub mod board;
 pub mod files;
 pub mod logs;
+pub mod setup;
 pub mod spec;
 pub mod tar;
 
@@ -104,6 +105,8 @@ pub mod kind {
     pub const SHUTDOWN: &str = "shutdown";
     /// `serve/ended/<seq>`.
     pub const ENDED: &str = "ended";
+    /// `serve/setup`.
+    pub const SETUP: &str = "setup";
 }
 
 /// Most bytes of a session id read from the store.
@@ -124,6 +127,11 @@ impl Keys {
     /// The serving session.
     pub fn session(&self) -> String {
         format!("{}/session", self.base)
+    }
+
+    /// The setup steps ([`setup`]).
+    pub fn setup(&self) -> String {
+        format!("{}/setup", self.base)
     }
 
     /// The newest run.
@@ -276,6 +284,24 @@ impl Link {
             return Ok(None);
         }
         Ok(Some(open(token, scope, &raw)))
+    }
+
+    /// The setup steps, if any were declared: Err(why) inside when they
+    /// are not sealed with `token` for `scope`.
+    pub async fn setup(
+        &mut self,
+        token: &str,
+        scope: &Scope,
+    ) -> Result<Option<Result<Vec<setup::Step>, String>>, Error> {
+        let raw = self.get(&self.keys.setup()).await?;
+        if raw.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(
+            unseal(token, scope, kind::SETUP, 0, &raw)
+                .map_err(|why| format!("the setup steps: {why}"))
+                .and_then(|v| serde_json::from_slice(v).map_err(|e| format!("the setup steps: {e}"))),
+        ))
     }
 
     /// How run `seq` (`id`) ended, if it did; Err(why) inside when the

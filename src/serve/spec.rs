@@ -23,7 +23,7 @@ const MAX_NPROC: u32 = 1024;
 const MAX_RESTARTS: u32 = 10_000;
 
 /// Variables trainlet sets for every worker: a run may not set them.
-const RESERVED: &[&str] = &[
+pub(crate) const RESERVED: &[&str] = &[
     "RANK",
     "LOCAL_RANK",
     "GROUP_RANK",
@@ -37,7 +37,7 @@ const RESERVED: &[&str] = &[
     "MASTER_PORT",
 ];
 /// Prefixes of variables trainlet owns.
-const RESERVED_PREFIXES: &[&str] = &["TORCHELASTIC_", "TRAINLET_", "KUBEFLOW_TRAINER_SERVER_"];
+pub(crate) const RESERVED_PREFIXES: &[&str] = &["TORCHELASTIC_", "TRAINLET_", "KUBEFLOW_TRAINER_SERVER_"];
 
 /// `POST /v1/runs`'s JSON body.
 #[derive(Debug, Deserialize)]
@@ -215,6 +215,17 @@ pub fn check(body: &[u8]) -> Result<Checked, String> {
     )?;
     c.actor = actor;
     Ok(c)
+}
+
+/// Why a submission does not belong where it was sent (`POST /v1/actors`
+/// when `actor`, else `POST /v1/runs`), if it does not.
+pub fn misrouted(c: &Checked, actor: bool, serves_actors: bool) -> Option<&'static str> {
+    match (c.actor.is_some(), actor) {
+        (false, true) => Some("an actor needs \"actor\": {\"target\": \"package.module:Name\", ...}"),
+        (true, false) => Some("a run with \"actor\" goes to POST /v1/actors"),
+        (true, true) if !serves_actors => Some("this control API serves no actors"),
+        _ => None,
+    }
 }
 
 /// The command a run shows: an actor's is trainlet's runtime and its target.

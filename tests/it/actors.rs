@@ -130,3 +130,55 @@ fn an_actor_keeps_its_state_across_calls_and_survives_exceptions_and_a_killed_ra
         p.wait_for_stderr("actor instantiated", Duration::from_secs(5));
     }
 }
+
+fn setup_phase(s: &crate::serve::Served, wheels: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(python())
+        .arg(fixture("actor_setup.py"))
+        .args([s.url.as_str(), &s.token_file.display().to_string(), &wheels.display().to_string()])
+        .args(args)
+        .output()
+        .expect("driver");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "actor_setup.py {args:?} failed: {}\n{stdout}\npod 0:\n{}\npod 1:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.pods[0].stderr(),
+        s.pods[1].stderr()
+    );
+    json(stdout.lines().last().unwrap_or(""))
+}
+
+/// Setup steps (a variable, a wheel installed by pip from a local
+/// directory, a bash step appending to a file) run once on every pod, and
+/// a pod that replaces a killed one (with a fresh serve directory) replays
+/// them before its workers instantiate the actor again.
+#[test]
+fn setup_steps_are_replayed_on_a_replacement_pod_before_its_next_call() {
+    let mut s = start(2, &["--heartbeat-timeout", "3"]);
+    let wheels = s.dir.path().join("wheels");
+    let first = setup_phase(&s, &wheels, &["first"]);
+    let probe = first["probe"].as_array().expect("probe");
+    assert_eq!(probe.len(), 4, "{first}");
+    for p in probe {
+        assert_eq!((p["tlmark"].as_str(), p["var"].as_str()), (Some("from the wheel"), Some("set")), "{first}");
+        assert_eq!(p["marker"], "applied\n", "the bash step ran once on each pod: {first}");
+    }
+    let old_site = probe[2]["site"].as_str().expect("site").to_string();
+    // Pod 1 is lost; its replacement has a fresh serve directory.
+    s.pods[1].signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = s.pods[1].child.wait();
+    std::fs::remove_dir_all(s.dir.path().join("pod1")).expect("pod1's serve dir");
+    let control: u16 = s.url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    s.pods[1] = crate::serve::start_pod(&s, (control, 2), 1, &["--heartbeat-timeout", "3"]);
+    let id = first["id"].as_str().expect("id");
+    let again = setup_phase(&s, &wheels, &["again", id]);
+    let probe = again["probe"].as_array().expect("probe");
+    assert_eq!(probe.len(), 4, "{again}");
+    for p in probe {
+        assert_eq!((p["tlmark"].as_str(), p["var"].as_str()), (Some("from the wheel"), Some("set")), "{again}");
+        assert_eq!(p["marker"], "applied\n", "applied once per pod, on the new one too: {again}");
+    }
+    assert_eq!(probe[2]["site"].as_str(), Some(old_site.as_str()), "{again}");
+    s.pods[1].wait_for_stderr("applying a setup step", Duration::from_secs(5));
+}

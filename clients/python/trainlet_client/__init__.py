@@ -250,6 +250,37 @@ class Trainlet:
         keywords as :meth:`actor`, without ``init_args``/``init_kwargs``."""
         return _actor.create(self, Function, target, files, **kw)
 
+    def declare_setup(self, pip=None, bash=None, env=None, steps=None):
+        """Record setup steps every pod applies once, in order, before its next run or actor
+        (and a pod that joins later, before anything): ``env`` (variables for the later steps
+        and every worker), then ``pip`` (one ``pip install --target`` of these arguments, into
+        a directory the workers' ``sys.path`` and ``PATH`` include), then each ``bash`` script.
+        ``steps`` gives them in any order instead: ``[{"pip": [...]}, {"bash": "..."},
+        {"env": {...}}]``. Declaring them again replays from the first changed step only."""
+        if steps is None:
+            steps = []
+            if env:
+                steps.append({"env": dict(env)})
+            if pip:
+                steps.append({"pip": [pip] if isinstance(pip, str) else list(pip)})
+            for b in ([bash] if isinstance(bash, str) else list(bash or [])):
+                steps.append({"bash": b})
+        self._request("POST", "/v1/setup", {"steps": list(steps)})
+        return steps
+
+    def setup(self, pip=None, bash=None, env=None, steps=None, out=None, replace=False):
+        """Declare setup steps (see :meth:`declare_setup`) and apply them on every pod now: a
+        one-worker run that does nothing, started after them, whose log carries each pod's
+        ``[setup]`` lines. Raises :class:`TrainletError` naming the pod and the step when one
+        fails; ``replace`` stops an active run or actor first (else 409)."""
+        self.declare_setup(pip=pip, bash=bash, env=env, steps=steps)
+        res = self.run(["python", "-c", "pass"], nproc_per_node=1, out=out, replace=replace)
+        if not res.ok:
+            rep = res.report or {}
+            why = ((rep.get("root_cause") or {}).get("message")) or rep.get("reason") or res.state
+            raise TrainletError(500, "setup failed: %s" % why)
+        return res
+
     def attach(self, actor_id, pickle=False):
         """A handle on an actor deployed earlier (by id), without creating anything."""
         return Actor(self, actor_id, pickle=pickle)

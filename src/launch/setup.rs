@@ -1,0 +1,146 @@
+//! Serve mode's setup steps on this pod (`crate::serve::setup`): applied in
+//! order, from the first one this pod has not applied, before its next run
+//! or actor starts; each step's lines go to the console and to that run's
+//! log, as `[setup]` lines. A failed step stops there: the run cannot
+//! start on this pod, and says which step failed where.
+
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::config::Plan;
+use crate::process::signals::SysEvent;
+use crate::process::spawn::{Spawner, WorkerSpec};
+use crate::serve::setup::{Dirs, Step, chain, first_to_apply};
+use crate::supervise::output::{self, LineTap, Sink};
+use crate::sys::{self, Exit};
+
+/// Longest wait for a step's last lines after it exited.
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Why the steps were not all applied.
+#[derive(Debug)]
+pub(super) enum Stop {
+    /// A step failed (what, where, how).
+    Failed(String),
+    /// A stop signal came.
+    Signal(i32),
+}
+
+/// What applying a step needs of the pod.
+pub(super) struct Pod<'a> {
+    pub plan: &'a Plan,
+    pub spawner: &'a Spawner,
+    pub tap: Option<LineTap>,
+}
+
+/// Apply `steps` from the first this pod has not applied.
+pub(super) async fn apply(
+    steps: &[Step],
+    dirs: &Dirs,
+    pod: &Pod<'_>,
+    events: &mut UnboundedReceiver<SysEvent>,
+) -> Result<(), Stop> {
+    let from = first_to_apply(steps, &dirs.applied());
+    if from == steps.len() {
+        return Ok(());
+    }
+    let host = &pod.plan.output.host;
+    for d in [dirs.site(), dirs.work()] {
+        std::fs::create_dir_all(&d)
+            .map_err(|e| Stop::Failed(format!("cannot make {} for the setup steps on pod {host}: {e}", d.display())))?;
+    }
+    let digests = chain(steps);
+    let python = pod.plan.entry.python.clone().unwrap_or_else(|| "python3".into());
+    let path = std::env::var("PATH").unwrap_or_default();
+    let pythonpath = std::env::var("PYTHONPATH").unwrap_or_default();
+    for (i, step) in steps.iter().enumerate().skip(from) {
+        let what = step.describe();
+        tracing::info!(step = i + 1, of = steps.len(), what = %what, "applying a setup step");
+        let started = std::time::Instant::now();
+        let (program, args) = match step {
+            Step::Env(_) => (None, Vec::new()),
+            Step::Pip(a) => {
+                let mut args: Vec<String> =
+                    ["-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--upgrade", "--target"]
+                        .iter()
+                        .map(|s| (*s).to_string())
+                        .collect();
+                args.push(dirs.site().display().to_string());
+                args.extend(a.iter().cloned());
+                (Some(python.clone()), args)
+            }
+            Step::Bash(s) => (Some("bash".to_string()), vec!["-c".to_string(), s.clone()]),
+        };
+        if let Some(program) = program {
+            let mut spec = WorkerSpec::piped(program, args, dirs.env(&steps[..i], &path, &pythonpath));
+            spec.cwd = Some(dirs.work());
+            let exit = run(spec, pod, events).await.map_err(|e| match e {
+                Stop::Failed(why) => {
+                    Stop::Failed(format!("setup step {} of {} ({what}) on pod {host}: {why}", i + 1, steps.len()))
+                }
+                s @ Stop::Signal(_) => s,
+            })?;
+            if exit != Exit::Code(0) {
+                return Err(Stop::Failed(format!(
+                    "setup step {} of {} ({what}) failed on pod {host}: {exit} (its lines are in the log, as [setup])",
+                    i + 1,
+                    steps.len()
+                )));
+            }
+        }
+        dirs.record(&digests[..=i]).map_err(|e| {
+            Stop::Failed(format!(
+                "cannot record the setup steps applied on pod {host} under {}: {e}",
+                dirs.root.display()
+            ))
+        })?;
+        tracing::info!(step = i + 1, took_s = started.elapsed().as_secs_f64(), "setup step applied");
+    }
+    Ok(())
+}
+
+/// Run one step's process to its end, its lines to the console and the tap.
+async fn run(spec: WorkerSpec, pod: &Pod<'_>, events: &mut UnboundedReceiver<SysEvent>) -> Result<Exit, Stop> {
+    let program = spec.program.clone();
+    let sp = pod
+        .spawner
+        .spawn(spec)
+        .await
+        .map_err(|e| Stop::Failed(format!("cannot start {program}: {}", crate::error::error_chain(&e))))?;
+    crate::process::sweep::keep(sp.pid);
+    let sink = |is_err| Sink { prefix: "[setup]: ".into(), console: true, file: None, is_err, tap: pod.tap.clone() };
+    let mut drains = Vec::new();
+    if let Some(fd) = sp.stdout {
+        drains.push(tokio::spawn(output::drain(fd, sink(false))));
+    }
+    if let Some(fd) = sp.stderr {
+        drains.push(tokio::spawn(output::drain(fd, sink(true))));
+    }
+    let mut stopped = None;
+    let exit = loop {
+        match events.recv().await {
+            Some(SysEvent::Exited { pid, exit, .. }) if pid == sp.pid => break exit,
+            Some(SysEvent::Exited { pid, exit, .. }) => tracing::debug!(pid, %exit, "reaped orphan"),
+            Some(SysEvent::Signal(s)) if pod.plan.stop_signals.contains(&s) => {
+                tracing::warn!(signal = %sys::signal_name(s), "stop signal during a setup step; ending it");
+                sys::signal_group(sp.pid, libc::SIGKILL);
+                stopped = Some(s);
+            }
+            Some(SysEvent::Signal(_)) => {}
+            None => {
+                sys::signal_group(sp.pid, libc::SIGKILL);
+                stopped = Some(libc::SIGTERM);
+                break Exit::Signal(libc::SIGKILL);
+            }
+        }
+    };
+    // What the step left running in its group goes with it.
+    sys::signal_group(sp.pid, libc::SIGKILL);
+    crate::process::sweep::release(sp.pid);
+    for d in drains {
+        let _ = tokio::time::timeout(DRAIN_LIMIT, d).await;
+    }
+    match stopped {
+        Some(s) => Err(Stop::Signal(s)),
+        None => Ok(exit),
+    }
+}

@@ -1,0 +1,236 @@
+//! Setup steps of a serving job: pip installs, bash scripts and variables
+//! every pod applies once, in order, before it takes part in a run or an
+//! actor (`POST /v1/setup`). They are recorded in the agents' store
+//! (`serve/setup`, sealed), so that a pod that joins later (a replacement,
+//! an elastic scale-up) replays them first; declaring them again replays
+//! only from the first changed step. Each pod remembers what it applied in
+//! `<serve dir>/setup/applied.json`; pip installs go to
+//! `<serve dir>/setup/site`, which every worker's `PYTHONPATH` (and its
+//! `bin` the `PATH`) starts with. Pure but for that file and the store's key.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::spec::{RESERVED, RESERVED_PREFIXES, sha256_hex, shown};
+
+/// Most steps.
+const MAX_STEPS: usize = 256;
+/// Most bytes of one step (a script, the pip arguments, the variables).
+const MAX_STEP: usize = 256 * 1024;
+
+/// One setup step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum Step {
+    /// `python -m pip install --target <site> --upgrade <args>`.
+    Pip(Vec<String>),
+    /// `bash -c <script>`.
+    Bash(String),
+    /// Variables for every later step and every worker.
+    Env(BTreeMap<String, String>),
+}
+
+impl Step {
+    /// The step in words, for logs and errors (cut, escaped).
+    pub fn describe(&self) -> String {
+        match self {
+            Step::Pip(a) => format!("pip install {}", shown(&a.join(" "))),
+            Step::Bash(s) => format!("bash -c {}", shown(s)),
+            Step::Env(e) => format!("env {}", shown(&e.keys().cloned().collect::<Vec<_>>().join(","))),
+        }
+    }
+}
+
+/// `POST /v1/setup`'s body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Submit {
+    /// The steps, in order.
+    pub steps: Vec<Step>,
+}
+
+/// Check a submission.
+pub fn check(body: &[u8]) -> Result<Vec<Step>, String> {
+    let s: Submit = serde_json::from_slice(body).map_err(|e| {
+        format!("the body is not a valid setup: {e} (want {{\"steps\": [{{\"pip\": [...]}}, {{\"bash\": \"...\"}}, {{\"env\": {{...}}}}]}})")
+    })?;
+    if s.steps.len() > MAX_STEPS {
+        return Err(format!("steps: {} steps, at most {MAX_STEPS}", s.steps.len()));
+    }
+    for (i, step) in s.steps.iter().enumerate() {
+        let size = serde_json::to_vec(step).map_or(usize::MAX, |v| v.len());
+        if size > MAX_STEP {
+            return Err(format!("steps[{i}]: {size} bytes, at most {MAX_STEP}"));
+        }
+        let words: Vec<&str> = match step {
+            Step::Pip(a) if a.is_empty() => return Err(format!("steps[{i}]: pip needs what to install")),
+            Step::Pip(a) => a.iter().map(String::as_str).collect(),
+            Step::Bash(s) => vec![s.as_str()],
+            Step::Env(e) => {
+                for k in e.keys() {
+                    let name_ok = !k.is_empty()
+                        && !k.starts_with(|c: char| c.is_ascii_digit())
+                        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                    if !name_ok {
+                        return Err(format!("steps[{i}]: {} is not a variable name", shown(k)));
+                    }
+                    if RESERVED.contains(&k.as_str()) || RESERVED_PREFIXES.iter().any(|p| k.starts_with(p)) {
+                        return Err(format!("steps[{i}]: {k} is set by trainlet and cannot be overridden"));
+                    }
+                }
+                e.values().map(String::as_str).collect()
+            }
+        };
+        if words.iter().any(|w| w.contains('\0')) {
+            return Err(format!("steps[{i}]: holds a NUL byte"));
+        }
+    }
+    Ok(s.steps)
+}
+
+/// Record the steps of `body` (sealed) for every pod; how many. Err((true,
+/// why)) for a bad body, Err((false, why)) when they cannot be recorded.
+pub async fn declare(
+    link: &mut super::Link,
+    token_file: &Path,
+    scope: &super::Scope,
+    body: &[u8],
+) -> Result<usize, (bool, String)> {
+    let steps = check(body).map_err(|why| (true, why))?;
+    let token = super::read_token(token_file)
+        .map_err(|e| (false, format!("cannot read the control token to sign the setup: {e}")))?;
+    let json = serde_json::to_vec(&steps).unwrap_or_default();
+    let key = link.keys.setup();
+    link.set(&key, &super::seal(&token, scope, super::kind::SETUP, 0, &json))
+        .await
+        .map_err(|e| (false, format!("cannot record the setup: {}", crate::error::error_chain(&e))))?;
+    tracing::info!(steps = steps.len(), "setup steps declared; every pod applies them before its next run");
+    Ok(steps.len())
+}
+
+/// The steps declared (none when none were).
+pub async fn declared(link: &mut super::Link, token_file: &Path, scope: &super::Scope) -> Result<Vec<Step>, String> {
+    let token = super::read_token(token_file).unwrap_or_default();
+    match link.setup(&token, scope).await {
+        Ok(Some(Ok(steps))) => Ok(steps),
+        Ok(None) => Ok(Vec::new()),
+        Ok(Some(Err(why))) => Err(why),
+        Err(e) => Err(crate::error::error_chain(&e)),
+    }
+}
+
+/// The digest of each step with all before it: equal digests, equal prefixes.
+pub fn chain(steps: &[Step]) -> Vec<String> {
+    let mut out = Vec::with_capacity(steps.len());
+    let mut prev = String::new();
+    for s in steps {
+        let json = serde_json::to_string(s).unwrap_or_default();
+        prev = sha256_hex(format!("{prev}\n{json}").as_bytes());
+        out.push(prev.clone());
+    }
+    out
+}
+
+/// The first step this pod has not applied (`steps.len()` when none).
+pub fn first_to_apply(steps: &[Step], applied: &[String]) -> usize {
+    chain(steps).iter().zip(applied).take_while(|(a, b)| a == b).count()
+}
+
+/// Where a pod keeps its setup.
+#[derive(Debug, Clone)]
+pub struct Dirs {
+    /// `<serve dir>/setup`.
+    pub root: PathBuf,
+}
+
+impl Dirs {
+    /// Under the serve directory `dir`.
+    pub fn new(dir: &Path) -> Self {
+        Self { root: dir.join("setup") }
+    }
+
+    /// pip's `--target`.
+    pub fn site(&self) -> PathBuf {
+        self.root.join("site")
+    }
+
+    /// The steps' working directory.
+    pub fn work(&self) -> PathBuf {
+        self.root.join("work")
+    }
+
+    fn applied_file(&self) -> PathBuf {
+        self.root.join("applied.json")
+    }
+
+    /// The chain of the steps this pod applied.
+    pub fn applied(&self) -> Vec<String> {
+        std::fs::read(self.applied_file()).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    }
+
+    /// Record the chain of the steps applied.
+    pub fn record(&self, chain: &[String]) -> std::io::Result<()> {
+        let tmp = self.root.join(format!("applied.json.tmp{}", std::process::id()));
+        std::fs::write(&tmp, serde_json::to_vec(chain).unwrap_or_default())?;
+        std::fs::rename(tmp, self.applied_file())
+    }
+
+    /// The variables every worker (and every step) gets from `steps`:
+    /// `PYTHONPATH` and `PATH` led by the site directory, then the env steps.
+    pub fn env(&self, steps: &[Step], path: &str, pythonpath: &str) -> Vec<(String, String)> {
+        let site = self.site().display().to_string();
+        let join = |first: String, rest: &str| if rest.is_empty() { first } else { format!("{first}:{rest}") };
+        let mut env = vec![
+            ("PYTHONPATH".to_string(), join(site.clone(), pythonpath)),
+            ("PATH".into(), join(format!("{site}/bin"), path)),
+        ];
+        for s in steps {
+            if let Step::Env(e) = s {
+                for (k, v) in e {
+                    env.retain(|(n, _)| n != k);
+                    env.push((k.clone(), v.clone()));
+                }
+            }
+        }
+        env
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_steps_from_the_first_changed_one_are_applied_again() {
+        let a = Step::Pip(vec!["datasets==3.0".into()]);
+        let b = Step::Bash("echo hi > x".into());
+        let c = Step::Env(BTreeMap::from([("HF_HOME".to_string(), "/cache".to_string())]));
+        let applied = chain(&[a.clone(), b.clone()]);
+        assert_eq!(first_to_apply(&[a.clone(), b.clone()], &applied), 2, "nothing new");
+        assert_eq!(first_to_apply(&[a.clone(), b.clone(), c.clone()], &applied), 2, "only the added step");
+        assert_eq!(first_to_apply(&[a.clone(), c.clone(), b.clone()], &applied), 1, "from the changed one on");
+        assert_eq!(first_to_apply(&[b.clone(), a.clone()], &applied), 0);
+        assert_eq!(first_to_apply(&[a, b], &[]), 0, "a new pod applies all");
+        let d = Dirs::new(Path::new("/s"));
+        let env = d.env(&[c], "/usr/bin", "");
+        assert_eq!(env[0], ("PYTHONPATH".into(), "/s/setup/site".into()));
+        assert_eq!(env[1], ("PATH".into(), "/s/setup/site/bin:/usr/bin".into()));
+        assert_eq!(env[2], ("HF_HOME".into(), "/cache".into()));
+    }
+
+    #[test]
+    fn bad_setups_name_the_step() {
+        for (body, want) in [
+            (r#"{"steps": [{"pip": []}]}"#, "steps[0]: pip needs"),
+            (r#"{"steps": [{"env": {"RANK": "1"}}]}"#, "RANK is set by trainlet"),
+            (r#"{"steps": [{"env": {"A B": "1"}}]}"#, "not a variable name"),
+            (r#"{"steps": [{"run": "x"}]}"#, "not a valid setup"),
+        ] {
+            let e = check(body.as_bytes()).expect_err(body);
+            assert!(e.contains(want), "{body}: {e}");
+        }
+        assert_eq!(check(br#"{"steps": [{"bash": "true"}]}"#).expect("ok"), [Step::Bash("true".into())]);
+    }
+}
