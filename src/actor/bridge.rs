@@ -22,7 +22,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::sync::CancellationToken;
 
 use super::wire::{self, FromWorker, ToWorker};
-use super::{Error, Fault, Keys, OP_KIND, Op, Outcome, What, fault};
+use super::{Error, Fault, Keys, Op, Outcome, What, fault};
 use crate::serve::spec::Actor;
 use crate::serve::{Link, Scope};
 use crate::store::Dial;
@@ -30,14 +30,13 @@ use crate::supervise::report::{Failure, root_cause};
 
 /// How long a worker has to say who it is.
 const HELLO_TIME: Duration = Duration::from_secs(30);
-/// How long the operation reader waits on one key before it looks whether
-/// the control API removed it (a call that none of this pod's ranks ran).
-const OP_POLL: Duration = Duration::from_secs(2);
+/// Most bytes of one rank's encoded outcome (the store takes 8 MiB values).
+const MAX_OUTCOME: usize = 7 * 1024 * 1024;
 /// Longest a Unix socket path may be (`sun_path`, less its NUL).
 const MAX_SOCKET_PATH: usize = 107;
 
 /// What the round loop tells the bridge.
-enum Event {
+pub(super) enum Event {
     Op(Op),
     Hello { conn: u64, rank: u32, pid: i32, tx: UnboundedSender<ToWorker> },
     Ready { conn: u64 },
@@ -234,7 +233,7 @@ impl Core {
             Event::RoundStarted { round, ranks } => {
                 if self.reader.is_none() {
                     let token = CancellationToken::new();
-                    tokio::spawn(read_ops(
+                    tokio::spawn(super::reader::read_ops(
                         self.place.clone(),
                         self.keys.clone(),
                         (self.seq, round),
@@ -365,6 +364,13 @@ impl Core {
 
     fn answer(&self, n: u64, rank: u32, outcome: &Outcome) {
         match serde_json::to_vec(outcome) {
+            Ok(v) if v.len() > MAX_OUTCOME => {
+                let why = format!(
+                    "rank {rank}'s result is {} bytes encoded, more than the {MAX_OUTCOME} the store takes; return less, or write it to a file",
+                    v.len()
+                );
+                self.answer(n, rank, &Outcome::fault(fault::BAD_RESULT, why, true));
+            }
             Ok(v) => {
                 let _ = self.results.send((self.keys.result(n, rank), v));
             }
@@ -480,9 +486,11 @@ async fn accept(listener: UnixListener, tx: UnboundedSender<Event>, cancel: Canc
 async fn worker(stream: UnixStream, conn: u64, tx: UnboundedSender<Event>, cancel: CancellationToken) {
     let (mut rd, mut wr) = stream.into_split();
     let hello = tokio::time::timeout(HELLO_TIME, wire::read(&mut rd)).await;
-    let Ok(Ok(Some(FromWorker::Hello { rank, pid, .. }))) = hello else {
-        tracing::warn!("an actor connection did not say hello in time; closed");
-        return;
+    let (rank, pid) = match hello {
+        Ok(Ok(Some(FromWorker::Hello { rank, pid, .. }))) => (rank, pid),
+        Ok(Ok(_)) => return tracing::warn!("an actor connection did not begin with hello; closed"),
+        Ok(Err(e)) => return tracing::warn!(error = %e, "an actor connection sent what it should not; closed"),
+        Err(_) => return tracing::warn!("an actor connection did not say hello in time; closed"),
     };
     let (to, mut frames) = unbounded_channel::<ToWorker>();
     if tx.send(Event::Hello { conn, rank, pid, tx: to }).is_err() {
@@ -522,70 +530,4 @@ async fn worker(stream: UnixStream, conn: u64, tx: UnboundedSender<Event>, cance
         () = recv => {}
     }
     let _ = tx.send(Event::Gone { conn });
-}
-
-/// Read the actor's operations in order, from the first of `round` (or,
-/// when the control API has none for it yet, the next one it writes).
-async fn read_ops(
-    place: Place,
-    keys: Keys,
-    (seq, round): (u64, u64),
-    tx: UnboundedSender<Event>,
-    cancel: CancellationToken,
-) {
-    let mut link = Link::new(place.dial.clone(), &place.base);
-    let count = |v: Vec<u8>| std::str::from_utf8(&v).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
-    let mut n = {
-        let ops = link.get(&keys.ops()).await.map(count).unwrap_or(0);
-        match link.get(&keys.first(round)).await.map(count) {
-            Ok(first) if first > 0 => first,
-            _ => ops + 1,
-        }
-    };
-    let mut warned = false;
-    loop {
-        let key = keys.op(n);
-        let waited = tokio::select! {
-            () = cancel.cancelled() => return,
-            w = tokio::time::timeout(OP_POLL, crate::serve::wait_key(&place.dial, &key)) => w,
-        };
-        let value = match waited {
-            Ok(Ok(v)) if !v.is_empty() => v,
-            Ok(Err(e)) => {
-                if !std::mem::replace(&mut warned, true) {
-                    tracing::warn!(actor = seq, error = %crate::error::error_chain(&e), "cannot read the actor's calls from the store; retrying");
-                }
-                tokio::time::sleep(OP_POLL).await;
-                continue;
-            }
-            // Not there: removed (a call none of this pod's ranks ran), or
-            // not written yet.
-            _ => {
-                if link.get(&keys.ops()).await.map(count).unwrap_or(0) >= n && !link.exists(&key).await.unwrap_or(true)
-                {
-                    n += 1;
-                }
-                continue;
-            }
-        };
-        warned = false;
-        let token = crate::serve::read_token(&place.token_file).unwrap_or_default();
-        let op = crate::serve::unseal(&token, &place.scope, OP_KIND, n, &value)
-            .map_err(str::to_string)
-            .and_then(|p| serde_json::from_slice::<Op>(p).map_err(|e| e.to_string()))
-            .and_then(
-                |op| if op.actor == seq && op.n == n { Ok(op) } else { Err("for another actor or number".into()) },
-            );
-        match op {
-            Ok(op) => {
-                if tx.send(Event::Op(op)).is_err() {
-                    return;
-                }
-            }
-            Err(why) => {
-                tracing::error!(actor = seq, op = n, reason = %why, "refused an actor operation in the store: not this job's control API's")
-            }
-        }
-        n += 1;
-    }
 }

@@ -28,7 +28,7 @@ use crate::serve::api::{Answer, BoxFuture, Calls};
 use crate::serve::board::{Board, Record};
 use crate::serve::spec::shown;
 use crate::serve::{Link, Scope};
-use crate::store::Dial;
+use crate::store::{Client, ClientError, Dial};
 
 /// Default and longest wait of a call request.
 const WAIT_DEFAULT: f64 = 30.0;
@@ -39,8 +39,11 @@ const MAX_OPEN: usize = 1024;
 const KEEP_DONE: usize = 1024;
 /// Time the ranks of a round that ended get to answer for themselves.
 pub const SETTLE: Duration = Duration::from_secs(5);
-/// Most bytes of a call's encoded arguments.
-const MAX_ARGS: usize = 64 * 1024 * 1024;
+/// Most bytes of a call's encoded arguments (the store takes values of
+/// 8 MiB at most, the operation's envelope included).
+const MAX_ARGS: usize = 7 * 1024 * 1024;
+/// Most ranks a call may name.
+const MAX_RANKS: usize = 65_536;
 
 /// What the desk needs of the job.
 #[derive(Debug, Clone)]
@@ -77,6 +80,8 @@ struct Entry {
     /// The operation and round it runs in now (None until published).
     at: Option<(u64, u64)>,
     cancelled: bool,
+    /// Woken by a cancel (the call may be waiting for a round).
+    wake: Arc<tokio::sync::Notify>,
 }
 
 #[derive(Debug, Default)]
@@ -93,13 +98,19 @@ pub struct Desk {
     actors: Mutex<HashMap<u64, Actor>>,
     /// Operations are numbered and published one at a time.
     publisher: tokio::sync::Mutex<Publisher>,
+    /// Store connections not in use (each proved the token once).
+    idle: Mutex<Vec<Client>>,
 }
+
+/// Idle store connections kept.
+const KEEP_IDLE: usize = 16;
 
 #[derive(Debug)]
 struct Publisher {
     link: Link,
-    /// Per actor: the next operation number, and the newest round with an operation.
-    next: HashMap<u64, (u64, u64)>,
+    /// Per actor: the next operation number, and the newest round with an
+    /// operation (None before the first).
+    next: HashMap<u64, (u64, Option<u64>)>,
 }
 
 fn fail(status: Status, message: &str) -> Answer {
@@ -115,7 +126,49 @@ impl Desk {
             board,
             actors: Mutex::new(HashMap::new()),
             publisher: tokio::sync::Mutex::new(Publisher { link, next: HashMap::new() }),
+            idle: Mutex::new(Vec::new()),
         })
+    }
+
+    /// A store connection: an idle one, or a new one.
+    async fn client(&self) -> Result<Client, ClientError> {
+        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        match idle {
+            Some(c) => Ok(c),
+            None => self.conf.dial.connect().await,
+        }
+    }
+
+    /// Keep `c` for the next call (its last request was answered).
+    fn put_back(&self, c: Client) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < KEEP_IDLE {
+            idle.push(c);
+        }
+    }
+
+    /// `names`' values once all are set, on one connection.
+    async fn wait_all(&self, names: &[String]) -> Result<Vec<Vec<u8>>, ClientError> {
+        let mut c = self.client().await?;
+        let got = async {
+            c.wait(names).await?;
+            c.multi_get(names).await
+        }
+        .await;
+        match got {
+            Ok(v) => {
+                self.put_back(c);
+                Ok(v)
+            }
+            // An idle connection can be stale (a replaced store): once more, anew.
+            Err(_) => {
+                let mut c = self.conf.dial.connect().await?;
+                c.wait(names).await?;
+                let v = c.multi_get(names).await?;
+                self.put_back(c);
+                Ok(v)
+            }
+        }
     }
 
     fn actors(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Actor>> {
@@ -123,7 +176,7 @@ impl Desk {
     }
 
     async fn post(self: &Arc<Self>, run: &Record, req: &Request) -> Answer {
-        if run.state.is_final() {
+        if run.state.is_final() || run.state == crate::serve::board::State::Stopping {
             return fail(Status::CONFLICT, &format!("actor {} is {}; deploy it again", run.id, run.state.word()));
         }
         let body: Body = match serde_json::from_slice(&req.body) {
@@ -153,11 +206,27 @@ impl Desk {
                 &format!("the arguments are {} bytes encoded, at most {MAX_ARGS}", args.len()),
             );
         }
+        if let Some(r) = &body.ranks
+            && (r.is_empty() || r.len() > MAX_RANKS)
+        {
+            return fail(
+                Status::BAD,
+                &format!("ranks: {} ranks; give 1 to {MAX_RANKS}, or none for every rank", r.len()),
+            );
+        }
         let ranks = body.ranks.map(|mut r| {
             r.sort_unstable();
             r.dedup();
             r
         });
+        let world = self.board.running(run.seq).map(|(_, nnodes, nproc)| nnodes.saturating_mul(nproc));
+        if let (Some(w), Some(bad)) = (world, ranks.as_ref().and_then(|r| r.iter().find(|r| **r >= world.unwrap_or(0))))
+        {
+            return fail(
+                Status::BAD,
+                &format!("ranks: no rank {bad}: the actor has {w} ranks (0-{})", w.saturating_sub(1)),
+            );
+        }
         let (tx, rx) = watch::channel(None);
         let id = {
             let mut actors = self.actors();
@@ -167,7 +236,7 @@ impl Desk {
             }
             a.next_call += 1;
             let id = a.next_call;
-            a.calls.insert(id, Entry { done: rx.clone(), at: None, cancelled: false });
+            a.calls.insert(id, Entry { done: rx.clone(), at: None, cancelled: false, wake: Arc::default() });
             while a.calls.len() > KEEP_DONE + MAX_OPEN {
                 let Some(old) = a.calls.iter().find(|(_, e)| e.done.borrow().is_some()).map(|(k, _)| *k) else { break };
                 a.calls.remove(&old);
@@ -196,6 +265,7 @@ impl Desk {
         };
         let Some((over, at)) = self.entry(run.seq, id, |e| {
             e.cancelled = true;
+            e.wake.notify_one();
             (e.done.borrow().is_some(), e.at)
         }) else {
             return fail(Status::NOT_FOUND, &format!("no call {id} of actor {}", run.id));
@@ -225,16 +295,25 @@ impl Desk {
         })?;
         let keys = Keys::new(&self.conf.base, seq);
         let mut p = self.publisher.lock().await;
-        let (n, newest) = p.next.get(&seq).copied().unwrap_or((1, 0));
+        let (n, newest) = p.next.get(&seq).copied().unwrap_or((1, None));
         let op = Op { actor: seq, n, round, what };
         let json = serde_json::to_vec(&op).map_err(|e| super::Error::Corrupt(e.to_string()))?;
-        if round > newest {
+        if newest.is_none_or(|r| round > r) {
             p.link.set(&keys.first(round), n.to_string().as_bytes()).await?;
         }
         p.link.set(&keys.op(n), &crate::serve::seal(&token, &self.conf.scope, OP_KIND, n, &json)).await?;
         p.link.set(&keys.ops(), n.to_string().as_bytes()).await?;
-        p.next.insert(seq, (n + 1, newest.max(round)));
+        p.next.insert(seq, (n + 1, Some(newest.map_or(round, |r| r.max(round)))));
         Ok(n)
+    }
+
+    /// The actor's world in its last round (1 when it never ran).
+    fn last_world(&self, seq: u64) -> u32 {
+        self.board
+            .by_seq(seq)
+            .and_then(|r| Some(r.nnodes?.saturating_mul(r.nproc_per_node?)))
+            .filter(|w| *w > 0)
+            .unwrap_or(1)
     }
 
     /// Wait until the actor's workers run in a round: (round, world), or
@@ -245,7 +324,11 @@ impl Desk {
             if let Some((round, nnodes, nproc)) = self.board.running(seq) {
                 return Some((round, nnodes.saturating_mul(nproc)));
             }
-            if self.board.by_seq(seq).is_none_or(|r| r.state.is_final()) {
+            if self
+                .board
+                .by_seq(seq)
+                .is_none_or(|r| r.state.is_final() || r.state == crate::serve::board::State::Stopping)
+            {
                 return None;
             }
             if w.changed().await.is_err() {
@@ -257,12 +340,20 @@ impl Desk {
     /// Run one call to its answer.
     async fn drive(self: Arc<Self>, seq: u64, id: u64, spec: Spec, done: watch::Sender<Option<Arc<String>>>) {
         let mut last: Vec<(u32, Outcome)> = Vec::new();
+        // The operations published, removed from the store once answered.
+        let mut spent: Vec<(u64, Vec<u32>)> = Vec::new();
         let answer = loop {
-            let Some((round, world)) = self.running(seq).await else {
-                break gone_for(&spec, &last);
+            let Some(wake) = self.entry(seq, id, |e| Arc::clone(&e.wake)) else { break Vec::new() };
+            let running = tokio::select! {
+                r = self.running(seq) => r,
+                // A cancel while the actor has no round: answered at once.
+                () = wake.notified() => Some((0, 0)),
+            };
+            let Some((round, world)) = running else {
+                break gone_for(&spec, &last, self.last_world(seq));
             };
             if self.entry(seq, id, |e| e.cancelled).unwrap_or(true) {
-                let all = ranks_of(&spec, world);
+                let all = ranks_of(&spec, if world == 0 { self.last_world(seq) } else { world });
                 break all
                     .into_iter()
                     .map(|r| (r, Outcome::fault(fault::CANCELLED, "cancelled before it started".into(), false)))
@@ -270,14 +361,12 @@ impl Desk {
             }
             let ranks = ranks_of(&spec, world);
             let (valid, invalid): (Vec<u32>, Vec<u32>) = ranks.iter().partition(|r| **r < world);
+            if world == 0 {
+                continue;
+            }
             if !invalid.is_empty() || valid.is_empty() {
-                break ranks
-                    .into_iter()
-                    .map(|r| {
-                        let why = format!("no rank {r}: the actor has {world} ranks");
-                        (r, Outcome::fault("ValueError", why, false))
-                    })
-                    .collect();
+                let why = format!("no rank {:?}: the actor has {world} ranks; the call ran nowhere", invalid);
+                break ranks.into_iter().map(|r| (r, Outcome::fault("ValueError", why.clone(), false))).collect();
             }
             let what = What::Call {
                 method: spec.method.clone(),
@@ -297,7 +386,7 @@ impl Desk {
             };
             self.entry(seq, id, |e| e.at = Some((n, round)));
             let got = self.gather(seq, n, round, &valid).await;
-            self.forget(seq, n, &valid).await;
+            spent.push((n, valid));
             let again = got.iter().all(|(_, o)| o.not_run());
             last = got;
             if !again || self.entry(seq, id, |e| e.cancelled).unwrap_or(true) {
@@ -306,6 +395,9 @@ impl Desk {
             tracing::debug!(call = id, round, "no rank ran the call before its round ended; publishing it again");
         };
         let _ = done.send(Some(Arc::new(render(id, &spec, &answer))));
+        for (n, ranks) in spent {
+            self.forget(seq, n, &ranks).await;
+        }
     }
 
     /// Every rank's outcome of operation `n` of `round`.
@@ -313,11 +405,7 @@ impl Desk {
         let keys = Keys::new(&self.conf.base, seq);
         let names: Vec<String> = ranks.iter().map(|r| keys.result(n, *r)).collect();
         let mut w = self.board.watch();
-        let waited = async {
-            let mut c = self.conf.dial.connect().await?;
-            c.wait(&names).await?;
-            c.multi_get(&names).await
-        };
+        let waited = self.wait_all(&names);
         tokio::pin!(waited);
         let settle = tokio::time::sleep(Duration::from_secs(86_400));
         tokio::pin!(settle);
@@ -371,11 +459,14 @@ impl Desk {
     /// Remove what call `n` left in the store.
     async fn forget(&self, seq: u64, n: u64, ranks: &[u32]) {
         let keys = Keys::new(&self.conf.base, seq);
-        let mut link = Link::new(self.conf.dial.clone(), &self.conf.base);
-        for r in ranks {
-            let _ = link.delete(&keys.result(n, *r)).await;
+        let Ok(mut c) = self.client().await else { return };
+        let mut gone = true;
+        for key in ranks.iter().map(|r| keys.result(n, *r)).chain([keys.op(n)]) {
+            gone = gone && c.delete_key(&key).await.is_ok();
         }
-        let _ = link.delete(&keys.op(n)).await;
+        if gone {
+            self.put_back(c);
+        }
     }
 }
 
@@ -393,11 +484,11 @@ fn ranks_of(spec: &Spec, world: u32) -> Vec<u32> {
 }
 
 /// The answer when the actor is over: what ranks said last, and ActorGone.
-fn gone_for(spec: &Spec, last: &[(u32, Outcome)]) -> Vec<(u32, Outcome)> {
+fn gone_for(spec: &Spec, last: &[(u32, Outcome)], world: u32) -> Vec<(u32, Outcome)> {
     let gone =
         |r| (r, Outcome::fault(fault::ACTOR_GONE, "the actor is over (closed, replaced or failed)".into(), false));
     if last.is_empty() {
-        return spec.ranks.clone().unwrap_or_else(|| vec![0]).into_iter().map(gone).collect();
+        return ranks_of(spec, world).into_iter().map(gone).collect();
     }
     last.iter().map(|(r, o)| if o.not_run() { gone(*r) } else { (*r, o.clone()) }).collect()
 }
@@ -419,7 +510,7 @@ fn render(id: u64, spec: &Spec, outcomes: &[(u32, Outcome)]) -> String {
             (false, _, e) => serde_json::json!({ "rank": rank, "ok": false, "error": e }),
         })
         .collect();
-    let ok = results.iter().all(|r| r["ok"] == true);
+    let ok = !results.is_empty() && results.iter().all(|r| r["ok"] == true);
     serde_json::json!({ "call": id, "done": true, "ok": ok, "results": results }).to_string()
 }
 
@@ -498,9 +589,10 @@ mod tests {
     fn an_actor_that_is_over_keeps_what_ranks_said_and_answers_the_rest() {
         let ran = Outcome::fault("ValueError", "x".into(), true);
         let not = Outcome::fault(fault::ACTOR_RESTARTED, "y".into(), false);
-        let got = gone_for(&spec(Encoding::Json), &[(0, ran.clone()), (1, not)]);
+        let got = gone_for(&spec(Encoding::Json), &[(0, ran.clone()), (1, not)], 2);
         assert_eq!(got[0], (0, ran));
         assert_eq!(got[1].1.error.as_ref().map(|e| e.kind.as_str()), Some(fault::ACTOR_GONE));
         assert_eq!(ranks_of(&spec(Encoding::Json), 3), [0, 1, 2]);
+        assert_eq!(gone_for(&spec(Encoding::Json), &[], 3).len(), 3, "every rank of its last world");
     }
 }

@@ -16,6 +16,7 @@
 //! - [`bridge`], in every pod's agent: reads the calls from the store,
 //!   hands them to its workers over a Unix socket, writes their results,
 //!   and answers for a worker that died with what killed it.
+//! - [`reader`]: each pod's reader of the actor's operations in the store.
 //! - [`wire`]: the frames between an agent and its workers.
 //!
 //! # The agents' store
@@ -40,6 +41,7 @@
 
 pub mod bridge;
 pub mod calls;
+mod reader;
 pub mod wire;
 
 use serde::{Deserialize, Serialize};

@@ -253,7 +253,7 @@ impl Served {
                 match self.link.ended(&token, sc, run.seq, &run.id).await {
                     Ok(None) => {
                         if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq)
-                            && let Some(stopped) = self.begin(run, plan, events).await
+                            && let Some(stopped) = self.begin(run, plan, (events, session, round)).await
                         {
                             return stopped;
                         }
@@ -263,7 +263,7 @@ impl Served {
                         // A marker that is not the control API's does not end a run.
                         self.refuse("an end marker", &why);
                         if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq)
-                            && let Some(stopped) = self.begin(run, plan, events).await
+                            && let Some(stopped) = self.begin(run, plan, (events, session, round)).await
                         {
                             return stopped;
                         }
@@ -345,7 +345,12 @@ impl Served {
 
     /// A new run: its files, its log shipper, the setup steps this pod has
     /// not applied yet; Some when a stop signal came meanwhile.
-    async fn begin(&mut self, run: Run, plan: &Plan, events: &mut UnboundedReceiver<SysEvent>) -> Option<Work> {
+    async fn begin(
+        &mut self,
+        run: Run,
+        plan: &Plan,
+        (events, session, round): (&mut UnboundedReceiver<SysEvent>, &Session, &Round),
+    ) -> Option<Work> {
         let started = std::time::Instant::now();
         let (dir, unstartable) = match files::materialize(&mut self.link, &self.conf.dir, &run).await {
             Ok((dir, fetched)) => {
@@ -363,8 +368,15 @@ impl Served {
         let shipper = Shipper::start(Link::new(self.dial.clone(), &self.base), run.seq);
         let spawner = self.spawner.clone();
         let pod = super::setup::Pod { plan, spawner: &spawner, tap: Some(shipper.tap()) };
-        let unstartable = match (unstartable, self.setup(&pod, events).await) {
+        let end = session.watch_end(round.number);
+        let mut end: super::setup::RoundEnd = Box::pin(async move { end.await.1 });
+        let unstartable = match (unstartable, self.setup(&pod, (events, &mut end)).await) {
             (_, Err(super::setup::Stop::Signal(s))) => return Some(Work::Idle(Outcome::Stopped(s))),
+            // Not begun: the next round begins it again, if it is not over.
+            (_, Err(super::setup::Stop::Ended(why))) => {
+                tracing::info!(run = %run.id, end = %why, "the run's setup was cut short by the end of the round");
+                return Some(Work::Idle(Outcome::Regroup));
+            }
             (Some(why), _) | (None, Err(super::setup::Stop::Failed(why))) => {
                 if why.starts_with("setup step") {
                     tracing::error!(run = %run.id, "{why}");
@@ -388,7 +400,7 @@ impl Served {
     async fn setup(
         &mut self,
         pod: &super::setup::Pod<'_>,
-        events: &mut UnboundedReceiver<SysEvent>,
+        round: (&mut UnboundedReceiver<SysEvent>, &mut super::setup::RoundEnd),
     ) -> Result<(), super::setup::Stop> {
         let Some(scope) = &self.scope else { return Ok(()) };
         let token = crate::serve::read_token(&self.token_file).unwrap_or_default();
@@ -404,7 +416,7 @@ impl Served {
                 return Err(super::setup::Stop::Failed(why));
             }
         };
-        super::setup::apply(&self.steps, &Dirs::new(&self.conf.dir), pod, events).await
+        super::setup::apply(&self.steps, &Dirs::new(&self.conf.dir), pod, round).await
     }
 
     /// The bridge to this pod's workers of `run`, when it is an actor (its

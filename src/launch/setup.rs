@@ -23,7 +23,12 @@ pub(super) enum Stop {
     Failed(String),
     /// A stop signal came.
     Signal(i32),
+    /// The round ended meanwhile (the run was stopped, a pod left or joined).
+    Ended(String),
 }
+
+/// The end of the round the steps are applied in.
+pub(super) type RoundEnd = std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>>;
 
 /// What applying a step needs of the pod.
 pub(super) struct Pod<'a> {
@@ -37,7 +42,7 @@ pub(super) async fn apply(
     steps: &[Step],
     dirs: &Dirs,
     pod: &Pod<'_>,
-    events: &mut UnboundedReceiver<SysEvent>,
+    (events, end): (&mut UnboundedReceiver<SysEvent>, &mut RoundEnd),
 ) -> Result<(), Stop> {
     let from = first_to_apply(steps, &dirs.applied());
     if from == steps.len() {
@@ -73,11 +78,11 @@ pub(super) async fn apply(
         if let Some(program) = program {
             let mut spec = WorkerSpec::piped(program, args, dirs.env(&steps[..i], &path, &pythonpath));
             spec.cwd = Some(dirs.work());
-            let exit = run(spec, pod, events).await.map_err(|e| match e {
+            let exit = run(spec, pod, events, end).await.map_err(|e| match e {
                 Stop::Failed(why) => {
                     Stop::Failed(format!("setup step {} of {} ({what}) on pod {host}: {why}", i + 1, steps.len()))
                 }
-                s @ Stop::Signal(_) => s,
+                s => s,
             })?;
             if exit != Exit::Code(0) {
                 return Err(Stop::Failed(format!(
@@ -99,7 +104,12 @@ pub(super) async fn apply(
 }
 
 /// Run one step's process to its end, its lines to the console and the tap.
-async fn run(spec: WorkerSpec, pod: &Pod<'_>, events: &mut UnboundedReceiver<SysEvent>) -> Result<Exit, Stop> {
+async fn run(
+    spec: WorkerSpec,
+    pod: &Pod<'_>,
+    events: &mut UnboundedReceiver<SysEvent>,
+    end: &mut RoundEnd,
+) -> Result<Exit, Stop> {
     let program = spec.program.clone();
     let sp = pod
         .spawner
@@ -116,8 +126,18 @@ async fn run(spec: WorkerSpec, pod: &Pod<'_>, events: &mut UnboundedReceiver<Sys
         drains.push(tokio::spawn(output::drain(fd, sink(true))));
     }
     let mut stopped = None;
+    let mut ended = None;
     let exit = loop {
-        match events.recv().await {
+        let ev = tokio::select! {
+            ev = events.recv() => ev,
+            why = &mut *end, if ended.is_none() => {
+                tracing::warn!(end = %why, "the round ended during a setup step; ending it (it runs again with the next run)");
+                sys::signal_group(sp.pid, libc::SIGKILL);
+                ended = Some(why);
+                continue;
+            }
+        };
+        match ev {
             Some(SysEvent::Exited { pid, exit, .. }) if pid == sp.pid => break exit,
             Some(SysEvent::Exited { pid, exit, .. }) => tracing::debug!(pid, %exit, "reaped orphan"),
             Some(SysEvent::Signal(s)) if pod.plan.stop_signals.contains(&s) => {
@@ -139,8 +159,9 @@ async fn run(spec: WorkerSpec, pod: &Pod<'_>, events: &mut UnboundedReceiver<Sys
     for d in drains {
         let _ = tokio::time::timeout(DRAIN_LIMIT, d).await;
     }
-    match stopped {
-        Some(s) => Err(Stop::Signal(s)),
-        None => Ok(exit),
+    match (stopped, ended) {
+        (Some(s), _) => Err(Stop::Signal(s)),
+        (None, Some(why)) => Err(Stop::Ended(why)),
+        (None, None) => Ok(exit),
     }
 }

@@ -238,8 +238,9 @@ fn command_of(command: Vec<String>, actor: Option<&Actor>) -> Vec<String> {
 
 /// Most bytes of an actor's target, and of its encoded init arguments.
 const MAX_TARGET: usize = 512;
-/// Most bytes of an actor's encoded init arguments.
-pub const MAX_INIT: usize = 16 * 1024 * 1024;
+/// Most bytes of an actor's encoded init arguments (the run, files' list
+/// and all, is one store value of 8 MiB at most).
+pub const MAX_INIT: usize = 4 * 1024 * 1024;
 
 /// A dotted Python name: identifiers separated by `.`.
 fn dotted(s: &str) -> bool {
