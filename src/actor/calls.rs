@@ -37,6 +37,9 @@ const WAIT_MAX: f64 = 300.0;
 const MAX_OPEN: usize = 1024;
 /// Calls over whose answers are kept, per actor.
 const KEEP_DONE: usize = 1024;
+/// Most bytes of answers kept once sent, over every actor: the oldest go
+/// first (a driver fetches an answer as soon as it is over).
+const KEEP_BYTES: usize = 64 * 1024 * 1024;
 /// Time the ranks of a round that ended get to answer for themselves.
 pub const SETTLE: Duration = Duration::from_secs(5);
 /// Most bytes of a call's encoded arguments (the store takes values of
@@ -82,6 +85,8 @@ struct Entry {
     cancelled: bool,
     /// Woken by a cancel (the call may be waiting for a round).
     wake: Arc<tokio::sync::Notify>,
+    /// Bytes of its answer, once over.
+    size: usize,
 }
 
 #[derive(Debug, Default)]
@@ -236,7 +241,7 @@ impl Desk {
             }
             a.next_call += 1;
             let id = a.next_call;
-            a.calls.insert(id, Entry { done: rx.clone(), at: None, cancelled: false, wake: Arc::default() });
+            a.calls.insert(id, Entry { done: rx.clone(), at: None, cancelled: false, wake: Arc::default(), size: 0 });
             while a.calls.len() > KEEP_DONE + MAX_OPEN {
                 let Some(old) = a.calls.iter().find(|(_, e)| e.done.borrow().is_some()).map(|(k, _)| *k) else { break };
                 a.calls.remove(&old);
@@ -394,7 +399,10 @@ impl Desk {
             }
             tracing::debug!(call = id, round, "no rank ran the call before its round ended; publishing it again");
         };
-        let _ = done.send(Some(Arc::new(render(id, &spec, &answer))));
+        let text = render(id, &spec, &answer);
+        self.entry(seq, id, |e| e.size = text.len());
+        let _ = done.send(Some(Arc::new(text)));
+        self.trim();
         for (n, ranks) in spent {
             self.forget(seq, n, &ranks).await;
         }
@@ -454,6 +462,22 @@ impl Desk {
                 (*r, o)
             })
             .collect()
+    }
+
+    /// Forget the oldest answers over [`KEEP_BYTES`] in all (an actor's
+    /// call numbers go on, so that none is reused).
+    fn trim(&self) {
+        let mut actors = self.actors();
+        let mut total: usize = actors.values().flat_map(|a| a.calls.values()).map(|e| e.size).sum();
+        let mut seqs: Vec<u64> = actors.keys().copied().collect();
+        seqs.sort_unstable();
+        for seq in seqs {
+            let Some(a) = actors.get_mut(&seq) else { continue };
+            while total > KEEP_BYTES {
+                let Some(old) = a.calls.iter().find(|(_, e)| e.size > 0).map(|(k, _)| *k) else { break };
+                total -= a.calls.remove(&old).map_or(0, |e| e.size);
+            }
+        }
     }
 
     /// Remove what call `n` left in the store.
@@ -583,6 +607,32 @@ mod tests {
             (v["ok"].clone(), v["results"][0]["pickle"].clone()),
             (serde_json::json!(true), serde_json::json!("gASVAAAA"))
         );
+    }
+
+    #[test]
+    fn answers_kept_are_bounded_in_bytes_oldest_first() {
+        let conf = Conf {
+            dial: Dial { addr: ([127, 0, 0, 1], 1).into(), guard: None },
+            base: "b".into(),
+            token_file: "t".into(),
+            scope: Scope { job: "b".into(), session: "s".into() },
+        };
+        let desk = Desk::new(conf, Arc::new(Board::default()));
+        {
+            let mut actors = desk.actors();
+            let a = actors.entry(1).or_default();
+            for id in 1..=5 {
+                let (_, rx) = watch::channel(None);
+                let size = if id == 5 { 0 } else { KEEP_BYTES / 3 + 1 };
+                a.calls.insert(id, Entry { done: rx, at: None, cancelled: false, wake: Arc::default(), size });
+            }
+            a.next_call = 5;
+        }
+        desk.trim();
+        let actors = desk.actors();
+        let kept: Vec<u64> = actors[&1].calls.keys().copied().collect();
+        assert_eq!(kept, [3, 4, 5], "the two oldest answers went; the call not over stays");
+        assert_eq!(actors[&1].next_call, 5, "numbers are not reused");
     }
 
     #[test]
