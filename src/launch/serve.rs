@@ -370,20 +370,18 @@ impl Served {
         let pod = super::setup::Pod { plan, spawner: &spawner, tap: Some(shipper.tap()) };
         let end = session.watch_end(round.number);
         let mut end: super::setup::RoundEnd = Box::pin(async move { end.await.1 });
-        let unstartable = match (unstartable, self.setup(&pod, (events, &mut end)).await) {
-            (_, Err(super::setup::Stop::Signal(s))) => return Some(Work::Idle(Outcome::Stopped(s))),
+        let unstartable = match self.setup(&pod, (events, &mut end)).await {
+            Err(super::setup::Stop::Signal(s)) => return Some(Work::Idle(Outcome::Stopped(s))),
             // Not begun: the next round begins it again, if it is not over.
-            (_, Err(super::setup::Stop::Ended(why))) => {
+            Err(super::setup::Stop::Ended(why)) => {
                 tracing::info!(run = %run.id, end = %why, "the run's setup was cut short by the end of the round");
                 return Some(Work::Idle(Outcome::Regroup));
             }
-            (Some(why), _) | (None, Err(super::setup::Stop::Failed(why))) => {
-                if why.starts_with("setup step") {
-                    tracing::error!(run = %run.id, "{why}");
-                }
-                Some(why)
+            Err(super::setup::Stop::Failed(why)) => {
+                tracing::error!(run = %run.id, "{why}");
+                unstartable.or(Some(why))
             }
-            (None, Ok(())) => None,
+            Ok(()) => unstartable,
         };
         let (bridge, unstartable) = match self.bridge(&run) {
             Ok(b) => (b, unstartable),

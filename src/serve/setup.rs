@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::spec::{RESERVED, RESERVED_PREFIXES, sha256_hex, shown};
+use super::spec::{env_name_refused, sha256_hex, shown};
 
 /// Most steps.
 const MAX_STEPS: usize = 256;
@@ -69,16 +69,8 @@ pub fn check(body: &[u8]) -> Result<Vec<Step>, String> {
             Step::Pip(a) => a.iter().map(String::as_str).collect(),
             Step::Bash(s) => vec![s.as_str()],
             Step::Env(e) => {
-                for k in e.keys() {
-                    let name_ok = !k.is_empty()
-                        && !k.starts_with(|c: char| c.is_ascii_digit())
-                        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-                    if !name_ok {
-                        return Err(format!("steps[{i}]: {} is not a variable name", shown(k)));
-                    }
-                    if RESERVED.contains(&k.as_str()) || RESERVED_PREFIXES.iter().any(|p| k.starts_with(p)) {
-                        return Err(format!("steps[{i}]: {k} is set by trainlet and cannot be overridden"));
-                    }
+                if let Some(why) = e.keys().find_map(|k| env_name_refused(k)) {
+                    return Err(format!("steps[{i}]: {why}"));
                 }
                 e.values().map(String::as_str).collect()
             }

@@ -23,7 +23,7 @@ const MAX_NPROC: u32 = 1024;
 const MAX_RESTARTS: u32 = 10_000;
 
 /// Variables trainlet sets for every worker: a run may not set them.
-pub(crate) const RESERVED: &[&str] = &[
+const RESERVED: &[&str] = &[
     "RANK",
     "LOCAL_RANK",
     "GROUP_RANK",
@@ -37,7 +37,7 @@ pub(crate) const RESERVED: &[&str] = &[
     "MASTER_PORT",
 ];
 /// Prefixes of variables trainlet owns.
-pub(crate) const RESERVED_PREFIXES: &[&str] = &["TORCHELASTIC_", "TRAINLET_", "KUBEFLOW_TRAINER_SERVER_"];
+const RESERVED_PREFIXES: &[&str] = &["TORCHELASTIC_", "TRAINLET_", "KUBEFLOW_TRAINER_SERVER_"];
 
 /// `POST /v1/runs`'s JSON body.
 #[derive(Debug, Deserialize)]
@@ -181,6 +181,24 @@ pub fn check_archive(json: &str, body: &[u8]) -> Result<Checked, String> {
         return Err("X-Trainlet-Run: give the files in the archive, not in \"files\"".into());
     }
     let files = super::tar::files(body)?;
+    checked(s, files)
+}
+
+/// Parse and check a JSON submission.
+pub fn check(body: &[u8]) -> Result<Checked, String> {
+    let s: Submit = serde_json::from_slice(body).map_err(|e| format!("the body is not a valid run: {e}"))?;
+    let mut files = Vec::new();
+    for (path, b64) in &s.files {
+        let data = data_encoding::BASE64
+            .decode(b64.as_bytes())
+            .map_err(|e| format!("files[{}]: not base64 ({e})", shown(path)))?;
+        files.push((path.clone(), data));
+    }
+    checked(s, files)
+}
+
+/// Check a submission's JSON with its files (from the JSON or the archive).
+fn checked(s: Submit, files: Vec<(String, Vec<u8>)>) -> Result<Checked, String> {
     let actor = s.actor.map(check_actor).transpose()?;
     let mut c = check_parts(
         command_of(s.command, actor.as_ref()),
@@ -194,27 +212,19 @@ pub fn check_archive(json: &str, body: &[u8]) -> Result<Checked, String> {
     Ok(c)
 }
 
-/// Parse and check a JSON submission.
-pub fn check(body: &[u8]) -> Result<Checked, String> {
-    let s: Submit = serde_json::from_slice(body).map_err(|e| format!("the body is not a valid run: {e}"))?;
-    let mut files = Vec::new();
-    for (path, b64) in &s.files {
-        let data = data_encoding::BASE64
-            .decode(b64.as_bytes())
-            .map_err(|e| format!("files[{}]: not base64 ({e})", shown(path)))?;
-        files.push((path.clone(), data));
+/// Why `k` cannot be a variable a client gives the workers (a bad name,
+/// or one trainlet sets), if it cannot.
+pub(crate) fn env_name_refused(k: &str) -> Option<String> {
+    let name_ok = !k.is_empty()
+        && !k.starts_with(|c: char| c.is_ascii_digit())
+        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !name_ok {
+        return Some(format!("{} is not a variable name (letters, digits and _)", shown(k)));
     }
-    let actor = s.actor.map(check_actor).transpose()?;
-    let mut c = check_parts(
-        command_of(s.command, actor.as_ref()),
-        s.args,
-        s.env,
-        (s.nproc_per_node, s.max_restarts),
-        files,
-        s.replace,
-    )?;
-    c.actor = actor;
-    Ok(c)
+    if RESERVED.contains(&k) || RESERVED_PREFIXES.iter().any(|p| k.starts_with(p)) {
+        return Some(format!("{k} is set by trainlet for every worker and cannot be overridden"));
+    }
+    None
 }
 
 /// Why a submission does not belong where it was sent (`POST /v1/actors`
@@ -301,14 +311,8 @@ pub fn check_parts(
         return Err(format!("env: {} variables, at most {MAX_WORDS}", env.len()));
     }
     for (k, v) in &env {
-        let name_ok = !k.is_empty()
-            && !k.starts_with(|c: char| c.is_ascii_digit())
-            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !name_ok {
-            return Err(format!("env: {} is not a variable name (letters, digits and _)", shown(k)));
-        }
-        if RESERVED.contains(&k.as_str()) || RESERVED_PREFIXES.iter().any(|p| k.starts_with(p)) {
-            return Err(format!("env: {k} is set by trainlet for every worker and cannot be overridden"));
+        if let Some(why) = env_name_refused(k) {
+            return Err(format!("env: {why}"));
         }
         if v.contains('\0') || v.len() > MAX_WORD {
             return Err(format!("env: {k} holds a NUL byte or is longer than {MAX_WORD} bytes"));
