@@ -12,24 +12,30 @@
 //! ended it: the rank's own death ([`fault::WORKER_DIED`], exit code or
 //! signal), or the round's end ([`fault::ACTOR_RESTARTED`]), or the
 //! actor's ([`fault::ACTOR_GONE`]).
+//!
+//! In survivors mode, the bridge is the attempt's [`Rejoin`]: it tells
+//! which workers are ready (only those are kept at a round's end), keeps
+//! the connections of the ready workers when the round ends, and hands
+//! each kept worker the new round's variables (a `reconfigure` frame),
+//! after which the worker says `ready` again and takes calls. A kept
+//! worker whose connection is gone is killed: it could never answer.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::sync::CancellationToken;
 
-use super::wire::{self, FromWorker, ToWorker};
+use super::socket::{accept, writer};
+use super::wire::ToWorker;
 use super::{Error, Fault, Keys, Op, Outcome, What, fault};
 use crate::serve::spec::Actor;
 use crate::serve::{Link, Scope};
 use crate::store::Dial;
 use crate::supervise::report::{Failure, root_cause};
 
-/// How long a worker has to say who it is.
-const HELLO_TIME: Duration = Duration::from_secs(30);
 /// Most bytes of one rank's encoded outcome (the store takes 8 MiB values).
 const MAX_OUTCOME: usize = 7 * 1024 * 1024;
 /// Longest a Unix socket path may be (`sun_path`, less its NUL).
@@ -45,6 +51,14 @@ pub(super) enum Event {
     Gone { conn: u64 },
     RoundStarted { round: u64, ranks: Vec<u32> },
     RoundOver { round: u64, failures: Vec<Failure>, why: String },
+    Rejoin { pid: i32, start: u64, rank: u32, env: BTreeMap<String, String> },
+}
+
+/// The pids of the workers that are connected and ready.
+type ReadySet = Arc<Mutex<HashSet<i32>>>;
+
+fn lock(set: &ReadySet) -> std::sync::MutexGuard<'_, HashSet<i32>> {
+    set.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// This pod's bridge to the workers of one actor.
@@ -53,6 +67,9 @@ pub struct Bridge {
     tx: UnboundedSender<Event>,
     socket: PathBuf,
     cancel: CancellationToken,
+    seq: u64,
+    survivors: bool,
+    ready: ReadySet,
 }
 
 /// Where the bridge reads and writes the actor's keys.
@@ -84,6 +101,8 @@ impl Bridge {
         let (tx, rx) = unbounded_channel();
         let keys = Keys::new(&place.base, seq);
         let results = writer(Link::new(place.dial.clone(), &place.base), cancel.child_token());
+        let ready = ReadySet::default();
+        let survivors = actor.restart == crate::serve::spec::Restart::Survivors;
         tokio::spawn(accept(listener, tx.clone(), cancel.child_token()));
         let core = Core {
             seq,
@@ -100,9 +119,17 @@ impl Bridge {
             workers: HashMap::new(),
             held: Vec::new(),
             calls: BTreeMap::new(),
+            ready: ready.clone(),
+            survivors,
+            carried: HashMap::new(),
         };
         tokio::spawn(core.run(rx));
-        Ok(Self { tx, socket: socket.to_path_buf(), cancel })
+        Ok(Self { tx, socket: socket.to_path_buf(), cancel, seq, survivors, ready })
+    }
+
+    /// Does the actor keep its live workers through faults?
+    pub fn survivors(&self) -> bool {
+        self.survivors
     }
 
     /// The socket path the workers get in `TRAINLET_ACTOR_SOCKET`.
@@ -119,6 +146,22 @@ impl Bridge {
     /// on their own, `why` how the round ended.
     pub fn round_over(&self, round: u64, failures: &[Failure], why: &str) {
         let _ = self.tx.send(Event::RoundOver { round, failures: failures.to_vec(), why: why.to_string() });
+    }
+}
+
+impl crate::supervise::worker::Rejoin for Bridge {
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    fn ready(&self, pid: i32) -> bool {
+        lock(&self.ready).contains(&pid)
+    }
+
+    fn rejoin(&self, pid: i32, start: u64, rank: u32, env: Vec<(String, String)>) {
+        // Not ready until it says so again, whatever the core has read yet.
+        lock(&self.ready).remove(&pid);
+        let _ = self.tx.send(Event::Rejoin { pid, start, rank, env: env.into_iter().collect() });
     }
 }
 
@@ -173,6 +216,12 @@ struct Core {
     /// Operations for a round not started here yet.
     held: Vec<Op>,
     calls: BTreeMap<u64, Call>,
+    /// The pids of the ready workers (read by the attempt).
+    ready: ReadySet,
+    /// Survivors mode: ready workers are kept through a round's end.
+    survivors: bool,
+    /// Kept workers between their round's end and their rejoin, by pid.
+    carried: HashMap<i32, Worker>,
 }
 
 impl Core {
@@ -197,6 +246,7 @@ impl Core {
                 if let Some(rank) = self.rank_of(conn) {
                     if let Some(w) = self.workers.get_mut(&rank) {
                         w.ready = true;
+                        lock(&self.ready).insert(w.pid);
                     }
                     tracing::info!(actor = self.seq, rank, "actor instantiated");
                     self.dispatch(rank);
@@ -207,6 +257,7 @@ impl Core {
                     tracing::error!(actor = self.seq, rank, error = %error.kind, message = %crate::serve::spec::shown(&error.message), "the actor's target could not be instantiated");
                     if let Some(w) = self.workers.get_mut(&rank) {
                         w.init_failed = Some(error);
+                        lock(&self.ready).remove(&w.pid);
                     }
                 }
             }
@@ -227,9 +278,18 @@ impl Core {
                     tracing::debug!(actor = self.seq, rank, "an actor worker's connection closed");
                     if let Some(w) = self.workers.get_mut(&rank) {
                         w.ready = false;
+                        lock(&self.ready).remove(&w.pid);
                     }
                 }
+                self.carried.retain(|pid, w| {
+                    let gone = w.conn == conn;
+                    if gone {
+                        lock(&self.ready).remove(pid);
+                    }
+                    !gone
+                });
             }
+            Event::Rejoin { pid, start, rank, env } => self.rejoin(pid, start, rank, env),
             Event::RoundStarted { round, ranks } => {
                 if self.reader.is_none() {
                     let token = CancellationToken::new();
@@ -252,6 +312,25 @@ impl Core {
             }
             Event::RoundOver { round, failures, why } => self.round_over(round, &failures, &why),
         }
+    }
+
+    /// Kept worker `pid` is `rank` of the round that started here.
+    fn rejoin(&mut self, pid: i32, start: u64, rank: u32, env: BTreeMap<String, String>) {
+        lock(&self.ready).remove(&pid);
+        let Some(mut w) = self.carried.remove(&pid).filter(|_| self.ranks.contains(&rank)) else {
+            tracing::warn!(actor = self.seq, rank, pid, "a kept worker's connection is gone; killing it");
+            if crate::sys::is_same_process(pid, start) {
+                crate::sys::signal_group(pid, libc::SIGKILL);
+            }
+            return;
+        };
+        w.ready = false;
+        w.init_failed = None;
+        if w.tx.send(ToWorker::Reconfigure { env }).is_err() && crate::sys::is_same_process(pid, start) {
+            crate::sys::signal_group(pid, libc::SIGKILL);
+        }
+        tracing::info!(actor = self.seq, rank, pid, "a kept worker rejoins the actor");
+        self.workers.insert(rank, w);
     }
 
     fn rank_of(&self, conn: u64) -> Option<u32> {
@@ -421,10 +500,19 @@ impl Core {
                 self.answer(n, rank, &o);
             }
         }
-        if let Some(w) = self.workers.values().find(|w| w.ready) {
-            tracing::debug!(actor = self.seq, pid = w.pid, "round over with a worker still connected");
+        // Survivors mode: the ready workers' connections are kept for their
+        // rejoin (those the attempt did not keep are killed, and leave).
+        let workers = std::mem::take(&mut self.workers);
+        let mut ready = lock(&self.ready);
+        ready.clear();
+        self.carried.clear();
+        if self.survivors {
+            for w in workers.into_values().filter(|w| w.ready) {
+                ready.insert(w.pid);
+                self.carried.insert(w.pid, w);
+            }
         }
-        self.workers.clear();
+        drop(ready);
         self.last = Some((round, std::mem::take(&mut self.ranks)));
         self.round = None;
     }
@@ -437,97 +525,4 @@ fn died(f: &Failure) -> String {
         (Some(c), None) => format!("exited with code {c}"),
         (None, None) => "hung".into(),
     }
-}
-
-/// Write outcomes in order, on a connection of their own.
-fn writer(mut link: Link, cancel: CancellationToken) -> UnboundedSender<(String, Vec<u8>)> {
-    let (tx, mut rx) = unbounded_channel::<(String, Vec<u8>)>();
-    tokio::spawn(async move {
-        loop {
-            let (key, value) = tokio::select! {
-                () = cancel.cancelled() => return,
-                kv = rx.recv() => match kv { Some(kv) => kv, None => return },
-            };
-            let mut tries = 0;
-            while let Err(e) = link.set(&key, &value).await {
-                tries += 1;
-                if tries >= 3 {
-                    tracing::error!(key = %key, error = %crate::error::error_chain(&e), "cannot write an actor call's outcome to the store");
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    });
-    tx
-}
-
-/// Every worker connection: its hello, then its frames as events.
-async fn accept(listener: UnixListener, tx: UnboundedSender<Event>, cancel: CancellationToken) {
-    let mut next = 0u64;
-    loop {
-        let conn = tokio::select! {
-            () = cancel.cancelled() => return,
-            c = listener.accept() => c,
-        };
-        let stream = match conn {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot accept an actor worker's connection");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        next += 1;
-        tokio::spawn(worker(stream, next, tx.clone(), cancel.child_token()));
-    }
-}
-
-async fn worker(stream: UnixStream, conn: u64, tx: UnboundedSender<Event>, cancel: CancellationToken) {
-    let (mut rd, mut wr) = stream.into_split();
-    let hello = tokio::time::timeout(HELLO_TIME, wire::read(&mut rd)).await;
-    let (rank, pid) = match hello {
-        Ok(Ok(Some(FromWorker::Hello { rank, pid, .. }))) => (rank, pid),
-        Ok(Ok(_)) => return tracing::warn!("an actor connection did not begin with hello; closed"),
-        Ok(Err(e)) => return tracing::warn!(error = %e, "an actor connection sent what it should not; closed"),
-        Err(_) => return tracing::warn!("an actor connection did not say hello in time; closed"),
-    };
-    let (to, mut frames) = unbounded_channel::<ToWorker>();
-    if tx.send(Event::Hello { conn, rank, pid, tx: to }).is_err() {
-        return;
-    }
-    let send = async move {
-        while let Some(f) = frames.recv().await {
-            if let Err(e) = wire::write(&mut wr, &f).await {
-                tracing::debug!(rank, error = %e, "cannot write to an actor worker");
-                return;
-            }
-        }
-    };
-    let recv = async {
-        loop {
-            let ev = match wire::read(&mut rd).await {
-                Ok(Some(FromWorker::Ready)) => Event::Ready { conn },
-                Ok(Some(FromWorker::InitFailed { error })) => Event::InitFailed { conn, error },
-                Ok(Some(FromWorker::Result { id, ok, value, error })) => {
-                    Event::Result { conn, id, outcome: Outcome { ok, value, error } }
-                }
-                Ok(Some(FromWorker::Hello { .. })) => continue,
-                Ok(None) => return,
-                Err(e) => {
-                    tracing::warn!(rank, error = %e, "an actor worker sent what it should not; closed");
-                    return;
-                }
-            };
-            if tx.send(ev).is_err() {
-                return;
-            }
-        }
-    };
-    tokio::select! {
-        () = cancel.cancelled() => {}
-        () = send => {}
-        () = recv => {}
-    }
-    let _ = tx.send(Event::Gone { conn });
 }

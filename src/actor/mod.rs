@@ -17,6 +17,8 @@
 //!   hands them to its workers over a Unix socket, writes their results,
 //!   and answers for a worker that died with what killed it.
 //! - [`reader`]: each pod's reader of the actor's operations in the store.
+//! - [`socket`]: the agent's ends of the workers' connections, and the
+//!   writer of outcomes to the store.
 //! - [`wire`]: the frames between an agent and its workers.
 //!
 //! # The agents' store
@@ -42,6 +44,7 @@
 pub mod bridge;
 pub mod calls;
 mod reader;
+mod socket;
 pub mod wire;
 
 use serde::{Deserialize, Serialize};

@@ -20,6 +20,7 @@ worker, a larger result is answered as a ``BadResult`` fault)::
     agent   {"op": "cancel", "id": N}             raise Cancelled in call N
     worker  {"op": "result", "id": N, "ok": true, "value": V}
     worker  {"op": "result", "id": N, "ok": false, "error": F}
+    agent   {"op": "reconfigure", "env": {"RANK": "2", ...}}   survivors mode
 
 - ``E`` is ``"json"`` or ``"pickle"``. ``A`` is the JSON text of
   ``{"args": [...], "kwargs": {...}}``, or base64 of the pickled
@@ -32,6 +33,24 @@ worker, a larger result is answered as a ``BadResult`` fault)::
   init arguments; any other callable is a function actor, whose only method
   is ``__call__``. Methods whose names start with ``_`` cannot be called.
 - The agent closing the connection ends the worker (exit 0).
+
+Survivors mode (``restart="survivors"``). When a worker dies or a pod is
+lost, joins or leaves, the live workers are kept and each gets
+``reconfigure`` with the new round's variables (``RANK``, ``WORLD_SIZE``,
+``MASTER_PORT``, ``TORCHELASTIC_RESTART_COUNT``, ...). In a thread of its
+own, the worker then: cancels the calls still running (their round is
+over; it waits up to ``RECONFIGURE_DRAIN`` seconds for their threads to
+end: one blocked in C code, a sleep or a collective with a live peer, goes
+on in the background and its late result is dropped); destroys torch's default process group if there is one; puts the
+variables in ``os.environ``; creates the default group again with the same
+backend, meeting the fresh ranks' ``__init__``; and calls the instance's
+``reconfigure(rank, world_size)`` if it has one (where DDP is wrapped
+again: its constructor broadcasts rank 0's parameters, which the fresh
+ranks' constructors take). Then it says ``ready``; if any of this raises,
+``init_failed`` and exit 1, as a failed ``__init__``. A collective blocked
+on a peer that is alive but was stopped (NCCL without async error
+handling) never returns: survivors mode needs gloo, or NCCL with
+``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (trainlet sets it).
 
 Cancellation. ``cancel`` raises ``trainlet_actor.Cancelled`` (a
 ``BaseException``, so ``except Exception`` does not swallow it) in the call's
@@ -62,10 +81,12 @@ import socket
 import struct
 import sys
 import threading
+import time
 import traceback
 import types
 
 MAX_FRAME = 64 * 1024 * 1024
+RECONFIGURE_DRAIN = 1.0
 THIS_FILE = os.path.abspath(__file__) if "__file__" in globals() else None
 
 
@@ -348,6 +369,43 @@ class Actor:
             self.conn.send({"op": "result", "id": call.id, "ok": False,
                             "error": fault(e, "BadResult", "trainlet_actor", message)})
 
+    def reconfigure(self, frame):
+        threading.Thread(target=self.rejoin, args=(frame,), name="trainlet-reconfigure", daemon=True).start()
+
+    def rejoin(self, frame):
+        """Survivors mode: join the new round (see the module doc)."""
+        try:
+            env = frame.get("env")
+            if not isinstance(env, dict):
+                raise ValueError("reconfigure without its variables")
+            with self.calls_lock:
+                running = list(self.calls.values())
+            for call in running:
+                call.cancel()
+            deadline = time.monotonic() + RECONFIGURE_DRAIN
+            while time.monotonic() < deadline:
+                with self.calls_lock:
+                    if not self.calls:
+                        break
+                time.sleep(0.01)
+            dist = sys.modules.get("torch.distributed")
+            backend = None
+            if dist is not None and dist.is_available() and dist.is_initialized():
+                backend = dist.get_backend()
+                dist.destroy_process_group()
+            os.environ.update({str(k): str(v) for k, v in env.items()})
+            if backend is not None:
+                dist.init_process_group(backend)
+            hook = None if self.function else getattr(self.instance, "reconfigure", None)
+            if callable(hook):
+                hook(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+        except BaseException as e:
+            traceback.print_exc()
+            print("trainlet actor: cannot rejoin the new round", file=sys.stderr)
+            self.conn.send({"op": "init_failed", "error": fault(e)})
+            exit_now(1)
+        self.conn.send({"op": "ready"})
+
     def serve(self):
         while True:
             frame = self.conn.recv()
@@ -360,6 +418,8 @@ class Actor:
                 self.cancel(frame)
             elif op == "init" and self.instance is None:
                 self.init(frame)
+            elif op == "reconfigure" and self.instance is not None:
+                self.reconfigure(frame)
             else:
                 print("trainlet actor: ignoring a frame %r" % (op,), file=sys.stderr)
 

@@ -13,6 +13,7 @@
 //! | agent | `{"op": "cancel", "id": N}` | raise `trainlet_actor.Cancelled` in call N's thread |
 //! | worker | `{"op": "result", "id": N, "ok": true, "value": "..."}` | call N returned (encoded as it came) |
 //! | worker | `{"op": "result", "id": N, "ok": false, "error": {Fault}}` | call N raised |
+//! | agent | `{"op": "reconfigure", "env": {"RANK": "2", ...}}` | survivors mode: cancel the calls, leave the process group, take the new round's variables, join the new group, call `reconfigure(rank, world_size)`; then `ready` (or `init_failed` and exit 1) |
 //!
 //! `args` is `{"args": [...], "kwargs": {...}}` as JSON text, or base64 of
 //! the pickled `(args, kwargs)`; `value` is the JSON text of the result, or
@@ -91,6 +92,12 @@ pub enum ToWorker {
         /// The call's number.
         id: u64,
     },
+    /// Survivors mode: join the new round as a kept worker (its variables
+    /// in `env`), then say `ready` again.
+    Reconfigure {
+        /// The round's variables, as a fresh worker of the rank gets them.
+        env: std::collections::BTreeMap<String, String>,
+    },
 }
 
 /// Why a frame could not be read.
@@ -159,5 +166,9 @@ mod tests {
         let mut out = Vec::new();
         write(&mut out, &ToWorker::Cancel { id: 9 }).await.expect("write");
         assert_eq!(&out[4..], br#"{"op":"cancel","id":9}"#);
+        let mut out = Vec::new();
+        let env = [("RANK".to_string(), "2".to_string())].into_iter().collect();
+        write(&mut out, &ToWorker::Reconfigure { env }).await.expect("write");
+        assert_eq!(&out[4..], br#"{"op":"reconfigure","env":{"RANK":"2"}}"#);
     }
 }

@@ -22,6 +22,7 @@ use crate::process::spawn::Spawner;
 use crate::rendezvous::{self, Joined, Known, Member, Round, Session, Timing};
 use crate::serve::board::State as RunState;
 use crate::supervise::attempt::{Job, run_attempt};
+use crate::supervise::carry::Carry;
 use crate::supervise::policy::{JobEnd, Outcome, RoundFacts, Verdict, backoff, verdict};
 use crate::supervise::report::{Failure, RoundRecord, root_cause};
 use crate::supervise::worker::WorldView;
@@ -159,6 +160,8 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     let mut known = Known::default();
     let mut history: Vec<Failure> = Vec::new();
     let mut rounds: Vec<RoundRecord> = Vec::new();
+    // An actor's workers kept from one round to the next (survivors mode).
+    let mut carry = Carry::default();
     let code = loop {
         let deadline = Instant::now() + plan.join_timeout;
         let waited = Instant::now();
@@ -215,6 +218,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
         let base_restarts = served.as_ref().map_or(0, serve::Served::base_restarts);
         let restarts = round.restarts.saturating_sub(base_restarts);
         let (outcome, failures) = if let Some(o) = idle {
+            carry.kill("the pods are idle");
             (o, Vec::new())
         } else {
             tracing::info!(
@@ -238,6 +242,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
                 tap: served.as_ref().and_then(serve::Served::tap),
                 unstartable: served.as_ref().and_then(serve::Served::unstartable),
                 zygote: zygote.as_ref(),
+                survivors: served.as_ref().and_then(serve::Served::survivors),
                 group_rank: round.group_rank,
                 nnodes: round.nnodes,
             };
@@ -260,7 +265,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
             let ended = run_attempt(
                 &world,
                 (&attempt_dir, files_ok),
-                &spawner,
+                (&spawner, &mut carry),
                 &env,
                 &mut events,
                 &mut RoundJob { session: &mut session, round: &round },
@@ -337,6 +342,10 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
                 Err(code) => break code,
             },
         };
+        // Kept workers go on only into a restart or regroup of their run.
+        if !matches!(agreed, Verdict::Restart(_) | Verdict::Regroup) || end.starts_with("stop:") {
+            carry.stop(plan.grace).await;
+        }
         rounds.push(record(&round, &end, &agreed.to_string()));
         let root = root_cause(&all_failures);
         progress.failed(root);
@@ -411,6 +420,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
             }
         }
     };
+    carry.stop(plan.grace).await;
     progress.finish().await;
     if let Some(s) = control {
         s.shutdown().await;

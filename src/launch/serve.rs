@@ -487,6 +487,12 @@ impl Served {
         self.current.as_ref().map_or(0, |c| c.run.base_restarts)
     }
 
+    /// The current run's actor, when it restarts only its missing ranks.
+    pub fn survivors(&self) -> Option<&dyn crate::supervise::worker::Rejoin> {
+        let b = self.current.as_ref()?.bridge.as_ref()?;
+        b.survivors().then_some(b as &dyn crate::supervise::worker::Rejoin)
+    }
+
     /// Where the current run's lines go.
     pub fn tap(&self) -> Option<LineTap> {
         self.current.as_ref().map(|c| c.shipper.tap())

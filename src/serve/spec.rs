@@ -87,6 +87,23 @@ pub struct ActorSubmit {
     /// `kwargs` (the workers unpickle it: only for drivers they trust).
     #[serde(default)]
     pub pickle: Option<String>,
+    /// What a fault restarts: every rank (the default), or only the
+    /// missing ones ([`Restart::Survivors`]).
+    #[serde(default)]
+    pub restart: Restart,
+}
+
+/// What a worker's death or a lost pod restarts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Restart {
+    /// Every rank is stopped and instantiated again.
+    #[default]
+    All,
+    /// The live workers keep their processes and state: they leave the
+    /// process group, take the new round's rank and world, and meet the
+    /// fresh ranks in a new group (the runtime's `reconfigure`).
+    Survivors,
 }
 
 /// How arguments and results travel.
@@ -109,6 +126,9 @@ pub struct Actor {
     /// `{"args": [...], "kwargs": {...}}` (JSON), or base64 of the pickled
     /// `(args, kwargs)`.
     pub init: String,
+    /// What a fault restarts.
+    #[serde(default)]
+    pub restart: Restart,
 }
 
 /// One file of a run, by content.
@@ -283,7 +303,7 @@ pub fn check_actor(a: ActorSubmit) -> Result<Actor, String> {
     if init.len() > MAX_INIT {
         return Err(format!("actor: the init arguments are {} bytes encoded, at most {MAX_INIT}", init.len()));
     }
-    Ok(Actor { target: a.target, encoding, init })
+    Ok(Actor { target: a.target, encoding, init, restart: a.restart })
 }
 
 /// Check the parts of a submission (the JSON's, or a tar's files).

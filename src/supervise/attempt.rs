@@ -20,10 +20,11 @@ use crate::exit;
 use crate::process::signals::{SysEvent, now_us};
 use crate::process::spawn::{Spawner, WorkerSpec};
 use crate::process::sweep;
+use crate::supervise::carry::{Carry, Kept};
 use crate::supervise::output::{self, Sink};
 use crate::supervise::policy::{Action, Attempt, Event, JobEnd, Outcome, Timer};
 use crate::supervise::report::Failure;
-use crate::supervise::worker::{WorldView, framework_env, substitute, worker_env};
+use crate::supervise::worker::{Rejoin, WorldView, framework_env, substitute, worker_env};
 use crate::sys::{self, Exit};
 
 /// How long output drains may lag behind the last worker exit.
@@ -54,6 +55,8 @@ pub trait Job {
 struct Worker {
     /// Its pid and process group; None when it never started.
     pid: Option<i32>,
+    /// The tasks reading its output.
+    drains: TaskTracker,
     /// The file it touches to show progress (with --progress-timeout).
     heartbeat: Option<PathBuf>,
     rank: u32,
@@ -98,10 +101,13 @@ async fn spawn_retrying(
 }
 
 /// Spawn this pod's workers for one round and supervise them to the end.
+/// In survivors mode (`world.survivors`), the workers `carry` holds from
+/// the last round take their ranks instead of new ones, and the workers
+/// kept at this round's end are left in it.
 pub async fn run_attempt(
     world: &WorldView<'_>,
     (dir, files_ok): (&Path, bool),
-    spawner: &Spawner,
+    (spawner, carry): (&Spawner, &mut Carry),
     env: &Env,
     events: &mut UnboundedReceiver<SysEvent>,
     job: &mut impl Job,
@@ -109,9 +115,16 @@ pub async fn run_attempt(
     let round = job.round();
     let plan = world.plan;
     let mut core = Attempt::new(plan.nproc, plan.rules.clone(), plan.checkpoint_signal);
+    core.set_survivors(world.survivors.is_some());
+    let mut kept = match world.survivors {
+        Some(r) => carry.take(r.seq()),
+        None => {
+            carry.kill("the next run is not theirs");
+            Vec::new()
+        }
+    };
     let mut workers: HashMap<u32, Worker> = HashMap::new();
     let mut by_pid: HashMap<i32, u32> = HashMap::new();
-    let drains = TaskTracker::new();
     let mut early: Vec<Event> = Vec::new();
     let (placed, _) = crate::gpu::setup::placements(&plan.gpu, plan.nproc);
     let nics = if plan.gpu.nic_hint { crate::gpu::sysfs::Sysfs::new(&plan.gpu.root).nics() } else { Vec::new() };
@@ -146,6 +159,24 @@ pub async fn run_attempt(
             // Later entries win: LOCAL_RANK 0 with --gpu-visibility single.
             wenv.extend(crate::gpu::plan::rank_env(p, &plan.gpu.gpus, plan.gpu.visibility, plan.gpu.user_order));
             wenv.extend(crate::gpu::plan::nic_env(p, &plan.gpu.gpus, &nics, |v| env.get(v).is_some()));
+        }
+        // A kept worker takes its rank as it is: it gets the round's variables.
+        if let (Some(r), Some(i)) = (world.survivors, kept.iter().position(|k| k.local_rank == local_rank)) {
+            let k = kept.swap_remove(i);
+            tracing::info!(local_rank, rank, pid = k.pid, was_rank = k.rank, "a kept worker rejoins");
+            r.rejoin(k.pid, k.start, rank, wenv);
+            by_pid.insert(k.pid, local_rank);
+            let w = Worker {
+                pid: Some(k.pid),
+                drains: k.drains,
+                heartbeat,
+                rank,
+                error_file,
+                not_started: None,
+                why: None,
+            };
+            workers.insert(local_rank, w);
+            continue;
         }
         let mut spec = WorkerSpec::piped(plan.entry.program.clone(), substitute(&plan.entry.args, local_rank), wenv);
         spec.unset = unset;
@@ -184,6 +215,7 @@ pub async fn run_attempt(
                 let (red_out, red_err) = (red_out && files_ok, red_err && files_ok);
                 let (tee_out, tee_err) = plan.output.tee.for_rank(local_rank);
                 let files = plan.output.log_dir.is_some();
+                let drains = TaskTracker::new();
                 for (fd, is_err, redirected, teed, name) in [
                     (sp.stdout, false, red_out, tee_out, "stdout.log"),
                     (sp.stderr, true, red_err, tee_err, "stderr.log"),
@@ -198,25 +230,36 @@ pub async fn run_attempt(
                     };
                     drains.spawn(output::drain(fd, sink));
                 }
+                drains.close();
                 crate::metrics::global().workers_started.inc();
                 by_pid.insert(sp.pid, local_rank);
                 workers.insert(
                     local_rank,
-                    Worker { pid: Some(sp.pid), heartbeat, rank, error_file, not_started: None, why: None },
+                    Worker { pid: Some(sp.pid), drains, heartbeat, rank, error_file, not_started: None, why: None },
                 );
             }
             Err((code, why)) => {
                 tracing::error!(local_rank, code, error = %why, "cannot start worker");
-                workers.insert(
-                    local_rank,
-                    Worker { pid: None, heartbeat: None, rank, error_file, not_started: Some(code), why: Some(why) },
-                );
+                let w = Worker {
+                    pid: None,
+                    drains: TaskTracker::new(),
+                    heartbeat: None,
+                    rank,
+                    error_file,
+                    not_started: Some(code),
+                    why: Some(why),
+                };
+                workers.insert(local_rank, w);
                 crate::metrics::global().worker_exited(Exit::Code(i32::from(code)));
                 early.push(Event::WorkerExited { local_rank, exit: Exit::Code(i32::from(code)), at_us: now_us() });
             }
         }
     }
-    drains.close();
+    // Kept workers left over (the world shrank below their local rank).
+    for k in kept {
+        tracing::info!(local_rank = k.local_rank, pid = k.pid, "a kept worker has no rank in this round; stopping it");
+        sys::signal_group(k.pid, libc::SIGKILL);
+    }
 
     let watch = job.watch_end();
     tokio::pin!(watch);
@@ -261,6 +304,10 @@ pub async fn run_attempt(
                 },
                 (end, text) = &mut watch, if watching => {
                     watching = false;
+                    if text.starts_with("stop:") {
+                        // The run is stopped (closed, replaced): nobody is kept.
+                        core.set_survivors(false);
+                    }
                     match end {
                         JobEnd::Lost => match job.host_left() {
                             Some(why) => tracing::warn!(store_host = %why, "the store host left the job; stopping workers"),
@@ -341,18 +388,38 @@ pub async fn run_attempt(
         }
     }
 
+    // Survivors mode: the live workers the bridge saw ready stay for the
+    // next round, spared by the sweep below.
+    let keep = keepers(&core, &workers, world.survivors);
+    if let Some(r) = world.survivors {
+        let held = keep.iter().filter_map(|&local_rank| {
+            let w = workers.get(&local_rank)?;
+            let pid = w.pid?;
+            let start = sys::proc_start(pid)?;
+            Some(Kept { local_rank, rank: w.rank, pid, start, drains: w.drains.clone() })
+        });
+        carry.hold(r.seq(), held.collect());
+        if !carry.is_empty() {
+            tracing::info!(round, pids = ?carry.pids(), "survivors mode: the live workers are kept for the next round");
+        }
+    }
     // Processes a worker left in its group (grandchildren) go too, and so
     // does every other descendant of the agent (those that called setsid()
     // or were re-parented to us), before the next round starts.
-    for w in workers.values() {
+    let gone = || workers.iter().filter(|(lr, _)| !keep.contains(lr)).map(|(_, w)| w);
+    for w in gone() {
         if let Some(pid) = w.pid {
             sys::signal_group(pid, libc::SIGKILL);
         }
     }
     let swept = tokio::task::block_in_place(|| sweep::kill_all(SWEEP_LIMIT));
     sweep::log(&swept, "end of round");
-    if tokio::time::timeout(DRAIN_WAIT, drains.wait()).await.is_err() {
-        tracing::warn!("worker output still open after the workers exited; no longer reading it");
+    let until = Instant::now() + DRAIN_WAIT;
+    for w in gone() {
+        if tokio::time::timeout_at(until, w.drains.wait()).await.is_err() {
+            tracing::warn!("worker output still open after the workers exited; no longer reading it");
+            break;
+        }
     }
 
     let record = |local_rank: u32, exit: Option<Exit>, at_us: u64, action: RuleAction, hung: bool, silent: bool| {
@@ -409,6 +476,18 @@ pub async fn run_attempt(
         failures.push(record(lr, None, now_us(), RuleAction::Fail, true, false));
     }
     (outcome, failures)
+}
+
+/// The workers to keep for the next round: those the core kept that the
+/// bridge saw ready (survivors mode only).
+fn keepers(core: &Attempt, workers: &HashMap<u32, Worker>, survivors: Option<&dyn Rejoin>) -> Vec<u32> {
+    let Some(r) = survivors else { return Vec::new() };
+    let ready = |lr: &u32| workers.get(lr).and_then(|w| w.pid).is_some_and(|pid| r.ready(pid));
+    let (keep, not_ready): (Vec<u32>, Vec<u32>) = core.kept().iter().copied().partition(ready);
+    if !not_ready.is_empty() {
+        tracing::info!(local_ranks = ?not_ready, "survivors mode: workers not ready (in __init__ or rejoining) are not kept");
+    }
+    keep
 }
 
 /// The first live worker in D state for longer than `limit`.

@@ -17,8 +17,11 @@
 //! the next event, so its exit can never be seen as an unknown orphan; the
 //! attempt ends only when the policy says no worker is left, after which
 //! leftover process groups are killed and output drains get a bounded wait.
+//! In an actor's survivors mode, the workers the core keeps at a round's
+//! end are held by `carry::Carry` for the next round instead.
 
 pub(crate) mod attempt;
+pub(crate) mod carry;
 pub(crate) mod output;
 pub mod policy;
 pub(crate) mod report;

@@ -19,6 +19,13 @@
 //! exits seen while Running count as failures: workers that die after we
 //! asked them to stop are casualties, not causes.
 //!
+//! In survivors mode ([`Attempt::set_survivors`], an actor's
+//! `restart="survivors"`), a worker's own death, or a failure or a
+//! membership change elsewhere, ends the round here at once with no
+//! signal: the live workers are kept ([`Attempt::kept`]) to rejoin the
+//! next round. A `fail` rule, a hung or silent worker, a stop signal and a
+//! lost store stop every worker as above.
+//!
 //! What to do once a round is over on every pod ([`verdict`]) is decided
 //! here too, from facts every pod reads from the store, so all pods agree.
 
@@ -170,6 +177,10 @@ pub struct Attempt {
     /// once and its watch is over, so the round ends as soon as the last
     /// worker here exits 0, instead of waiting for an end that came.
     early_success: bool,
+    /// Keep the live workers when the round fails or regroups.
+    survivors: bool,
+    /// The workers kept alive at the round's end (survivors mode).
+    kept: Vec<u32>,
 }
 
 impl Attempt {
@@ -185,7 +196,28 @@ impl Attempt {
             killed: false,
             abandoned: Vec::new(),
             early_success: false,
+            survivors: false,
+            kept: Vec::new(),
         }
+    }
+
+    /// A round whose workers are `running` (local ranks; the others are
+    /// kept from the last round and join as they are).
+    pub fn set_survivors(&mut self, on: bool) {
+        self.survivors = on;
+    }
+
+    /// Local ranks left running at the round's end for the next round
+    /// (survivors mode): neither signalled nor waited for.
+    pub fn kept(&self) -> &[u32] {
+        &self.kept
+    }
+
+    /// Survivors mode: end the round here at once, keeping the live workers.
+    fn keep_rest(&mut self, why: Outcome, out: &mut Vec<Action>) {
+        self.kept = std::mem::take(&mut self.alive).into_iter().collect();
+        self.phase = Phase::Finished;
+        out.push(Action::Finish(why));
     }
 
     /// Local ranks still running.
@@ -250,9 +282,14 @@ impl Attempt {
 
     fn fail(&mut self, f: LocalFailure, out: &mut Vec<Action>) {
         let fatal = f.action == RuleAction::Fail || (f.exit.is_none() && !f.silent);
+        let keep = self.survivors && !fatal && !f.silent;
         self.failures.push(f);
         out.push(Action::PublishFailure { fatal });
-        self.stop(Outcome::Failed, false, libc::SIGTERM, out);
+        if keep {
+            self.keep_rest(Outcome::Failed, out);
+        } else {
+            self.stop(Outcome::Failed, false, libc::SIGTERM, out);
+        }
     }
 
     /// Feed one event; returns what to do, in order.
@@ -330,6 +367,9 @@ impl Attempt {
             // Not trainlet's (it writes success once every member is done):
             // the workers here go on, and their own end decides.
             (Phase::Running, Event::Job(JobEnd::Success)) => self.early_success = true,
+            (Phase::Running, Event::Job(end @ (JobEnd::Failure | JobEnd::Regroup { .. }))) if self.survivors => {
+                self.keep_rest(Self::job_outcome(end), &mut out);
+            }
             (Phase::Running, Event::Job(end)) => {
                 let planned = matches!(end, JobEnd::Regroup { planned: true });
                 self.stop(Self::job_outcome(end), planned, libc::SIGTERM, &mut out);
@@ -590,6 +630,33 @@ mod tests {
         let recorded: Vec<(u32, RuleAction, bool)> =
             a.failures().iter().map(|f| (f.local_rank, f.action, f.silent)).collect();
         assert_eq!(recorded, want, "alive silent ranks, once each");
+    }
+
+    /// Survivors mode: a death here, or a failure or regroup elsewhere,
+    /// ends the round at once and keeps the live workers; what is fatal,
+    /// silent, a stop or a lost store stops them all as before.
+    #[test_case(&[], &[exited(1, 3)], &[FAIL, Finish(Outcome::Failed)], &[0, 2]; "a death keeps the rest")]
+    #[test_case(&[], &[Event::Job(JobEnd::Failure)], &[Finish(Outcome::Failed)], &[0, 1, 2]; "a failure elsewhere")]
+    #[test_case(&[], &[Event::Job(DIED)], &[Finish(Outcome::Regroup)], &[0, 1, 2]; "a lost pod")]
+    #[test_case(&[], &[exited(0, 0), Event::Job(PLANNED)], &[Finish(Outcome::Regroup)], &[1, 2];
+        "a pod joins; a finished worker is not kept")]
+    #[test_case(&["3=fail"], &[exited(1, 3)], &[FATAL, Signal(TERM), Arm(Timer::Grace)], &[]; "a fail rule stops all")]
+    #[test_case(&[], &[Event::Hung { local_rank: 1, at_us: 9 }], &[FATAL, Signal(TERM), Arm(Timer::Grace)], &[];
+        "a hung worker stops all")]
+    #[test_case(&[], &[Event::Silent { local_ranks: vec![1], at_us: 9 }], &[FAIL, Signal(TERM), Arm(Timer::Grace)], &[];
+        "a silent worker stops all")]
+    #[test_case(&[], &[Event::StopSignal(TERM)], &[PublishAbort(TERM), Signal(TERM), Arm(Timer::Grace)], &[];
+        "a stop signal stops all")]
+    #[test_case(&[], &[Event::Job(JobEnd::Lost)], &[Signal(TERM), Arm(Timer::Grace)], &[]; "a lost store stops all")]
+    fn survivors_are_kept(rules: &[&str], events: &[Event], want: &[Action], kept: &[u32]) {
+        let rules = Rules::new(rules.iter().map(|r| Rules::parse_flag(r).expect("rule")).collect(), Vec::new());
+        let mut a = Attempt::new(3, rules, None);
+        a.set_survivors(true);
+        let got: Vec<Action> = events.iter().flat_map(|e| a.handle(e.clone())).collect();
+        assert_eq!(got, want);
+        assert_eq!(a.kept(), kept);
+        assert_eq!(a.finished(), want.iter().any(|x| matches!(x, Finish(_))));
+        assert!(!a.finished() || a.alive().count() == 0, "a finished round has no live worker of its own");
     }
 
     #[test]

@@ -34,6 +34,24 @@ pub struct WorldView<'a> {
     pub unstartable: Option<&'a str>,
     /// The Python zygote python workers are forked from (`--preload`).
     pub zygote: Option<&'a std::sync::Arc<crate::supervise::zygote::Zygote>>,
+    /// An actor in survivors mode: its workers live on through a round's
+    /// failure or regroup, and rejoin the next round through this.
+    pub survivors: Option<&'a dyn Rejoin>,
+}
+
+/// How kept workers rejoin a round (an actor's bridge in survivors mode;
+/// see `crate::supervise::carry`).
+pub trait Rejoin: std::fmt::Debug + Sync {
+    /// The run the workers belong to.
+    fn seq(&self) -> u64;
+    /// Is worker `pid` ready: connected, and instantiated or rejoined? Only
+    /// ready workers are kept at a round's end (one still in `__init__` or
+    /// in its rejoin could never take a call).
+    fn ready(&self, pid: i32) -> bool;
+    /// Worker `pid` (started at `start`) is rank `rank` of the round that
+    /// starts: hand it the round's variables, `env`, so it rejoins. A
+    /// worker that cannot is killed (its rank then restarts).
+    fn rejoin(&self, pid: i32, start: u64, rank: u32, env: Vec<(String, String)>);
 }
 
 /// The pod's status endpoint as its workers reach it.
@@ -175,6 +193,7 @@ mod tests {
             tap: None,
             unstartable: None,
             zygote: None,
+            survivors: None,
         };
         framework_env(&w, local_rank, gpu)
     }

@@ -193,6 +193,21 @@ pub fn proc_stat(pid: i32) -> Option<ProcStat> {
     Some(ProcStat { pid, state, ppid, pgid })
 }
 
+/// When `pid` started, in clock ticks after boot (field 22 of
+/// `/proc/PID/stat`): with the pid, it names one process, never a later
+/// one that reuses the pid. None when it is gone.
+pub fn proc_start(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22 is the 20th after the command name's last ')'.
+    stat.get(stat.rfind(')')? + 1..)?.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Is `pid` still the process that started at `start` ([`proc_start`]),
+/// live or not yet reaped?
+pub fn is_same_process(pid: i32, start: u64) -> bool {
+    proc_start(pid) == Some(start)
+}
+
 /// Every process, from /proc.
 pub fn process_table() -> Vec<ProcStat> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
@@ -402,5 +417,17 @@ mod tests {
         let (name, home, shell) = passwd_entry(text, 1000).expect("entry");
         assert_eq!((name.as_str(), home.to_str(), shell.to_str()), ("mpiuser", Some("/home/mpiuser"), Some("/bin/sh")));
         assert!(passwd_entry(text, 4242).is_none());
+    }
+
+    #[test]
+    fn a_process_is_named_by_pid_and_start_time() {
+        let me = i32::try_from(std::process::id()).expect("pid");
+        let start = proc_start(me).expect("own start time");
+        assert!(is_same_process(me, start));
+        assert!(!is_same_process(me, start + 1), "another start time is another process");
+        let mut child = std::process::Command::new("true").spawn().expect("true");
+        let pid = i32::try_from(child.id()).expect("pid");
+        let _ = child.wait();
+        assert_eq!(proc_start(pid), None, "a reaped process has no start time");
     }
 }

@@ -182,3 +182,111 @@ fn setup_steps_are_replayed_on_a_replacement_pod_before_its_next_call() {
     assert_eq!(probe[2]["site"].as_str(), Some(old_site.as_str()), "{again}");
     s.pods[1].wait_for_stderr("applying a setup step", Duration::from_secs(5));
 }
+
+/// One phase of `actor_survivors.py`: its steps by name.
+fn survivors_phase(s: &crate::serve::Served, args: &[&str]) -> HashMap<String, serde_json::Value> {
+    let out = std::process::Command::new(python())
+        .arg(fixture("actor_survivors.py"))
+        .args([s.url.as_str(), &s.token_file.display().to_string(), &fixture("actor_trainer.py")])
+        .args(args)
+        .output()
+        .expect("driver");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let pods: Vec<String> = s.pods.iter().enumerate().map(|(i, p)| format!("pod {i}:\n{}", p.stderr())).collect();
+    assert!(
+        out.status.success(),
+        "actor_survivors.py {args:?} failed: {}\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        pods.join("\n")
+    );
+    stdout.lines().map(json).map(|v| (v["step"].as_str().unwrap_or("").to_string(), v)).collect()
+}
+
+/// Every rank's state of a step, in rank order.
+fn ranks_of(steps: &HashMap<String, serde_json::Value>, name: &str) -> Vec<serde_json::Value> {
+    let step = steps.get(name).unwrap_or_else(|| panic!("no step {name}: {steps:?}"));
+    let states = step["states"].as_array().unwrap_or_else(|| panic!("{step}")).clone();
+    for (r, st) in states.iter().enumerate() {
+        assert_eq!((st["rank"].as_u64(), st["env_rank"].as_u64()), (Some(r as u64), Some(r as u64)), "{step}");
+    }
+    states
+}
+
+fn field(states: &[serde_json::Value], name: &str) -> Vec<u64> {
+    states.iter().map(|st| st[name].as_u64().unwrap_or(u64::MAX)).collect()
+}
+
+fn one_model(states: &[serde_json::Value]) -> bool {
+    states.iter().filter_map(|st| st["params"].as_str()).collect::<BTreeSet<_>>().len() == 1
+}
+
+/// Survivors mode (`restart="survivors"`), 2 pods x 2 workers, real torch
+/// and gloo: a killed rank restarts alone while ranks 0-2 keep their
+/// processes, counters and trained parameters and rejoin the new process
+/// group; then a lost pod is replaced and the other pod's ranks survive
+/// that too. After each, a DDP step agrees on every rank.
+#[test]
+fn survivors_keep_their_processes_and_state_through_a_killed_rank_and_a_lost_pod() {
+    let mut s = start(2, &["--heartbeat-timeout", "3"]);
+    let first = survivors_phase(&s, &["first"]);
+    let trained = ranks_of(&first, "trained");
+    assert_eq!(field(&trained, "steps"), [3, 3, 3, 3], "{trained:?}");
+    let pids = field(&trained, "pid");
+
+    let die = &first["die"]["raised"];
+    assert_eq!((die["class"].as_str(), die["rank"].as_u64()), (Some("WorkerDied"), Some(3)), "{die}");
+    let root = die["failures"].as_array().expect("failures").iter().find(|f| f[0] == 3).expect("rank 3");
+    assert_eq!(root[1]["signal"], "SIGKILL", "{die}");
+
+    let after = ranks_of(&first, "after_death");
+    let now = field(&after, "pid");
+    assert_eq!(now[..3], pids[..3], "ranks 0-2 kept their processes: {after:?}");
+    assert_ne!(now[3], pids[3], "rank 3 is a new process: {after:?}");
+    assert_eq!(field(&after, "steps"), [3, 3, 3, 0], "state kept on the survivors only: {after:?}");
+    assert_eq!(field(&after, "reconfigured"), [1, 1, 1, 0], "{after:?}");
+    assert_eq!(field(&after, "restart_count"), [1, 1, 1, 1], "the new round's variables: {after:?}");
+    assert!(after[..3].iter().all(|st| st["params"] == trained[0]["params"]), "trained parameters kept: {after:?}");
+    let again = ranks_of(&first, "trained_again");
+    assert_eq!(field(&again, "steps"), [4, 4, 4, 1], "{again:?}");
+    assert!(one_model(&again), "the fresh rank took rank 0's parameters: {again:?}");
+
+    // Pod 1 is lost and replaced: pod 0's ranks survive that too.
+    s.pods[1].signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = s.pods[1].child.wait();
+    std::fs::remove_dir_all(s.dir.path().join("pod1")).expect("pod1's serve dir");
+    let control: u16 = s.url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    s.pods[1] = crate::serve::start_pod(&s, (control, 2), 1, &["--heartbeat-timeout", "3"]);
+    let id = first["trained"]["id"].as_str().expect("id").to_string();
+    let later = survivors_phase(&s, &["again", &id]);
+    let lost = ranks_of(&later, "after_loss");
+    let pids_after = field(&lost, "pid");
+    assert_eq!(pids_after[..2], pids[..2], "pod 0's ranks kept their processes: {lost:?}");
+    assert!(!pids_after[2..].iter().any(|p| now.contains(p)), "pod 1's ranks are new: {lost:?}");
+    assert_eq!(field(&lost, "steps"), [4, 4, 0, 0], "{lost:?}");
+    assert_eq!(field(&lost, "reconfigured"), [2, 2, 0, 0], "{lost:?}");
+    let trained = ranks_of(&later, "trained_after_loss");
+    assert_eq!(field(&trained, "steps"), [5, 5, 1, 1], "{trained:?}");
+    assert!(one_model(&trained), "{trained:?}");
+    s.pods[0].wait_for_stderr("a kept worker rejoins", Duration::from_secs(5));
+}
+
+/// Survivors mode in an elastic job (`--nnodes 1:2`): pod 1 is lost and
+/// not replaced; pod 0's ranks keep their processes and state as a world
+/// of 2 and train on.
+#[test]
+fn survivors_go_on_in_a_world_that_shrinks() {
+    let mut s = start(2, &["--heartbeat-timeout", "3", "--nnodes", "1:2", "--last-call-timeout", "2"]);
+    let first = survivors_phase(&s, &["first"]);
+    let pids = field(&ranks_of(&first, "trained"), "pid");
+    s.pods[1].signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = s.pods[1].child.wait();
+    let id = first["trained"]["id"].as_str().expect("id").to_string();
+    let later = survivors_phase(&s, &["again", &id]);
+    let lost = ranks_of(&later, "after_loss");
+    assert_eq!(field(&lost, "pid"), pids[..2], "{lost:?}");
+    assert_eq!(field(&lost, "steps"), [4, 4], "{lost:?}");
+    assert!(lost.iter().all(|st| st["world"] == 2), "{lost:?}");
+    let trained = ranks_of(&later, "trained_after_loss");
+    assert_eq!(field(&trained, "steps"), [5, 5], "{trained:?}");
+    assert!(one_model(&trained), "{trained:?}");
+}

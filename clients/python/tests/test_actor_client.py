@@ -213,6 +213,11 @@ class ActorClientTest(unittest.TestCase):
         self.assertNotIn("command", body)
         a.close()
         self.assertEqual(rec["state"], "stopped")
+        b = self.actor(restart="survivors")
+        self.assertEqual(self.fake.actors[b.id]["body"]["actor"]["restart"], "survivors")
+        b.close()
+        with self.assertRaisesRegex(ValueError, "survivors"):
+            self.actor(restart="some")
         self.assertIn(("DELETE", "/v1/actors/" + a.id), self.fake.requests)
         a.close()  # twice: nothing more
         self.assertEqual(self.fake.requests.count(("DELETE", "/v1/actors/" + a.id)), 1)

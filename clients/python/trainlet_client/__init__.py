@@ -231,7 +231,8 @@ class Trainlet:
         return self.wait(run_id)
 
     def actor(self, target, files=None, init_args=(), init_kwargs=None, nproc_per_node=None, env=None,
-              max_restarts=None, replace=True, pickle=False, wait_ready=True, logs=None, ready_timeout=300.0):
+              max_restarts=None, replace=True, pickle=False, wait_ready=True, logs=None, ready_timeout=300.0,
+              restart="all"):
         """Deploy ``target`` (``"pkg.module:Name"``, importable from ``files``): every worker of
         every pod instantiates ``Name(*init_args, **init_kwargs)`` once. Returns an :class:`Actor`
         whose attributes are the remote methods (``a.train(steps=10)``).
@@ -240,9 +241,14 @@ class Trainlet:
         arguments and every call's arguments pickled, and gets the results pickled (only with pods
         you trust; JSON by default). ``wait_ready`` waits (up to ``ready_timeout`` s) until it is
         running. ``logs``: a file object (``sys.stdout``) every rank's lines are copied to, by a
-        background thread, until it is closed."""
+        background thread, until it is closed.
+
+        ``restart`` says what a worker's death or a lost pod restarts: ``"all"`` (every rank is
+        instantiated again) or ``"survivors"`` (only the missing ranks start afresh; the live
+        workers keep their process and state, join the new process group, and have their
+        ``reconfigure(rank, world_size)`` method called, where DDP is wrapped again)."""
         return _actor.create(self, Actor, target, files, init_args, init_kwargs, nproc_per_node, env,
-                             max_restarts, replace, pickle, wait_ready, logs, ready_timeout)
+                             max_restarts, replace, pickle, wait_ready, logs, ready_timeout, restart)
 
     def function(self, target, files=None, **kw):
         """Deploy a plain function ``"pkg.module:fn"`` as a one-method actor: ``f(...)`` calls it

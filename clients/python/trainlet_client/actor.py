@@ -431,10 +431,16 @@ def _report(rec):
 
 
 def create(client, cls, target, files=None, init_args=(), init_kwargs=None, nproc_per_node=None, env=None,
-           max_restarts=None, replace=True, pickle=False, wait_ready=True, logs=None, ready_timeout=300.0):
+           max_restarts=None, replace=True, pickle=False, wait_ready=True, logs=None, ready_timeout=300.0,
+           restart="all"):
     """``POST /v1/actors`` and the handle (see :meth:`trainlet_client.Trainlet.actor`)."""
     from . import _collect
+    if restart not in ("all", "survivors"):
+        raise ValueError("restart=%r: 'all' (every rank restarts) or 'survivors' (only the missing ones)"
+                         % (restart,))
     spec = {"target": target}
+    if restart != "all":
+        spec["restart"] = restart
     spec.update(_encode(init_args, init_kwargs or {}, pickle))
     body = {
         "files": {k: base64.b64encode(v).decode() for k, v in _collect(files).items()},
