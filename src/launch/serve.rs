@@ -74,6 +74,8 @@ pub(super) struct Served {
     spawner: Spawner,
     /// The setup steps this pod applied for the current run.
     steps: Vec<Step>,
+    /// Wakes the measure of the cache's use (a round ended).
+    cache_poke: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for Served {
@@ -159,7 +161,11 @@ impl Served {
         } else {
             None
         };
+        let cache_poke = Arc::new(tokio::sync::Notify::new());
+        let pod = (plan.output.host.clone(), cache);
+        crate::serve::cache::publish(dial.clone(), base.clone(), pod, Arc::clone(&cache_poke), cancel.child_token());
         Ok(Some(Self {
+            cache_poke,
             link,
             base,
             conf,
@@ -518,6 +524,7 @@ impl Served {
     /// The current run's `round` is over on every pod (`failures`: the
     /// workers that died on their own; `why`: how it ended).
     pub fn round_over(&self, round: u64, failures: &[Failure], why: &str) {
+        self.cache_poke.notify_one();
         let Some(c) = &self.current else { return };
         if let Some(b) = &self.board {
             b.round_over(c.run.seq);

@@ -9,7 +9,7 @@
 //! | `GET /v1/runs/{id}` | its state, per-rank exits, failure report, timings |
 //! | `GET /v1/runs/{id}/logs[?follow=true]` | every rank's prefixed lines, chunked; with follow, until the run is over |
 //! | `DELETE /v1/runs/{id}` | 202 `stopping` (checkpoint signal and grace, as for preemption), or 200 when it is over |
-//! | `GET /v1/status` | the world and the runs |
+//! | `GET /v1/status` | the world, the runs, and each pod's cache use ([`super::cache`]) |
 //! | `POST /v1/actors` | as a run, with `"actor": {"target", "args", "kwargs"}` and no command (`crate::actor`) |
 //! | `GET`, `DELETE /v1/actors/{id}`, `.../logs` | as for runs |
 //! | `/v1/actors/{id}/calls[/{n}]` | answered by [`Calls`] (`crate::actor::calls`) |
@@ -151,6 +151,7 @@ pub async fn serve(conf: Conf, board: Arc<Board>, cancel: CancellationToken) -> 
     });
     let link = tokio::sync::Mutex::new(Link::new(conf.dial.clone(), &conf.base));
     let api = Arc::new(Api { conf, board, link, submit: tokio::sync::Mutex::new(()) });
+    super::cache::gather(api.conf.dial.clone(), api.conf.base.clone(), Arc::clone(&api.board), cancel.child_token());
     if let Some(limit) = api.conf.idle_timeout {
         tokio::spawn(idle_watch(Arc::clone(&api), limit, cancel.child_token()));
     }
@@ -281,6 +282,7 @@ fn status(api: &Api) -> Answer {
         "accepting_runs": !api.board.is_shut(),
         "idle_timeout_seconds": api.conf.idle_timeout.map(|d| d.as_secs_f64()),
         "runs": runs,
+        "cache": api.board.cache(),
     });
     (Status::OK, body.to_string())
 }

@@ -136,6 +136,8 @@ struct Inner {
     runs: VecDeque<Record>,
     next_seq: u64,
     world: World,
+    /// The pods' cache use, as last gathered.
+    cache: Vec<super::cache::Usage>,
     last_use: Instant,
     shutting_down: bool,
 }
@@ -154,6 +156,7 @@ impl Default for Board {
                 runs: VecDeque::new(),
                 next_seq: 1,
                 world: World::default(),
+                cache: Vec::new(),
                 last_use: Instant::now(),
                 shutting_down: false,
             }),
@@ -314,6 +317,16 @@ impl Board {
     /// The newest round's world.
     pub fn world(&self) -> World {
         self.lock().world.clone()
+    }
+
+    /// The pods' cache use, as gathered from the store.
+    pub fn set_cache(&self, cache: Vec<super::cache::Usage>) {
+        self.lock().cache = cache;
+    }
+
+    /// The pods' cache use.
+    pub fn cache(&self) -> Vec<super::cache::Usage> {
+        self.lock().cache.clone()
     }
 
     /// Idle for longer than `limit`: no run that is not over, no request.

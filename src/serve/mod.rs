@@ -39,6 +39,7 @@
 
 pub mod api;
 pub mod board;
+pub mod cache;
 pub mod files;
 pub mod logs;
 pub mod setup;

@@ -129,6 +129,26 @@ fn an_actor_keeps_its_state_across_calls_and_survives_exceptions_and_a_killed_ra
     for p in &mut s.pods {
         p.wait_for_stderr("actor instantiated", Duration::from_secs(5));
     }
+
+    // Each pod's cache use in GET /v1/status: the one file of 13 bytes
+    // ("across actors") the first actor wrote on each pod.
+    let want = |c: &serde_json::Value| {
+        let pods: BTreeSet<&str> = c.as_array().into_iter().flatten().filter_map(|u| u["pod"].as_str()).collect();
+        let all = c.as_array().is_some_and(|c| c.iter().all(|u| u["files"] == 1 && u["bytes"] == 13));
+        pods == BTreeSet::from(["127.0.0.1", "127.0.0.2"]) && all
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    let cache = loop {
+        let (code, body) = crate::serve::http(&s.url, "GET", "/v1/status", Some(crate::serve::TOKEN), "");
+        assert_eq!(code, 200, "{body}");
+        let cache = json(&body)["cache"].clone();
+        if want(&cache) || std::time::Instant::now() > until {
+            break cache;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(want(&cache), "{cache}");
+    assert!(cache[0]["dir"].as_str().is_some_and(|d| d.ends_with("/cache")), "{cache}");
 }
 
 fn setup_phase(s: &crate::serve::Served, wheels: &std::path::Path, args: &[&str]) -> serde_json::Value {
