@@ -11,8 +11,9 @@
 //!   start of a DDP job to its first step (`serve_bench::torchrun_cold`);
 //! - recovery: `die()` on rank 3 (SIGKILL) -> the next call answered by
 //!   every rank, default mode (every rank re-instantiates the actor),
-//!   against the same cold torchrun start. Survivors mode (only the dead
-//!   rank re-instantiated) does not exist yet.
+//!   against the same cold torchrun start;
+//! - survivors recovery: the same with `restart="survivors"` (only rank 3
+//!   is instantiated again; ranks 0-2 keep their processes and rejoin).
 
 use std::process::Command;
 use std::time::Duration;
@@ -35,6 +36,8 @@ pub struct Measured {
     pub redeploy: Vec<Duration>,
     /// `die(3)` posted -> next call answered.
     pub recovery: Vec<Duration>,
+    /// The same in survivors mode.
+    pub survivors: Vec<Duration>,
 }
 
 fn secs(v: &serde_json::Value) -> Vec<Duration> {
@@ -42,8 +45,9 @@ fn secs(v: &serde_json::Value) -> Vec<Duration> {
 }
 
 /// Start 2 x 2 served pods with `--preload torch` and run the driver:
-/// `calls` no-op calls, `redeploys` redeploys, `recoveries` recoveries.
-pub fn measure(calls: usize, redeploys: usize, recoveries: usize) -> Measured {
+/// `calls` no-op calls, `redeploys` redeploys, `recoveries` recoveries in
+/// each mode (default, survivors).
+pub fn measure(calls: usize, redeploys: usize, recoveries: (usize, usize)) -> Measured {
     let dir = tempfile::tempdir().expect("tmp");
     let token = dir.path().join("token");
     std::fs::write(&token, "bench").expect("token");
@@ -76,7 +80,7 @@ pub fn measure(calls: usize, redeploys: usize, recoveries: usize) -> Measured {
         .arg(format!("http://127.0.0.1:{control}"))
         .arg(&token)
         .arg(&trainer)
-        .args([calls, redeploys, recoveries].map(|n| n.to_string()))
+        .args([calls, redeploys, recoveries.0, recoveries.1].map(|n| n.to_string()))
         .output()
         .expect("driver");
     drop(pods);
@@ -87,7 +91,13 @@ pub fn measure(calls: usize, redeploys: usize, recoveries: usize) -> Measured {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut m = Measured { calls: Vec::new(), status: Vec::new(), redeploy: Vec::new(), recovery: Vec::new() };
+    let mut m = Measured {
+        calls: Vec::new(),
+        status: Vec::new(),
+        redeploy: Vec::new(),
+        recovery: Vec::new(),
+        survivors: Vec::new(),
+    };
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("driver line {line}: {e}"));
         if let Some(c) = v.get("calls") {
@@ -99,6 +109,9 @@ pub fn measure(calls: usize, redeploys: usize, recoveries: usize) -> Measured {
         }
         if let Some(r) = v.get("recovery") {
             m.recovery = secs(r);
+        }
+        if let Some(r) = v.get("survivors") {
+            m.survivors = secs(r);
         }
     }
     m
@@ -153,7 +166,7 @@ pub fn rows(rows: &mut Vec<Row>, m: &Measured, cold: Duration) {
     if !m.recovery.is_empty() {
         rows.push(time_row(
             format!(
-                "actor recovery: die() SIGKILLs rank 3 -> next call answered, default mode (every rank re-instantiated; survivors mode does not exist yet), median of {}, vs torchrun cold start -> first DDP step",
+                "actor recovery: die() SIGKILLs rank 3 -> next call answered, default mode (every rank re-instantiated), median of {}, vs torchrun cold start -> first DDP step",
                 m.recovery.len()
             ),
             median(m.recovery.clone()),
@@ -161,12 +174,23 @@ pub fn rows(rows: &mut Vec<Row>, m: &Measured, cold: Duration) {
             "report",
         ));
     }
+    if !m.survivors.is_empty() {
+        rows.push(time_row(
+            format!(
+                "actor recovery, survivors mode: die() SIGKILLs rank 3 -> next call answered (rank 3 re-instantiated, ranks 0-2 keep their processes and rejoin), median of {}, vs torchrun cold start -> first DDP step",
+                m.survivors.len()
+            ),
+            median(m.survivors.clone()),
+            cold,
+            "report",
+        ));
+    }
 }
 
-/// `compare -- actors`: 1,000 calls, 5 redeploys, 5 recoveries, 3 cold
-/// torchrun starts (after the pods are stopped).
+/// `compare -- actors`: 1,000 calls, 5 redeploys, 5 recoveries in each
+/// mode, 3 cold torchrun starts (after the pods are stopped).
 pub fn actors(out: &mut Vec<Row>) {
-    let m = measure(1000, 5, 5);
+    let m = measure(1000, 5, (5, 5));
     let cold = median((0..3).map(|_| torchrun_cold()).collect());
     rows(out, &m, cold);
 }

@@ -1,7 +1,7 @@
 """Driver of the actor benchmarks (actor_bench.rs), with the repository's
 Python client (clients/python), against served pods already started.
 
-usage: actor_driver.py URL TOKEN_FILE TRAINER_PY CALLS REDEPLOYS RECOVERIES
+usage: actor_driver.py URL TOKEN_FILE TRAINER_PY CALLS REDEPLOYS RECOVERIES SURVIVORS
 
 Deploys tests/fixtures/actor_trainer.py's Trainer (2 workers per pod), then
 prints one JSON line per measurement, every time in seconds:
@@ -16,7 +16,10 @@ prints one JSON line per measurement, every time in seconds:
   as in the serve redeploy row;
 - {"recovery": [...]}: RECOVERIES times `die(3)` posted (rank 3 SIGKILLs
   itself) -> the next call (`state()`) answered by every rank after every
-  rank re-instantiated the actor.
+  rank re-instantiated the actor;
+- {"survivors": [...]}: SURVIVORS times the same with an actor deployed
+  with restart="survivors": only rank 3 is instantiated again, ranks 0-2
+  keep their processes and rejoin the new process group.
 """
 import json
 import os
@@ -27,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "clients", "pyt
 from trainlet_client import ActorError, Trainlet  # noqa: E402
 
 url, token_file, trainer = sys.argv[1:4]
-n_calls, n_redeploy, n_recovery = (int(a) for a in sys.argv[4:7])
+n_calls, n_redeploy, n_recovery, n_survivors = (int(a) for a in sys.argv[4:8])
 with open(token_file) as f:
     t = Trainlet(url, f.read())
 files = {"actor_trainer.py": open(trainer).read()}
@@ -57,9 +60,25 @@ def wait_idle(limit=120):
         time.sleep(0.02)
 
 
-def deploy(lr, wait_ready):
+def deploy(lr, wait_ready, restart="all"):
     return t.actor(TARGET, files=files, init_kwargs={"lr": lr}, nproc_per_node=2, max_restarts=100,
-                   replace=False, wait_ready=wait_ready)
+                   replace=False, wait_ready=wait_ready, restart=restart)
+
+
+def recoveries(a, n):
+    """n times: die(3) -> state() answered by every rank, in seconds."""
+    took = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        try:
+            a.die(3)
+            raise AssertionError("die(3) answered")
+        except ActorError as e:
+            assert e.type == "WorkerDied" and e.rank == 3, (e.type, e.rank, str(e))
+        states = a.state()
+        took.append(time.perf_counter() - t0)
+        assert [s["rank"] for s in states] == [0, 1, 2, 3], states
+    return took, states
 
 
 wait_api()
@@ -94,17 +113,15 @@ for i in range(n_redeploy):
 if n_redeploy:
     out(redeploy=took)
 
-took = []
-for _ in range(n_recovery):
-    t0 = time.perf_counter()
-    try:
-        a.die(3)
-        raise AssertionError("die(3) answered")
-    except ActorError as e:
-        assert e.type == "WorkerDied" and e.rank == 3, (e.type, e.rank, str(e))
-    states = a.state()
-    took.append(time.perf_counter() - t0)
-    assert [s["rank"] for s in states] == [0, 1, 2, 3], states
 if n_recovery:
-    out(recovery=took)
+    out(recovery=recoveries(a, n_recovery)[0])
+if n_survivors:
+    a.close()
+    wait_idle()
+    a = deploy(0.1, True, "survivors")
+    before = a.train(1)
+    took, states = recoveries(a, n_survivors)
+    assert [s["pid"] for s in states[:3]] == [s["pid"] for s in before[:3]], (before, states)
+    assert [s["reconfigured"] for s in states] == [n_survivors] * 3 + [0], states
+    out(survivors=took)
 a.close()

@@ -78,15 +78,17 @@ fn measure() -> Vec<(&'static str, Row)> {
     let mut rows = Vec::new();
     let cold = serve_bench::redeploy(&mut rows, (3, 0, 2));
     take(&["redeploy_vs_torchrun_cold"], rows);
-    // Actors, against the same cold torchrun start: 200 calls, 3 redeploys, 3 recoveries.
+    // Actors, against the same cold torchrun start: 200 calls, 3 redeploys,
+    // 3 recoveries in each mode.
     let mut rows = Vec::new();
-    actor_bench::rows(&mut rows, &actor_bench::measure(200, 3, 3), cold);
+    actor_bench::rows(&mut rows, &actor_bench::measure(200, 3, (3, 3)), cold);
     take(
         &[
             "actor_call_vs_http_floor",
             "actor_call_vs_goal",
             "actor_redeploy_vs_torchrun_cold",
             "actor_recovery_vs_torchrun_cold",
+            "actor_survivors_recovery_vs_torchrun_cold",
         ],
         rows,
     );
