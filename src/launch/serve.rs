@@ -156,6 +156,7 @@ impl Served {
             let addr = api::serve(api_conf, Arc::clone(&board), cancel.child_token()).await.map_err(|e| {
                 usage(format!("--control-port: cannot listen on {} ({e}); choose a free port or address", conf.control))
             })?;
+            crate::serve::cache::gather(dial.clone(), base.clone(), Arc::clone(&board), cancel.child_token());
             tracing::info!(%addr, token_file = %token_file.display(), idle_timeout_s = conf.idle_timeout.map(|d| d.as_secs_f64()), "control API listening");
             Some(board)
         } else {

@@ -151,7 +151,6 @@ pub async fn serve(conf: Conf, board: Arc<Board>, cancel: CancellationToken) -> 
     });
     let link = tokio::sync::Mutex::new(Link::new(conf.dial.clone(), &conf.base));
     let api = Arc::new(Api { conf, board, link, submit: tokio::sync::Mutex::new(()) });
-    super::cache::gather(api.conf.dial.clone(), api.conf.base.clone(), Arc::clone(&api.board), cancel.child_token());
     if let Some(limit) = api.conf.idle_timeout {
         tokio::spawn(idle_watch(Arc::clone(&api), limit, cancel.child_token()));
     }

@@ -3,7 +3,7 @@
 //!
 //! Each pod measures its cache directory after every round and every
 //! [`MEASURE_EVERY`] ([`publish`]), and writes what changed to the agents'
-//! store under `cache/<pod>`. The control API reads those entries every
+//! store under `cache/<pod>`. The control API's host reads those entries every
 //! [`GATHER_EVERY`] ([`gather`]) for the pods of the newest round onto its
 //! board, so a status request never waits on the store or on a walk of a
 //! large directory.
