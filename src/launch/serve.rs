@@ -500,6 +500,16 @@ impl Served {
         b.survivors().then_some(b as &dyn crate::supervise::worker::Rejoin)
     }
 
+    /// Has the current run ended in the store (closed, replaced, failed)?
+    /// Between two rounds, the workers kept for it are stopped then (the
+    /// next round, which ends them too, may be long in coming: a lost
+    /// pod's replacement). An unreadable or forged marker is not an end.
+    pub async fn current_over(&mut self) -> bool {
+        let (Some(c), Some(scope)) = (&self.current, &self.scope) else { return false };
+        let Ok(token) = crate::serve::read_token(&self.token_file) else { return false };
+        matches!(self.link.ended(&token, scope, c.run.seq, &c.run.id).await, Ok(Some(Ok(_))))
+    }
+
     /// Where the current run's lines go.
     pub fn tap(&self) -> Option<LineTap> {
         self.current.as_ref().map(|c| c.shipper.tap())

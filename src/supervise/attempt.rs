@@ -117,7 +117,21 @@ pub async fn run_attempt(
     let mut core = Attempt::new(plan.nproc, plan.rules.clone(), plan.checkpoint_signal);
     core.set_survivors(world.survivors.is_some());
     let mut kept = match world.survivors {
-        Some(r) => carry.take(r.seq()),
+        Some(r) => {
+            // One whose connection closed since the last round ended (it
+            // died with it, a moment after) could never rejoin: its rank
+            // starts afresh now, not in a failure of this round.
+            let (live, gone): (Vec<Kept>, Vec<Kept>) = carry.take(r.seq()).into_iter().partition(|k| r.ready(k.pid));
+            for k in gone {
+                tracing::warn!(
+                    local_rank = k.local_rank,
+                    pid = k.pid,
+                    "a kept worker's connection closed between two rounds; its rank starts afresh"
+                );
+                k.kill();
+            }
+            live
+        }
         None => {
             carry.kill("the next run is not theirs");
             Vec::new()

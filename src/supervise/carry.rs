@@ -48,6 +48,16 @@ impl Kept {
         sys::is_same_process(self.pid, self.start)
     }
 
+    /// Alive and not exited yet: a zombie (dead, not reaped yet) is not.
+    fn live(&self) -> bool {
+        self.alive() && sys::proc_stat(self.pid).is_some_and(|s| s.state != 'Z' && s.state != 'X')
+    }
+
+    /// SIGKILL its process group (what it left there goes too).
+    pub fn kill(&self) {
+        self.signal(libc::SIGKILL);
+    }
+
     fn signal(&self, sig: i32) {
         if self.alive() {
             sys::signal_group(self.pid, sig);
@@ -96,8 +106,9 @@ impl Carry {
         for k in &kept {
             sweep::release(k.pid);
         }
-        let (live, gone): (Vec<Kept>, Vec<Kept>) = kept.into_iter().partition(Kept::alive);
+        let (live, gone): (Vec<Kept>, Vec<Kept>) = kept.into_iter().partition(Kept::live);
         for k in gone {
+            k.kill();
             tracing::warn!(
                 local_rank = k.local_rank,
                 pid = k.pid,
@@ -205,6 +216,22 @@ mod tests {
         let (mut child, kept) = sleeper(false);
         Carry::default().hold(4, vec![kept]);
         assert!(exited_within(&mut child, Duration::from_secs(10)), "a dropped carry kills what it holds");
+    }
+
+    #[test]
+    fn a_kept_worker_dead_but_not_reaped_yet_is_not_taken() {
+        let (mut child, kept) = sleeper(false);
+        let pid = kept.pid;
+        sys::signal_group(pid, libc::SIGKILL);
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while sys::proc_stat(pid).is_some_and(|s| s.state != 'Z') && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(sys::proc_stat(pid).map(|s| s.state), Some('Z'), "a zombie, not reaped");
+        let mut carry = Carry::default();
+        carry.hold(4, vec![kept]);
+        assert!(carry.take(4).is_empty(), "a zombie could never rejoin");
+        let _ = child.wait();
     }
 
     #[tokio::test]

@@ -46,7 +46,8 @@ pub trait Rejoin: std::fmt::Debug + Sync {
     fn seq(&self) -> u64;
     /// Is worker `pid` ready: connected, and instantiated or rejoined? Only
     /// ready workers are kept at a round's end (one still in `__init__` or
-    /// in its rejoin could never take a call).
+    /// in its rejoin could never take a call). Between two rounds: is kept
+    /// worker `pid` still connected?
     fn ready(&self, pid: i32) -> bool;
     /// Worker `pid` (started at `start`) is rank `rank` of the round that
     /// starts: hand it the round's variables, `env`, so it rejoins. A
