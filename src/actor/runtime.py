@@ -50,7 +50,8 @@ ranks' constructors take). Then it says ``ready``; if any of this raises,
 ``init_failed`` and exit 1, as a failed ``__init__``. A collective blocked
 on a peer that is alive but was stopped (NCCL without async error
 handling) never returns: survivors mode needs gloo, or NCCL with
-``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (trainlet sets it).
+``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` (trainlet's default in survivors mode:
+the communicator is aborted, the process kept).
 
 Cancellation. ``cancel`` raises ``trainlet_actor.Cancelled`` (a
 ``BaseException``, so ``except Exception`` does not swallow it) in the call's
@@ -399,6 +400,10 @@ class Actor:
             hook = None if self.function else getattr(self.instance, "reconfigure", None)
             if callable(hook):
                 hook(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+            elif backend is not None:
+                print("trainlet actor: %s has no reconfigure(rank, world_size): a model wrapped in DDP must "
+                      "be wrapped again there, or the fresh ranks' DDP waits for this rank's broadcast"
+                      % type(self.instance).__name__, file=sys.stderr)
         except BaseException as e:
             traceback.print_exc()
             print("trainlet actor: cannot rejoin the new round", file=sys.stderr)

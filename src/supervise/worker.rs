@@ -111,7 +111,14 @@ pub fn worker_env(
         (names::TORCHELASTIC_ERROR_FILE, error_file.to_string()),
         (
             names::TORCH_NCCL_ASYNC_ERROR_HANDLING,
-            inherited.get(names::TORCH_NCCL_ASYNC_ERROR_HANDLING).unwrap_or("1").to_string(),
+            // 1: a failed collective aborts the communicator and ends the
+            // process (torchrun's). Survivors mode keeps processes through a
+            // peer's death: 2 aborts the communicator only, so the
+            // collective raises and the worker lives to rejoin.
+            inherited
+                .get(names::TORCH_NCCL_ASYNC_ERROR_HANDLING)
+                .unwrap_or(if w.survivors.is_some() { "2" } else { "1" })
+                .to_string(),
         ),
         (
             names::TORCHELASTIC_SIGNALS_TO_HANDLE,
@@ -179,6 +186,46 @@ mod tests {
                 .run;
         let env = names::Env::from_pairs([("PATH", "/usr/bin:/bin"), ("TRAINLET_SYSFS_ROOT", "/nonexistent")]);
         crate::config::Plan::resolve(&args, &env, true).expect("plan")
+    }
+
+    #[derive(Debug)]
+    struct Kept;
+
+    impl Rejoin for Kept {
+        fn seq(&self) -> u64 {
+            1
+        }
+        fn ready(&self, _: i32) -> bool {
+            true
+        }
+        fn rejoin(&self, _: i32, _: u64, _: u32, _: Vec<(String, String)>) {}
+    }
+
+    #[test]
+    fn survivors_mode_has_nccl_abort_the_communicator_not_the_process() {
+        let p = plan(&["t.py"]);
+        let nccl = |survivors: Option<&dyn Rejoin>, inherited: &[(&str, &str)]| {
+            let w = WorldView {
+                plan: &p,
+                master_addr: "a",
+                master_port: 1,
+                aux_port: 2,
+                restarts: 0,
+                group_rank: 0,
+                nnodes: 1,
+                status: None,
+                tap: None,
+                unstartable: None,
+                zygote: None,
+                survivors,
+            };
+            let env = worker_env(&w, 0, "e", &names::Env::from_pairs(inherited.iter().copied()));
+            env.into_iter().find(|(k, _)| k == names::TORCH_NCCL_ASYNC_ERROR_HANDLING).map(|(_, v)| v)
+        };
+        assert_eq!(nccl(None, &[]).as_deref(), Some("1"), "torchrun's");
+        assert_eq!(nccl(Some(&Kept), &[]).as_deref(), Some("2"), "the communicator only");
+        let pod = [(names::TORCH_NCCL_ASYNC_ERROR_HANDLING, "3")];
+        assert_eq!(nccl(Some(&Kept), &pod).as_deref(), Some("3"), "the pod's own wins");
     }
 
     fn env_of(p: &crate::config::Plan, local_rank: u32, gpu: Option<usize>) -> Vec<(String, String)> {
