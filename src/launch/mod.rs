@@ -165,7 +165,7 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     let code = loop {
         let deadline = Instant::now() + plan.join_timeout;
         let waited = Instant::now();
-        let next = kept_until(session.next_round(&mut known, deadline), &mut carry, served.as_mut(), plan.grace);
+        let next = serve::kept_until(session.next_round(&mut known, deadline), &mut carry, served.as_mut(), plan.grace);
         let round = match until_stop(&mut events, &plan, next).await {
             Ok(Ok(Joined::Round(r))) => {
                 crate::metrics::global().rendezvous.observe(waited.elapsed().as_secs_f64());
@@ -428,36 +428,6 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     }
     forget_logs(&plan, &log_root, code);
     Ok(code)
-}
-
-/// How often the pods look whether the run of the workers they keep
-/// between two rounds is over.
-const KEPT_POLL: Duration = Duration::from_secs(2);
-
-/// `next` (the next round), while the workers kept for the next round of
-/// the current run are stopped as soon as that run is over (closed or
-/// replaced): the round that would end them can be long in coming.
-async fn kept_until<F: std::future::Future>(
-    next: F,
-    carry: &mut Carry,
-    served: Option<&mut serve::Served>,
-    grace: Duration,
-) -> F::Output {
-    tokio::pin!(next);
-    let Some(sv) = served else { return next.await };
-    loop {
-        if carry.is_empty() {
-            return next.await;
-        }
-        tokio::select! {
-            out = &mut next => return out,
-            () = tokio::time::sleep(KEPT_POLL) => {
-                if sv.current_over().await {
-                    carry.stop(grace).await;
-                }
-            }
-        }
-    }
 }
 
 /// Report our workers gone, wait for the others (or a death verdict), and

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
-use crate::actor::bridge::{Bridge, Place};
+use crate::actor::bridge::Bridge;
 use crate::config::{Plan, Serve};
 use crate::process::signals::SysEvent;
 use crate::process::spawn::Spawner;
@@ -27,6 +27,9 @@ use crate::supervise::output::LineTap;
 use crate::supervise::policy::{JobEnd, Outcome};
 use crate::supervise::report::{Failure, Report};
 use crate::sys;
+
+mod actors;
+pub(super) use actors::kept_until;
 
 /// How often a pod looks for the real run after a forged go signal.
 const POLL_FORGED: std::time::Duration = std::time::Duration::from_millis(500);
@@ -424,30 +427,6 @@ impl Served {
         super::setup::apply(&self.steps, &Dirs::new(&self.conf.dir), pod, round).await
     }
 
-    /// The bridge to this pod's workers of `run`, when it is an actor (its
-    /// runtime written beside the runs).
-    fn bridge(&self, run: &Run) -> Result<Option<Bridge>, String> {
-        let (Some(actor), Some(scope)) = (&run.actor, &self.scope) else { return Ok(None) };
-        let runtime = self.runtime();
-        crate::actor::write_runtime(&runtime)
-            .map_err(|e| format!("cannot write the actor runtime {}: {e}", runtime.display()))?;
-        let place = Place {
-            dial: self.dial.clone(),
-            base: self.base.clone(),
-            token_file: self.token_file.clone(),
-            scope: scope.clone(),
-        };
-        let socket = self.conf.dir.join(format!("actor-{}.sock", run.seq));
-        Bridge::start(place, run.seq, actor.clone(), &socket)
-            .map(Some)
-            .map_err(|e| format!("cannot start the actor's bridge: {}", crate::error::error_chain(&e)))
-    }
-
-    /// Where the actor runtime is written.
-    fn runtime(&self) -> PathBuf {
-        self.conf.dir.join("actor_runtime.py")
-    }
-
     /// The plan of the current run: its command, variables, directory,
     /// workers per pod and restarts over the pod's own plan.
     pub fn plan_for(&self, base: &Plan) -> Plan {
@@ -492,22 +471,6 @@ impl Served {
     /// The job-wide restarts before the current run.
     pub fn base_restarts(&self) -> u32 {
         self.current.as_ref().map_or(0, |c| c.run.base_restarts)
-    }
-
-    /// The current run's actor, when it restarts only its missing ranks.
-    pub fn survivors(&self) -> Option<&dyn crate::supervise::worker::Rejoin> {
-        let b = self.current.as_ref()?.bridge.as_ref()?;
-        b.survivors().then_some(b as &dyn crate::supervise::worker::Rejoin)
-    }
-
-    /// Has the current run ended in the store (closed, replaced, failed)?
-    /// Between two rounds, the workers kept for it are stopped then (the
-    /// next round, which ends them too, may be long in coming: a lost
-    /// pod's replacement). An unreadable or forged marker is not an end.
-    pub async fn current_over(&mut self) -> bool {
-        let (Some(c), Some(scope)) = (&self.current, &self.scope) else { return false };
-        let Ok(token) = crate::serve::read_token(&self.token_file) else { return false };
-        matches!(self.link.ended(&token, scope, c.run.seq, &c.run.id).await, Ok(Some(Ok(_))))
     }
 
     /// Where the current run's lines go.
