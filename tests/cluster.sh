@@ -4,7 +4,12 @@
 # kube-scheduler, built from their Go modules at the versions
 # tests/cluster/go.mod pins (one binary, `kube`, cached under
 # target/cluster/bin), with certificates and service-account keys made
-# here by openssl.
+# here by openssl; and the controllers users run, JobSet and Kubeflow
+# Trainer (its status server on), built with `go install` at pinned
+# versions, as processes on loopback: their CRDs come from those
+# versions' module sources, their webhooks point at 127.0.0.1 with a
+# certificate made here (their own cert rotation needs a Service in the
+# cluster).
 #
 #   bash tests/cluster.sh build   build target/cluster/bin/kube when missing or stale
 #   bash tests/cluster.sh up      build, then start everything and wait until it is ready
@@ -15,7 +20,8 @@
 # State (certificates, kubeconfigs, etcd's data, logs, pids) lives in
 # target/cluster/run; `down` removes it. Ports: CLUSTER_PORT_BASE (default
 # 26400) + 0 etcd clients, +1 etcd peers, +2 the API server, +3 the
-# controller manager, +4 the scheduler. KUBECONFIG for the admin is
+# controller manager, +4 the scheduler, +5/+6 JobSet's webhook/health,
+# +7/+8 Trainer's webhook/health, +9 Trainer's status server. KUBECONFIG for the admin is
 # target/cluster/run/admin.kubeconfig.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +35,15 @@ ETCD_PEER=$((BASE + 1))
 API_PORT=$((BASE + 2))
 CM_PORT=$((BASE + 3))
 SCHED_PORT=$((BASE + 4))
+JOBSET_PORT=$((BASE + 5))
+JOBSET_HEALTH=$((BASE + 6))
+TRAINER_PORT=$((BASE + 7))
+TRAINER_HEALTH=$((BASE + 8))
+TRAINER_STATUS=$((BASE + 9))
 K8S_VERSION=v1.36.3
+JOBSET_MODULE=sigs.k8s.io/jobset@v0.12.0
+TRAINER_MODULE=github.com/kubeflow/trainer/v2@v2.3.0
+GOFLAGS_BUILD=(-trimpath -ldflags "-s -w")
 # How long `up` waits for each component.
 READY_TIMEOUT=${CLUSTER_READY_TIMEOUT:-120}
 
@@ -50,7 +64,7 @@ need_tools() {
 build() {
   need_tools
   local src=$ROOT/tests/cluster
-  if [[ -x $KUBE ]] && [[ -z $(find "$src" -newer "$KUBE" -type f | head -1) ]]; then
+  if [[ -x $KUBE ]] && [[ -z $(find "$src" -newer "$KUBE" -type f \( -name '*.go' -o -name 'go.*' \) | head -1) ]]; then
     return 0
   fi
   mkdir -p "$BIN"
@@ -61,6 +75,33 @@ build() {
     -o "$KUBE.tmp" ./kube)
   mv "$KUBE.tmp" "$KUBE"
   say "built in $((SECONDS - started)) s"
+}
+
+# The controllers, built from their pinned versions' module sources (in
+# Go's module cache, with their own go.mod and go.sum): JobSet's manager is
+# its module's root package, Trainer's is cmd/trainer-controller-manager.
+# (Not `go install PKG@VERSION`: it asks the proxy for the module's version
+# list, which the proxy here refuses for JobSet.)
+build_controllers() {
+  need_tools
+  if [[ ! -x $BIN/jobset ]]; then
+    say "building JobSet ${JOBSET_MODULE#*@} (about 3 minutes cold)"
+    (cd "$(module_dir "$JOBSET_MODULE")" && go build "${GOFLAGS_BUILD[@]}" -o "$BIN/jobset" .)
+  fi
+  if [[ ! -x $BIN/trainer-controller-manager ]]; then
+    say "building Kubeflow Trainer ${TRAINER_MODULE#*@} (about 3 minutes cold)"
+    # Its status server reads its certificate from a directory fixed at
+    # /tmp/k8s-webhook-server/serving-certs (pkg/util/cert.certDir); made
+    # relative here, it is found under the working directory `up` gives it.
+    (cd "$(module_dir "$TRAINER_MODULE")" &&
+      go build -trimpath -ldflags "-s -w -X github.com/kubeflow/trainer/v2/pkg/util/cert.certDir=k8s-webhook-server/serving-certs" \
+        -o "$BIN/trainer-controller-manager" ./cmd/trainer-controller-manager)
+  fi
+}
+
+# The directory of a module's source in Go's module cache (downloaded once).
+module_dir() {
+  go mod download -json "$1" | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("Dir") or sys.exit(d.get("Error", "no Dir")))'
 }
 
 # A key and a certificate signed by the cluster CA: NAME CN [O] [SANs].
@@ -115,6 +156,8 @@ pki() {
   cert controller-manager system:kube-controller-manager
   cert scheduler system:kube-scheduler
   cert apiserver-kubelet kube-apiserver-kubelet-client system:masters
+  # The controllers' webhooks and Trainer's status server, on loopback.
+  cert webhook trainlet-test-webhooks "" "IP:127.0.0.1,DNS:localhost"
   openssl genrsa -out "$RUN/pki/sa.key" 2048 2>/dev/null
   openssl rsa -in "$RUN/pki/sa.key" -pubout -out "$RUN/pki/sa.pub" 2>/dev/null
   for n in admin controller-manager scheduler; do kubeconfig "$n"; done
@@ -149,11 +192,15 @@ wait_ready() {
 
 up() {
   build
+  build_controllers
   if [[ -d $RUN/pids ]] && ls "$RUN/pids"/* >/dev/null 2>&1; then
     die "a cluster is up already (target/cluster/run/pids); run: bash tests/cluster.sh down"
   fi
   rm -rf "$RUN"
   mkdir -p "$RUN/logs" "$RUN/pids" "$RUN/etcd"
+  # A failed start leaves nothing running.
+  # (In this shell only: the pipelines' subshells run it too otherwise.)
+  trap '[[ $BASHPID == "$$" ]] && { say "up failed: stopping what it started"; down; }' EXIT
   pki
   local started=$SECONDS
   start etcd etcd --name trainlet-test --data-dir "$RUN/etcd" \
@@ -167,7 +214,7 @@ up() {
     --tls-cert-file "$RUN/pki/apiserver.crt" --tls-private-key-file "$RUN/pki/apiserver.key" \
     --client-ca-file "$RUN/pki/ca.crt" \
     --kubelet-client-certificate "$RUN/pki/apiserver-kubelet.crt" --kubelet-client-key "$RUN/pki/apiserver-kubelet.key" \
-    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-issuer "https://127.0.0.1:$API_PORT" \
     --service-account-key-file "$RUN/pki/sa.pub" --service-account-signing-key-file "$RUN/pki/sa.key" \
     --service-cluster-ip-range 10.96.0.0/16 --authorization-mode Node,RBAC --allow-privileged=true \
     --enable-priority-and-fairness=false --profiling=false
@@ -185,7 +232,85 @@ up() {
     --bind-address 127.0.0.1 --secure-port "$SCHED_PORT" --leader-elect=false --profiling=false
   wait_ready kube-controller-manager "https://127.0.0.1:$CM_PORT/healthz" -k
   wait_ready kube-scheduler "https://127.0.0.1:$SCHED_PORT/healthz" -k
-  say "control plane ready in $((SECONDS - started)) s: KUBECONFIG=$RUN/admin.kubeconfig"
+  say "control plane ready in $((SECONDS - started)) s"
+  controllers
+  say "JobSet and Trainer ready; all in $((SECONDS - started)) s: KUBECONFIG=$RUN/admin.kubeconfig"
+  trap - EXIT
+}
+
+# JobSet and Trainer: CRDs, webhooks pointed at loopback, the managers.
+controllers() {
+  local jobset trainer k=("$KUBE" kubectl --kubeconfig "$RUN/admin.kubeconfig")
+  jobset=$(module_dir "$JOBSET_MODULE")
+  trainer=$(module_dir "$TRAINER_MODULE")
+  mkdir -p "$RUN/webhook" "$RUN/trainer-tmp/k8s-webhook-server/serving-certs"
+  cp "$RUN/pki/webhook.crt" "$RUN/webhook/tls.crt"
+  cp "$RUN/pki/webhook.key" "$RUN/webhook/tls.key"
+  # Trainer's webhook server reads controller-runtime's default directory
+  # under its TMPDIR (its configuration has no certDir), its status server
+  # the same path under its working directory (see build_controllers).
+  cp "$RUN/webhook/tls.crt" "$RUN/webhook/tls.key" "$RUN/trainer-tmp/k8s-webhook-server/serving-certs/"
+  "${k[@]}" apply --server-side -f "$jobset/config/components/crd/bases" >/dev/null
+  "${k[@]}" apply --server-side $(printf -- '-f %s ' "$trainer"/manifests/base/crds/trainer.kubeflow.org_*.yaml) >/dev/null
+  "${k[@]}" create namespace kubeflow-system >/dev/null
+  "${k[@]}" wait --for condition=established --timeout 60s crd/jobsets.jobset.x-k8s.io \
+    crd/trainjobs.trainer.kubeflow.org crd/trainingruntimes.trainer.kubeflow.org \
+    crd/clustertrainingruntimes.trainer.kubeflow.org >/dev/null
+  cat >"$RUN/jobset.yaml" <<YAML
+apiVersion: config.jobset.x-k8s.io/v1alpha1
+kind: Configuration
+internalCertManagement: {enable: false}
+leaderElection: {leaderElect: false}
+webhook: {host: 127.0.0.1, port: $JOBSET_PORT, certDir: $RUN/webhook}
+metrics: {bindAddress: "0"}
+health: {healthProbeBindAddress: "127.0.0.1:$JOBSET_HEALTH"}
+YAML
+  cat >"$RUN/trainer.yaml" <<YAML
+apiVersion: config.trainer.kubeflow.org/v1alpha1
+kind: Configuration
+certManagement: {enable: false}
+leaderElection: {leaderElect: false}
+webhook: {host: 127.0.0.1, port: $TRAINER_PORT}
+metrics: {bindAddress: "0", secureServing: false}
+health: {healthProbeBindAddress: "127.0.0.1:$TRAINER_HEALTH", readinessEndpointName: readyz, livenessEndpointName: healthz}
+statusServer: {port: $TRAINER_STATUS}
+featureGates: {TrainJobStatus: true}
+YAML
+  KUBECONFIG=$RUN/admin.kubeconfig "$BIN/jobset" --config "$RUN/jobset.yaml" >"$RUN/logs/jobset.log" 2>&1 &
+  echo $! >"$RUN/pids/jobset"
+  # Trainer's status server finds the token issuer (to check the pods'
+  # projected tokens) in its own service-account token at the in-cluster
+  # path, /var/run/secrets/kubernetes.io/serviceaccount: the manager runs
+  # in a mount namespace of its own with a tmpfs on /run holding a token
+  # of its service account. The issuer is the API server's address, so
+  # its OIDC discovery reaches it without cluster DNS.
+  "${k[@]}" -n kubeflow-system create serviceaccount kubeflow-trainer-controller-manager >/dev/null
+  # Its status plugin hands the pods the CA of this Secret (the one its
+  # own cert management would write).
+  "${k[@]}" -n kubeflow-system create secret generic kubeflow-trainer-webhook-cert \
+    --from-file ca.crt="$RUN/pki/ca.crt" --from-file tls.crt="$RUN/webhook/tls.crt" \
+    --from-file tls.key="$RUN/webhook/tls.key" >/dev/null
+  mkdir -p "$RUN/trainer-sa"
+  "${k[@]}" -n kubeflow-system create token kubeflow-trainer-controller-manager --duration 24h >"$RUN/trainer-sa/token"
+  echo kubeflow-system >"$RUN/trainer-sa/namespace"
+  cp "$RUN/pki/ca.crt" "$RUN/trainer-sa/ca.crt"
+  KUBECONFIG=$RUN/admin.kubeconfig TMPDIR=$RUN/trainer-tmp SA=$RUN/trainer-sa BIN_TRAINER=$BIN/trainer-controller-manager \
+    unshare --mount --propagation private sh -c '
+      mount -t tmpfs tmpfs /run &&
+      mkdir -p /run/secrets/kubernetes.io/serviceaccount &&
+      cp "$SA"/* /run/secrets/kubernetes.io/serviceaccount/ &&
+      cd "$TMPDIR" && exec "$BIN_TRAINER" --config "$0"' "$RUN/trainer.yaml" >"$RUN/logs/trainer.log" 2>&1 &
+  echo $! >"$RUN/pids/trainer"
+  local name manifests port
+  for spec in "jobset $jobset/config/components/webhook/manifests.yaml $JOBSET_PORT" \
+    "trainer $trainer/manifests/base/webhook/manifests.yaml $TRAINER_PORT"; do
+    read -r name manifests port <<<"$spec"
+    "${k[@]}" create --dry-run=client -o json -f "$manifests" |
+      python3 "$ROOT/tests/cluster/webhooks.py" "$name" "https://127.0.0.1:$port" "$RUN/pki/ca.crt" |
+      "${k[@]}" apply -f - >/dev/null
+  done
+  wait_ready jobset "http://127.0.0.1:$JOBSET_HEALTH/readyz"
+  wait_ready trainer "http://127.0.0.1:$TRAINER_HEALTH/readyz"
 }
 
 down() {
@@ -225,7 +350,10 @@ status() {
 }
 
 case "${1:-}" in
-  build) build ;;
+  build)
+    build
+    build_controllers
+    ;;
   up) up ;;
   down) down ;;
   status) status ;;

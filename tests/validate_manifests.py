@@ -4,7 +4,14 @@ Usage: validate_manifests.py CRD_DIR MANIFEST...
 Checks every field against the schema of the manifest's kind (types, enums,
 required fields, no unknown fields unless the schema preserves them) and
 exits non-zero naming each violation by its path.
+
+Beyond the schemas, what JobSet's validating webhook refuses and a schema
+cannot say: a JobSet failure policy rule's name (in a runtime's JobSet
+template) starts with a letter and has only letters, digits and '_,:'
+(sigs.k8s.io/jobset v0.12 pkg/webhooks/jobset_webhook.go, found refused by
+the real webhook in tests/cluster.sh's cluster).
 """
+import re
 import sys
 
 import yaml
@@ -63,6 +70,18 @@ def check(value, schema, path, errors):
             check(item, schema["items"], f"{path}[{i}]", errors)
 
 
+RULE_NAME = re.compile(r"[a-zA-Z]([a-zA-Z0-9_,:]*[a-zA-Z0-9_])?")
+
+
+def check_jobset_rules(doc, errors):
+    spec = ((doc.get("spec") or {}).get("template") or {}).get("spec") or {}
+    for i, rule in enumerate((spec.get("failurePolicy") or {}).get("rules") or []):
+        name = rule.get("name", "")
+        if not RULE_NAME.fullmatch(name):
+            errors.append(f"{doc['kind']}.spec.template.spec.failurePolicy.rules[{i}].name: {name!r} is refused by "
+                          "JobSet's webhook (a letter first, then letters, digits and '_,:' only)")
+
+
 def main():
     schemas = load_crds(sys.argv[1])
     failed = False
@@ -76,6 +95,8 @@ def main():
                     continue
                 errors = []
                 check(doc, schemas[key], doc["kind"], errors)
+                if doc["kind"] in ("ClusterTrainingRuntime", "TrainingRuntime"):
+                    check_jobset_rules(doc, errors)
                 for e in errors:
                     print(f"{path}: {e}")
                 failed = failed or bool(errors)

@@ -8,6 +8,7 @@
 mod actor_runtime;
 mod actors;
 mod cli;
+mod cluster;
 mod containers;
 mod docs;
 mod fault;
