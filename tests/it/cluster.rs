@@ -122,8 +122,7 @@ fn every_runtime_goes_through_the_real_trainer_and_jobset_to_pods_that_carry_tra
             std::fs::read_to_string(repo().join("target/cluster/run/logs/trainer.log"))
                 .unwrap_or_default()
                 .lines()
-                .filter(|l| l.contains(name) && l.contains("error"))
-                .last()
+                .rfind(|l| l.contains(name) && l.contains("error"))
                 .unwrap_or("")
         );
     }
