@@ -68,7 +68,7 @@ build() {
     return 0
   fi
   mkdir -p "$BIN"
-  say "building Kubernetes $K8S_VERSION and etcd from their Go modules into $KUBE (about 8 minutes cold on 2 cores, seconds when cached)"
+  say "building Kubernetes $K8S_VERSION and etcd from their Go modules into $KUBE (about 5 minutes cold on 2 cores, seconds when cached)"
   local started=$SECONDS
   (cd "$src" && go build -trimpath \
     -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36" \

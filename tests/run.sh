@@ -23,7 +23,7 @@ cargo clippy --locked --workspace --all-targets
 # The release binary first: the container tests put it in the images.
 cargo build --locked --release
 # The real Kubernetes, JobSet and Trainer of tests/it/cluster.rs, from their
-# Go modules (about 13 minutes cold on 2 cores, cached under target/cluster).
+# Go modules (about 9 minutes cold on 2 cores, cached under target/cluster).
 bash tests/cluster.sh build
 # Every test binary runs even when an earlier one fails; the exit is non-zero then.
 # A failure's details are printed again at the very end, where a CI log's
