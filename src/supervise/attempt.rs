@@ -254,9 +254,11 @@ pub async fn run_attempt(
             }
             Err((code, why)) => {
                 tracing::error!(local_rank, code, error = %why, "cannot start worker");
+                let drains = TaskTracker::new();
+                drains.close(); // no output to wait for
                 let w = Worker {
                     pid: None,
-                    drains: TaskTracker::new(),
+                    drains,
                     heartbeat: None,
                     rank,
                     error_file,
@@ -272,7 +274,7 @@ pub async fn run_attempt(
     // Kept workers left over (the world shrank below their local rank).
     for k in kept {
         tracing::info!(local_rank = k.local_rank, pid = k.pid, "a kept worker has no rank in this round; stopping it");
-        sys::signal_group(k.pid, libc::SIGKILL);
+        k.kill();
     }
 
     let watch = job.watch_end();
