@@ -71,6 +71,10 @@ pub const TRAINLET_JOIN_TIMEOUT: &str = "TRAINLET_JOIN_TIMEOUT";
 pub const TRAINLET_STORE_MEMORY: &str = "TRAINLET_STORE_MEMORY";
 /// `--policy`.
 pub const TRAINLET_POLICY: &str = "TRAINLET_POLICY";
+/// A failure policy file read only when it exists: the runtimes' optional
+/// ConfigMap, which an admin may not have made. `--policy` and
+/// `TRAINLET_POLICY` win; a file that `TRAINLET_POLICY` names must exist.
+pub const TRAINLET_POLICY_IF_PRESENT: &str = "TRAINLET_POLICY_IF_PRESENT";
 /// `--checkpoint-signal`.
 pub const TRAINLET_CHECKPOINT_SIGNAL: &str = "TRAINLET_CHECKPOINT_SIGNAL";
 /// `--checkpoint-timeout`.

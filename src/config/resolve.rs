@@ -292,6 +292,31 @@ mod tests {
         assert_eq!(nnodes.2, Source::Env("PET_NNODES"));
     }
 
+    /// The runtimes' optional ConfigMap: a file that is not there gives the
+    /// default rules; one that is there is read (and must parse); a file
+    /// that `TRAINLET_POLICY` names must exist.
+    #[test]
+    fn a_policy_file_if_present_is_read_only_when_it_exists() {
+        let d = tempfile::tempdir().expect("tmp");
+        let missing = d.path().join("policy.toml");
+        let missing = missing.to_str().expect("utf-8");
+        let p = plan(&["--python", "py", "t.py"], &[("TRAINLET_POLICY_IF_PRESENT", missing)]).expect("plan");
+        let policy = p.provenance.iter().find(|(n, _, _)| *n == "failure policy").expect("failure policy");
+        assert_eq!(policy.2, Source::Default, "{policy:?}");
+        let msg = err(&["t.py"], &[("TRAINLET_POLICY", missing)]);
+        assert!(msg.contains("cannot read the failure policy file"), "{msg}");
+
+        std::fs::write(missing, "[[rule]]\nexit_codes = [3]\naction = \"fail\"\n").expect("write");
+        let p = plan(&["--python", "py", "t.py"], &[("TRAINLET_POLICY_IF_PRESENT", missing)]).expect("plan");
+        let policy = p.provenance.iter().find(|(n, _, _)| *n == "failure policy").expect("failure policy");
+        assert_eq!(policy.2, Source::Env("TRAINLET_POLICY_IF_PRESENT"), "{policy:?}");
+        assert!(policy.1.contains("policy.toml rule 1"), "{policy:?}");
+
+        std::fs::write(missing, "[[rule]]\naction = 7\n").expect("write");
+        let msg = err(&["t.py"], &[("TRAINLET_POLICY_IF_PRESENT", missing)]);
+        assert!(msg.contains("invalid failure policy file"), "{msg}");
+    }
+
     #[test]
     fn no_options_no_env_is_standalone_on_this_machine() {
         let p = plan(&["--python", "py", "t.py"], &[]).expect("plan");

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use super::Error;
 use super::resolve::{DEFAULT_CHECKPOINT_TIMEOUT, DEFAULT_GRACE, DEFAULT_KILL_TIMEOUT};
 use super::setting::{Settings, invalid, lookup, parse_secs};
+use super::{Error, Source};
 use crate::cli::RunArgs;
 use crate::env;
 
@@ -105,14 +105,23 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>) -> Result<Timeouts, 
         s.prov.push(("checkpoint", format!("{} then {checkpoint_timeout:?}", crate::sys::signal_name(sig)), l.source));
     }
     let l = lookup(args.policy.as_ref().and_then(|p| p.to_str()), "--policy", env, &[env::TRAINLET_POLICY]);
-    let file_rules = match l.value {
-        None => Vec::new(),
-        Some(path) => crate::config::rules::Rules::load(std::path::Path::new(path))?,
+    let (file_rules, policy_source) = match (l.value, env.get(env::TRAINLET_POLICY_IF_PRESENT)) {
+        (Some(path), _) => (crate::config::rules::Rules::load(std::path::Path::new(path))?, l.source),
+        // Absent (an optional ConfigMap nobody made): the default rules. Any
+        // other failure to read it is reported by `load`.
+        (None, Some(path)) if std::fs::metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) => {
+            (Vec::new(), l.source)
+        }
+        (None, Some(path)) => (
+            crate::config::rules::Rules::load(std::path::Path::new(path))?,
+            Source::Env(env::TRAINLET_POLICY_IF_PRESENT),
+        ),
+        (None, None) => (Vec::new(), l.source),
     };
     let flag_rules =
         args.on_exit.iter().map(|r| crate::config::rules::Rules::parse_flag(r)).collect::<Result<Vec<_>, _>>()?;
     let rules = crate::config::rules::Rules::new(flag_rules, file_rules);
-    s.prov.push(("failure policy", rules.describe(), l.source));
+    s.prov.push(("failure policy", rules.describe(), policy_source));
 
     Ok(Timeouts {
         max_restarts,

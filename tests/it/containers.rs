@@ -268,7 +268,7 @@ fn the_sdks_xgboost_command_runs_under_trainlet_in_its_image_as_uid_1000_on_a_re
             "-v",
             &format!("{}:/etc/trainlet/policy.toml:ro", policy.display()),
             "-e",
-            "TRAINLET_POLICY=/etc/trainlet/policy.toml",
+            "TRAINLET_POLICY_IF_PRESENT=/etc/trainlet/policy.toml",
             "-e",
             "DMLC_TRACKER_URI=127.0.0.1",
             "-e",

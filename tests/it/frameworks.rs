@@ -102,11 +102,11 @@ fn deepspeed_runtime_env() -> Vec<(String, String)> {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
     let env = rows[0]["env"].as_object().expect("env");
-    assert!(env.contains_key("TRAINLET_POLICY"), "{env:?}");
+    assert!(env.contains_key("TRAINLET_POLICY_IF_PRESENT"), "{env:?}");
     env.iter()
         .map(|(k, v)| {
             let v = v.as_str().unwrap_or_default().to_string();
-            let v = if k == "TRAINLET_POLICY" {
+            let v = if k == "TRAINLET_POLICY_IF_PRESENT" {
                 repo().join("runtimes/failure-policy.toml").display().to_string()
             } else {
                 v
@@ -177,7 +177,9 @@ fn runtime_env(runtime: &str) -> Vec<(String, String)> {
     let env = rows[0]["env"].as_object().expect("env");
     env.iter()
         .map(|(k, v)| match k.as_str() {
-            "TRAINLET_POLICY" => (k.clone(), repo().join("runtimes/failure-policy.toml").display().to_string()),
+            "TRAINLET_POLICY_IF_PRESENT" => {
+                (k.clone(), repo().join("runtimes/failure-policy.toml").display().to_string())
+            }
             _ => (k.clone(), v.as_str().unwrap_or_default().to_string()),
         })
         .collect()
