@@ -9,7 +9,13 @@
 # versions, as processes on loopback: their CRDs come from those
 # versions' module sources, their webhooks point at 127.0.0.1 with a
 # certificate made here (their own cert rotation needs a Service in the
-# cluster).
+# cluster). Nodes: CLUSTER_NODES (default 2) kubelets, each with its own
+# containerd (Debian's), runc and the CNI bridge plugin, in a PID and mount
+# namespace of its own (tests/cluster/node.sh), running the images that
+# tests/images.sh builds from images/ (imported into containerd; no
+# registry); CoreDNS for the cluster's names, on the first node's bridge.
+# Node n's pods get 10.X.n.0/24 on a bridge of their own in the host's
+# network namespace (X from CLUSTER_PORT_BASE), the node itself 10.X.n.1.
 #
 #   bash tests/cluster.sh build   build target/cluster/bin/kube when missing or stale
 #   bash tests/cluster.sh up      build, then start everything and wait until it is ready
@@ -21,8 +27,10 @@
 # target/cluster/run; `down` removes it. Ports: CLUSTER_PORT_BASE (default
 # 26400) + 0 etcd clients, +1 etcd peers, +2 the API server, +3 the
 # controller manager, +4 the scheduler, +5/+6 JobSet's webhook/health,
-# +7/+8 Trainer's webhook/health, +9 Trainer's status server. KUBECONFIG for the admin is
-# target/cluster/run/admin.kubeconfig.
+# +7/+8 Trainer's webhook/health, +9 Trainer's status server, +10 CoreDNS's
+# readiness, +20+2n/+21+2n node n's kubelet/its health. KUBECONFIG for the
+# admin is target/cluster/run/admin.kubeconfig. One cluster per port base;
+# `down` also removes the bridges and the nodes' cgroups.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -40,9 +48,15 @@ JOBSET_HEALTH=$((BASE + 6))
 TRAINER_PORT=$((BASE + 7))
 TRAINER_HEALTH=$((BASE + 8))
 TRAINER_STATUS=$((BASE + 9))
+DNS_READY=$((BASE + 10))
+NODES=${CLUSTER_NODES:-2}
+NET=10.$(((BASE / 10) % 200 + 20))
+DNS_IP=$NET.0.1
 K8S_VERSION=v1.36.3
 JOBSET_MODULE=sigs.k8s.io/jobset@v0.12.0
 TRAINER_MODULE=github.com/kubeflow/trainer/v2@v2.3.0
+COREDNS_MODULE=github.com/coredns/coredns@v1.14.7
+PAUSE_IMAGE=localhost/trainlet-test/pause:1
 GOFLAGS_BUILD=(-trimpath -ldflags "-s -w")
 # How long `up` waits for each component.
 READY_TIMEOUT=${CLUSTER_READY_TIMEOUT:-120}
@@ -55,6 +69,9 @@ need_tools() {
   command -v go >/dev/null || missing+=("go (Go 1.26: https://go.dev/dl, or the golang-go Debian package where it is 1.26)")
   command -v openssl >/dev/null || missing+=("openssl (apt-get install -y openssl)")
   command -v curl >/dev/null || missing+=("curl (apt-get install -y curl)")
+  command -v containerd >/dev/null || missing+=("containerd (apt-get install -y containerd)")
+  command -v gcc >/dev/null || missing+=("gcc (apt-get install -y gcc)")
+  [[ -x /usr/lib/cni/bridge ]] || missing+=("the CNI plugins (apt-get install -y containernetworking-plugins)")
   if ((${#missing[@]})); then
     die "missing: ${missing[*]}"
   fi
@@ -96,6 +113,13 @@ build_controllers() {
     (cd "$(module_dir "$TRAINER_MODULE")" &&
       go build -trimpath -ldflags "-s -w -X github.com/kubeflow/trainer/v2/pkg/util/cert.certDir=k8s-webhook-server/serving-certs" \
         -o "$BIN/trainer-controller-manager" ./cmd/trainer-controller-manager)
+  fi
+  if [[ ! -x $BIN/coredns ]]; then
+    say "building CoreDNS ${COREDNS_MODULE#*@} (about 2 minutes cold)"
+    (cd "$(module_dir "$COREDNS_MODULE")" && go build "${GOFLAGS_BUILD[@]}" -o "$BIN/coredns" .)
+  fi
+  if [[ ! -x $BIN/pause || $ROOT/tests/cluster/pause.c -nt $BIN/pause ]]; then
+    gcc -O2 -static -o "$BIN/pause" "$ROOT/tests/cluster/pause.c"
   fi
 }
 
@@ -157,7 +181,10 @@ pki() {
   cert scheduler system:kube-scheduler
   cert apiserver-kubelet kube-apiserver-kubelet-client system:masters
   # The controllers' webhooks and Trainer's status server, on loopback.
-  cert webhook trainlet-test-webhooks "" "IP:127.0.0.1,DNS:localhost"
+  # The status server's name is the one Trainer gives the pods
+  # (KUBEFLOW_TRAINER_SERVER_URL), resolved by CoreDNS to the host.
+  cert webhook trainlet-test-webhooks "" \
+    "IP:127.0.0.1,DNS:localhost,DNS:kubeflow-trainer-controller-manager.kubeflow-system.svc"
   openssl genrsa -out "$RUN/pki/sa.key" 2048 2>/dev/null
   openssl rsa -in "$RUN/pki/sa.key" -pubout -out "$RUN/pki/sa.pub" 2>/dev/null
   for n in admin controller-manager scheduler; do kubeconfig "$n"; done
@@ -217,6 +244,7 @@ up() {
     --service-account-issuer "https://127.0.0.1:$API_PORT" \
     --service-account-key-file "$RUN/pki/sa.pub" --service-account-signing-key-file "$RUN/pki/sa.key" \
     --service-cluster-ip-range 10.96.0.0/16 --authorization-mode Node,RBAC --allow-privileged=true \
+    --kubelet-preferred-address-types InternalIP \
     --enable-priority-and-fairness=false --profiling=false
   wait_ready kube-apiserver "https://127.0.0.1:$API_PORT/readyz" --cacert "$RUN/pki/ca.crt" \
     --cert "$RUN/pki/admin.crt" --key "$RUN/pki/admin.key"
@@ -234,13 +262,22 @@ up() {
   wait_ready kube-scheduler "https://127.0.0.1:$SCHED_PORT/healthz" -k
   say "control plane ready in $((SECONDS - started)) s"
   controllers
-  say "JobSet and Trainer ready; all in $((SECONDS - started)) s: KUBECONFIG=$RUN/admin.kubeconfig"
+  say "JobSet and Trainer ready in $((SECONDS - started)) s"
+  if ((NODES > 0)); then
+    images
+    network
+    dns
+    local n
+    for ((n = 0; n < NODES; n++)); do node "$n"; done
+    for ((n = 0; n < NODES; n++)); do wait_node "$n"; done
+  fi
+  say "$NODES nodes ready; all in $((SECONDS - started)) s: KUBECONFIG=$RUN/admin.kubeconfig"
   trap - EXIT
 }
 
 # JobSet and Trainer: CRDs, webhooks pointed at loopback, the managers.
 controllers() {
-  local jobset trainer k=("$KUBE" kubectl --kubeconfig "$RUN/admin.kubeconfig")
+  local jobset trainer k=("$KUBE" kubectl --kubeconfig "$RUN/admin.kubeconfig" --cache-dir "$RUN/kubectl-cache")
   jobset=$(module_dir "$JOBSET_MODULE")
   trainer=$(module_dir "$TRAINER_MODULE")
   mkdir -p "$RUN/webhook" "$RUN/trainer-tmp/k8s-webhook-server/serving-certs"
@@ -313,6 +350,195 @@ YAML
   wait_ready trainer "http://127.0.0.1:$TRAINER_HEALTH/readyz"
 }
 
+# The images the nodes run: those of images/ (tests/images.sh, cached) and
+# the pause image, saved into one archive that each node's containerd
+# imports.
+images() {
+  local conf names=() f
+  conf=$(bash "$ROOT/tests/images.sh" | sed -n 's/^export CONTAINERS_CONF=//p')
+  [[ -n $conf ]] || die "tests/images.sh did not print CONTAINERS_CONF"
+  export CONTAINERS_CONF=$conf
+  mkdir -p "$RUN/pause-image"
+  cp "$BIN/pause" "$RUN/pause-image/pause"
+  printf 'FROM scratch\nCOPY pause /pause\nENTRYPOINT ["/pause"]\n' >"$RUN/pause-image/Containerfile"
+  podman build --quiet -t "$PAUSE_IMAGE" "$RUN/pause-image" >/dev/null
+  for f in "$ROOT"/images/*.Dockerfile; do names+=("localhost/trainlet/$(basename "$f" .Dockerfile):test"); done
+  podman save --quiet --multi-image-archive -o "$RUN/images.tar" "$PAUSE_IMAGE" "${names[@]}"
+  say "images for the nodes: $PAUSE_IMAGE ${names[*]}"
+}
+
+# Node n's bridge (its pods' network, $NET.n.0/24, the node at $NET.n.1),
+# in the host's network namespace: the host routes between the nodes'
+# bridges, and reaches the pods from loopback's side too.
+bridge_name() { echo "tl${BASE}n$1"; }
+network() {
+  local n b
+  [[ $(cat /proc/sys/net/ipv4/ip_forward) == 1 ]] || echo 1 >/proc/sys/net/ipv4/ip_forward
+  for ((n = 0; n < NODES; n++)); do
+    b=$(bridge_name "$n")
+    ip link show "$b" >/dev/null 2>&1 && die "bridge $b exists: another cluster on port base $BASE? run: bash tests/cluster.sh down"
+    ip link add "$b" type bridge
+    echo "$b" >>"$RUN/bridges"
+    ip addr add "$NET.$n.1/24" dev "$b"
+    ip link set "$b" up
+  done
+}
+
+# CoreDNS on the first node's bridge address, the nodes' clusterDNS:
+# Services and pods by name (JobSet's headless Service gives each pod its
+# name). Trainer's status server runs on the host: its Service has no
+# selector and one endpoint, the host's address on that bridge.
+dns() {
+  local k=("$KUBE" kubectl --kubeconfig "$RUN/admin.kubeconfig" --cache-dir "$RUN/kubectl-cache")
+  cat >"$RUN/Corefile" <<COREFILE
+.:53 {
+    bind $DNS_IP
+    errors
+    ready 127.0.0.1:$DNS_READY
+    kubernetes cluster.local in-addr.arpa {
+        kubeconfig $RUN/admin.kubeconfig trainlet-test
+    }
+}
+COREFILE
+  "$BIN/coredns" -conf "$RUN/Corefile" >"$RUN/logs/coredns.log" 2>&1 &
+  echo $! >"$RUN/pids/coredns"
+  "${k[@]}" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Service
+metadata: {name: kubeflow-trainer-controller-manager, namespace: kubeflow-system}
+spec:
+  clusterIP: None
+  ports: [{name: status, port: $TRAINER_STATUS}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kubeflow-trainer-controller-manager-host
+  namespace: kubeflow-system
+  labels: {kubernetes.io/service-name: kubeflow-trainer-controller-manager}
+addressType: IPv4
+ports: [{name: status, port: $TRAINER_STATUS, protocol: TCP}]
+endpoints: [{addresses: ["$DNS_IP"]}]
+YAML
+  wait_ready coredns "http://127.0.0.1:$DNS_READY/ready"
+}
+
+# Start node n: its certificate (system:node:NAME, for the Node
+# authorizer), containerd's, the CNI's and the kubelet's configuration,
+# its cgroup root in every hierarchy, then tests/cluster/node.sh in its
+# own PID and mount namespaces.
+node() {
+  local n=$1
+  local name=trainlet-node-$n dir=$RUN/node-$n ip=$NET.$n.1 cg=trainlet-$BASE-node-$n
+  local port=$((BASE + 20 + 2 * n))
+  mkdir -p "$dir/logs" "$dir/cni/net.d" "$dir/cni/ipam" "$dir/kubelet" "$dir/pod-logs"
+  cert "node-$n" "system:node:$name" system:nodes
+  kubeconfig "node-$n"
+  mv "$RUN/node-$n.kubeconfig" "$dir/kubelet.kubeconfig"
+  ln "$RUN/images.tar" "$dir/images.tar"
+  cat >"$dir/containerd.toml" <<TOML
+version = 2
+root = "$dir/containerd/root"
+state = "$dir/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.internal.v1.tracing", "io.containerd.tracing.processor.v1.otlp"]
+[grpc]
+  address = "$dir/containerd.sock"
+[ttrpc]
+  address = "$dir/containerd.sock.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  # The VM's root may not lower oom_score_adj below its own.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$dir/cni/net.d"
+TOML
+  cat >"$dir/cni/net.d/10-trainlet-test.conflist" <<JSON
+{"cniVersion": "1.0.0", "name": "trainlet-test", "plugins": [
+  {"type": "bridge", "bridge": "$(bridge_name "$n")", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+   "ipam": {"type": "host-local", "dataDir": "$dir/cni/ipam",
+            "ranges": [[{"subnet": "$NET.$n.0/24", "gateway": "$ip"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+JSON
+  : >"$dir/resolv.conf"
+  cat >"$dir/kubelet.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $ip
+port: $port
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: $((port + 1))
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $RUN/pki/ca.crt}
+authorization: {mode: Webhook}
+cgroupDriver: cgroupfs
+cgroupRoot: /$cg
+# The VMs here have cgroup v1 (hybrid) and swap may be on.
+failCgroupV1: false
+failSwapOn: false
+makeIPTablesUtilChains: false
+containerRuntimeEndpoint: unix://$dir/containerd.sock
+clusterDomain: cluster.local
+clusterDNS: [$DNS_IP]
+resolvConf: $dir/resolv.conf
+podLogsDir: $dir/pod-logs
+enforceNodeAllocatable: []
+# No eviction for disk on a shared test machine.
+evictionHard: {memory.available: "100Mi", nodefs.available: "0%", imagefs.available: "0%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+shutdownGracePeriod: 0s
+YAML
+  printf '%s\n' --hostname-override "$name" --node-ip "$ip" --root-dir "$dir/kubelet" >"$dir/args"
+  # cgroup v1: the kubelet wants its root in every hierarchy, and a cpuset
+  # child starts with no CPUs and no memory nodes.
+  local h
+  for h in /sys/fs/cgroup/*/; do
+    [[ $h == */unified/ ]] && continue
+    mkdir -p "$h$cg"
+  done
+  if [[ -d /sys/fs/cgroup/cpuset/$cg ]]; then
+    cat /sys/fs/cgroup/cpuset/cpuset.cpus >"/sys/fs/cgroup/cpuset/$cg/cpuset.cpus"
+    cat /sys/fs/cgroup/cpuset/cpuset.mems >"/sys/fs/cgroup/cpuset/$cg/cpuset.mems"
+  fi
+  unshare --pid --fork --kill-child=KILL --mount --mount-proc --propagation private \
+    bash "$ROOT/tests/cluster/node.sh" "$dir" "$KUBE" >"$dir/logs/node.log" 2>&1 &
+  local outer=$! init=
+  # The namespace's PID 1 (node.sh) takes SIGTERM; unshare ignores it.
+  for _ in $(seq 100); do
+    init=$(pgrep -P "$outer" || true)
+    [[ -n $init ]] && break
+    sleep 0.05
+  done
+  [[ -n $init ]] || die "node $n did not start; its log: $dir/logs/node.log"
+  echo "$init" >"$RUN/pids/node-$n"
+}
+
+# Wait until node n is Ready, or fail with its logs.
+wait_node() {
+  local n=$1 dir=$RUN/node-$n until=$((SECONDS + READY_TIMEOUT))
+  say "waiting for node trainlet-node-$n to be Ready (up to $READY_TIMEOUT s)"
+  until [[ $("$KUBE" kubectl --kubeconfig "$RUN/admin.kubeconfig" --cache-dir "$RUN/kubectl-cache" get node "trainlet-node-$n" \
+    -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]; do
+    if ! kill -0 "$(cat "$RUN/pids/node-$n")" 2>/dev/null || ((SECONDS > until)); then
+      tail -5 "$dir/logs/node.log" "$dir/logs/containerd.log" "$dir/logs/kubelet.log" >&2 || true
+      die "node $n is not Ready; its logs: $dir/logs"
+    fi
+    sleep 0.5
+  done
+}
+
 down() {
   [[ -d $RUN/pids ]] || return 0
   local pids=()
@@ -332,6 +558,26 @@ down() {
     kill -KILL "${pids[@]}" 2>/dev/null || true
     for p in "${pids[@]}"; do
       while kill -0 "$p" 2>/dev/null; do sleep 0.1; done
+    done
+  fi
+  # The nodes' bridges, and their cgroups (empty once their namespaces are gone).
+  if [[ -f $RUN/bridges ]]; then
+    local b
+    while read -r b; do ip link del "$b" 2>/dev/null || true; done <"$RUN/bridges"
+  fi
+  find /sys/fs/cgroup/*/ -maxdepth 1 -name "trainlet-$BASE-node-*" -type d 2>/dev/null | while read -r cg; do
+    find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  done
+  # The empty chains every kubelet makes to watch for iptables flushes,
+  # once no kubelet is left on this machine (-X removes only empty,
+  # unreferenced chains).
+  if ! pgrep -f ' kubelet --config ' >/dev/null; then
+    local cmd t c
+    for cmd in iptables ip6tables; do
+      command -v "$cmd" >/dev/null || continue
+      for t in mangle nat filter; do
+        for c in KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT; do "$cmd" -t "$t" -X "$c" 2>/dev/null || true; done
+      done
     done
   fi
   rm -rf "$RUN"
@@ -359,7 +605,7 @@ case "${1:-}" in
   status) status ;;
   kubectl)
     shift
-    exec "$KUBE" kubectl --kubeconfig "$RUN/admin.kubeconfig" "$@"
+    exec "$KUBE" kubectl --kubeconfig "$RUN/admin.kubeconfig" --cache-dir "$RUN/kubectl-cache" "$@"
     ;;
   *)
     sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2

@@ -20,6 +20,10 @@ for tool in podman mmdebstrap runc; do
 done
 conf_dir="$PWD/target/containers"
 mkdir -p "$conf_dir"
+# One build at a time: the container tests and tests/cluster.sh both call
+# this script, and may at once.
+exec 9>"$conf_dir/images.lock"
+flock 9
 export CONTAINERS_CONF="$conf_dir/containers.conf"
 base=localhost/trainlet-test/debian:bookworm
 # The highest limits runc may set here: podman's own child processes run

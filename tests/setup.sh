@@ -17,8 +17,9 @@ cd "$(dirname "$0")/.."
 # gcc and util-linux (taskset, unshare, setpriv) for the fake libnvidia-ml,
 # cpuset and namespace tests; iproute2 for simulated pods in namespaces.
 # podman, runc and mmdebstrap build images/ on a Debian base and run the
-# container tests (tests/images.sh).
-packages="file gcc util-linux iproute2 openmpi-bin libopenmpi-dev mpich libmpich-dev python3-mpi4py openssh-client openssh-server openssl podman runc mmdebstrap"
+# container tests (tests/images.sh); containerd, the CNI plugins, procps
+# (pgrep) and iptables run the test cluster's nodes (tests/cluster.sh).
+packages="file gcc util-linux iproute2 openmpi-bin libopenmpi-dev mpich libmpich-dev python3-mpi4py openssh-client openssh-server openssl podman runc mmdebstrap containerd containernetworking-plugins procps iptables"
 installed=$(dpkg-query -W -f='${Package} ${Status}\n' $packages 2>/dev/null | awk '$4 == "installed" { print $1 }' || true)
 missing=""
 for p in $packages; do

@@ -1,20 +1,45 @@
-//! The runtimes of runtimes/ through a real Kubernetes control plane and
-//! the real Trainer (v2.3.0) and JobSet (v0.12.0) controllers, webhooks
-//! included (`tests/cluster.sh`, built by `tests/run.sh` before the tests:
-//! etcd, kube-apiserver, kube-controller-manager and kube-scheduler from
-//! their Go modules). A TrainJob of each runtime must become a JobSet that
-//! JobSet's webhook accepts, its Jobs and its pods, and the torch pods must
-//! carry what trainlet reads. No node runs the pods yet (issue 27): they
-//! stay Pending.
+//! trainlet on a real Kubernetes (`tests/cluster.sh`, built by
+//! `tests/run.sh` before the tests): etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler and kubelets from their Go
+//! modules, the real Trainer (v2.3.0, its status server on) and JobSet
+//! (v0.12.0) controllers with their webhooks, CoreDNS, and two nodes with
+//! Debian's containerd and runc running the images of `images/`.
+//!
+//! - Every runtime of `runtimes/` becomes, through Trainer and JobSet's
+//!   webhook, a JobSet with its Jobs and pods that carry trainlet's
+//!   contract (a cluster without nodes: the pods stay Pending).
+//! - A TrainJob of `runtimes/torch-distributed.yaml` runs on the nodes with
+//!   trainlet as PID 1 of its pods (its command is `torchrun`), posts its
+//!   progress to Trainer's status server, completes, survives the deletion
+//!   of a pod, and fails as the runtime's failure policy says on a worker bug.
+//!
+//! PyTorch comes from the test venv through a read-only hostPath volume
+//! (added with a TrainJob runtime patch), as the container tests bind-mount
+//! it; checkpoints go to a hostPath directory, the shared storage of a real
+//! cluster (both nodes are this machine). Cluster tests run one at a time.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::Command;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::util::repo;
 
+/// One cluster at a time (they share their ports and bridges).
+static CLUSTER: Mutex<()> = Mutex::new(());
+
 fn cluster(args: &[&str]) -> (bool, String) {
-    let out = Command::new("bash").arg(repo().join("tests/cluster.sh")).args(args).output().expect("bash");
+    cluster_with(&[], args)
+}
+
+fn cluster_with(env: &[(&str, &str)], args: &[&str]) -> (bool, String) {
+    let out = Command::new("bash")
+        .arg(repo().join("tests/cluster.sh"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("bash");
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
@@ -42,6 +67,17 @@ fn kubectl_stdin(args: &[&str], input: &str) -> (bool, String) {
 
 /// The cluster, stopped (every process gone) when the test ends.
 struct Up;
+
+/// A cluster with `nodes` nodes, up until the returned values drop (the
+/// cluster first, then the lock).
+fn up(nodes: &str) -> (Up, MutexGuard<'static, ()>) {
+    let lock = CLUSTER.lock().unwrap_or_else(PoisonError::into_inner);
+    let _ = cluster(&["down"]); // what a crashed run may have left
+    let (ok, out) = cluster_with(&[("CLUSTER_NODES", nodes)], &["up"]);
+    let up = Up;
+    assert!(ok, "tests/cluster.sh up: {out}");
+    (up, lock)
+}
 
 impl Drop for Up {
     fn drop(&mut self) {
@@ -81,10 +117,7 @@ fn env_of(pod: &serde_json::Value) -> BTreeMap<String, serde_json::Value> {
 
 #[test]
 fn every_runtime_goes_through_the_real_trainer_and_jobset_to_pods_that_carry_trainlets_contract() {
-    let _ = cluster(&["down"]); // what a crashed run may have left
-    let (ok, out) = cluster(&["up"]);
-    let _up = Up;
-    assert!(ok, "tests/cluster.sh up: {out}");
+    let _up = up("0");
 
     let runtimes: Vec<String> = std::fs::read_dir(repo().join("runtimes"))
         .expect("runtimes/")
@@ -149,7 +182,7 @@ fn every_runtime_goes_through_the_real_trainer_and_jobset_to_pods_that_carry_tra
             env.get("KUBEFLOW_TRAINER_SERVER_URL").and_then(|v| v.as_str()).is_some_and(|u| u.ends_with("/status")),
             "Trainer's status server (TrainJobStatus) is on: {env:?}"
         );
-        assert_eq!(pod["status"]["phase"], "Pending", "no node runs pods yet");
+        assert_eq!(pod["status"]["phase"], "Pending", "this cluster has no node");
     }
 
     // MPI: a launcher and the nodes.
@@ -158,4 +191,224 @@ fn every_runtime_goes_through_the_real_trainer_and_jobset_to_pods_that_carry_tra
         jobs.iter().filter_map(|j| j["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"].as_str()).collect();
     kinds.sort_unstable();
     assert_eq!(kinds, ["launcher", "node"], "{jobs:?}");
+}
+
+/// A TrainJob of runtimes/torch-distributed.yaml: tests/fixtures/ckpt_train.py
+/// on 2 pods x 2 workers (gloo), the image's python with the venv's torch
+/// (a runtime patch mounts it), checkpoints in `ckpt`.
+fn ddp_job(name: &str, ckpt: &Path, env: &[(&str, &str)]) -> String {
+    let site = crate::containers::torch_site();
+    let mut vars = String::from("    - {name: PYTHONPATH, value: /opt/torch}\n    - {name: CKPT_DIR, value: /ckpt}\n");
+    for (k, v) in env {
+        vars.push_str(&format!("    - {{name: {k}, value: \"{v}\"}}\n"));
+    }
+    format!(
+        "apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata: {{name: {name}, namespace: default}}
+spec:
+  runtimeRef: {{name: trainlet-torch-distributed}}
+  trainer:
+    numNodes: 2
+    numProcPerNode: 2
+    image: localhost/trainlet/torch-runtime:test
+    command: [torchrun, /fixtures/ckpt_train.py]
+    env:
+{vars}  runtimePatches:
+  - manager: trainlet.dev/tests
+    trainingRuntimeSpec:
+      template:
+        spec:
+          replicatedJobs:
+          - name: node
+            template:
+              spec:
+                template:
+                  spec:
+                    containers:
+                    - name: node
+                      volumeMounts:
+                      - {{name: torch, mountPath: /opt/torch, readOnly: true}}
+                      - {{name: fixtures, mountPath: /fixtures, readOnly: true}}
+                      - {{name: ckpt, mountPath: /ckpt}}
+                    volumes:
+                    - {{name: torch, hostPath: {{path: {site}, type: Directory}}}}
+                    - {{name: fixtures, hostPath: {{path: {fixtures}, type: Directory}}}}
+                    - {{name: ckpt, hostPath: {{path: {ckpt}, type: Directory}}}}
+",
+        site = site.display(),
+        fixtures = repo().join("tests/fixtures").display(),
+        ckpt = ckpt.display(),
+    )
+}
+
+fn get_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["get"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["-o", "json"]);
+    let (ok, out) = kubectl(&all);
+    assert!(ok, "kubectl {all:?}: {out}");
+    serde_json::from_str(&out).expect("json")
+}
+
+/// The TrainJob's pods by completion index (node rank).
+fn pods_of(job: &str) -> BTreeMap<String, serde_json::Value> {
+    let label = format!("jobset.sigs.k8s.io/jobset-name={job}");
+    get_json(&["pods", "-l", &label])["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            Some((p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"].as_str()?.to_string(), p.clone()))
+        })
+        .collect()
+}
+
+fn logs_of(pod: &serde_json::Value) -> String {
+    let name = pod["metadata"]["name"].as_str().expect("name");
+    kubectl(&["logs", name]).1
+}
+
+/// The logs of all the job's pods, in node-rank order (ranks go to pods
+/// in the order they joined, as with torchrun's c10d rendezvous).
+fn all_logs(job: &str) -> String {
+    pods_of(job).values().map(logs_of).collect::<Vec<_>>().join("\n")
+}
+
+/// Everything a failed wait should show: the TrainJob, its pods and their logs.
+fn diagnose(job: &str) -> String {
+    let mut out = kubectl(&["get", "trainjob,jobset,jobs,pods", "-o", "wide"]).1;
+    out.push_str(&kubectl(&["get", "trainjob", job, "-o", "jsonpath={.status}"]).1);
+    for (index, pod) in pods_of(job) {
+        out.push_str(&format!("\n--- pod {index} ({}):\n{}", pod["metadata"]["name"], logs_of(&pod)));
+    }
+    out
+}
+
+/// Wait until the TrainJob is Complete or Failed; which one.
+fn finished(job: &str, limit: Duration) -> String {
+    let until = Instant::now() + limit;
+    loop {
+        let tj = get_json(&["trainjob", job]);
+        let done = tj["status"]["conditions"].as_array().into_iter().flatten().find_map(|c| {
+            let kind = c["type"].as_str()?;
+            ((kind == "Complete" || kind == "Failed") && c["status"] == "True").then(|| kind.to_string())
+        });
+        if let Some(kind) = done {
+            return kind;
+        }
+        assert!(Instant::now() < until, "TrainJob {job} not finished within {limit:?}:\n{}", diagnose(job));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Wait until `pred` holds for the job's pods (120 s at most).
+fn pods_until(job: &str, what: &str, pred: impl Fn(&BTreeMap<String, serde_json::Value>) -> bool) {
+    let until = Instant::now() + Duration::from_secs(120);
+    while !pred(&pods_of(job)) {
+        assert!(Instant::now() < until, "{what}: not within 120 s:\n{}", diagnose(job));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn metric(tj: &serde_json::Value, name: &str) -> Option<String> {
+    tj["status"]["trainerStatus"]["metrics"]
+        .as_array()?
+        .iter()
+        .find(|m| m["name"] == name)
+        .and_then(|m| m["value"].as_str())
+        .map(str::to_string)
+}
+
+#[test]
+fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails_on_a_worker_bug() {
+    let _up = up("2");
+    let (ok, out) = kubectl(&["apply", "-f", repo().join("runtimes/torch-distributed.yaml").to_str().expect("path")]);
+    assert!(ok, "{out}");
+    let limit = Duration::from_secs(300);
+
+    // 1. A 2 x 2 job completes, with the parameters of an uninterrupted
+    // run, and its progress reaches the TrainJob through Trainer's status
+    // server (the relay finds it by cluster DNS and trusts Trainer's CA).
+    let ckpt = tempfile::tempdir().expect("tmp");
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &ddp_job("ddp", ckpt.path(), &[("STEPS", "20")]));
+    assert!(ok, "{out}");
+    assert_eq!(finished("ddp", limit), "Complete", "{}", diagnose("ddp"));
+    let pods = pods_of("ddp");
+    assert_eq!(pods.len(), 2, "{pods:?}");
+    let nodes: std::collections::BTreeSet<&str> =
+        pods.values().filter_map(|p| p["spec"]["nodeName"].as_str()).collect();
+    assert_eq!(nodes.len(), 2, "the scheduler spread the pods over both nodes: {nodes:?}");
+    let master = logs_of(&pods["0"]);
+    assert!(master.contains("round formed round=0 nnodes=2"), "the store's host, PET_MASTER_ADDR: {master}");
+    let logs = all_logs("ddp");
+    let (digest, world) = crate::fault::final_of(&logs);
+    assert_eq!((digest.as_str(), world.as_str()), (crate::fault::reference_of("20").as_str(), "world=4"), "{logs}");
+    let tj = get_json(&["trainjob", "ddp"]);
+    assert_eq!(metric(&tj, "trainlet.world_size").as_deref(), Some("4"), "{tj}");
+    assert_eq!(metric(&tj, "trainlet.restarts").as_deref(), Some("0"), "{tj}");
+
+    // 2. A pod deleted mid-run: trainlet, its PID 1, stops its workers and
+    // exits 143 (the runtime's podFailurePolicy ignores it), the Job makes
+    // a new pod of the same index and name, and the surviving pod's
+    // trainlet takes it into its next round: no JobSet restart, the job
+    // resumes from its checkpoint and ends with the same parameters.
+    let ckpt = tempfile::tempdir().expect("tmp");
+    let steps = "400";
+    let job = ddp_job("lost", ckpt.path(), &[("STEPS", steps), ("STEP_SLEEP", "0.05"), ("CKPT_EVERY", "5")]);
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
+    assert!(ok, "{out}");
+    pods_until("lost", "both pods training", |p| {
+        p.len() == 2 && p.values().all(|p| logs_of(p).contains("START rank="))
+    });
+    let before = pods_of("lost");
+    let victim = before["1"]["metadata"]["name"].as_str().expect("name").to_string();
+    let (ok, pid1) = kubectl(&["exec", &victim, "--", "cat", "/proc/1/cmdline"]);
+    assert!(ok && pid1.starts_with("torchrun\0"), "PID 1 of the pod is trainlet as torchrun: {pid1:?}");
+    let until = Instant::now() + Duration::from_secs(120);
+    while std::fs::read_dir(ckpt.path()).map(|d| d.count()).unwrap_or(0) == 0 {
+        assert!(Instant::now() < until, "no checkpoint:\n{}", diagnose("lost"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (ok, out) = kubectl(&["delete", "pod", &victim, "--wait=false"]);
+    assert!(ok, "{out}");
+    pods_until("lost", "a new pod for node rank 1", |p| {
+        p.get("1").is_some_and(|p| p["metadata"]["uid"] != before["1"]["metadata"]["uid"])
+    });
+    assert_eq!(finished("lost", limit), "Complete", "{}", diagnose("lost"));
+    let after = pods_of("lost");
+    assert_eq!(after["0"]["metadata"]["uid"], before["0"]["metadata"]["uid"], "node rank 0's pod was never replaced");
+    let master = logs_of(&after["0"]);
+    assert!(master.contains("round formed round=1 nnodes=2"), "the new pod joined the next round:\n{master}");
+    let logs = all_logs("lost");
+    let (digest, _) = crate::fault::final_of(&logs);
+    assert_eq!(digest, crate::fault::reference_of(steps), "{logs}");
+    let jobset = get_json(&["jobset", "lost"]);
+    assert_eq!(jobset["status"]["restarts"].as_u64().unwrap_or(0), 0, "no JobSet restart: {jobset}");
+    let tj = get_json(&["trainjob", "lost"]);
+    assert!(metric(&tj, "trainlet.round").is_some_and(|r| r != "0"), "{tj}");
+
+    // 3. A worker bug: the admin's failure policy (the optional ConfigMap
+    // the runtime mounts) maps exit 3 to `fail`, trainlet exits 205, the
+    // runtime's podFailurePolicy fails the Job and its JobSet rule fails
+    // the JobSet at once: the TrainJob is Failed, with no restart.
+    let policy = format!("--from-file=policy.toml={}", repo().join("runtimes/failure-policy.toml").display());
+    let (ok, out) = kubectl(&["create", "configmap", "trainlet-failure-policy", &policy]);
+    assert!(ok, "{out}");
+    let ckpt = tempfile::tempdir().expect("tmp");
+    let job =
+        ddp_job("bug", ckpt.path(), &[("STEPS", "40"), ("FAIL_AT", "1@0"), ("FAIL_STEP", "2"), ("FAIL_CODE", "3")]);
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
+    assert!(ok, "{out}");
+    assert_eq!(finished("bug", limit), "Failed", "{}", diagnose("bug"));
+    // Every pod's trainlet exits 205 with the job-wide verdict; the Job
+    // controller deletes the pods left when the first one matches FailJob.
+    let job = get_json(&["job", "bug-node-0"]);
+    let failed = job["status"]["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "Failed");
+    let message = failed.and_then(|c| c["message"].as_str()).unwrap_or_default();
+    assert!(message.contains("failed with exit code 205 matching FailJob rule"), "{job}");
+    let logs = all_logs("bug");
+    assert!(logs.contains("worker rank 1 (exit code 3) matched a fail rule of the failure policy"), "{logs}");
+    let jobset = get_json(&["jobset", "bug"]);
+    assert_eq!(jobset["status"]["restarts"].as_u64().unwrap_or(0), 0, "{jobset}");
 }

@@ -34,7 +34,7 @@ fn podman(args: &[&str]) -> Output {
 }
 
 /// The venv's site-packages (torch), for a read-only bind mount.
-fn torch_site() -> PathBuf {
+pub(crate) fn torch_site() -> PathBuf {
     let lib = PathBuf::from(crate::util::python()).parent().and_then(|b| b.parent()).expect("venv").join("lib");
     let site = std::fs::read_dir(&lib)
         .expect("venv lib")

@@ -18,7 +18,7 @@ fn reference() -> String {
 }
 
 /// The final-parameter digest of an uninterrupted run of `steps` steps.
-fn reference_of(steps: &str) -> String {
+pub(crate) fn reference_of(steps: &str) -> String {
     let out = std::process::Command::new(python())
         .args([&fixture("ckpt_train.py"), "--reference"])
         .env("STEPS", steps)
@@ -29,7 +29,7 @@ fn reference_of(steps: &str) -> String {
 }
 
 /// The digest a job printed (`FINAL <digest> world=<n>`) and its world size.
-fn final_of(out: &str) -> (String, String) {
+pub(crate) fn final_of(out: &str) -> (String, String) {
     let line = out.lines().rfind(|l| l.contains("FINAL ")).unwrap_or_else(|| panic!("no FINAL line in:\n{out}"));
     let mut words = line.split("FINAL ").nth(1).unwrap_or_default().split_whitespace();
     (words.next().unwrap_or_default().to_string(), words.next().unwrap_or_default().to_string())
