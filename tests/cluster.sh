@@ -327,6 +327,9 @@ YAML
   "${k[@]}" -n kubeflow-system create secret generic kubeflow-trainer-webhook-cert \
     --from-file ca.crt="$RUN/pki/ca.crt" --from-file tls.crt="$RUN/webhook/tls.crt" \
     --from-file tls.key="$RUN/webhook/tls.key" >/dev/null
+  # What Trainer's install makes for its SDK (manifests/overlays/manager).
+  "${k[@]}" -n kubeflow-system create configmap kubeflow-trainer-public \
+    --from-literal "kubeflow_trainer_version=${TRAINER_MODULE#*@}" >/dev/null
   mkdir -p "$RUN/trainer-sa"
   "${k[@]}" -n kubeflow-system create token kubeflow-trainer-controller-manager --duration 24h >"$RUN/trainer-sa/token"
   echo kubeflow-system >"$RUN/trainer-sa/namespace"

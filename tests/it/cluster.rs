@@ -327,11 +327,14 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
     assert!(ok, "{out}");
     let limit = Duration::from_secs(300);
 
-    // 1. A 2 x 2 job completes, with the parameters of an uninterrupted
-    // run, and its progress reaches the TrainJob through Trainer's status
-    // server (the relay finds it by cluster DNS and trusts Trainer's CA).
+    // 1. A 2 x 2 job whose rank 2 fails once (exit 1, restarted in place
+    // by trainlet under PET_MAX_RESTARTS=1) completes with the parameters
+    // of an uninterrupted run, and its progress, the restart included,
+    // reaches the TrainJob through Trainer's status server (the relay finds
+    // it by cluster DNS and trusts Trainer's CA).
     let ckpt = tempfile::tempdir().expect("tmp");
-    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &ddp_job("ddp", ckpt.path(), &[("STEPS", "20")]));
+    let env = [("STEPS", "20"), ("FAIL_AT", "2@0"), ("FAIL_CODE", "1"), ("PET_MAX_RESTARTS", "1")];
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &ddp_job("ddp", ckpt.path(), &env));
     assert!(ok, "{out}");
     assert_eq!(finished("ddp", limit), "Complete", "{}", diagnose("ddp"));
     let pods = pods_of("ddp");
@@ -346,7 +349,8 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
     assert_eq!((digest.as_str(), world.as_str()), (crate::fault::reference_of("20").as_str(), "world=4"), "{logs}");
     let tj = get_json(&["trainjob", "ddp"]);
     assert_eq!(metric(&tj, "trainlet.world_size").as_deref(), Some("4"), "{tj}");
-    assert_eq!(metric(&tj, "trainlet.restarts").as_deref(), Some("0"), "{tj}");
+    assert_eq!(metric(&tj, "trainlet.restarts").as_deref(), Some("1"), "{tj}");
+    assert!(logs.contains("FAILING rank=2"), "{logs}");
 
     // 2. A pod deleted mid-run: trainlet, its PID 1, stops its workers and
     // exits 143 (the runtime's podFailurePolicy ignores it), the Job makes
@@ -411,4 +415,40 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
     assert!(logs.contains("worker rank 1 (exit code 3) matched a fail rule of the failure policy"), "{logs}");
     let jobset = get_json(&["jobset", "bug"]);
     assert_eq!(jobset["status"]["restarts"].as_u64().unwrap_or(0), 0, "{jobset}");
+}
+
+/// The Kubeflow SDK, unchanged, as a user drives it from a notebook
+/// (tests/fixtures/sdk_cluster.py): `TrainerClient().train()` of a
+/// `CustomTrainer` function on runtimes/torch-distributed.yaml through the
+/// API server. The SDK's own command (`bash -c "...; torchrun
+/// sdk_train.py"`) runs trainlet as torchrun on both pods; the job
+/// completes and the SDK reads its logs.
+#[test]
+fn the_kubeflow_sdk_trains_a_function_on_the_cluster_under_trainlet() {
+    let _up = up("2");
+    let (ok, out) = kubectl(&["apply", "-f", repo().join("runtimes/torch-distributed.yaml").to_str().expect("path")]);
+    assert!(ok, "{out}");
+    let out = Command::new(crate::util::python())
+        .arg(repo().join("tests/fixtures/sdk_cluster.py"))
+        .arg(repo().join("target/cluster/run/admin.kubeconfig"))
+        .arg(crate::containers::torch_site())
+        .output()
+        .expect("python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let result: serde_json::Value = serde_json::from_str(stdout.trim()).expect("json");
+    let name = result["name"].as_str().expect("name");
+    assert_eq!(result["status"], "Complete", "{result}\n{}", diagnose(name));
+    let mut sums = Vec::new();
+    for (node, rank) in [("node-0", 0), ("node-1", 1)] {
+        let logs = result["logs"][node].as_str().unwrap_or_default();
+        let line = logs
+            .lines()
+            .find(|l| l.contains("SDKTORCH "))
+            .unwrap_or_else(|| panic!("no SDKTORCH line from {node}:\n{logs}"));
+        assert!(line.contains("world=2") && line.contains("parent=torchrun"), "{line}");
+        sums.push(line.contains("sum=3"));
+        assert!(logs.contains("round formed") || rank == 1, "node 0 hosts the rendezvous:\n{logs}");
+    }
+    assert_eq!(sums, [true, true], "all_reduce of rank+1 over 2 ranks is 3 on both");
 }
