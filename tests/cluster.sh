@@ -365,7 +365,15 @@ images() {
   cp "$BIN/pause" "$RUN/pause-image/pause"
   printf 'FROM scratch\nCOPY pause /pause\nENTRYPOINT ["/pause"]\n' >"$RUN/pause-image/Containerfile"
   podman build --quiet -t "$PAUSE_IMAGE" "$RUN/pause-image" >/dev/null
-  for f in "$ROOT"/images/*.Dockerfile; do names+=("localhost/trainlet/$(basename "$f" .Dockerfile):test"); done
+  # Also under the names runtimes/ give them (ghcr.io/trainlet/NAME:VERSION),
+  # so the runtimes run unchanged (IfNotPresent finds them on the node).
+  local version n
+  version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)
+  for f in "$ROOT"/images/*.Dockerfile; do
+    n=$(basename "$f" .Dockerfile)
+    podman tag "localhost/trainlet/$n:test" "ghcr.io/trainlet/$n:$version"
+    names+=("localhost/trainlet/$n:test" "ghcr.io/trainlet/$n:$version")
+  done
   podman save --quiet --multi-image-archive -o "$RUN/images.tar" "$PAUSE_IMAGE" "${names[@]}"
   say "images for the nodes: $PAUSE_IMAGE ${names[*]}"
 }

@@ -452,3 +452,78 @@ fn the_kubeflow_sdk_trains_a_function_on_the_cluster_under_trainlet() {
     }
     assert_eq!(sums, [true, true], "all_reduce of rank+1 over 2 ranks is 3 on both");
 }
+
+/// The MPI runtime as Trainer runs it: a launcher and 2 node pods,
+/// trainlet's sshd in the nodes (PID 1, as uid 1000), the SSH keys from
+/// the Secret Trainer makes, Trainer's hostfile, and `mpirun` (Open MPI,
+/// Debian's) over trainlet's ssh from the launcher: 2 x 2 ranks of mpi4py
+/// all-reduce, and the TrainJob completes when the launcher does.
+#[test]
+fn the_mpi_runtime_runs_mpirun_over_trainlets_ssh_between_real_pods() {
+    let _up = up("2");
+    let (ok, out) = kubectl(&["apply", "-f", repo().join("runtimes/mpi-distributed.yaml").to_str().expect("path")]);
+    assert!(ok, "{out}");
+    let fixtures = repo().join("tests/fixtures");
+    let patch = |job: &str| {
+        format!(
+            "          - name: {job}
+            template:
+              spec:
+                template:
+                  spec:
+                    containers:
+                    - name: node
+                      volumeMounts:
+                      - {{name: fixtures, mountPath: /fixtures, readOnly: true}}
+                    volumes:
+                    - {{name: fixtures, hostPath: {{path: {}, type: Directory}}}}
+",
+            fixtures.display()
+        )
+    };
+    let job = format!(
+        "apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata: {{name: mpi, namespace: default}}
+spec:
+  runtimeRef: {{name: trainlet-mpi-distributed}}
+  trainer:
+    numNodes: 2
+    numProcPerNode: 2
+    command: [mpirun, python3, /fixtures/mpi_allreduce.py]
+  runtimePatches:
+  - manager: trainlet.dev/tests
+    trainingRuntimeSpec:
+      template:
+        spec:
+          replicatedJobs:
+{}{}",
+        patch("launcher"),
+        patch("node")
+    );
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
+    assert!(ok, "{out}");
+    // The launcher's log, read while its pod is there (JobSet's success
+    // policy ends the other Jobs once it completes).
+    let until = Instant::now() + Duration::from_secs(300);
+    let logs = loop {
+        let launcher = get_json(&["pods", "-l", "jobset.sigs.k8s.io/replicatedjob-name=launcher"]);
+        let logs = launcher["items"].as_array().into_iter().flatten().map(logs_of).collect::<Vec<_>>().join("\n");
+        if logs.contains("mpirun exited") {
+            break logs;
+        }
+        assert!(Instant::now() < until, "mpirun did not end within 300 s:\n{logs}\n{}", diagnose("mpi"));
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(finished("mpi", Duration::from_secs(120)), "Complete", "{logs}");
+    let results: Vec<&str> = logs.lines().filter(|l| l.starts_with("RESULT ")).collect();
+    assert_eq!(results.len(), 4, "{logs}");
+    let mut nodes = std::collections::BTreeSet::new();
+    for line in &results {
+        assert!(line.contains("size=4 sum=10"), "{line}");
+        assert!(line.contains("ssh=/usr/local/bin/trainlet"), "trainlet's ssh, no OpenSSH: {line}");
+        nodes.insert(line.split("node=").nth(1).and_then(|n| n.split_whitespace().next()).unwrap_or_default());
+    }
+    assert_eq!(nodes.len(), 2, "2 ranks on each node pod, started by its sshd: {results:?}");
+    assert!(logs.contains("mpirun exited status=exit code 0"), "{logs}");
+}
