@@ -419,38 +419,60 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
 
 /// The Kubeflow SDK, unchanged, as a user drives it from a notebook
 /// (tests/fixtures/sdk_cluster.py): `TrainerClient().train()` of a
-/// `CustomTrainer` function on runtimes/torch-distributed.yaml through the
-/// API server. The SDK's own command (`bash -c "...; torchrun
-/// sdk_train.py"`) runs trainlet as torchrun on both pods; the job
-/// completes and the SDK reads its logs.
+/// `CustomTrainer` function through the API server, on the torch, JAX and
+/// XGBoost runtimes of `runtimes/` (their images; the venv's frameworks
+/// mounted). The SDK's own command (`bash -c "...; torchrun
+/// sdk_train.py"`, or `python "sdk_train.py"` for JAX and XGBoost, which
+/// the images' `python` link makes a trainlet job) runs under trainlet on
+/// both pods; each job completes and the SDK reads its logs.
 #[test]
-fn the_kubeflow_sdk_trains_a_function_on_the_cluster_under_trainlet() {
+fn the_kubeflow_sdk_trains_torch_jax_and_xgboost_functions_on_the_cluster_under_trainlet() {
     let _up = up("2");
-    let (ok, out) = kubectl(&["apply", "-f", repo().join("runtimes/torch-distributed.yaml").to_str().expect("path")]);
-    assert!(ok, "{out}");
-    let out = Command::new(crate::util::python())
-        .arg(repo().join("tests/fixtures/sdk_cluster.py"))
-        .arg(repo().join("target/cluster/run/admin.kubeconfig"))
-        .arg(crate::containers::torch_site())
-        .output()
-        .expect("python");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let result: serde_json::Value = serde_json::from_str(stdout.trim()).expect("json");
-    let name = result["name"].as_str().expect("name");
-    assert_eq!(result["status"], "Complete", "{result}\n{}", diagnose(name));
-    let mut sums = Vec::new();
-    for (node, rank) in [("node-0", 0), ("node-1", 1)] {
-        let logs = result["logs"][node].as_str().unwrap_or_default();
-        let line = logs
-            .lines()
-            .find(|l| l.contains("SDKTORCH "))
-            .unwrap_or_else(|| panic!("no SDKTORCH line from {node}:\n{logs}"));
-        assert!(line.contains("world=2") && line.contains("parent=torchrun"), "{line}");
-        sums.push(line.contains("sum=3"));
-        assert!(logs.contains("round formed") || rank == 1, "node 0 hosts the rendezvous:\n{logs}");
+    for runtime in ["torch", "jax", "xgboost"] {
+        let file = repo().join(format!("runtimes/{runtime}-distributed.yaml"));
+        let (ok, out) = kubectl(&["apply", "-f", file.to_str().expect("path")]);
+        assert!(ok, "{out}");
     }
-    assert_eq!(sums, [true, true], "all_reduce of rank+1 over 2 ranks is 3 on both");
+    let sdk = |runtime: &str, function: &str| -> (String, [String; 2]) {
+        let out = Command::new(crate::util::python())
+            .arg(repo().join("tests/fixtures/sdk_cluster.py"))
+            .arg(repo().join("target/cluster/run/admin.kubeconfig"))
+            .arg(crate::containers::torch_site())
+            .args([runtime, function])
+            .output()
+            .expect("python");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{runtime}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let result: serde_json::Value = serde_json::from_str(stdout.trim()).expect("json");
+        let name = result["name"].as_str().expect("name").to_string();
+        assert_eq!(result["status"], "Complete", "{runtime}: {result}\n{}", diagnose(&name));
+        let logs = |node: &str| result["logs"][node].as_str().unwrap_or_default().to_string();
+        (name, [logs("node-0"), logs("node-1")])
+    };
+    let line = |logs: &str, tag: &str| -> String {
+        logs.lines().find(|l| l.contains(tag)).unwrap_or_else(|| panic!("no {tag} line in:\n{logs}")).to_string()
+    };
+
+    let (_, logs) = sdk("trainlet-torch-distributed", "train_torch");
+    assert!(logs[0].contains("round formed"), "node 0 hosts the rendezvous:\n{}", logs[0]);
+    for l in &logs {
+        let l = line(l, "SDKTORCH ");
+        assert!(l.contains("world=2 sum=3 parent=torchrun"), "all-reduce of rank+1 under trainlet: {l}");
+    }
+
+    let (_, logs) = sdk("trainlet-jax-distributed", "train_jax");
+    for (id, l) in logs.iter().enumerate() {
+        let l = line(l, "SDKJAX ");
+        assert!(l.contains(&format!("SDKJAX id={id} n=2 sum=3")), "psum over 2 processes: {l}");
+    }
+
+    let (_, logs) = sdk("trainlet-xgboost-distributed", "train_xgboost");
+    for (rank, l) in logs.iter().enumerate() {
+        let l = line(l, "SDKXGB ");
+        assert!(l.contains(&format!("rank={rank} world=2")), "{l}");
+        let model = l.split("model=").nth(1).and_then(|m| m.split_whitespace().next()).unwrap_or_default();
+        assert!(l.ends_with(&format!("reference={model}")), "the federated model is the one-process model: {l}");
+    }
 }
 
 /// The MPI runtime as Trainer runs it: a launcher and 2 node pods,
