@@ -374,11 +374,36 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
         assert!(Instant::now() < until, "no checkpoint:\n{}", diagnose("lost"));
         std::thread::sleep(Duration::from_millis(200));
     }
+    // Its log, followed to its end: the pod's last words go with it.
+    let mut follow = Command::new("bash")
+        .arg(repo().join("tests/cluster.sh"))
+        .args(["kubectl", "logs", "-f", &victim])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("kubectl logs -f");
+    let mut stdout = follow.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut text);
+        text
+    });
     let (ok, out) = kubectl(&["delete", "pod", &victim, "--wait=false"]);
     assert!(ok, "{out}");
     pods_until("lost", "a new pod for node rank 1", |p| {
         p.get("1").is_some_and(|p| p["metadata"]["uid"] != before["1"]["metadata"]["uid"])
     });
+    // The kubelet's preStop hook (`trainlet stop`) and SIGTERM: trainlet
+    // sends the runtime's checkpoint signal first and exits 143.
+    let until = Instant::now() + Duration::from_secs(120);
+    while follow.try_wait().expect("wait").is_none() {
+        if Instant::now() > until {
+            let _ = follow.kill();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let last = reader.join().expect("reader");
+    assert!(last.contains("stop signal; stopping workers signal=SIGTERM checkpoint=\"SIGUSR1\""), "{last}");
     assert_eq!(finished("lost", limit), "Complete", "{}", diagnose("lost"));
     let after = pods_of("lost");
     assert_eq!(after["0"]["metadata"]["uid"], before["0"]["metadata"]["uid"], "node rank 0's pod was never replaced");
