@@ -197,6 +197,11 @@ fn every_runtime_goes_through_the_real_trainer_and_jobset_to_pods_that_carry_tra
 /// on 2 pods x 2 workers (gloo), the image's python with the venv's torch
 /// (a runtime patch mounts it), checkpoints in `ckpt`.
 fn ddp_job(name: &str, ckpt: &Path, env: &[(&str, &str)]) -> String {
+    ddp_job_on("trainlet-torch-distributed", name, ckpt, env)
+}
+
+/// `ddp_job` on another torch runtime.
+fn ddp_job_on(runtime: &str, name: &str, ckpt: &Path, env: &[(&str, &str)]) -> String {
     let site = crate::containers::torch_site();
     let mut vars = String::from("    - {name: PYTHONPATH, value: /opt/torch}\n    - {name: CKPT_DIR, value: /ckpt}\n");
     for (k, v) in env {
@@ -207,11 +212,10 @@ fn ddp_job(name: &str, ckpt: &Path, env: &[(&str, &str)]) -> String {
 kind: TrainJob
 metadata: {{name: {name}, namespace: default}}
 spec:
-  runtimeRef: {{name: trainlet-torch-distributed}}
+  runtimeRef: {{name: {runtime}}}
   trainer:
     numNodes: 2
     numProcPerNode: 2
-    image: localhost/trainlet/torch-runtime:test
     command: [torchrun, /fixtures/ckpt_train.py]
     env:
 {vars}  runtimePatches:
@@ -440,6 +444,21 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
     assert!(logs.contains("worker rank 1 (exit code 3) matched a fail rule of the failure policy"), "{logs}");
     let jobset = get_json(&["jobset", "bug"]);
     assert_eq!(jobset["status"]["restarts"].as_u64().unwrap_or(0), 0, "{jobset}");
+
+    // 4. The restricted runtime (uid 1000, read-only root, no
+    // capabilities, RuntimeDefault seccomp) runs the same job to the end.
+    let (ok, out) =
+        kubectl(&["apply", "-f", repo().join("runtimes/torch-distributed-restricted.yaml").to_str().expect("path")]);
+    assert!(ok, "{out}");
+    let ckpt = tempfile::tempdir().expect("tmp");
+    std::os::unix::fs::chown(ckpt.path(), Some(1000), Some(1000)).expect("chown");
+    let job = ddp_job_on("trainlet-torch-distributed-restricted", "restricted", ckpt.path(), &[("STEPS", "20")]);
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
+    assert!(ok, "{out}");
+    assert_eq!(finished("restricted", limit), "Complete", "{}", diagnose("restricted"));
+    let logs = all_logs("restricted");
+    let (digest, _) = crate::fault::final_of(&logs);
+    assert_eq!(digest, crate::fault::reference_of("20"), "{logs}");
 }
 
 /// The Kubeflow SDK, unchanged, as a user drives it from a notebook
@@ -478,12 +497,18 @@ fn the_kubeflow_sdk_trains_torch_jax_and_xgboost_functions_on_the_cluster_under_
         logs.lines().find(|l| l.contains(tag)).unwrap_or_else(|| panic!("no {tag} line in:\n{logs}")).to_string()
     };
 
-    let (_, logs) = sdk("trainlet-torch-distributed", "train_torch");
+    let (name, logs) = sdk("trainlet-torch-distributed", "train_torch");
     assert!(logs[0].contains("round formed"), "node 0 hosts the rendezvous:\n{}", logs[0]);
     for l in &logs {
         let l = line(l, "SDKTORCH ");
         assert!(l.contains("world=2 sum=3 parent=torchrun"), "all-reduce of rank+1 under trainlet: {l}");
     }
+    // Rank 0's report (the SDK's update_trainjob_status) went through
+    // trainlet to Trainer, with trainlet's own facts beside it.
+    let tj = get_json(&["trainjob", &name]);
+    assert_eq!(tj["status"]["trainerStatus"]["progressPercentage"], 100, "{tj}");
+    assert_eq!(metric(&tj, "sum").as_deref(), Some("3.0"), "{tj}");
+    assert_eq!(metric(&tj, "trainlet.world_size").as_deref(), Some("2"), "{tj}");
 
     let (_, logs) = sdk("trainlet-jax-distributed", "train_jax");
     for (id, l) in logs.iter().enumerate() {
@@ -573,4 +598,145 @@ spec:
     }
     assert_eq!(nodes.len(), 2, "2 ranks on each node pod, started by its sshd: {results:?}");
     assert!(logs.contains("mpirun exited status=exit code 0"), "{logs}");
+}
+
+/// Every file under `root` (relative path) and its sha256, as
+/// tests/fixtures/workspace_digest.py lists them.
+fn tree(root: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read_dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let data = std::fs::read(&path).expect("read");
+            let sum = ring::digest::digest(&ring::digest::SHA256, &data);
+            let hex: String = sum.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+            out.insert(path.strip_prefix(root).expect("under root").display().to_string(), hex);
+        }
+    }
+    out
+}
+
+/// The initializers' runtime (runtimes/torch-with-initializers.yaml,
+/// unchanged but for the test's torch and fixtures mounts): its
+/// dataset-initializer and model-initializer Jobs run `trainlet init`
+/// against a Hugging Face Hub (tests/fixtures/hub_server.py, on the first
+/// node's bridge address, where pods reach the host) onto the runtime's
+/// ReadWriteMany claim (a hostPath PersistentVolume made here), and the
+/// trainer's pods start only then (JobSet's dependsOn) and see the dataset
+/// byte for byte and the model's weights without the formats Trainer's
+/// initializer leaves out.
+#[test]
+fn the_initializers_fetch_from_a_hub_onto_the_shared_volume_before_the_trainer_starts() {
+    let _up = up("2");
+    let runtime = repo().join("runtimes/torch-with-initializers.yaml");
+    let (ok, out) = kubectl(&["apply", "-f", runtime.to_str().expect("path")]);
+    assert!(ok, "{out}");
+    let volume = tempfile::tempdir().expect("tmp");
+    let pv = format!(
+        "apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: trainlet-test-initializer}}
+spec:
+  capacity: {{storage: 100Gi}}
+  accessModes: [ReadWriteMany]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: \"\"
+  hostPath: {{path: {}, type: Directory}}
+",
+        volume.path().display()
+    );
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &pv);
+    assert!(ok, "{out}");
+    let node = get_json(&["node", "trainlet-node-0"]);
+    let host = node["status"]["addresses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|a| a["type"] == "InternalIP")
+        .and_then(|a| a["address"].as_str())
+        .expect("the node's InternalIP")
+        .to_string();
+    let root = tempfile::tempdir().expect("tmp");
+    crate::init_remote::hub_repos(root.path());
+    let hub = crate::support::fixture_server::Server::start(
+        &crate::util::python(),
+        Path::new(&crate::util::fixture("hub_server.py")),
+        &["--root".to_string(), root.path().display().to_string(), "--host".to_string(), host.clone()],
+        Duration::from_secs(120),
+    );
+    let endpoint = format!("http://{host}:{}", hub.fields[0]);
+    let site = crate::containers::torch_site();
+    let job = format!(
+        "apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata: {{name: init, namespace: default}}
+spec:
+  runtimeRef: {{name: trainlet-torch-with-initializers}}
+  initializer:
+    dataset:
+      storageUri: hf://tatsu/alpaca-mini
+      env: [{{name: ENDPOINT, value: \"{endpoint}\"}}]
+    model:
+      storageUri: hf://meta/llama-mini
+      env: [{{name: ENDPOINT, value: \"{endpoint}\"}}]
+  trainer:
+    numNodes: 2
+    numProcPerNode: 1
+    command: [torchrun, /fixtures/workspace_digest.py]
+    env: [{{name: PYTHONPATH, value: /opt/torch}}]
+  runtimePatches:
+  - manager: trainlet.dev/tests
+    trainingRuntimeSpec:
+      template:
+        spec:
+          replicatedJobs:
+          - name: node
+            template:
+              spec:
+                template:
+                  spec:
+                    containers:
+                    - name: node
+                      volumeMounts:
+                      - {{name: torch, mountPath: /opt/torch, readOnly: true}}
+                      - {{name: fixtures, mountPath: /fixtures, readOnly: true}}
+                    volumes:
+                    - {{name: torch, hostPath: {{path: {site}, type: Directory}}}}
+                    - {{name: fixtures, hostPath: {{path: {fixtures}, type: Directory}}}}
+",
+        site = site.display(),
+        fixtures = repo().join("tests/fixtures").display(),
+    );
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
+    assert!(ok, "{out}");
+    assert_eq!(finished("init", Duration::from_secs(300)), "Complete", "{}", diagnose("init"));
+
+    let dataset = tree(&root.path().join("datasets/tatsu/alpaca-mini"));
+    let model = tree(&root.path().join("models/meta/llama-mini"));
+    let logs = all_logs("init");
+    let seen: Vec<serde_json::Value> = logs
+        .lines()
+        .filter_map(|l| l.split("WORKSPACE ").nth(1))
+        .map(|j| serde_json::from_str(j).expect("json"))
+        .collect();
+    assert_eq!(seen.len(), 2, "one line per rank:\n{logs}");
+    for s in &seen {
+        assert_eq!(s["world"], 2, "{s}");
+        let got: BTreeMap<String, String> = serde_json::from_value(s["dataset"].clone()).expect("map");
+        assert_eq!(got, dataset, "the dataset, byte for byte");
+        let got: BTreeMap<String, String> = serde_json::from_value(s["model"].clone()).expect("map");
+        for f in
+            ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "tokenizer.model"]
+        {
+            assert_eq!(got.get(f), model.get(f), "{f} in {got:?}");
+        }
+        for f in ["pytorch_model.bin", "flax_model.msgpack"] {
+            assert!(!got.contains_key(f), "{f} is left out, as by Trainer's initializer: {got:?}");
+        }
+    }
 }

@@ -131,7 +131,7 @@ fn count(hay: &str, needle: &str) -> usize {
 }
 
 /// A Llama-like model repo and an alpaca-like dataset repo.
-fn hub_repos(root: &Path) {
+pub(crate) fn hub_repos(root: &Path) {
     let m = root.join("models/meta/llama-mini");
     put(&m, "config.json", br#"{"architectures":["LlamaForCausalLM"]}"#);
     put(&m, "generation_config.json", b"{}");
