@@ -193,6 +193,31 @@ fn every_runtime_goes_through_the_real_trainer_and_jobset_to_pods_that_carry_tra
     assert_eq!(kinds, ["launcher", "node"], "{jobs:?}");
 }
 
+/// A TrainJob's `runtimePatches` (the test's own manager) that add hostPath
+/// mounts to the `node` container of each named replicatedJob: (volume,
+/// host path, mount path, read-only).
+fn mounts_patch(jobs: &[&str], mounts: &[(&str, &Path, &str, bool)]) -> String {
+    let mut out = String::from(
+        "  runtimePatches:\n  - manager: trainlet.dev/tests\n    trainingRuntimeSpec:\n      template:\n        spec:\n          replicatedJobs:\n",
+    );
+    for job in jobs {
+        out.push_str(&format!(
+            "          - name: {job}\n            template:\n              spec:\n                template:\n                  spec:\n                    containers:\n                    - name: node\n                      volumeMounts:\n"
+        ));
+        for (name, _, at, ro) in mounts {
+            out.push_str(&format!("                      - {{name: {name}, mountPath: {at}, readOnly: {ro}}}\n"));
+        }
+        out.push_str("                    volumes:\n");
+        for (name, host, _, _) in mounts {
+            out.push_str(&format!(
+                "                    - {{name: {name}, hostPath: {{path: {}, type: Directory}}}}\n",
+                host.display()
+            ));
+        }
+    }
+    out
+}
+
 /// A TrainJob of runtimes/torch-distributed.yaml: tests/fixtures/ckpt_train.py
 /// on 2 pods x 2 workers (gloo), the image's python with the venv's torch
 /// (a runtime patch mounts it), checkpoints in `ckpt`.
@@ -203,10 +228,19 @@ fn ddp_job(name: &str, ckpt: &Path, env: &[(&str, &str)]) -> String {
 /// `ddp_job` on another torch runtime.
 fn ddp_job_on(runtime: &str, name: &str, ckpt: &Path, env: &[(&str, &str)]) -> String {
     let site = crate::containers::torch_site();
+    let fixtures = repo().join("tests/fixtures");
     let mut vars = String::from("    - {name: PYTHONPATH, value: /opt/torch}\n    - {name: CKPT_DIR, value: /ckpt}\n");
     for (k, v) in env {
         vars.push_str(&format!("    - {{name: {k}, value: \"{v}\"}}\n"));
     }
+    let patch = mounts_patch(
+        &["node"],
+        &[
+            ("torch", &site, "/opt/torch", true),
+            ("fixtures", &fixtures, "/fixtures", true),
+            ("ckpt", ckpt, "/ckpt", false),
+        ],
+    );
     format!(
         "apiVersion: trainer.kubeflow.org/v1alpha1
 kind: TrainJob
@@ -218,31 +252,7 @@ spec:
     numProcPerNode: 2
     command: [torchrun, /fixtures/ckpt_train.py]
     env:
-{vars}  runtimePatches:
-  - manager: trainlet.dev/tests
-    trainingRuntimeSpec:
-      template:
-        spec:
-          replicatedJobs:
-          - name: node
-            template:
-              spec:
-                template:
-                  spec:
-                    containers:
-                    - name: node
-                      volumeMounts:
-                      - {{name: torch, mountPath: /opt/torch, readOnly: true}}
-                      - {{name: fixtures, mountPath: /fixtures, readOnly: true}}
-                      - {{name: ckpt, mountPath: /ckpt}}
-                    volumes:
-                    - {{name: torch, hostPath: {{path: {site}, type: Directory}}}}
-                    - {{name: fixtures, hostPath: {{path: {fixtures}, type: Directory}}}}
-                    - {{name: ckpt, hostPath: {{path: {ckpt}, type: Directory}}}}
-",
-        site = site.display(),
-        fixtures = repo().join("tests/fixtures").display(),
-        ckpt = ckpt.display(),
+{vars}{patch}"
     )
 }
 
@@ -536,23 +546,7 @@ fn the_mpi_runtime_runs_mpirun_over_trainlets_ssh_between_real_pods() {
     let (ok, out) = kubectl(&["apply", "-f", repo().join("runtimes/mpi-distributed.yaml").to_str().expect("path")]);
     assert!(ok, "{out}");
     let fixtures = repo().join("tests/fixtures");
-    let patch = |job: &str| {
-        format!(
-            "          - name: {job}
-            template:
-              spec:
-                template:
-                  spec:
-                    containers:
-                    - name: node
-                      volumeMounts:
-                      - {{name: fixtures, mountPath: /fixtures, readOnly: true}}
-                    volumes:
-                    - {{name: fixtures, hostPath: {{path: {}, type: Directory}}}}
-",
-            fixtures.display()
-        )
-    };
+    let patch = mounts_patch(&["launcher", "node"], &[("fixtures", &fixtures, "/fixtures", true)]);
     let job = format!(
         "apiVersion: trainer.kubeflow.org/v1alpha1
 kind: TrainJob
@@ -563,15 +557,7 @@ spec:
     numNodes: 2
     numProcPerNode: 2
     command: [mpirun, python3, /fixtures/mpi_allreduce.py]
-  runtimePatches:
-  - manager: trainlet.dev/tests
-    trainingRuntimeSpec:
-      template:
-        spec:
-          replicatedJobs:
-{}{}",
-        patch("launcher"),
-        patch("node")
+{patch}"
     );
     let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
     assert!(ok, "{out}");
@@ -671,6 +657,9 @@ spec:
     );
     let endpoint = format!("http://{host}:{}", hub.fields[0]);
     let site = crate::containers::torch_site();
+    let fixtures = repo().join("tests/fixtures");
+    let patch =
+        mounts_patch(&["node"], &[("torch", &site, "/opt/torch", true), ("fixtures", &fixtures, "/fixtures", true)]);
     let job = format!(
         "apiVersion: trainer.kubeflow.org/v1alpha1
 kind: TrainJob
@@ -689,28 +678,7 @@ spec:
     numProcPerNode: 1
     command: [torchrun, /fixtures/workspace_digest.py]
     env: [{{name: PYTHONPATH, value: /opt/torch}}]
-  runtimePatches:
-  - manager: trainlet.dev/tests
-    trainingRuntimeSpec:
-      template:
-        spec:
-          replicatedJobs:
-          - name: node
-            template:
-              spec:
-                template:
-                  spec:
-                    containers:
-                    - name: node
-                      volumeMounts:
-                      - {{name: torch, mountPath: /opt/torch, readOnly: true}}
-                      - {{name: fixtures, mountPath: /fixtures, readOnly: true}}
-                    volumes:
-                    - {{name: torch, hostPath: {{path: {site}, type: Directory}}}}
-                    - {{name: fixtures, hostPath: {{path: {fixtures}, type: Directory}}}}
-",
-        site = site.display(),
-        fixtures = repo().join("tests/fixtures").display(),
+{patch}"
     );
     let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
     assert!(ok, "{out}");
