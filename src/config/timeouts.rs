@@ -105,18 +105,21 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>) -> Result<Timeouts, 
         s.prov.push(("checkpoint", format!("{} then {checkpoint_timeout:?}", crate::sys::signal_name(sig)), l.source));
     }
     let l = lookup(args.policy.as_ref().and_then(|p| p.to_str()), "--policy", env, &[env::TRAINLET_POLICY]);
-    let (file_rules, policy_source) = match (l.value, env.get(env::TRAINLET_POLICY_IF_PRESENT)) {
-        (Some(path), _) => (crate::config::rules::Rules::load(std::path::Path::new(path))?, l.source),
-        // Absent (an optional ConfigMap nobody made): the default rules. Any
-        // other failure to read it is reported by `load`.
-        (None, Some(path)) if std::fs::metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) => {
-            (Vec::new(), l.source)
-        }
-        (None, Some(path)) => (
-            crate::config::rules::Rules::load(std::path::Path::new(path))?,
-            Source::Env(env::TRAINLET_POLICY_IF_PRESENT),
-        ),
-        (None, None) => (Vec::new(), l.source),
+    // `TRAINLET_POLICY_IF_PRESENT` (the runtimes' optional ConfigMap) only
+    // when neither names a file, and only when it exists: absent, the
+    // default rules apply; any other failure to read it is `load`'s error.
+    let (path, policy_source) = match l.value {
+        Some(path) => (Some(path), l.source),
+        None => match env.get(env::TRAINLET_POLICY_IF_PRESENT) {
+            Some(path) if !std::fs::metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) => {
+                (Some(path), Source::Env(env::TRAINLET_POLICY_IF_PRESENT))
+            }
+            _ => (None, l.source),
+        },
+    };
+    let file_rules = match path {
+        None => Vec::new(),
+        Some(path) => crate::config::rules::Rules::load(std::path::Path::new(path))?,
     };
     let flag_rules =
         args.on_exit.iter().map(|r| crate::config::rules::Rules::parse_flag(r)).collect::<Result<Vec<_>, _>>()?;

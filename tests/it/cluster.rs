@@ -299,30 +299,33 @@ fn diagnose(job: &str) -> String {
     out
 }
 
-/// Wait until the TrainJob is Complete or Failed; which one.
-fn finished(job: &str, limit: Duration) -> String {
+/// Poll `check` every 500 ms until it gives a value; past `limit`, fail
+/// naming `what`, with the job's state.
+fn wait_for<T>(job: &str, what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
     let until = Instant::now() + limit;
     loop {
-        let tj = get_json(&["trainjob", job]);
-        let done = tj["status"]["conditions"].as_array().into_iter().flatten().find_map(|c| {
-            let kind = c["type"].as_str()?;
-            ((kind == "Complete" || kind == "Failed") && c["status"] == "True").then(|| kind.to_string())
-        });
-        if let Some(kind) = done {
-            return kind;
+        if let Some(v) = check() {
+            return v;
         }
-        assert!(Instant::now() < until, "TrainJob {job} not finished within {limit:?}:\n{}", diagnose(job));
+        assert!(Instant::now() < until, "{what}: not within {limit:?}:\n{}", diagnose(job));
         std::thread::sleep(Duration::from_millis(500));
     }
 }
 
+/// Wait until the TrainJob is Complete or Failed; which one.
+fn finished(job: &str, limit: Duration) -> String {
+    wait_for(job, &format!("TrainJob {job} finished"), limit, || {
+        let tj = get_json(&["trainjob", job]);
+        tj["status"]["conditions"].as_array().into_iter().flatten().find_map(|c| {
+            let kind = c["type"].as_str()?;
+            ((kind == "Complete" || kind == "Failed") && c["status"] == "True").then(|| kind.to_string())
+        })
+    })
+}
+
 /// Wait until `pred` holds for the job's pods (120 s at most).
 fn pods_until(job: &str, what: &str, pred: impl Fn(&BTreeMap<String, serde_json::Value>) -> bool) {
-    let until = Instant::now() + Duration::from_secs(120);
-    while !pred(&pods_of(job)) {
-        assert!(Instant::now() < until, "{what}: not within 120 s:\n{}", diagnose(job));
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_for(job, what, Duration::from_secs(120), || pred(&pods_of(job)).then_some(()));
 }
 
 fn metric(tj: &serde_json::Value, name: &str) -> Option<String> {
@@ -383,11 +386,9 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
     let victim = before["1"]["metadata"]["name"].as_str().expect("name").to_string();
     let (ok, pid1) = kubectl(&["exec", &victim, "--", "cat", "/proc/1/cmdline"]);
     assert!(ok && pid1.starts_with("torchrun\0"), "PID 1 of the pod is trainlet as torchrun: {pid1:?}");
-    let until = Instant::now() + Duration::from_secs(120);
-    while std::fs::read_dir(ckpt.path()).map(|d| d.count()).unwrap_or(0) == 0 {
-        assert!(Instant::now() < until, "no checkpoint:\n{}", diagnose("lost"));
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_for("lost", "a checkpoint", Duration::from_secs(120), || {
+        (std::fs::read_dir(ckpt.path()).map(|d| d.count()).unwrap_or(0) > 0).then_some(())
+    });
     // Its log, followed to its end: the pod's last words go with it.
     let mut follow = Command::new("bash")
         .arg(repo().join("tests/cluster.sh"))
@@ -563,16 +564,11 @@ spec:
     assert!(ok, "{out}");
     // The launcher's log, read while its pod is there (JobSet's success
     // policy ends the other Jobs once it completes).
-    let until = Instant::now() + Duration::from_secs(300);
-    let logs = loop {
+    let logs = wait_for("mpi", "mpirun's end in the launcher's log", Duration::from_secs(300), || {
         let launcher = get_json(&["pods", "-l", "jobset.sigs.k8s.io/replicatedjob-name=launcher"]);
         let logs = launcher["items"].as_array().into_iter().flatten().map(logs_of).collect::<Vec<_>>().join("\n");
-        if logs.contains("mpirun exited") {
-            break logs;
-        }
-        assert!(Instant::now() < until, "mpirun did not end within 300 s:\n{logs}\n{}", diagnose("mpi"));
-        std::thread::sleep(Duration::from_millis(500));
-    };
+        logs.contains("mpirun exited").then_some(logs)
+    });
     assert_eq!(finished("mpi", Duration::from_secs(120)), "Complete", "{logs}");
     let results: Vec<&str> = logs.lines().filter(|l| l.starts_with("RESULT ")).collect();
     assert_eq!(results.len(), 4, "{logs}");
