@@ -376,6 +376,9 @@ pub struct RunArgs {
     /// Seconds to wait for more pods once MIN are in (default 30, env TRAINLET_LAST_CALL_TIMEOUT).
     #[arg(long = "last-call-timeout", value_name = "SECS", help_heading = "elastic rendezvous")]
     pub last_call_timeout: Option<String>,
+    /// Be this pod's JobSet in-place restart agent (KEP-467): write the pod's attempt, wait at the JobSet's barrier before the rendezvous, exit IN_PLACE_RESTART_EXIT_CODE when the JobSet restarts the pods in place (env TRAINLET_IN_PLACE_RESTART; needs JOBSET_NAME and POD_NAME).
+    #[arg(long = "in-place-restart", help_heading = "Kubernetes")]
+    pub in_place_restart: bool,
     /// Keep the pods up between runs: wait for runs submitted to the control API on the store host (env TRAINLET_SERVE); the script is then optional.
     #[arg(long, help_heading = "serve mode")]
     pub serve: bool,

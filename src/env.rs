@@ -155,6 +155,20 @@ pub const TRAINLET_SERVE_IDLE_TIMEOUT: &str = "TRAINLET_SERVE_IDLE_TIMEOUT";
 pub const TRAINLET_SERVE_DIR: &str = "TRAINLET_SERVE_DIR";
 /// The pod's IP (downward API), for `--control-bind pod`.
 pub const POD_IP: &str = "POD_IP";
+
+/// `--in-place-restart`: be this pod's JobSet in-place restart agent.
+pub const TRAINLET_IN_PLACE_RESTART: &str = "TRAINLET_IN_PLACE_RESTART";
+/// The pod's JobSet (downward API, annotation `jobset.sigs.k8s.io/jobset-name`),
+/// as JobSet's in-place restart agent reads it.
+pub const JOBSET_NAME: &str = "JOBSET_NAME";
+/// The pod's name (downward API, `metadata.name`).
+pub const POD_NAME: &str = "POD_NAME";
+/// The pod's namespace (downward API, `metadata.namespace`); else the
+/// service account's namespace file.
+pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
+/// The code the agent exits with when the JobSet restarts the pod in place
+/// (default 1, as JobSet's agent).
+pub const IN_PLACE_RESTART_EXIT_CODE: &str = "IN_PLACE_RESTART_EXIT_CODE";
 /// `--preload`: modules a Python zygote imports before workers are forked from it.
 pub const TRAINLET_PRELOAD: &str = "TRAINLET_PRELOAD";
 

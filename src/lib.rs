@@ -37,6 +37,7 @@ pub(crate) mod error;
 pub mod exit;
 pub mod gpu;
 pub(crate) mod http;
+pub(crate) mod inplace;
 pub(crate) mod launch;
 pub(crate) mod lobby;
 pub(crate) mod metrics;

@@ -301,6 +301,9 @@ leaderElection: {leaderElect: false}
 webhook: {host: 127.0.0.1, port: $JOBSET_PORT, certDir: $RUN/webhook}
 metrics: {bindAddress: "0"}
 health: {healthProbeBindAddress: "127.0.0.1:$JOBSET_HEALTH"}
+# JobSet's in-place restarts (KEP-467, alpha): the API server's container
+# restart rules (RestartAllContainers) are beta and on by default in 1.36.
+featureGates: {InPlaceRestart: true}
 YAML
   cat >"$RUN/trainer.yaml" <<YAML
 apiVersion: config.trainer.kubeflow.org/v1alpha1

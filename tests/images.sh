@@ -2,6 +2,10 @@
 # Build every image in images/ with podman, offline from any registry:
 #   - a Debian bookworm base made with mmdebstrap from the Debian mirror,
 #     imported as localhost/trainlet-test/debian:bookworm (kept between runs);
+#   - for the DeepSpeed image, the same base with a C++ toolchain
+#     (localhost/trainlet-test/debian-build:bookworm): DeepSpeed compiles its
+#     ops with ninja and g++ on first use, as Trainer's deepspeed-runtime
+#     image (a CUDA devel base) can;
 #   - trainlet's own release binary (TRAINLET_BINARY=prebuilt), so no
 #     builder image is pulled;
 #   - tags localhost/trainlet/<image>:test.
@@ -31,13 +35,18 @@ base=localhost/trainlet-test/debian:bookworm
 if [ ! -s "$CONTAINERS_CONF" ]; then
   printf '[engine]\nruntime = "runc"\nevents_logger = "file"\n[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n' > "$CONTAINERS_CONF"
 fi
-if ! podman image exists "$base"; then
-  echo "building the Debian base with mmdebstrap (about a minute) ..." >&2
-  tar="$conf_dir/debian-bookworm.tar"
-  mmdebstrap --quiet --variant=minbase --include=python3,ca-certificates bookworm "$tar" http://deb.debian.org/debian
-  podman import --quiet "$tar" "$base" >/dev/null
+build_base=localhost/trainlet-test/debian-build:bookworm
+# debootstrap IMAGE PACKAGES: a minimal Debian bookworm with PACKAGES, once.
+debootstrap() {
+  podman image exists "$1" && return
+  echo "building $1 with mmdebstrap (about a minute) ..." >&2
+  local tar="$conf_dir/debian-bookworm.tar"
+  mmdebstrap --quiet --variant=minbase --include="$2" bookworm "$tar" http://deb.debian.org/debian
+  podman import --quiet "$tar" "$1" >/dev/null
   rm -f "$tar"
-fi
+}
+debootstrap "$base" python3,ca-certificates
+debootstrap "$build_base" python3,ca-certificates,g++,ninja-build,libpython3.11-dev
 probe() { podman run --rm --network host --ulimit "nofile=$1:$1" --ulimit "nproc=$2:$2" "$base" true >/dev/null 2>&1; }
 if ! grep -q '^# probed' "$CONTAINERS_CONF"; then
   nofile=1024
@@ -58,8 +67,10 @@ if [ ! -x "$binary" ] || [ -n "$(find src initializers Cargo.toml Cargo.lock -ne
 fi
 for dockerfile in images/*.Dockerfile; do
   name=$(basename "$dockerfile" .Dockerfile)
+  from=$base
+  [ "$name" = deepspeed-runtime ] && from=$build_base
   podman build --quiet --network host -f "$dockerfile" \
-    --build-arg TRAINLET_BINARY=prebuilt --build-arg BASE_IMAGE="$base" \
+    --build-arg TRAINLET_BINARY=prebuilt --build-arg BASE_IMAGE="$from" \
     -t "localhost/trainlet/$name:test" . >/dev/null
   echo "built localhost/trainlet/$name:test" >&2
 done

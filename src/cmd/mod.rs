@@ -110,6 +110,7 @@ impl From<&Error> for u8 {
                 launch::Error::Config(_) | launch::Error::Store(_) => exit::CONFIG,
                 launch::Error::Rendezvous(r) => r.exit_code(),
                 launch::Error::Os(_) => exit::INTERNAL,
+                launch::Error::InPlace(_) => exit::CONFIG,
             },
             Error::Init(i) => i.exit_code(),
             Error::Spawn(s) => s.exec_code().unwrap_or(exit::FORK_FAILED),

@@ -11,6 +11,7 @@
 mod entry;
 mod framework;
 mod gpu;
+mod inplace;
 pub mod machine;
 mod nodes;
 mod output;
@@ -28,6 +29,7 @@ use std::time::Duration;
 pub use crate::env::Env;
 
 pub use framework::Framework;
+pub use inplace::InPlace;
 pub use output::{Output, Streams};
 pub use progress::{Progress, Upstream};
 pub use serve::{Preload, Serve};
@@ -144,6 +146,8 @@ pub struct Plan {
     pub serve: Option<Serve>,
     /// The Python zygote python workers are forked from.
     pub preload: Option<Preload>,
+    /// JobSet in-place restarts: this pod's agent (`--in-place-restart`).
+    pub in_place: Option<InPlace>,
     /// JobSet restart attempt (0 when not exposed).
     pub jobset_attempt: u64,
     /// Elastic last-call window.

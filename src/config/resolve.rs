@@ -63,6 +63,7 @@ impl Plan {
         let preload = super::serve::resolve_preload(args, &mut s, entry.python.as_deref())?;
         let progress = super::progress::resolve(args, &mut s, rdzv.progress_timeout)?;
         let gpu = super::gpu::resolve(args, &mut s, machine.gpu_root, machine.gpus, nodes.nproc)?;
+        let in_place = super::inplace::resolve(args, &mut s)?;
         Ok(Plan {
             framework,
             progress,
@@ -94,6 +95,7 @@ impl Plan {
             entry,
             serve,
             preload,
+            in_place,
             omp_default,
             provenance: s.prov,
         })
@@ -105,6 +107,7 @@ mod tests {
     use super::*;
     use crate::cli::TorchrunCli;
     use crate::config::Framework;
+    use crate::config::InPlace;
     use crate::config::Source;
     use crate::config::Streams;
     use crate::store::Endpoint;
@@ -390,11 +393,30 @@ mod tests {
     #[test_case(&["--signals-to-handle", "SIGNOPE", "t.py"], &[], "--signals-to-handle value"; "bad signal")]
     #[test_case(&["--rdzv-endpoint", "[::1", "t.py"], &[], "--rdzv-endpoint value \"[::1\""; "bad endpoint")]
     #[test_case(&["--shutdown-timeout", "soon", "t.py"], &[], "--shutdown-timeout value \"soon\""; "grace")]
+    #[test_case(&["--in-place-restart", "t.py"], &[("POD_NAME", "p")], "JOBSET_NAME is not set; give it with the downward API"; "in place without jobset")]
+    #[test_case(&["t.py"], &[("TRAINLET_IN_PLACE_RESTART", "1"), ("JOBSET_NAME", "j")], "POD_NAME is not set"; "in place without pod")]
+    #[test_case(&["--in-place-restart", "t.py"], &[("JOBSET_NAME", "j"), ("POD_NAME", "p"), ("IN_PLACE_RESTART_EXIT_CODE", "0")], "IN_PLACE_RESTART_EXIT_CODE value \"0\": expected an exit code from 1 to 255"; "in place exit 0")]
+    #[test_case(&["t.py"], &[("TRAINLET_IN_PLACE_RESTART", "yes")], "TRAINLET_IN_PLACE_RESTART value \"yes\""; "in place bad bool")]
     fn bad_input_names_the_culprit(a: &[&str], env: &[(&str, &str)], want: &str) {
         let mut full = vec!["--python", "py"];
         full.extend_from_slice(a);
         let msg = err(&full, env);
         assert!(msg.contains(want), "{msg:?} should contain {want:?}");
+    }
+
+    #[test]
+    fn in_place_restarts_read_jobsets_agent_env() {
+        let env = [("JOBSET_NAME", "train"), ("POD_NAME", "train-node-0-0-x"), ("IN_PLACE_RESTART_EXIT_CODE", "42")];
+        let p = plan(&["--python", "py", "--in-place-restart", "t.py"], &env).expect("plan");
+        let want = InPlace { jobset: "train".into(), pod: "train-node-0-0-x".into(), namespace: None, exit_code: 42 };
+        assert_eq!(p.in_place, Some(want));
+        let p = plan(&["--python", "py", "t.py"], &env).expect("plan");
+        assert_eq!(p.in_place, None, "off unless asked for");
+        let env =
+            [("TRAINLET_IN_PLACE_RESTART", "1"), ("JOBSET_NAME", "j"), ("POD_NAME", "p"), ("POD_NAMESPACE", "ns")];
+        let p = plan(&["--python", "py", "t.py"], &env).expect("plan");
+        let got = p.in_place.expect("on");
+        assert_eq!((got.namespace.as_deref(), got.exit_code), (Some("ns"), 1), "JobSet's agent exits 1 by default");
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub enum Error {
     /// An OS call trainlet depends on failed.
     #[error("operating system call failed")]
     Os(#[source] std::io::Error),
+    /// The in-place restart agent could not start or was refused.
+    #[error(transparent)]
+    InPlace(#[from] crate::inplace::Error),
 }
 
 /// Result of the launch flow.
@@ -71,8 +74,37 @@ const BACKOFF_CAP: Duration = Duration::from_secs(300);
 /// How often the GPUs are sampled for metrics.
 const METRICS_EVERY: Duration = Duration::from_secs(5);
 
-/// Run the job described by `plan`; returns trainlet's exit code.
-pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8> {
+/// Run the job described by `plan`; returns trainlet's exit code. With
+/// `--in-place-restart`, as its pod's JobSet in-place restart agent: the
+/// agent's stop joins the signals, and a restart asked by the JobSet ends
+/// with the agent's exit code.
+pub async fn run(plan: Plan, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8> {
+    let Some(cfg) = plan.in_place.clone() else {
+        return run_job(plan, events, None, cancel).await;
+    };
+    let (tx, merged) = tokio::sync::mpsc::unbounded_channel();
+    let mut agent = crate::inplace::start(&cfg, tx.clone(), &cancel).await?;
+    tokio::spawn(async move {
+        let mut events = events;
+        while let Some(ev) = events.recv().await {
+            if tx.send(ev).is_err() {
+                return;
+            }
+        }
+    });
+    let out = run_job(plan, merged, Some(&mut agent), cancel).await;
+    match (out, agent.restarting()) {
+        (_, true) => Ok(agent.exit_code()),
+        (out, false) => out,
+    }
+}
+
+async fn run_job(
+    mut plan: Plan,
+    mut events: UnboundedReceiver<SysEvent>,
+    in_place: Option<&mut crate::inplace::InPlaceAgent>,
+    cancel: CancellationToken,
+) -> Result<u8> {
     let spawner = Spawner::start().map_err(Error::Os)?;
     let env = Env::from_process();
     if let Some(addr) = plan.gpu.metrics_addr {
@@ -118,6 +150,16 @@ pub async fn run(mut plan: Plan, mut events: UnboundedReceiver<SysEvent>, cancel
     let timing =
         Timing { last_call: plan.last_call, heartbeat: plan.heartbeat, heartbeat_timeout: plan.heartbeat_timeout };
 
+    // JobSet's barrier: every pod wrote the same in-place restart attempt.
+    if let Some(agent) = in_place {
+        match until_stop(&mut events, &plan, agent.barrier()).await {
+            Ok(Ok(lifted)) => {
+                tracing::info!(?lifted, "in-place restarts: past the JobSet's barrier; joining the rendezvous")
+            }
+            Ok(Err(e)) => return Err(e.into()),
+            Err(sig) => return Ok(exit::for_signal(sig)),
+        }
+    }
     // Serve mode's agents' store asks every connection for the control token.
     let token_file = serve::token_file(&plan)?;
     let guard = token_file.as_deref().map(crate::store::Guard::new);

@@ -12,6 +12,8 @@
 //!   trainlet as PID 1 of its pods (its command is `torchrun`), posts its
 //!   progress to Trainer's status server, completes, survives the deletion
 //!   of a pod, and fails as the runtime's failure policy says on a worker bug.
+//! - The Kubeflow SDK, the MPI, initializer, DeepSpeed and `trainlet-dev`
+//!   runtimes run on the nodes too.
 //!
 //! PyTorch comes from the test venv through a read-only hostPath volume
 //! (added with a TrainJob runtime patch), as the container tests bind-mount
@@ -191,6 +193,36 @@ fn every_runtime_goes_through_the_real_trainer_and_jobset_to_pods_that_carry_tra
         jobs.iter().filter_map(|j| j["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"].as_str()).collect();
     kinds.sort_unstable();
     assert_eq!(kinds, ["launcher", "node"], "{jobs:?}");
+
+    // In-place restarts are on: JobSet's webhook refuses the strategy
+    // while its InPlaceRestart gate is off, and the API server refuses
+    // container restart rules without ContainerRestartRules.
+    let in_place = "apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: in-place, namespace: default}
+spec:
+  failurePolicy: {maxRestarts: 3, restartStrategy: InPlaceRestart}
+  replicatedJobs:
+  - name: node
+    template:
+      spec:
+        completions: 2
+        parallelism: 2
+        backoffLimit: 2147483647
+        podReplacementPolicy: Failed
+        template:
+          spec:
+            restartPolicy: Never
+            containers:
+            - name: node
+              image: ghcr.io/trainlet/torch-runtime:0.1.0
+              restartPolicy: Never
+              restartPolicyRules:
+              - action: RestartAllContainers
+                exitCodes: {operator: In, values: [42]}
+";
+    let (ok, out) = kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], in_place);
+    assert!(ok && out.contains("jobset.jobset.x-k8s.io/in-place created (server dry run)"), "{out}");
 }
 
 /// A TrainJob's `runtimePatches` (the test's own manager) that add hostPath
@@ -227,33 +259,9 @@ fn ddp_job(name: &str, ckpt: &Path, env: &[(&str, &str)]) -> String {
 
 /// `ddp_job` on another torch runtime.
 fn ddp_job_on(runtime: &str, name: &str, ckpt: &Path, env: &[(&str, &str)]) -> String {
-    let site = crate::containers::torch_site();
-    let fixtures = repo().join("tests/fixtures");
-    let mut vars = String::from("    - {name: PYTHONPATH, value: /opt/torch}\n    - {name: CKPT_DIR, value: /ckpt}\n");
-    for (k, v) in env {
-        vars.push_str(&format!("    - {{name: {k}, value: \"{v}\"}}\n"));
-    }
-    let patch = mounts_patch(
-        &["node"],
-        &[
-            ("torch", &site, "/opt/torch", true),
-            ("fixtures", &fixtures, "/fixtures", true),
-            ("ckpt", ckpt, "/ckpt", false),
-        ],
-    );
-    format!(
-        "apiVersion: trainer.kubeflow.org/v1alpha1
-kind: TrainJob
-metadata: {{name: {name}, namespace: default}}
-spec:
-  runtimeRef: {{name: {runtime}}}
-  trainer:
-    numNodes: 2
-    numProcPerNode: 2
-    command: [torchrun, /fixtures/ckpt_train.py]
-    env:
-{vars}{patch}"
-    )
+    let mut vars = vec![("CKPT_DIR", "/ckpt")];
+    vars.extend_from_slice(env);
+    job_on(runtime, name, "[torchrun, /fixtures/ckpt_train.py]", &vars, &[("ckpt", ckpt, "/ckpt", false)])
 }
 
 fn get_json(args: &[&str]) -> serde_json::Value {
@@ -703,4 +711,141 @@ spec:
             assert!(!got.contains_key(f), "{f} is left out, as by Trainer's initializer: {got:?}");
         }
     }
+}
+
+/// A TrainJob of `runtime` on 2 pods x 2 workers running `command`, with the
+/// venv's site-packages at /opt/torch (PYTHONPATH), the fixtures at
+/// /fixtures and `mounts` (hostPaths), plus `env`.
+fn job_on(
+    runtime: &str,
+    name: &str,
+    command: &str,
+    env: &[(&str, &str)],
+    mounts: &[(&str, &Path, &str, bool)],
+) -> String {
+    let site = crate::containers::torch_site();
+    let fixtures = repo().join("tests/fixtures");
+    let mut vars = String::from("    - {name: PYTHONPATH, value: /opt/torch}\n");
+    for (k, v) in env {
+        vars.push_str(&format!("    - {{name: {k}, value: \"{v}\"}}\n"));
+    }
+    let mut all =
+        vec![("torch", site.as_path(), "/opt/torch", true), ("fixtures", fixtures.as_path(), "/fixtures", true)];
+    all.extend_from_slice(mounts);
+    let patch = mounts_patch(&["node"], &all);
+    format!(
+        "apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata: {{name: {name}, namespace: default}}
+spec:
+  runtimeRef: {{name: {runtime}}}
+  trainer:
+    numNodes: 2
+    numProcPerNode: 2
+    command: {command}
+    env:
+{vars}{patch}"
+    )
+}
+
+fn uids(job: &str) -> BTreeMap<String, String> {
+    pods_of(job).into_iter().map(|(i, p)| (i, p["metadata"]["uid"].as_str().unwrap_or_default().to_string())).collect()
+}
+
+/// The two runtimes the other tests leave: runtimes/deepspeed-distributed.yaml
+/// (ZeRO stage 1 on CPU, DeepSpeed building its shared-memory op with the
+/// image's g++ on first use, no launcher, no SSH) completes on 2 pods x 2
+/// workers; runtimes/trainlet-dev.yaml's warm pods, reached through the pod
+/// that examples/trainlet-dev.yaml's Service selects, run two submissions
+/// of new code with the token from their Secret, without new pods, and end
+/// the TrainJob Complete at their idle timeout.
+#[test]
+fn deepspeed_trains_and_warm_dev_pods_take_new_code_on_real_nodes() {
+    let _up = up("2");
+    for runtime in ["deepspeed-distributed", "trainlet-dev"] {
+        let file = repo().join(format!("runtimes/{runtime}.yaml"));
+        let (ok, out) = kubectl(&["apply", "-f", file.to_str().expect("path")]);
+        assert!(ok, "{out}");
+    }
+    let ds = job_on(
+        "trainlet-deepspeed-distributed",
+        "ds",
+        "[torchrun, /fixtures/ds_train.py]",
+        &[("DS_ACCELERATOR", "cpu")],
+        &[],
+    );
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &ds);
+    assert!(ok, "{out}");
+    let state = finished("ds", Duration::from_secs(600));
+    let logs = all_logs("ds");
+    assert_eq!(state, "Complete", "{}", diagnose("ds"));
+    let seen: Vec<&str> = logs.lines().filter(|l| l.contains("DEEPSPEED rank=")).collect();
+    assert_eq!(seen.len(), 4, "{logs}");
+    for l in &seen {
+        for fact in ["world=4", "zero_stage=1", "identical=True", "learned=True"] {
+            assert!(l.contains(fact), "{fact}: {l}");
+        }
+    }
+    assert!(logs.contains("deepspeed_shm_comm_op built successfully"), "the op was compiled in the pod:\n{logs}");
+
+    // Warm pods: the example's Service (its selector names the JobSet
+    // `dev`), the test's token, and the TrainJob.
+    let token = "cluster-test-token-0123456789abcdef";
+    let dir = tempfile::tempdir().expect("tmp");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, token).expect("token");
+    let example = std::fs::read_to_string(repo().join("examples/trainlet-dev.yaml")).expect("example");
+    let service = example.split("\n---\n").find(|d| d.contains("kind: Service")).expect("a Service in the example");
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], service);
+    assert!(ok, "{out}");
+    let (ok, out) =
+        kubectl(&["create", "secret", "generic", "trainlet-control", &format!("--from-literal=token={token}")]);
+    assert!(ok, "{out}");
+    let dev = job_on("trainlet-dev", "dev", "[trainlet, run, --serve]", &[("TRAINLET_SERVE_IDLE_TIMEOUT", "20")], &[]);
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &dev);
+    assert!(ok, "{out}");
+    let ip = wait_for("dev", "the Service's one endpoint, ready", Duration::from_secs(300), || {
+        let slices = get_json(&["endpointslices", "-l", "kubernetes.io/service-name=trainlet-dev-control"]);
+        let ready: Vec<String> = slices["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+            .filter(|e| e["conditions"]["ready"] == true)
+            .filter_map(|e| e["addresses"][0].as_str().map(str::to_string))
+            .collect();
+        (ready.len() == 1).then(|| ready[0].clone())
+    });
+    let pods = pods_of("dev");
+    assert_eq!(pods["0"]["status"]["podIP"].as_str(), Some(ip.as_str()), "the Service selects node rank 0");
+    let before = uids("dev");
+    wait_for("dev", "pod 0's control API", Duration::from_secs(120), || {
+        logs_of(&pods["0"]).contains("control API listening").then_some(())
+    });
+    let out = Command::new(crate::util::python())
+        .arg(repo().join("tests/fixtures/serve_driver.py"))
+        .arg(format!("http://{ip}:29400"))
+        .arg(&token_file)
+        .arg(repo().join("tests/fixtures/serve_train.py"))
+        .args(["v1", "v2:tar"])
+        .output()
+        .expect("driver");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}\n{}", String::from_utf8_lossy(&out.stderr), diagnose("dev"));
+    let steps: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    assert_eq!(steps.len(), 2, "{stdout}");
+    for (step, version) in steps.iter().zip(["v1", "v2"]) {
+        assert_eq!(step["state"], "succeeded", "{step}");
+        let results = crate::serve::results(step["lines"].as_array().expect("lines"));
+        assert_eq!(results.len(), 4, "every rank's line came back: {step}");
+        let params: std::collections::BTreeSet<&str> = results.values().map(|kv| kv["params"].as_str()).collect();
+        assert_eq!(params.len(), 1, "{results:?}");
+        for kv in results.values() {
+            assert_eq!((kv["version"].as_str(), kv["world"].as_str()), (version, "4"), "{kv:?}");
+            assert_eq!(kv["preloaded"], "True", "forked from the pod's torch zygote: {kv:?}");
+        }
+    }
+    assert_eq!(uids("dev"), before, "the same pods ran both submissions");
+    assert_eq!(finished("dev", Duration::from_secs(120)), "Complete", "the idle timeout ends the TrainJob");
+    assert_eq!(uids("dev"), before);
 }

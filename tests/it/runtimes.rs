@@ -60,6 +60,33 @@ fn the_mpi_runtime_is_valid_and_runs_trainlet_on_both_ends() {
     assert!(text.contains("values: [200]"), "{text}");
 }
 
+/// JobSet in-place restarts: valid, with what JobSet's webhook requires,
+/// the restart rules, the agent's downward-API env and its RBAC.
+#[test]
+fn the_in_place_runtime_is_valid_and_carries_the_agents_contract() {
+    let file = repo().join("runtimes/torch-distributed-inplace.yaml");
+    let (ok, out) = validate(std::slice::from_ref(&file));
+    assert!(ok, "{out}");
+    assert!(out.contains("ClusterTrainingRuntime trainlet-torch-distributed-inplace valid"), "{out}");
+    let text = std::fs::read_to_string(&file).expect("read");
+    for needed in [
+        "restartStrategy: InPlaceRestart",
+        "backoffLimit: 2147483647",
+        "podReplacementPolicy: Failed",
+        "action: RestartAllContainers",
+        "values: [0, 143, 200, 205, 208]",
+        "name: TRAINLET_IN_PLACE_RESTART",
+        "fieldPath: metadata.annotations['jobset.sigs.k8s.io/jobset-name']",
+        "fieldPath: metadata.name",
+        "serviceAccountName: trainlet-in-place-restart",
+        "verbs: [patch]",
+        "verbs: [get, list, watch]",
+        "kind: ValidatingAdmissionPolicyBinding",
+    ] {
+        assert!(text.contains(needed), "{needed} missing from {}", file.display());
+    }
+}
+
 /// DeepSpeed without MPI: valid, one `node` job under the torch policy
 /// (PET_* env), no launcher, no SSH, trainlet's exit codes routed.
 #[test]
