@@ -21,6 +21,7 @@
 #   bash tests/cluster.sh up      build, then start everything and wait until it is ready
 #   bash tests/cluster.sh down    stop everything this script started; no process is left
 #   bash tests/cluster.sh status  what runs, and the API server's /readyz
+#   bash tests/cluster.sh restart-apiserver   stop the API server and start it again
 #   bash tests/cluster.sh kubectl ARGS...   kubectl against the cluster
 #
 # State (certificates, kubeconfigs, etcd's data, logs, pids) lives in
@@ -190,6 +191,23 @@ pki() {
   for n in admin controller-manager scheduler; do kubeconfig "$n"; done
 }
 
+# The API server (`up`, and `restart-apiserver` for the tests of watches
+# that outlive it), ready when this returns.
+start_apiserver() {
+  start kube-apiserver kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+    --tls-cert-file "$RUN/pki/apiserver.crt" --tls-private-key-file "$RUN/pki/apiserver.key" \
+    --client-ca-file "$RUN/pki/ca.crt" \
+    --kubelet-client-certificate "$RUN/pki/apiserver-kubelet.crt" --kubelet-client-key "$RUN/pki/apiserver-kubelet.key" \
+    --service-account-issuer "https://127.0.0.1:$API_PORT" \
+    --service-account-key-file "$RUN/pki/sa.pub" --service-account-signing-key-file "$RUN/pki/sa.key" \
+    --service-cluster-ip-range 10.96.0.0/16 --authorization-mode Node,RBAC --allow-privileged=true \
+    --kubelet-preferred-address-types InternalIP \
+    --enable-priority-and-fairness=false --profiling=false
+  wait_ready kube-apiserver "https://127.0.0.1:$API_PORT/readyz" --cacert "$RUN/pki/ca.crt" \
+    --cert "$RUN/pki/admin.crt" --key "$RUN/pki/admin.key"
+}
+
 # Start NAME: `kube ARGS...` in the background, its log and pid in $RUN.
 start() {
   local name=$1
@@ -236,18 +254,7 @@ up() {
     --initial-cluster "trainlet-test=http://127.0.0.1:$ETCD_PEER" --listen-metrics-urls "" \
     --unsafe-no-fsync --quota-backend-bytes 1073741824
   wait_ready etcd "http://127.0.0.1:$ETCD_PORT/health"
-  start kube-apiserver kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
-    --tls-cert-file "$RUN/pki/apiserver.crt" --tls-private-key-file "$RUN/pki/apiserver.key" \
-    --client-ca-file "$RUN/pki/ca.crt" \
-    --kubelet-client-certificate "$RUN/pki/apiserver-kubelet.crt" --kubelet-client-key "$RUN/pki/apiserver-kubelet.key" \
-    --service-account-issuer "https://127.0.0.1:$API_PORT" \
-    --service-account-key-file "$RUN/pki/sa.pub" --service-account-signing-key-file "$RUN/pki/sa.key" \
-    --service-cluster-ip-range 10.96.0.0/16 --authorization-mode Node,RBAC --allow-privileged=true \
-    --kubelet-preferred-address-types InternalIP \
-    --enable-priority-and-fairness=false --profiling=false
-  wait_ready kube-apiserver "https://127.0.0.1:$API_PORT/readyz" --cacert "$RUN/pki/ca.crt" \
-    --cert "$RUN/pki/admin.crt" --key "$RUN/pki/admin.key"
+  start_apiserver
   start kube-controller-manager kube-controller-manager --kubeconfig "$RUN/controller-manager.kubeconfig" \
     --authentication-kubeconfig "$RUN/controller-manager.kubeconfig" \
     --authorization-kubeconfig "$RUN/controller-manager.kubeconfig" \
@@ -395,6 +402,15 @@ network() {
     echo "$b" >>"$RUN/bridges"
     ip addr add "$NET.$n.1/24" dev "$b"
     ip link set "$b" up
+    # The API server for pods (in-cluster clients: KUBERNETES_SERVICE_HOST
+    # is the `kubernetes` Service's 10.96.0.1:443; there is no kube-proxy):
+    # the pods' connections to it go to the API server on loopback, as
+    # kube-proxy does for localhost node ports (route_localnet on the
+    # bridge only). Its certificate names 10.96.0.1.
+    echo 1 >"/proc/sys/net/ipv4/conf/$b/route_localnet"
+    local rule=(PREROUTING -i "$b" -d 10.96.0.1/32 -p tcp --dport 443 -j DNAT --to-destination "127.0.0.1:$API_PORT")
+    iptables -t nat -A "${rule[@]}"
+    echo "${rule[*]}" >>"$RUN/dnat"
   done
 }
 
@@ -574,7 +590,12 @@ down() {
       while kill -0 "$p" 2>/dev/null; do sleep 0.1; done
     done
   fi
-  # The nodes' bridges, and their cgroups (empty once their namespaces are gone).
+  # The pods' way to the API server, the nodes' bridges, and their cgroups
+  # (empty once their namespaces are gone).
+  if [[ -f $RUN/dnat ]]; then
+    local r
+    while read -r -a r; do iptables -t nat -D "${r[@]}" 2>/dev/null || true; done <"$RUN/dnat"
+  fi
   if [[ -f $RUN/bridges ]]; then
     local b
     while read -r b; do ip link del "$b" 2>/dev/null || true; done <"$RUN/bridges"
@@ -616,13 +637,21 @@ case "${1:-}" in
     ;;
   up) up ;;
   down) down ;;
+  restart-apiserver)
+    [[ -f $RUN/pids/kube-apiserver ]] || die "no cluster is up"
+    pid=$(cat "$RUN/pids/kube-apiserver")
+    kill -TERM "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    say "kube-apiserver stopped"
+    start_apiserver
+    ;;
   status) status ;;
   kubectl)
     shift
     exec "$KUBE" kubectl --kubeconfig "$RUN/admin.kubeconfig" --cache-dir "$RUN/kubectl-cache" "$@"
     ;;
   *)
-    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

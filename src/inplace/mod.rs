@@ -164,6 +164,8 @@ struct Task {
     stop: UnboundedSender<SysEvent>,
 }
 
+/// How long 401 and 403 answers to the annotation's write are retried.
+const AUTH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 /// Longest wait between two tries of the annotation's write.
 const PATCH_RETRY_CAP: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -178,14 +180,20 @@ impl Task {
             namespace = %self.namespace,
             "in-place restarts: watching the JobSet; waiting at its barrier before the rendezvous"
         );
+        let mut failing = false;
         loop {
             let event = tokio::select! {
                 () = cancel.cancelled() => return,
                 e = events.next() => e,
             };
+            if failing && matches!(event, Some(Ok(_))) {
+                failing = false;
+                tracing::info!(jobset = %self.jobset, "in-place restarts: the JobSet's watch is back");
+            }
             let obj = match event {
                 None => return,
                 Some(Err(e)) => {
+                    failing = true;
                     tracing::warn!(jobset = %self.jobset, error = %crate::error::error_chain(&e), "in-place restarts: the JobSet's watch failed; retrying");
                     continue;
                 }
@@ -240,8 +248,10 @@ impl Task {
     }
 
     /// Write `attempt` to the pod's annotation, retrying what may pass
-    /// (the API server unreachable, 409, 429, 5xx) until it is written.
+    /// (the API server unreachable, 409, 429, 5xx; 401 and 403 for
+    /// `AUTH_PATIENCE`) until it is written.
     async fn annotate(&self, pods: &Api<DynamicObject>, attempt: i64, cancel: &CancellationToken) -> Written {
+        let first = tokio::time::Instant::now();
         let body = serde_json::json!({
             "apiVersion": "v1",
             "kind": "Pod",
@@ -256,7 +266,13 @@ impl Task {
         loop {
             match pods.patch(&self.pod, &params, &Patch::Apply(&body)).await {
                 Ok(_) => return Written::Yes,
-                Err(kube::Error::Api(s)) if s.code >= 400 && s.code < 500 && s.code != 409 && s.code != 429 => {
+                // 401 and 403 pass for a while: an API server that just
+                // started refuses until its caches are warm.
+                Err(kube::Error::Api(s))
+                    if (400..500).contains(&s.code)
+                        && ![409, 429].contains(&s.code)
+                        && (![401, 403].contains(&s.code) || first.elapsed() >= AUTH_PATIENCE) =>
+                {
                     return Written::Refused(format!("{} {}: {}", s.code, s.reason, s.message));
                 }
                 Err(e) => tracing::warn!(

@@ -31,6 +31,7 @@ use finish::{check_writable, fail_code, forget_logs, log_root, record, report};
 
 mod finish;
 mod hosting;
+mod inplace;
 mod progress;
 mod serve;
 mod setup;
@@ -74,29 +75,12 @@ const BACKOFF_CAP: Duration = Duration::from_secs(300);
 /// How often the GPUs are sampled for metrics.
 const METRICS_EVERY: Duration = Duration::from_secs(5);
 
-/// Run the job described by `plan`; returns trainlet's exit code. With
-/// `--in-place-restart`, as its pod's JobSet in-place restart agent: the
-/// agent's stop joins the signals, and a restart asked by the JobSet ends
-/// with the agent's exit code.
+/// Run the job described by `plan`; returns trainlet's exit code.
 pub async fn run(plan: Plan, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8> {
-    let Some(cfg) = plan.in_place.clone() else {
-        return run_job(plan, events, None, cancel).await;
-    };
-    let (tx, merged) = tokio::sync::mpsc::unbounded_channel();
-    let mut agent = crate::inplace::start(&cfg, tx.clone(), &cancel).await?;
-    tokio::spawn(async move {
-        let mut events = events;
-        while let Some(ev) = events.recv().await {
-            if tx.send(ev).is_err() {
-                return;
-            }
-        }
-    });
-    let out = run_job(plan, merged, Some(&mut agent), cancel).await;
-    match (out, agent.restarting()) {
-        (_, true) => Ok(agent.exit_code()),
-        (out, false) => out,
+    if plan.in_place.is_some() {
+        return inplace::run(plan, events, cancel).await;
     }
+    run_job(plan, events, None, cancel).await
 }
 
 async fn run_job(
@@ -151,14 +135,8 @@ async fn run_job(
         Timing { last_call: plan.last_call, heartbeat: plan.heartbeat, heartbeat_timeout: plan.heartbeat_timeout };
 
     // JobSet's barrier: every pod wrote the same in-place restart attempt.
-    if let Some(agent) = in_place {
-        match until_stop(&mut events, &plan, agent.barrier()).await {
-            Ok(Ok(lifted)) => {
-                tracing::info!(?lifted, "in-place restarts: past the JobSet's barrier; joining the rendezvous")
-            }
-            Ok(Err(e)) => return Err(e.into()),
-            Err(sig) => return Ok(exit::for_signal(sig)),
-        }
+    if let Some(code) = inplace::barrier(in_place, &mut events, &plan).await? {
+        return Ok(code);
     }
     // Serve mode's agents' store asks every connection for the control token.
     let token_file = serve::token_file(&plan)?;

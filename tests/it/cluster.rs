@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 
 use crate::util::repo;
 
+mod inplace;
+
 /// One cluster at a time (they share their ports and bridges).
 static CLUSTER: Mutex<()> = Mutex::new(());
 
@@ -264,6 +266,43 @@ fn ddp_job_on(runtime: &str, name: &str, ckpt: &Path, env: &[(&str, &str)]) -> S
     job_on(runtime, name, "[torchrun, /fixtures/ckpt_train.py]", &vars, &[("ckpt", ckpt, "/ckpt", false)])
 }
 
+/// A container's log, followed (`kubectl logs -f`) until the container ends.
+struct Followed {
+    child: std::process::Child,
+    reader: std::thread::JoinHandle<String>,
+}
+
+impl Followed {
+    fn start(pod: &str) -> Followed {
+        let mut child = Command::new("bash")
+            .arg(repo().join("tests/cluster.sh"))
+            .args(["kubectl", "logs", "-f", pod])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("kubectl logs -f");
+        let mut stdout = child.stdout.take().expect("stdout");
+        let reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut stdout, &mut text);
+            text
+        });
+        Followed { child, reader }
+    }
+
+    /// The log once the container ended (at most `limit` from now).
+    fn end(mut self, limit: Duration) -> String {
+        let until = Instant::now() + limit;
+        while self.child.try_wait().expect("wait").is_none() {
+            if Instant::now() > until {
+                let _ = self.child.kill();
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        self.reader.join().expect("reader")
+    }
+}
+
 fn get_json(args: &[&str]) -> serde_json::Value {
     let mut all = vec!["get"];
     all.extend_from_slice(args);
@@ -398,19 +437,7 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
         (std::fs::read_dir(ckpt.path()).map(|d| d.count()).unwrap_or(0) > 0).then_some(())
     });
     // Its log, followed to its end: the pod's last words go with it.
-    let mut follow = Command::new("bash")
-        .arg(repo().join("tests/cluster.sh"))
-        .args(["kubectl", "logs", "-f", &victim])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("kubectl logs -f");
-    let mut stdout = follow.stdout.take().expect("stdout");
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = std::io::Read::read_to_string(&mut stdout, &mut text);
-        text
-    });
+    let follow = Followed::start(&victim);
     let (ok, out) = kubectl(&["delete", "pod", &victim, "--wait=false"]);
     assert!(ok, "{out}");
     pods_until("lost", "a new pod for node rank 1", |p| {
@@ -418,14 +445,7 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
     });
     // The kubelet's preStop hook (`trainlet stop`) and SIGTERM: trainlet
     // sends the runtime's checkpoint signal first and exits 143.
-    let until = Instant::now() + Duration::from_secs(120);
-    while follow.try_wait().expect("wait").is_none() {
-        if Instant::now() > until {
-            let _ = follow.kill();
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let last = reader.join().expect("reader");
+    let last = follow.end(Duration::from_secs(120));
     assert!(last.contains("stop signal; stopping workers signal=SIGTERM checkpoint=\"SIGUSR1\""), "{last}");
     assert_eq!(finished("lost", limit), "Complete", "{}", diagnose("lost"));
     let after = pods_of("lost");

@@ -1,0 +1,50 @@
+//! `--in-place-restart`: the launch flow as its pod's JobSet in-place
+//! restart agent (`crate::inplace`). The agent's stop joins the signals in
+//! one stream of events, the barrier comes before the rendezvous, and a
+//! restart asked by the JobSet ends with the agent's exit code.
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_util::sync::CancellationToken;
+
+use super::{Result, run_job, until_stop};
+use crate::config::Plan;
+use crate::exit;
+use crate::inplace::InPlaceAgent;
+use crate::process::signals::SysEvent;
+
+/// `launch::run` with the agent beside the job.
+pub(super) async fn run(plan: Plan, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8> {
+    let Some(cfg) = plan.in_place.clone() else {
+        return run_job(plan, events, None, cancel).await;
+    };
+    let (tx, merged) = tokio::sync::mpsc::unbounded_channel();
+    let mut agent = crate::inplace::start(&cfg, tx.clone(), &cancel).await?;
+    tokio::spawn(async move {
+        let mut events = events;
+        while let Some(ev) = events.recv().await {
+            if tx.send(ev).is_err() {
+                return;
+            }
+        }
+    });
+    let out = run_job(plan, merged, Some(&mut agent), cancel).await;
+    if agent.restarting() { Ok(agent.exit_code()) } else { out }
+}
+
+/// Wait at the JobSet's barrier, if there is an agent; `Some(code)` when a
+/// stop signal came first.
+pub(super) async fn barrier(
+    agent: Option<&mut InPlaceAgent>,
+    events: &mut UnboundedReceiver<SysEvent>,
+    plan: &Plan,
+) -> Result<Option<u8>> {
+    let Some(agent) = agent else { return Ok(None) };
+    match until_stop(events, plan, agent.barrier()).await {
+        Ok(Ok(lifted)) => {
+            tracing::info!(?lifted, "in-place restarts: past the JobSet's barrier; joining the rendezvous");
+            Ok(None)
+        }
+        Ok(Err(e)) => Err(e.into()),
+        Err(sig) => Ok(Some(exit::for_signal(sig))),
+    }
+}
