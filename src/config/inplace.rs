@@ -19,6 +19,9 @@ pub struct InPlace {
     pub exit_code: u8,
 }
 
+/// Codes that mean something else to a runtime: success, stopped, and
+/// those its `podFailurePolicy` ignores or fails the Job on.
+const ROUTED: [u8; 6] = [0, 143, 200, 204, 205, 208];
 /// JobSet's agent exits 1 unless told otherwise.
 const DEFAULT_EXIT_CODE: u8 = 1;
 
@@ -42,12 +45,13 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>) -> Result<Option<InP
     let l = lookup(None, "IN_PLACE_RESTART_EXIT_CODE", env, &[env::IN_PLACE_RESTART_EXIT_CODE]);
     let exit_code = match l.value {
         None => DEFAULT_EXIT_CODE,
-        Some(v) => v
-            .trim()
-            .parse::<u8>()
-            .ok()
-            .filter(|c| *c != 0)
-            .ok_or_else(|| invalid(&l.origin(), v, "an exit code from 1 to 255"))?,
+        Some(v) => v.trim().parse::<u8>().ok().filter(|c| !ROUTED.contains(c)).ok_or_else(|| {
+            invalid(
+                &l.origin(),
+                v,
+                "an exit code from 1 to 255 other than 143, 200, 204, 205 and 208 (the runtimes route those)",
+            )
+        })?,
     };
     s.prov.push(("in-place restart", format!("JobSet {jobset}, pod {pod}, exit code {exit_code}"), src));
     Ok(Some(InPlace { jobset, pod, namespace, exit_code }))

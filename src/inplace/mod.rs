@@ -15,7 +15,7 @@
 //! containers. The decisions are `protocol`'s.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -82,10 +82,10 @@ enum Gate {
 #[derive(Debug)]
 pub struct InPlaceAgent {
     gate: watch::Receiver<Gate>,
-    restart: Arc<AtomicBool>,
+    /// The code the agent asked the job to end with (0: none).
+    asked: Arc<AtomicU8>,
     pod: String,
-    exit_code: u8,
-    _stop: tokio_util::sync::DropGuard,
+    stop: CancellationToken,
 }
 
 impl InPlaceAgent {
@@ -105,20 +105,24 @@ impl InPlaceAgent {
         }
     }
 
-    /// The JobSet restarts this pod in place.
-    pub fn restarting(&self) -> bool {
-        self.restart.load(Ordering::SeqCst)
+    /// Stop watching; then the code the agent asked the job to end with:
+    /// `IN_PLACE_RESTART_EXIT_CODE` when the JobSet restarts the pods, 200
+    /// when the API server refused the attempt after the barrier.
+    pub fn finish(&self) -> Option<u8> {
+        self.stop.cancel();
+        Some(self.asked.load(Ordering::SeqCst)).filter(|c| *c != 0)
     }
+}
 
-    /// The code that asks the kubelet to restart the pod's containers.
-    pub fn exit_code(&self) -> u8 {
-        self.exit_code
+impl Drop for InPlaceAgent {
+    fn drop(&mut self) {
+        self.stop.cancel();
     }
 }
 
 /// Start the agent: the watch of the JobSet and the annotation's writes.
-/// When the JobSet restarts the pod, `stop` gets SIGTERM (the launch flow
-/// stops the workers as on a signal) and `exit_code` gives the agent's code.
+/// When the JobSet restarts the pod, `stop` gets a stop as by SIGTERM (the
+/// launch flow stops the workers gracefully) and `finish` gives the agent's code.
 pub async fn start(
     cfg: &InPlace,
     stop: UnboundedSender<SysEvent>,
@@ -139,7 +143,7 @@ pub async fn start(
         &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods"),
     );
     let (tx, gate) = watch::channel(Gate::Up);
-    let restart = Arc::new(AtomicBool::new(false));
+    let asked = Arc::new(AtomicU8::new(0));
     let token = cancel.child_token();
     let task = Task {
         jobset: cfg.jobset.clone(),
@@ -147,11 +151,11 @@ pub async fn start(
         namespace,
         exit_code: cfg.exit_code,
         gate: tx,
-        restart: Arc::clone(&restart),
+        asked: Arc::clone(&asked),
         stop,
     };
     tokio::spawn(task.run(jobsets, pods, token.clone()));
-    Ok(InPlaceAgent { gate, restart, pod: cfg.pod.clone(), exit_code: cfg.exit_code, _stop: token.drop_guard() })
+    Ok(InPlaceAgent { gate, asked, pod: cfg.pod.clone(), stop: token })
 }
 
 struct Task {
@@ -160,10 +164,12 @@ struct Task {
     namespace: String,
     exit_code: u8,
     gate: watch::Sender<Gate>,
-    restart: Arc<AtomicBool>,
+    asked: Arc<AtomicU8>,
     stop: UnboundedSender<SysEvent>,
 }
 
+/// How often a wait at the barrier says so again.
+const STILL_WAITING: std::time::Duration = std::time::Duration::from_secs(60);
 /// How long 401 and 403 answers to the annotation's write are retried.
 const AUTH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 /// Longest wait between two tries of the annotation's write.
@@ -181,10 +187,24 @@ impl Task {
             "in-place restarts: watching the JobSet; waiting at its barrier before the rendezvous"
         );
         let mut failing = false;
+        let (mut listed, mut last) = (false, View::default());
+        let mut every = tokio::time::interval_at(tokio::time::Instant::now() + STILL_WAITING, STILL_WAITING);
         loop {
             let event = tokio::select! {
                 () = cancel.cancelled() => return,
                 e = events.next() => e,
+                _ = every.tick() => {
+                    if agent.lifted().is_none() {
+                        tracing::info!(
+                            jobset = %self.jobset,
+                            attempt = ?agent.attempt(),
+                            current = ?last.current,
+                            previous = ?last.previous,
+                            "in-place restarts: still waiting at the JobSet's barrier for every pod to write this attempt"
+                        );
+                    }
+                    continue;
+                }
             };
             if failing && matches!(event, Some(Ok(_))) {
                 failing = false;
@@ -202,9 +222,20 @@ impl Task {
                     tracing::info!(jobset = %self.jobset, "in-place restarts: the JobSet was deleted; waiting for the pod to be stopped");
                     continue;
                 }
-                Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => continue,
+                Some(Ok(watcher::Event::Init)) => {
+                    listed = false;
+                    continue;
+                }
+                Some(Ok(watcher::Event::InitDone)) => {
+                    if !listed {
+                        tracing::info!(jobset = %self.jobset, namespace = %self.namespace, "in-place restarts: no such JobSet (yet); waiting for it");
+                    }
+                    continue;
+                }
             };
+            listed = true;
             let view = view_of(&obj);
+            last = view;
             loop {
                 match agent.step(&view) {
                     Step::Wait => break,
@@ -213,6 +244,17 @@ impl Task {
                             Written::Yes => {}
                             Written::Cancelled => return,
                             Written::Refused(why) => {
+                                tracing::error!(pod = %self.pod, attempt = n, %why, "in-place restarts: the API server refused the pod's attempt annotation");
+                                if agent.lifted().is_some() {
+                                    // Past the barrier: the other pods would wait for this one for ever.
+                                    let _ = self.asked.compare_exchange(
+                                        0,
+                                        crate::exit::CONFIG,
+                                        Ordering::SeqCst,
+                                        Ordering::SeqCst,
+                                    );
+                                    let _ = self.stop.send(SysEvent::StopAsked(libc::SIGTERM));
+                                }
                                 self.gate.send_replace(Gate::Refused(why));
                                 return;
                             }
@@ -231,14 +273,14 @@ impl Task {
                         }
                     }
                     Step::Restart => {
-                        if !self.restart.swap(true, Ordering::SeqCst) {
+                        if self.asked.compare_exchange(0, self.exit_code, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
                             tracing::warn!(
                                 attempt = ?agent.attempt(),
                                 previous = ?view.previous,
                                 exit_code = self.exit_code,
                                 "in-place restarts: the JobSet restarts its pods in place; stopping the workers, then exiting for the kubelet to restart this pod's containers"
                             );
-                            let _ = self.stop.send(SysEvent::Signal(libc::SIGTERM));
+                            let _ = self.stop.send(SysEvent::StopAsked(libc::SIGTERM));
                         }
                         break;
                     }

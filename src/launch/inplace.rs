@@ -28,7 +28,16 @@ pub(super) async fn run(plan: Plan, events: UnboundedReceiver<SysEvent>, cancel:
         }
     });
     let out = run_job(plan, merged, Some(&mut agent), cancel).await;
-    if agent.restarting() { Ok(agent.exit_code()) } else { out }
+    // The agent's code replaces a stop or a lost peer, never an outcome of
+    // the job's own: success, or a failure the runtime routes to FailJob.
+    match (agent.finish(), out) {
+        (Some(code), Ok(c))
+            if ![exit::SUCCESS, exit::CONFIG, exit::FAILED_BY_POLICY, exit::GPU_MISMATCH].contains(&c) =>
+        {
+            Ok(code)
+        }
+        (_, out) => out,
+    }
 }
 
 /// Wait at the JobSet's barrier, if there is an agent; `Some(code)` when a
@@ -39,12 +48,20 @@ pub(super) async fn barrier(
     plan: &Plan,
 ) -> Result<Option<u8>> {
     let Some(agent) = agent else { return Ok(None) };
-    match until_stop(events, plan, agent.barrier()).await {
-        Ok(Ok(lifted)) => {
+    let wait = tokio::time::timeout(plan.join_timeout, agent.barrier());
+    match until_stop(events, plan, wait).await {
+        Ok(Err(_)) => {
+            tracing::error!(
+                join_timeout_s = plan.join_timeout.as_secs_f64(),
+                "in-place restarts: the JobSet's barrier did not lift within the join timeout"
+            );
+            Ok(Some(exit::RENDEZVOUS_TIMEOUT))
+        }
+        Ok(Ok(Ok(lifted))) => {
             tracing::info!(?lifted, "in-place restarts: past the JobSet's barrier; joining the rendezvous");
             Ok(None)
         }
-        Ok(Err(e)) => Err(e.into()),
+        Ok(Ok(Err(e))) => Err(e.into()),
         Err(sig) => Ok(Some(exit::for_signal(sig))),
     }
 }

@@ -526,6 +526,7 @@ async fn until_stop<F: std::future::Future>(
                     tracing::warn!(signal = %sys::signal_name(s), "stop signal before workers started; exiting");
                     return Err(s);
                 }
+                Some(SysEvent::StopAsked(s)) => return Err(s),
                 Some(SysEvent::Exited { pid, exit, .. }) => tracing::debug!(pid, %exit, "reaped orphan"),
                 Some(SysEvent::Signal(_)) => {}
                 None => return Err(libc::SIGTERM),

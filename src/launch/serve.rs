@@ -333,6 +333,7 @@ impl Served {
                             tracing::warn!(signal = %sys::signal_name(s), "stop signal while serving; exiting");
                             break Some(Work::Idle(Outcome::Stopped(s)));
                         }
+                        Some(SysEvent::StopAsked(s)) => break Some(Work::Idle(Outcome::Stopped(s))),
                         Some(SysEvent::Exited { pid, exit, .. }) => tracing::debug!(pid, %exit, "reaped orphan"),
                         Some(SysEvent::Signal(_)) => {}
                         None => break Some(Work::Idle(Outcome::Stopped(libc::SIGTERM))),

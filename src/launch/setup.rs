@@ -140,12 +140,12 @@ async fn run(
         match ev {
             Some(SysEvent::Exited { pid, exit, .. }) if pid == sp.pid => break exit,
             Some(SysEvent::Exited { pid, exit, .. }) => tracing::debug!(pid, %exit, "reaped orphan"),
-            Some(SysEvent::Signal(s)) if pod.plan.stop_signals.contains(&s) => {
+            Some(SysEvent::Signal(s) | SysEvent::StopAsked(s)) if pod.plan.stop_signals.contains(&s) => {
                 tracing::warn!(signal = %sys::signal_name(s), "stop signal during a setup step; ending it");
                 sys::signal_group(sp.pid, libc::SIGKILL);
                 stopped = Some(s);
             }
-            Some(SysEvent::Signal(_)) => {}
+            Some(SysEvent::Signal(_) | SysEvent::StopAsked(_)) => {}
             None => {
                 sys::signal_group(sp.pid, libc::SIGKILL);
                 stopped = Some(libc::SIGTERM);

@@ -52,6 +52,8 @@ impl Reaper {
                     SysEvent::Signal(s) => {
                         let _ = tx.send(s);
                     }
+                    // Made inside trainlet, never by the signal thread.
+                    SysEvent::StopAsked(_) => {}
                     SysEvent::Exited { pid, exit, reaped, .. } => deliver(&routed, pid, exit, reaped),
                 }
             }

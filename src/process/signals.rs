@@ -24,6 +24,10 @@ pub const STOP: [i32; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIG
 pub enum SysEvent {
     /// A signal arrived (never SIGCHLD).
     Signal(i32),
+    /// trainlet itself asks for a stop as by this signal (the in-place
+    /// restart agent, when the JobSet restarts the pods): the workers stop
+    /// gracefully, and a stop already under way keeps its grace.
+    StopAsked(i32),
     /// A child was reaped.
     Exited {
         /// Its pid.

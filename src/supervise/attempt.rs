@@ -314,6 +314,10 @@ pub async fn run_attempt(
                         tracing::warn!(signal = %sys::signal_name(s), checkpoint = plan.checkpoint_signal.map(sys::signal_name), "stop signal; stopping workers");
                         Event::StopSignal(s)
                     }
+                    Some(SysEvent::StopAsked(s)) => {
+                        tracing::warn!(signal = %sys::signal_name(s), checkpoint = plan.checkpoint_signal.map(sys::signal_name), "asked to stop (an in-place restart); stopping workers");
+                        Event::StopAsked(s)
+                    }
                     Some(SysEvent::Signal(s)) if s == libc::SIGUSR1 || s == libc::SIGUSR2 => Event::ForwardSignal(s),
                     Some(SysEvent::Signal(_)) => continue,
                     None => Event::StopSignal(libc::SIGTERM),

@@ -91,6 +91,9 @@ pub enum Event {
     },
     /// A signal that asks the agent to stop.
     StopSignal(i32),
+    /// trainlet asks itself to stop as by this signal (the in-place
+    /// restart agent): like `StopSignal`, but a stop under way is not hurried.
+    StopAsked(i32),
     /// A signal passed through to the workers (SIGUSR1/2).
     ForwardSignal(i32),
     /// The store says how the round ended.
@@ -354,6 +357,14 @@ impl Attempt {
                 self.phase = Phase::Finished;
                 out.push(Action::Finish(Outcome::Stopped(sig)));
             }
+            (Phase::Running | Phase::LocalDone, Event::StopAsked(sig)) => return self.handle(Event::StopSignal(sig)),
+            (Phase::Stopping(why), Event::StopAsked(sig)) => {
+                // The round ends stopped (the pod leaves), within the grace already running.
+                if !matches!(why, Outcome::Stopped(_)) {
+                    out.push(Action::PublishAbort(sig));
+                    self.phase = Phase::Stopping(Outcome::Stopped(sig));
+                }
+            }
             (Phase::Stopping(why), Event::StopSignal(sig)) => {
                 // A second stop request skips the rest of the grace period.
                 if !matches!(why, Outcome::Stopped(_)) {
@@ -561,6 +572,9 @@ mod tests {
     #[test_case(&[Event::StopSignal(TERM)], &[PublishAbort(TERM), Signal(TERM), Arm(Timer::Grace)]; "stop signal forwarded")]
     #[test_case(&[Event::StopSignal(TERM), Event::StopSignal(TERM)],
         &[PublishAbort(TERM), Signal(TERM), Arm(Timer::Grace), KillAll, Arm(Timer::Kill)]; "second signal skips grace")]
+    #[test_case(&[Event::StopAsked(TERM)], &[PublishAbort(TERM), Signal(TERM), Arm(Timer::Grace)]; "asked stop")]
+    #[test_case(&[Event::Job(JobEnd::Failure), Event::StopAsked(TERM), fired(Timer::Grace)],
+        &[Signal(TERM), Arm(Timer::Grace), PublishAbort(TERM), KillAll, Arm(Timer::Kill)]; "asked stop keeps the grace")]
     #[test_case(&[Event::ForwardSignal(USR1)], &[Signal(USR1)]; "usr1 passes through")]
     #[test_case(&[Event::Job(JobEnd::Failure)], &[Signal(TERM), Arm(Timer::Grace)]; "remote failure stops us")]
     #[test_case(&[exited(0, 0), exited(1, 0), Event::Job(JobEnd::Failure)],

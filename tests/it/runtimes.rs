@@ -80,7 +80,7 @@ fn the_in_place_runtime_is_valid_and_carries_the_agents_contract() {
         "fieldPath: metadata.name",
         "serviceAccountName: trainlet-in-place-restart",
         "verbs: [patch]",
-        "verbs: [get, list, watch]",
+        "verbs: [list, watch]",
         "kind: ValidatingAdmissionPolicyBinding",
     ] {
         assert!(text.contains(needed), "{needed} missing from {}", file.display());

@@ -65,10 +65,8 @@ fn a_killed_worker_restarts_every_pod_in_place_through_jobsets_protocol() {
         assert_eq!(attempt_of(pod).as_deref(), Some("0"), "{pod}");
         let log = logs_of(pod);
         assert!(log.contains("the barrier is down lifted=Attempt(0)"), "{log}");
-        assert!(
-            log.find("past the JobSet's barrier") < log.find("joined the rendezvous"),
-            "the barrier comes before the rendezvous: {log}"
-        );
+        let (past, joined) = (log.find("past the JobSet's barrier"), log.find("joined the rendezvous"));
+        assert!(past.zip(joined).is_some_and(|(p, j)| p < j), "the barrier comes before the rendezvous: {log}");
     }
     let uids_before = uids("ip");
     let victim = before["1"]["metadata"]["name"].as_str().expect("name").to_string();
@@ -132,7 +130,9 @@ fn the_jobset_restarts_a_healthy_pod_in_place_through_a_watch_that_outlived_the_
         "trainlet-torch-distributed-inplace",
         "asked",
         "[torchrun, /fixtures/await_signal.py]",
-        &[("MARK_DIR", "/marks")],
+        // Only the JobSet may end the healthy pod's round: trainlet's own
+        // notice of the dead pod (its heartbeat timeout) comes too late.
+        &[("MARK_DIR", "/marks"), ("TRAINLET_HEARTBEAT_TIMEOUT", "300")],
         &[("marks", marks.path(), "/marks", false)],
     );
     let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
@@ -145,8 +145,11 @@ fn the_jobset_restarts_a_healthy_pod_in_place_through_a_watch_that_outlived_the_
 
     let (ok, out) = cluster(&["restart-apiserver"]);
     assert!(ok, "{out}");
-    // The healthy pod's watch lost the API server and is back (a re-list,
-    // after a 410 when its resource version expired).
+    // A change of the JobSet after the restart: the healthy pod's watch,
+    // which lost the API server, sees it (a watch resumed without a 410
+    // says nothing until then).
+    let (ok, out) = kubectl(&["annotate", "jobset", "asked", "trainlet.dev/touched=1"]);
+    assert!(ok, "{out}");
     wait_for("asked", "pod 0's watch back after the API server's restart", Duration::from_secs(120), || {
         let log = logs_of(&pods["0"]);
         let failed = log.rfind("the JobSet's watch failed")?;
