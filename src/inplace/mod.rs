@@ -60,7 +60,7 @@ pub enum Error {
     Namespace(#[source] std::io::Error),
     /// The API server refused the pod's attempt annotation for good.
     #[error(
-        "--in-place-restart: the API server refused to write pod {pod}'s attempt annotation: {why} (the pod's service account needs `patch` on pods and get/list/watch on jobsets)"
+        "--in-place-restart: the API server refused to write pod {pod}'s attempt annotation: {why} (the pod's service account needs `patch` on pods and list/watch on jobsets)"
     )]
     Refused {
         /// The pod.

@@ -7,16 +7,18 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
 use super::{Result, run_job, until_stop};
-use crate::config::Plan;
+use crate::config::{InPlace, Plan};
 use crate::exit;
 use crate::inplace::InPlaceAgent;
 use crate::process::signals::SysEvent;
 
 /// `launch::run` with the agent beside the job.
-pub(super) async fn run(plan: Plan, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8> {
-    let Some(cfg) = plan.in_place.clone() else {
-        return run_job(plan, events, None, cancel).await;
-    };
+pub(super) async fn run(
+    cfg: InPlace,
+    plan: Plan,
+    events: UnboundedReceiver<SysEvent>,
+    cancel: CancellationToken,
+) -> Result<u8> {
     let (tx, merged) = tokio::sync::mpsc::unbounded_channel();
     let mut agent = crate::inplace::start(&cfg, tx.clone(), &cancel).await?;
     tokio::spawn(async move {

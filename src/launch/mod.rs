@@ -77,10 +77,10 @@ const METRICS_EVERY: Duration = Duration::from_secs(5);
 
 /// Run the job described by `plan`; returns trainlet's exit code.
 pub async fn run(plan: Plan, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8> {
-    if plan.in_place.is_some() {
-        return inplace::run(plan, events, cancel).await;
+    match plan.in_place.clone() {
+        Some(cfg) => inplace::run(cfg, plan, events, cancel).await,
+        None => run_job(plan, events, None, cancel).await,
     }
-    run_job(plan, events, None, cancel).await
 }
 
 async fn run_job(

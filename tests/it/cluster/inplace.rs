@@ -23,6 +23,17 @@ fn kill_a_worker(pod: &str, script: &str) -> String {
     out
 }
 
+/// The runtime (with its ServiceAccount, Role and admission policy) and a
+/// TrainJob `name` of it on 2 pods x 2 workers: `job_on`'s arguments.
+fn start_job(name: &str, command: &str, env: &[(&str, &str)], mounts: &[(&str, &Path, &str, bool)]) {
+    let file = repo().join("runtimes/torch-distributed-inplace.yaml");
+    let (ok, out) = kubectl(&["apply", "-f", file.to_str().expect("path")]);
+    assert!(ok, "{out}");
+    let job = job_on("trainlet-torch-distributed-inplace", name, command, env, mounts);
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
+    assert!(ok, "{out}");
+}
+
 fn attempt_of(pod: &serde_json::Value) -> Option<String> {
     pod["metadata"]["annotations"]["jobset.sigs.k8s.io/in-place-restart-attempt"].as_str().map(str::to_string)
 }
@@ -40,20 +51,14 @@ fn restarts_of(pod: &serde_json::Value) -> i64 {
 #[test]
 fn a_killed_worker_restarts_every_pod_in_place_through_jobsets_protocol() {
     let _up = up("2");
-    let file = repo().join("runtimes/torch-distributed-inplace.yaml");
-    let (ok, out) = kubectl(&["apply", "-f", file.to_str().expect("path")]);
-    assert!(ok, "{out}");
     let ckpt = tempfile::tempdir().expect("tmp");
     std::fs::set_permissions(ckpt.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).expect("chmod");
-    let job = job_on(
-        "trainlet-torch-distributed-inplace",
+    start_job(
         "ip",
         "[torchrun, /fixtures/ckpt_train.py]",
         &[("CKPT_DIR", "/ckpt"), ("STEPS", "80"), ("STEP_SLEEP", "0.25")],
         &[("ckpt", ckpt.path(), "/ckpt", false)],
     );
-    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
-    assert!(ok, "{out}");
 
     // Attempt 0: both pods wrote it, the JobSet made it current, the barrier lifted.
     wait_for("ip", "a checkpoint after both pods passed the barrier", Duration::from_secs(300), || {
@@ -121,13 +126,9 @@ fn host_pid_of_pid1(pod: &str) -> i32 {
 #[test]
 fn the_jobset_restarts_a_healthy_pod_in_place_through_a_watch_that_outlived_the_api_server() {
     let _up = up("2");
-    let file = repo().join("runtimes/torch-distributed-inplace.yaml");
-    let (ok, out) = kubectl(&["apply", "-f", file.to_str().expect("path")]);
-    assert!(ok, "{out}");
     let marks = tempfile::tempdir().expect("tmp");
     std::fs::set_permissions(marks.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).expect("chmod");
-    let job = job_on(
-        "trainlet-torch-distributed-inplace",
+    start_job(
         "asked",
         "[torchrun, /fixtures/await_signal.py]",
         // Only the JobSet may end the healthy pod's round: trainlet's own
@@ -135,8 +136,6 @@ fn the_jobset_restarts_a_healthy_pod_in_place_through_a_watch_that_outlived_the_
         &[("MARK_DIR", "/marks"), ("TRAINLET_HEARTBEAT_TIMEOUT", "300")],
         &[("marks", marks.path(), "/marks", false)],
     );
-    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
-    assert!(ok, "{out}");
     let pods = pods_until_ready("asked");
     wait_for("asked", "every worker READY", Duration::from_secs(120), || {
         (all_logs("asked").matches("READY rank=").count() == 4).then_some(())
