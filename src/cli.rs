@@ -376,6 +376,9 @@ pub struct RunArgs {
     /// Seconds to wait for more pods once MIN are in (default 30, env TRAINLET_LAST_CALL_TIMEOUT).
     #[arg(long = "last-call-timeout", value_name = "SECS", help_heading = "elastic rendezvous")]
     pub last_call_timeout: Option<String>,
+    /// Split the pods into G TorchFT replica groups of consecutive node ranks: each group its own world, rendezvous and restart budget, TorchFT's Lighthouse on node rank 0 (env TRAINLET_REPLICA_GROUPS; TORCHFT_LIGHTHOUSE: use your own Lighthouse).
+    #[arg(long = "replica-groups", value_name = "G", help_heading = "fault tolerance")]
+    pub replica_groups: Option<String>,
     /// Be this pod's JobSet in-place restart agent (KEP-467): write the pod's attempt, wait at the JobSet's barrier before the rendezvous, exit IN_PLACE_RESTART_EXIT_CODE when the JobSet restarts the pods in place (env TRAINLET_IN_PLACE_RESTART; needs JOBSET_NAME and POD_NAME).
     #[arg(long = "in-place-restart", help_heading = "Kubernetes")]
     pub in_place_restart: bool,

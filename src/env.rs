@@ -169,6 +169,16 @@ pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
 /// The code the agent exits with when the JobSet restarts the pod in place
 /// (default 1, as JobSet's agent).
 pub const IN_PLACE_RESTART_EXIT_CODE: &str = "IN_PLACE_RESTART_EXIT_CODE";
+/// `--replica-groups`: TorchFT replica groups.
+pub const TRAINLET_REPLICA_GROUPS: &str = "TRAINLET_REPLICA_GROUPS";
+/// TorchFT's Lighthouse address (`http://host:port`); set, trainlet runs none.
+pub const TORCHFT_LIGHTHOUSE: &str = "TORCHFT_LIGHTHOUSE";
+/// The Lighthouse program trainlet runs (default: `torchft_lighthouse` beside python, else on PATH).
+pub const TRAINLET_LIGHTHOUSE: &str = "TRAINLET_LIGHTHOUSE";
+/// The port of the Lighthouse trainlet runs (default 29510; 0: a free port).
+pub const TRAINLET_LIGHTHOUSE_PORT: &str = "TRAINLET_LIGHTHOUSE_PORT";
+/// The Lighthouse's `--min_replicas` (default 1).
+pub const TRAINLET_LIGHTHOUSE_MIN_REPLICAS: &str = "TRAINLET_LIGHTHOUSE_MIN_REPLICAS";
 /// `--preload`: modules a Python zygote imports before workers are forked from it.
 pub const TRAINLET_PRELOAD: &str = "TRAINLET_PRELOAD";
 

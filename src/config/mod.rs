@@ -5,12 +5,13 @@
 //! `trainlet doctor` can say. What resolution needs of the machine (GPUs,
 //! CPUs, host name) is discovered once ([`machine::Machine`]) and passed in; beyond
 //! that it reads only the failure policy file and PATH, never the network.
-//! One file per concern: nodes, rendezvous, timeouts, output, entry, gpu,
+//! One file per concern: nodes, rendezvous, timeouts, output, entry, gpu, groups,
 //! over one lookup helper (`setting.rs`).
 
 mod entry;
 mod framework;
 mod gpu;
+mod groups;
 mod inplace;
 pub mod machine;
 mod nodes;
@@ -29,6 +30,7 @@ use std::time::Duration;
 pub use crate::env::Env;
 
 pub use framework::Framework;
+pub use groups::{Groups, Lighthouse, RunLighthouse, replica_env};
 pub use inplace::InPlace;
 pub use output::{Output, Streams};
 pub use progress::{Progress, Upstream};
@@ -111,6 +113,11 @@ pub struct Entrypoint {
     pub env: Vec<(String, String)>,
 }
 
+/// The rendezvous run id of replica group `group` of job `run_id`.
+pub fn group_rdzv_id(run_id: &str, group: u32) -> String {
+    format!("{run_id}/g{group}")
+}
+
 /// Everything a launch needs, resolved and validated.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -148,6 +155,9 @@ pub struct Plan {
     pub preload: Option<Preload>,
     /// JobSet in-place restarts: this pod's agent (`--in-place-restart`).
     pub in_place: Option<InPlace>,
+    /// TorchFT replica groups (`--replica-groups`): `nnodes`, `min_nodes`
+    /// and `node_rank` are then this pod's group's, these the job's.
+    pub groups: Option<Groups>,
     /// JobSet restart attempt (0 when not exposed).
     pub jobset_attempt: u64,
     /// Elastic last-call window.
@@ -183,6 +193,15 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The rendezvous's run id: the job's, or with replica groups this
+    /// pod's group's (each group meets on its own keys).
+    pub fn rdzv_id(&self) -> String {
+        match &self.groups {
+            Some(g) => group_rdzv_id(&self.run_id, g.group),
+            None => self.run_id.clone(),
+        }
+    }
+
     /// Global world size of a full round.
     pub fn world_size(&self) -> u32 {
         self.nnodes * self.nproc

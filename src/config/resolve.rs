@@ -56,6 +56,16 @@ impl Plan {
         let (entry, omp_default) =
             super::entry::resolve(args, &mut s, nodes.nproc, need_command && serve.is_none(), framework)?;
         let mut entry = entry;
+        let (groups, nodes) =
+            super::groups::resolve(args, &mut s, nodes, (framework, serve.is_some(), entry.python.as_deref()))?;
+        if let Some(g) = &groups
+            && rdzv.serve_store != (g.job_node_rank == 0)
+        {
+            return Err(Error::Usage(
+                "--replica-groups: the store and the Lighthouse are on node rank 0; drop is_host from --rdzv-conf"
+                    .into(),
+            ));
+        }
         if serve.is_some() && entry.python.is_none() {
             // Served runs that name `python` get the pod's interpreter.
             entry.python = super::entry::resolve_python(args, env).ok().map(|(p, _)| p);
@@ -64,6 +74,11 @@ impl Plan {
         let progress = super::progress::resolve(args, &mut s, rdzv.progress_timeout)?;
         let gpu = super::gpu::resolve(args, &mut s, machine.gpu_root, machine.gpus, nodes.nproc)?;
         let in_place = super::inplace::resolve(args, &mut s)?;
+        if groups.is_some() && in_place.is_some() {
+            return Err(Error::Usage(
+                "--replica-groups restarts one group at a time, --in-place-restart every pod: choose one".into(),
+            ));
+        }
         Ok(Plan {
             framework,
             progress,
@@ -96,6 +111,7 @@ impl Plan {
             serve,
             preload,
             in_place,
+            groups,
             omp_default,
             provenance: s.prov,
         })
@@ -417,6 +433,34 @@ mod tests {
         let p = plan(&["--python", "py", "t.py"], &env).expect("plan");
         let got = p.in_place.expect("on");
         assert_eq!((got.namespace.as_deref(), got.exit_code), (Some("ns"), 1), "JobSet's agent exits 1 by default");
+    }
+
+    #[test]
+    fn replica_groups_give_each_group_its_own_rendezvous() {
+        let env = [
+            ("PET_NNODES", "4"),
+            ("PET_NODE_RANK", "3"),
+            ("PET_MASTER_ADDR", "job-0"),
+            ("TRAINLET_LIGHTHOUSE", "/bin/true"),
+        ];
+        let p = plan(&["--python", "py", "--replica-groups", "2", "--rdzv-id", "job", "t.py"], &env).expect("plan");
+        assert_eq!((p.nnodes, p.node_rank, p.serve_store), (2, 1, false), "pod 3 is group 1's second pod");
+        assert_eq!(p.rdzv_id(), "job/g1");
+        assert_eq!(p.run_id, "job", "the workers see the job's run id");
+        let env = [
+            ("PET_NNODES", "4"),
+            ("PET_NODE_RANK", "0"),
+            ("PET_MASTER_ADDR", "job-0"),
+            ("TRAINLET_LIGHTHOUSE", "/bin/true"),
+        ];
+        let p = plan(&["--python", "py", "--replica-groups", "2", "t.py"], &env).expect("plan");
+        assert!(p.serve_store, "node rank 0 serves every group's store");
+        assert_eq!(p.rdzv_id(), "none/g0");
+        let both = [("JOBSET_NAME", "j"), ("POD_NAME", "p"), ("TRAINLET_LIGHTHOUSE", "/bin/true"), ("PET_NNODES", "2")];
+        let e = err(&["--python", "py", "--replica-groups", "2", "--in-place-restart", "t.py"], &both);
+        assert!(e.contains("choose one"), "{e}");
+        let e = err(&["--python", "py", "--replica-groups", "2", "--rdzv-conf", "is_host=1", "t.py"], &env[..1]);
+        assert!(e.contains("is_host") || e.contains("TRAINLET_LIGHTHOUSE"), "{e}");
     }
 
     #[test]

@@ -38,11 +38,18 @@ pub(super) fn host_store(
     let server = lp.serve_guarded(bind_ip, plan.endpoint.port, agents_budget, guard.cloned(), cancel.child_token())?;
     tracing::info!(addr = %server.local_addr(), memory_budget = budget.limit(), "serving the rendezvous store");
     let port = server.local_addr().port();
-    let token = cancel.child_token();
-    let serve: ServeFn = Box::new(move || lp.serve(bind_ip, 0, Arc::clone(&budget), token.child_token()));
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let base = rendezvous::job_base(&plan.run_id, plan.jobset_attempt);
     let dial = crate::store::Dial { addr, guard: guard.cloned() };
-    tokio::spawn(host::serve_rounds(dial, base, timing, serve, cancel.child_token()));
+    // Replica groups each meet on their own keys; this pod serves them all.
+    let ids: Vec<String> = match &plan.groups {
+        Some(g) => (0..g.count).map(|i| crate::config::group_rdzv_id(&plan.run_id, i)).collect(),
+        None => vec![plan.run_id.clone()],
+    };
+    for id in ids {
+        let (lp, budget, token) = (Arc::clone(&lp), Arc::clone(&budget), cancel.child_token());
+        let serve: ServeFn = Box::new(move || lp.serve(bind_ip, 0, Arc::clone(&budget), token.child_token()));
+        let base = rendezvous::job_base(&id, plan.jobset_attempt);
+        tokio::spawn(host::serve_rounds(dial.clone(), base, timing, serve, cancel.child_token()));
+    }
     Ok((Some(server), Endpoint { host: "127.0.0.1".into(), port }))
 }

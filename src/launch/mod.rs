@@ -14,25 +14,27 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::rules::RuleAction;
 use crate::config::{Env, Framework, Plan};
 use crate::exit;
 use crate::process::signals::SysEvent;
 use crate::process::spawn::Spawner;
-use crate::rendezvous::{self, Joined, Known, Member, Round, Session, Timing};
+use crate::rendezvous::{self, Joined, Known, Member, Session, Timing};
 use crate::serve::board::State as RunState;
-use crate::supervise::attempt::{Job, run_attempt};
+use crate::supervise::attempt::run_attempt;
 use crate::supervise::carry::Carry;
-use crate::supervise::policy::{JobEnd, Outcome, RoundFacts, Verdict, backoff, verdict};
+use crate::supervise::policy::{Outcome, Verdict, backoff, verdict};
 use crate::supervise::report::{Failure, RoundRecord, root_cause};
 use crate::supervise::worker::WorldView;
 use crate::sys;
 use finish::{check_writable, fail_code, forget_logs, log_root, record, report};
+use round::{RoundJob, stop_sync};
 
 mod finish;
 mod hosting;
 mod inplace;
 mod progress;
+mod replicas;
+mod round;
 mod serve;
 mod setup;
 mod tracker;
@@ -143,6 +145,12 @@ async fn run_job(
     let guard = token_file.as_deref().map(crate::store::Guard::new);
     // The agents' store (and the rounds' worker stores), when this pod hosts it.
     let (control, endpoint) = hosting::host_store(&plan, guard.as_ref(), timing, &cancel)?;
+    // The store host's own dial of its store (loopback).
+    let host_dial = control.as_ref().map(|_| crate::store::Dial {
+        addr: std::net::SocketAddr::from(([127, 0, 0, 1], endpoint.port)),
+        guard: guard.clone(),
+    });
+    let lighthouse = host_dial.clone().and_then(|d| replicas::start(&plan, &spawner, d, &cancel));
     let master_addr = if plan.standalone { endpoint.host.clone() } else { plan.endpoint.host.clone() };
 
     let me = Member {
@@ -156,8 +164,8 @@ async fn run_job(
         max_restarts: plan.max_restarts,
     };
     let deadline = Instant::now() + plan.join_timeout;
-    let connect =
-        Session::connect((&endpoint, guard), &plan.run_id, plan.jobset_attempt, me, timing, deadline, &cancel);
+    let rdzv_id = plan.rdzv_id();
+    let connect = Session::connect((&endpoint, guard), &rdzv_id, plan.jobset_attempt, me, timing, deadline, &cancel);
     let mut session = match until_stop(&mut events, &plan, connect).await {
         Ok(Ok(s)) => s,
         Ok(Err(e @ rendezvous::Error::Stale { .. })) => {
@@ -175,6 +183,18 @@ async fn run_job(
         "joined the rendezvous"
     );
 
+    let lighthouse_url =
+        match replicas::address(&plan, (&session.dial(), &endpoint), plan.join_timeout, &mut events).await {
+            Ok(url) => url,
+            Err(Ok(e)) => {
+                session.bye().await;
+                return Err(e.into());
+            }
+            Err(Err(sig)) => {
+                session.bye().await;
+                return Ok(exit::for_signal(sig));
+            }
+        };
     let progress = progress::Progress::start(&plan, &log_root, session.dial(), &cancel).await;
     let mut served = serve::Served::start(&plan, (session.dial(), &spawner), token_file, &cancel).await?;
     let mut known = Known::default();
@@ -242,6 +262,7 @@ async fn run_job(
             carry.kill("the pods are idle");
             (o, Vec::new())
         } else {
+            replicas::register(plan, &session.dial(), &session.heartbeat_key()).await;
             tracing::info!(
                 round = round.number,
                 group_rank = round.group_rank,
@@ -264,6 +285,7 @@ async fn run_job(
                 unstartable: served.as_ref().and_then(serve::Served::unstartable),
                 zygote: zygote.as_ref(),
                 survivors: served.as_ref().and_then(serve::Served::survivors),
+                lighthouse: lighthouse_url.as_deref(),
                 group_rank: round.group_rank,
                 nnodes: round.nnodes,
             };
@@ -410,13 +432,24 @@ async fn run_job(
                 known.restarts = n + base_restarts;
                 crate::metrics::global().restarts.inc();
                 let wait = backoff(plan.restart_backoff, n, BACKOFF_CAP);
-                tracing::warn!(
-                    restart = n,
-                    restarts_left = plan.max_restarts.saturating_sub(n),
-                    backoff_s = wait.as_secs_f64(),
-                    failed_rank = root.map(|f| f.rank),
-                    "restarting every pod's workers"
-                );
+                let (left, failed_rank) = (plan.max_restarts.saturating_sub(n), root.map(|f| f.rank));
+                match &plan.groups {
+                    Some(g) => tracing::warn!(
+                        restart = n,
+                        restarts_left = left,
+                        backoff_s = wait.as_secs_f64(),
+                        failed_rank,
+                        replica_group = g.group,
+                        "restarting this replica group's workers; the other groups go on"
+                    ),
+                    None => tracing::warn!(
+                        restart = n,
+                        restarts_left = left,
+                        backoff_s = wait.as_secs_f64(),
+                        failed_rank,
+                        "restarting every pod's workers"
+                    ),
+                }
                 let _ = session.finish_round(round.number).await;
                 if !wait.is_zero()
                     && let Err(sig) = until_stop(&mut events, plan, tokio::time::sleep(wait)).await
@@ -443,36 +476,23 @@ async fn run_job(
     };
     carry.stop(plan.grace).await;
     progress.finish().await;
+    // The store host of replica groups outlasts the other groups' pods.
+    let stopped = plan.stop_signals.iter().any(|s| exit::for_signal(*s) == code);
+    let code = match &host_dial {
+        Some(d) if !stopped => match replicas::outlast_other_groups(&plan, d, &mut events).await {
+            Ok(()) => code,
+            Err(sig) => exit::for_signal(sig),
+        },
+        _ => code,
+    };
+    if let Some(l) = lighthouse {
+        l.stop().await;
+    }
     if let Some(s) = control {
         s.shutdown().await;
     }
     forget_logs(&plan, &log_root, code);
     Ok(code)
-}
-
-/// Report our workers gone, wait for the others (or a death verdict), and
-/// gather what every pod needs to decide the same way.
-async fn stop_sync(
-    session: &mut Session,
-    round: &Round,
-    (plan, restarts): (&Plan, u32),
-    failures: &[Failure],
-) -> std::result::Result<(RoundFacts, Vec<Failure>, String), rendezvous::Error> {
-    session.report_stopped(round, failures).await?;
-    let limit = plan.grace + plan.kill_timeout + STOP_SYNC_MARGIN;
-    let stopped = session.wait_stopped(round, limit).await?;
-    let all = if stopped.all_stopped || stopped.dead { session.failures(round).await? } else { failures.to_vec() };
-    let end_text = session.end_text(round.number).await?;
-    let facts = RoundFacts {
-        end: (!end_text.is_empty()).then(|| rendezvous::parse_end(&end_text)),
-        dead: stopped.dead,
-        all_stopped: stopped.all_stopped,
-        fatal: all.iter().any(|f| f.action == RuleAction::Fail),
-        unkillable: all.iter().any(|f| f.hung),
-        restarts,
-        max_restarts: plan.max_restarts,
-    };
-    Ok((facts, all, end_text))
 }
 
 /// The store went away: reconnect until the join deadline (the store host
@@ -560,38 +580,4 @@ async fn preflight(plan: &mut Plan, spawner: &Spawner) -> Option<u8> {
     let (code, msg) = crate::gpu::preflight::first_failure(&verdicts)?;
     tracing::error!(code, "{msg}");
     Some(code)
-}
-
-/// The rendezvous session as the job side of one attempt.
-struct RoundJob<'a> {
-    session: &'a mut Session,
-    round: &'a Round,
-}
-
-impl Job for RoundJob<'_> {
-    type Error = rendezvous::Error;
-
-    fn round(&self) -> u64 {
-        self.round.number
-    }
-
-    fn watch_end(&self) -> impl std::future::Future<Output = (JobEnd, String)> + Send + 'static {
-        self.session.watch_end(self.round.number)
-    }
-
-    fn host_left(&self) -> Option<String> {
-        self.session.host_left()
-    }
-
-    async fn publish_failure(&mut self, fatal: bool) -> std::result::Result<(), rendezvous::Error> {
-        self.session.publish_failure(self.round.number, fatal).await
-    }
-
-    async fn publish_abort(&mut self, signal: i32) -> std::result::Result<(), rendezvous::Error> {
-        self.session.publish_abort(self.round.number, signal).await
-    }
-
-    async fn publish_local_done(&mut self) -> std::result::Result<(), rendezvous::Error> {
-        self.session.publish_local_done(self.round).await
-    }
 }

@@ -63,7 +63,7 @@ impl Progress {
             }
             let setup = Setup {
                 store,
-                base: crate::rendezvous::job_base(&plan.run_id, plan.jobset_attempt),
+                base: crate::rendezvous::job_base(&plan.rdzv_id(), plan.jobset_attempt),
                 node_rank: plan.node_rank,
                 nnodes: plan.nnodes,
                 poster,

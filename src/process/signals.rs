@@ -46,6 +46,58 @@ pub fn now_us() -> u64 {
     crate::clock::now_us()
 }
 
+/// Exits routed to one waiter instead of the agent's event channel: a
+/// helper the agent supervises on its own, beside whatever loop reads the
+/// events (the TorchFT Lighthouse). An exit can be reaped before its pid is
+/// claimed (the helper died between fork and [`claim`]), so the last
+/// [`RECENT`] exits are kept and handed out on a claim made after them, if
+/// they were reaped after the claimant's fork (pids are reused).
+struct Claims {
+    waiting: Vec<(i32, tokio::sync::oneshot::Sender<Exit>)>,
+    recent: std::collections::VecDeque<(i32, Exit, std::time::Instant)>,
+}
+
+/// Exits kept for a late [`claim`].
+const RECENT: usize = 256;
+
+static CLAIMS: Mutex<Claims> = Mutex::new(Claims { waiting: Vec::new(), recent: std::collections::VecDeque::new() });
+
+fn claims() -> MutexGuard<'static, Claims> {
+    CLAIMS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The exit of `pid`, forked at `forked` (taken before the fork), once the
+/// one reaper reaps it; that exit is then not sent on the event channel.
+pub fn claim(pid: i32, forked: std::time::Instant) -> tokio::sync::oneshot::Receiver<Exit> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let mut c = claims();
+    match c.recent.iter().position(|(p, _, reaped)| *p == pid && *reaped >= forked) {
+        Some(i) => {
+            if let Some((_, exit, _)) = c.recent.remove(i) {
+                let _ = tx.send(exit);
+            }
+        }
+        None => c.waiting.push((pid, tx)),
+    }
+    rx
+}
+
+/// Route one reaped exit to its claimant; false when nobody claimed it.
+fn route(pid: i32, exit: Exit, reaped: std::time::Instant) -> bool {
+    let mut c = claims();
+    if let Some(i) = c.waiting.iter().position(|(p, _)| *p == pid) {
+        let (_, tx) = c.waiting.swap_remove(i);
+        // A claimant that went away no longer cares; the exit is consumed.
+        let _ = tx.send(exit);
+        return true;
+    }
+    if c.recent.len() >= RECENT {
+        c.recent.pop_front();
+    }
+    c.recent.push_back((pid, exit, reaped));
+    false
+}
+
 /// Set once the thread is started: there is one per process.
 static STARTED: AtomicBool = AtomicBool::new(false);
 
@@ -95,11 +147,39 @@ fn run(tx: &UnboundedSender<SysEvent>) {
                 REAPS.1.notify_all();
             }
             for (pid, exit) in reaped {
-                let ev = SysEvent::Exited { pid, exit, at_us: now_us(), reaped: std::time::Instant::now() };
+                let at = std::time::Instant::now();
+                if route(pid, exit, at) {
+                    continue;
+                }
+                let ev = SysEvent::Exited { pid, exit, at_us: now_us(), reaped: at };
                 listening = listening && tx.send(ev).is_ok();
             }
         } else if let Some(s) = sig {
             listening = listening && tx.send(SysEvent::Signal(s)).is_ok();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    // Pids far from any real one: the table is process-wide.
+    #[test]
+    fn claimed_exits_go_to_their_claimant_before_and_after_reaping() {
+        let t0 = Instant::now();
+        let mut early = claim(-7001, t0);
+        assert!(route(-7001, Exit::Code(3), t0 + Duration::from_millis(5)), "claimed: not on the event channel");
+        assert_eq!(early.try_recv().ok(), Some(Exit::Code(3)));
+        // Reaped before the claim: handed out from the recent exits.
+        assert!(!route(-7002, Exit::Signal(9), t0 + Duration::from_millis(10)), "nobody claimed it yet");
+        assert_eq!(claim(-7002, t0).try_recv().ok(), Some(Exit::Signal(9)));
+        // An older process with a reused pid: its exit is not the claimant's.
+        assert!(!route(-7003, Exit::Code(0), t0 + Duration::from_millis(10)));
+        let mut late = claim(-7003, t0 + Duration::from_millis(20));
+        assert!(late.try_recv().is_err(), "an exit reaped before the fork is someone else's");
+        assert!(route(-7003, Exit::Code(1), t0 + Duration::from_millis(30)));
+        assert_eq!(late.try_recv().ok(), Some(Exit::Code(1)));
     }
 }

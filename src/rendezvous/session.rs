@@ -246,6 +246,11 @@ impl Session {
         &self.me
     }
 
+    /// The key this agent heartbeats (`bye` once it left).
+    pub fn heartbeat_key(&self) -> String {
+        self.key(&format!("hb/{}", self.me.uid))
+    }
+
     /// The store as resolved, and the token it asks for.
     pub fn dial(&self) -> Dial {
         self.dial.clone()

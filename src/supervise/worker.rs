@@ -37,6 +37,8 @@ pub struct WorldView<'a> {
     /// An actor in survivors mode: its workers live on through a round's
     /// failure or regroup, and rejoin the next round through this.
     pub survivors: Option<&'a dyn Rejoin>,
+    /// TorchFT's Lighthouse (`--replica-groups`): its address.
+    pub lighthouse: Option<&'a str>,
 }
 
 /// How kept workers rejoin a round (an actor's bridge in survivors mode;
@@ -131,6 +133,9 @@ pub fn worker_env(
     if let Some(omp) = &p.omp_default {
         env.push((names::OMP_NUM_THREADS.to_string(), omp.clone()));
     }
+    if let (Some(g), Some(url)) = (&p.groups, w.lighthouse) {
+        env.extend(crate::config::replica_env(g, url));
+    }
     env
 }
 
@@ -218,6 +223,7 @@ mod tests {
                 unstartable: None,
                 zygote: None,
                 survivors,
+                lighthouse: None,
             };
             let env = worker_env(&w, 0, "e", &names::Env::from_pairs(inherited.iter().copied()));
             env.into_iter().find(|(k, _)| k == names::TORCH_NCCL_ASYNC_ERROR_HANDLING).map(|(_, v)| v)
@@ -242,6 +248,7 @@ mod tests {
             unstartable: None,
             zygote: None,
             survivors: None,
+            lighthouse: None,
         };
         framework_env(&w, local_rank, gpu)
     }

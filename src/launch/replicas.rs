@@ -1,0 +1,398 @@
+//! TorchFT replica groups (`--replica-groups`) at run time: the
+//! Lighthouse on the store host, its address through the store, and the
+//! store host staying up while other groups still train.
+//!
+//! Each group meets on its own rendezvous keys (`Plan::rdzv_id`), so its
+//! rounds, restarts and budget are its own; the store host serves every
+//! group's rounds. Job-wide keys, under `trainlet/<run_id>/j<attempt>/`:
+//!
+//! | key | written by | meaning |
+//! |---|---|---|
+//! | `lighthouse` | the store host, once it listens | the Lighthouse's `http://host:port` |
+//! | `pod/<node rank>` | each pod, every round | the key its agent heartbeats (`bye` once it left) |
+//!
+//! The Lighthouse is the agent's own helper: restarted when it exits (with
+//! a backoff), spared by the end-of-round sweep, its exit claimed from the
+//! one reaper, stopped when the agent exits.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Lighthouse, Plan, RunLighthouse};
+use crate::process::signals::SysEvent;
+use crate::process::spawn::{Spawner, WorkerSpec};
+use crate::rendezvous::{self, job_base};
+use crate::store::{Dial, Endpoint};
+use crate::supervise::output::{self, Sink};
+use crate::sys::{self, Exit};
+
+/// Longest wait for a started Lighthouse to accept connections.
+const LISTEN_LIMIT: Duration = Duration::from_secs(30);
+/// First wait before restarting a Lighthouse that exited; doubled each
+/// time, up to [`RESTART_CAP`], and back to this after [`STABLE`] up.
+const RESTART_FIRST: Duration = Duration::from_secs(1);
+const RESTART_CAP: Duration = Duration::from_secs(30);
+const STABLE: Duration = Duration::from_secs(60);
+/// How long a stopped Lighthouse gets between SIGTERM and SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+/// How often a long wait says what it waits for.
+const SAY_EVERY: Duration = Duration::from_secs(60);
+
+fn job_key(plan: &Plan, rest: &str) -> String {
+    format!("{}/{rest}", job_base(&plan.run_id, plan.jobset_attempt))
+}
+
+/// The Lighthouse this agent runs, until [`Supervised::stop`].
+pub(super) struct Supervised {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Supervised {
+    /// Stop the Lighthouse (SIGTERM, then SIGKILL) and its supervision.
+    pub(super) async fn stop(self) {
+        self.cancel.cancel();
+        let _ = tokio::time::timeout(STOP_GRACE + Duration::from_secs(2), self.task).await;
+    }
+}
+
+/// Start the Lighthouse when this pod runs it (the store host of a job
+/// with replica groups and no `TORCHFT_LIGHTHOUSE`); it publishes its
+/// address in the store at `dial` once it listens.
+pub(super) fn start(plan: &Plan, spawner: &Spawner, dial: Dial, cancel: &CancellationToken) -> Option<Supervised> {
+    let g = plan.groups.as_ref()?;
+    let Lighthouse::Run(run) = &g.lighthouse else { return None };
+    let program = run.program.clone().filter(|_| plan.serve_store)?;
+    // Picked once: a restarted Lighthouse keeps the address the workers have.
+    let port = if run.port == 0 { free_port() } else { run.port };
+    let url = format!("http://{}:{port}", bracketed(&plan.endpoint.host));
+    let cancel = cancel.child_token();
+    let job = Job { program, port, url, run: run.clone(), key: job_key(plan, "lighthouse"), dial };
+    let task = tokio::spawn(supervise(job, spawner.clone(), cancel.clone()));
+    Some(Supervised { cancel, task })
+}
+
+struct Job {
+    program: String,
+    port: u16,
+    url: String,
+    run: RunLighthouse,
+    key: String,
+    dial: Dial,
+}
+
+/// Run the Lighthouse, again and again, until `cancel`.
+async fn supervise(job: Job, spawner: Spawner, cancel: CancellationToken) {
+    let mut wait = RESTART_FIRST;
+    let mut published = false;
+    loop {
+        let started = Instant::now();
+        let exit = tokio::select! {
+            () = cancel.cancelled() => return,
+            e = run_once(&job, &spawner, &mut published, &cancel) => e,
+        };
+        let Some(exit) = exit else { return };
+        if started.elapsed() >= STABLE {
+            wait = RESTART_FIRST;
+        }
+        tracing::warn!(%exit, restart_in_s = wait.as_secs_f64(), "the TorchFT Lighthouse exited; restarting it");
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(RESTART_CAP);
+    }
+}
+
+/// One life of the Lighthouse: its exit, or None once stopped by `cancel`.
+async fn run_once(job: &Job, spawner: &Spawner, published: &mut bool, cancel: &CancellationToken) -> Option<Exit> {
+    let bind = if std::path::Path::new("/proc/net/if_inet6").exists() { "[::]" } else { "0.0.0.0" };
+    let r = &job.run;
+    let args = vec![
+        "--bind".to_string(),
+        format!("{bind}:{}", job.port),
+        "--min_replicas".to_string(),
+        r.min_replicas.to_string(),
+        "--join_timeout_ms".to_string(),
+        r.join_timeout_ms.to_string(),
+        "--heartbeat_timeout_ms".to_string(),
+        r.heartbeat_timeout_ms.to_string(),
+    ];
+    let sp = match spawner.spawn(WorkerSpec::piped(job.program.clone(), args, Vec::new())).await {
+        Ok(sp) => sp,
+        Err(e) => {
+            tracing::error!(program = %job.program, error = %crate::error::error_chain(&e), "cannot start the TorchFT Lighthouse");
+            return Some(Exit::Code(i32::from(e.exec_code().unwrap_or(crate::exit::INTERNAL))));
+        }
+    };
+    let exited = crate::process::signals::claim(sp.pid, sp.forked);
+    // The agent's helper: the end-of-round sweep must not take it for a
+    // worker's leftover.
+    crate::process::sweep::keep(sp.pid);
+    let sink = |is_err| Sink { prefix: "[lighthouse]: ".into(), console: true, file: None, is_err, tap: None };
+    if let Some(fd) = sp.stdout {
+        tokio::spawn(output::drain(fd, sink(false)));
+    }
+    if let Some(fd) = sp.stderr {
+        tokio::spawn(output::drain(fd, sink(true)));
+    }
+    tracing::info!(pid = sp.pid, port = job.port, min_replicas = r.min_replicas, "started the TorchFT Lighthouse");
+    tokio::pin!(exited);
+    let listening = async {
+        let until = Instant::now() + LISTEN_LIMIT;
+        while Instant::now() < until {
+            if tokio::net::TcpStream::connect(("127.0.0.1", job.port)).await.is_ok() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    };
+    let exit = tokio::select! {
+        e = &mut exited => Some(e),
+        up = listening => {
+            if !up {
+                tracing::warn!(port = job.port, limit_s = LISTEN_LIMIT.as_secs(), "the TorchFT Lighthouse does not accept connections");
+            } else if !*published {
+                *published = publish(job).await;
+            }
+            None
+        }
+        () = cancel.cancelled() => None,
+    };
+    let exit = match exit {
+        Some(e) => Some(e),
+        None => tokio::select! {
+            e = &mut exited => Some(e),
+            () = cancel.cancelled() => None,
+        },
+    };
+    let exit = match exit {
+        Some(Ok(e)) => Some(e),
+        // The claim's sender is never dropped before it sends.
+        Some(Err(_)) => Some(Exit::Code(i32::from(crate::exit::INTERNAL))),
+        None => {
+            sys::signal_group(sp.pid, libc::SIGTERM);
+            if tokio::time::timeout(STOP_GRACE, &mut exited).await.is_err() {
+                sys::signal_group(sp.pid, libc::SIGKILL);
+                let _ = tokio::time::timeout(Duration::from_secs(2), &mut exited).await;
+            }
+            tracing::info!(pid = sp.pid, "stopped the TorchFT Lighthouse");
+            crate::process::sweep::release(sp.pid);
+            return None;
+        }
+    };
+    // What it left in its group goes with it.
+    sys::signal_group(sp.pid, libc::SIGKILL);
+    crate::process::sweep::release(sp.pid);
+    exit
+}
+
+/// Say where the Lighthouse is; false when the store could not be told.
+async fn publish(job: &Job) -> bool {
+    let told = async {
+        let mut c = job.dial.connect().await?;
+        c.set(&job.key, job.url.as_bytes()).await
+    };
+    match tokio::time::timeout(Duration::from_secs(10), told).await {
+        Ok(Ok(())) => {
+            tracing::info!(url = %job.url, "the TorchFT Lighthouse listens; its address is in the store");
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %crate::error::error_chain(&e), "cannot publish the Lighthouse's address");
+            false
+        }
+        Err(_) => {
+            tracing::error!("cannot publish the Lighthouse's address: the store did not answer in 10 s");
+            false
+        }
+    }
+}
+
+/// The Lighthouse address the workers get: the user's, or the one the
+/// store host published (waited for up to `limit`). None without groups.
+pub(super) async fn address(
+    plan: &Plan,
+    (dial, endpoint): (&Dial, &Endpoint),
+    limit: Duration,
+    events: &mut UnboundedReceiver<SysEvent>,
+) -> Result<Option<String>, Result<rendezvous::Error, i32>> {
+    let Some(g) = &plan.groups else { return Ok(None) };
+    if let Lighthouse::External(url) = &g.lighthouse {
+        return Ok(Some(url.clone()));
+    }
+    let key = job_key(plan, "lighthouse");
+    tracing::info!(limit_s = limit.as_secs_f64(), "waiting for the TorchFT Lighthouse's address from the store host");
+    let got = async {
+        let mut c = dial.connect().await?;
+        c.wait(std::slice::from_ref(&key)).await?;
+        c.get(&key).await
+    };
+    match super::until_stop(events, plan, tokio::time::timeout(limit, got)).await {
+        Ok(Ok(Ok(v))) => {
+            let url = String::from_utf8_lossy(&v).into_owned();
+            tracing::info!(%url, group = g.group, groups = g.count, "the TorchFT Lighthouse's address");
+            Ok(Some(url))
+        }
+        Ok(Ok(Err(source))) => Err(Ok(rendezvous::Error::Lost { endpoint: endpoint.clone(), source })),
+        Ok(Err(_)) => Err(Ok(rendezvous::Error::Timeout {
+            waited: limit,
+            round: 0,
+            detail: "the store host published no TorchFT Lighthouse address; its log says why \
+                     (torchft_lighthouse missing, failing, or its port taken)"
+                .into(),
+            endpoint: endpoint.clone(),
+        })),
+        Err(sig) => Err(Err(sig)),
+    }
+}
+
+/// Say which key this pod's agent heartbeats, so that the store host
+/// knows it is still there (best effort: a lost store shows elsewhere).
+pub(super) async fn register(plan: &Plan, dial: &Dial, heartbeat_key: &str) {
+    let Some(g) = &plan.groups else { return };
+    let key = job_key(plan, &format!("pod/{}", g.job_node_rank));
+    let told = async {
+        let mut c = dial.connect().await?;
+        c.set(&key, heartbeat_key.as_bytes()).await
+    };
+    match tokio::time::timeout(Duration::from_secs(5), told).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::debug!(error = %crate::error::error_chain(&e), "cannot register this pod with the store host")
+        }
+        Err(_) => tracing::debug!("cannot register this pod with the store host: no answer in 5 s"),
+    }
+}
+
+/// The store host's group is done; the other groups may still train on
+/// its store and Lighthouse. Wait until every other pod left (its
+/// heartbeat says `bye`), went silent for the heartbeat timeout, or never
+/// came within the join timeout. Err(signal) when a stop signal came.
+pub(super) async fn outlast_other_groups(
+    plan: &Plan,
+    dial: &Dial,
+    events: &mut UnboundedReceiver<SysEvent>,
+) -> Result<(), i32> {
+    let Some(g) = plan.groups.as_ref().filter(|g| g.count > 1 && plan.serve_store) else { return Ok(()) };
+    let others: Vec<u32> = (0..g.job_nnodes).filter(|r| *r != g.job_node_rank).collect();
+    let start = Instant::now();
+    let mut seen: Vec<Seen> = others.iter().map(|_| Seen::default()).collect();
+    let mut said = None::<Instant>;
+    let mut tick = tokio::time::interval(plan.heartbeat);
+    let mut client = None;
+    loop {
+        super::until_stop(events, plan, tick.tick()).await?;
+        if client.is_none() {
+            client = dial.connect().await.ok();
+        }
+        let Some(c) = client.as_mut() else { return Ok(()) };
+        let regs: Vec<String> = others.iter().map(|r| job_key(plan, &format!("pod/{r}"))).collect();
+        let Ok(regs) = c.multi_get(&regs).await else { return Ok(()) };
+        let hb_keys: Vec<String> = regs.iter().map(|v| String::from_utf8_lossy(v).into_owned()).collect();
+        let asked: Vec<String> = hb_keys.iter().filter(|k| !k.is_empty()).cloned().collect();
+        let mut values = if asked.is_empty() {
+            Vec::new()
+        } else if let Ok(v) = c.multi_get(&asked).await {
+            v
+        } else {
+            return Ok(());
+        };
+        values.reverse();
+        let now = Instant::now();
+        let mut running = Vec::new();
+        for ((rank, key), s) in others.iter().zip(&hb_keys).zip(seen.iter_mut()) {
+            let value = if key.is_empty() { None } else { values.pop() };
+            if s.observe(key, value, now) && !s.gone(now, start, plan) {
+                running.push(*rank);
+            }
+        }
+        if running.is_empty() {
+            tracing::info!("every other replica group is done; this pod's store and Lighthouse may stop");
+            return Ok(());
+        }
+        if said.is_none_or(|t| now.duration_since(t) >= SAY_EVERY) {
+            tracing::info!(
+                pods = ?running,
+                "waiting for the other replica groups to finish: this pod serves their store and the Lighthouse"
+            );
+            said = Some(now);
+        }
+    }
+}
+
+/// What the store host saw of one other pod.
+#[derive(Debug, Default)]
+struct Seen {
+    key: String,
+    value: Option<Vec<u8>>,
+    since: Option<Instant>,
+    bye: bool,
+}
+
+impl Seen {
+    /// Take one reading; true while the pod may still be there.
+    fn observe(&mut self, key: &str, value: Option<Vec<u8>>, now: Instant) -> bool {
+        if key != self.key {
+            // A new registration: the pod (re)joined.
+            *self = Seen { key: key.to_string(), ..Seen::default() };
+        }
+        self.bye = value.as_deref() == Some(b"bye");
+        if value != self.value {
+            self.value = value;
+            self.since = Some(now);
+        }
+        !self.bye
+    }
+
+    /// Silent for the heartbeat timeout, or never registered in the join timeout.
+    fn gone(&self, now: Instant, start: Instant, plan: &Plan) -> bool {
+        match (self.key.is_empty(), self.since) {
+            (true, _) => now.duration_since(start) >= plan.join_timeout,
+            (false, Some(t)) => now.duration_since(t) >= plan.heartbeat_timeout,
+            (false, None) => now.duration_since(start) >= plan.heartbeat_timeout,
+        }
+    }
+}
+
+/// A port free on this host now, for a Lighthouse asked to pick one.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind(("0.0.0.0", 0)).and_then(|l| l.local_addr()).map_or(0, |a| a.port())
+}
+
+fn bracketed(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pod_is_gone_once_it_said_bye_went_silent_or_never_came() {
+        let plan = {
+            let args =
+                <crate::cli::TorchrunCli as clap::Parser>::try_parse_from(["torchrun", "--python", "py", "t.py"])
+                    .expect("parse")
+                    .run;
+            let env = crate::env::Env::from_pairs(vec![("TRAINLET_SYSFS_ROOT", "/nonexistent"), ("PATH", "/bin")]);
+            Plan::resolve(&args, &env, true).expect("plan")
+        };
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut s = Seen::default();
+        assert!(s.observe("", None, at(0)) && !s.gone(at(5), t0, &plan), "not registered yet, within the join timeout");
+        assert!(s.gone(at(601), t0, &plan), "never came within the join timeout (600 s)");
+        assert!(s.observe("k/hb/a", Some(b"1".to_vec()), at(1)));
+        assert!(s.observe("k/hb/a", Some(b"2".to_vec()), at(9)) && !s.gone(at(18), t0, &plan), "heartbeating");
+        assert!(s.observe("k/hb/a", Some(b"2".to_vec()), at(19)) && s.gone(at(19), t0, &plan), "silent for 10 s");
+        assert!(s.observe("k/hb/b", Some(b"1".to_vec()), at(20)) && !s.gone(at(21), t0, &plan), "came back: new key");
+        assert!(!s.observe("k/hb/b", Some(b"bye".to_vec()), at(22)), "left");
+        assert_eq!(bracketed("fe80::1"), "[fe80::1]");
+        assert_eq!(bracketed("job-0.job"), "job-0.job");
+    }
+}

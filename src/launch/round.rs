@@ -1,0 +1,70 @@
+//! One round as the job side of an attempt ([`RoundJob`]), and how the
+//! pods agree on what happened once its workers are gone ([`stop_sync`]).
+
+use crate::config::Plan;
+use crate::config::rules::RuleAction;
+use crate::rendezvous::{self, Round, Session};
+use crate::supervise::attempt::Job;
+use crate::supervise::policy::{JobEnd, RoundFacts};
+use crate::supervise::report::Failure;
+
+use super::STOP_SYNC_MARGIN;
+
+/// Report our workers gone, wait for the others (or a death verdict), and
+/// gather what every pod needs to decide the same way.
+pub(super) async fn stop_sync(
+    session: &mut Session,
+    round: &Round,
+    (plan, restarts): (&Plan, u32),
+    failures: &[Failure],
+) -> std::result::Result<(RoundFacts, Vec<Failure>, String), rendezvous::Error> {
+    session.report_stopped(round, failures).await?;
+    let limit = plan.grace + plan.kill_timeout + STOP_SYNC_MARGIN;
+    let stopped = session.wait_stopped(round, limit).await?;
+    let all = if stopped.all_stopped || stopped.dead { session.failures(round).await? } else { failures.to_vec() };
+    let end_text = session.end_text(round.number).await?;
+    let facts = RoundFacts {
+        end: (!end_text.is_empty()).then(|| rendezvous::parse_end(&end_text)),
+        dead: stopped.dead,
+        all_stopped: stopped.all_stopped,
+        fatal: all.iter().any(|f| f.action == RuleAction::Fail),
+        unkillable: all.iter().any(|f| f.hung),
+        restarts,
+        max_restarts: plan.max_restarts,
+    };
+    Ok((facts, all, end_text))
+}
+
+/// The rendezvous session as the job side of one attempt.
+pub(super) struct RoundJob<'a> {
+    pub session: &'a mut Session,
+    pub round: &'a Round,
+}
+
+impl Job for RoundJob<'_> {
+    type Error = rendezvous::Error;
+
+    fn round(&self) -> u64 {
+        self.round.number
+    }
+
+    fn watch_end(&self) -> impl std::future::Future<Output = (JobEnd, String)> + Send + 'static {
+        self.session.watch_end(self.round.number)
+    }
+
+    fn host_left(&self) -> Option<String> {
+        self.session.host_left()
+    }
+
+    async fn publish_failure(&mut self, fatal: bool) -> std::result::Result<(), rendezvous::Error> {
+        self.session.publish_failure(self.round.number, fatal).await
+    }
+
+    async fn publish_abort(&mut self, signal: i32) -> std::result::Result<(), rendezvous::Error> {
+        self.session.publish_abort(self.round.number, signal).await
+    }
+
+    async fn publish_local_done(&mut self) -> std::result::Result<(), rendezvous::Error> {
+        self.session.publish_local_done(self.round).await
+    }
+}
