@@ -60,7 +60,7 @@ pub struct RunLighthouse {
 /// this long to join a quorum before the others go on without it.
 const LIGHTHOUSE_JOIN_MS: u64 = 1_000;
 /// A group silent this long leaves the quorum (torchft's default).
-const LIGHTHOUSE_HEARTBEAT_MS: u64 = 5_000;
+const LIGHTHOUSE_HEARTBEAT_MS: u64 = 1_000;
 
 /// Resolve `--replica-groups`; returns the groups and this pod's group as
 /// the nodes the rendezvous sees (or `nodes` unchanged when off).

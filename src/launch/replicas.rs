@@ -90,11 +90,8 @@ async fn supervise(job: Job, spawner: Spawner, cancel: CancellationToken) {
     let mut published = false;
     loop {
         let started = Instant::now();
-        let exit = tokio::select! {
-            () = cancel.cancelled() => return,
-            e = run_once(&job, &spawner, &mut published, &cancel) => e,
-        };
-        let Some(exit) = exit else { return };
+        // run_once stops the Lighthouse itself when cancelled.
+        let Some(exit) = run_once(&job, &spawner, &mut published, &cancel).await else { return };
         if started.elapsed() >= STABLE {
             wait = RESTART_FIRST;
         }

@@ -24,6 +24,7 @@ mod preload;
 mod progress;
 mod rendezvous;
 mod rendezvous_time;
+mod replicas;
 mod runtimes;
 mod serve;
 mod serve_door;

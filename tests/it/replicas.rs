@@ -1,0 +1,135 @@
+//! TorchFT replica groups (`--replica-groups`) with the real torchft 0.2.0
+//! from PyPI on CPU (gloo) and its own `torchft_lighthouse`, on simulated
+//! pods (one trainlet per 127.0.0.N): 2 groups of 1 pod x 2 workers
+//! (tests/fixtures/torchft_train.py).
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::util::{Pod, fixture, free_port, python};
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// Pods of a job with `--replica-groups 2`: pod `i` at 127.0.0.(i+1).
+fn start(marks: &Path, extra: &[(&str, &str)], args: &[&str]) -> Vec<Pod> {
+    let port = free_port().to_string();
+    let script = fixture("torchft_train.py");
+    let marks = marks.display().to_string();
+    (0..2)
+        .map(|i| {
+            let (rank, addr) = (i.to_string(), format!("127.0.0.{}", i + 1));
+            let mut env = vec![
+                ("PET_NNODES", "2"),
+                ("PET_NPROC_PER_NODE", "2"),
+                ("PET_NODE_RANK", rank.as_str()),
+                ("PET_MASTER_ADDR", "127.0.0.1"),
+                ("PET_MASTER_PORT", port.as_str()),
+                ("PET_LOCAL_ADDR", addr.as_str()),
+                // A free port: tests run side by side.
+                ("TRAINLET_LIGHTHOUSE_PORT", "0"),
+                ("MARK_DIR", marks.as_str()),
+                ("GLOO_SOCKET_IFNAME", "lo"),
+            ];
+            env.extend_from_slice(extra);
+            let mut a = vec!["run", "--replica-groups", "2"];
+            a.extend_from_slice(args);
+            a.push(script.as_str());
+            Pod::start(&a, &env)
+        })
+        .collect()
+}
+
+/// `<step> <unix time>` lines of a marker file.
+fn lines(path: &Path) -> Vec<(f64, f64)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace().map(str::parse::<f64>);
+            Some((w.next()?.ok()?, w.next()?.ok()?))
+        })
+        .collect()
+}
+
+fn mtime(path: &Path) -> f64 {
+    let m = std::fs::metadata(path).and_then(|m| m.modified()).expect("marker");
+    m.duration_since(std::time::UNIX_EPOCH).expect("time").as_secs_f64()
+}
+
+/// Every tensor of `a` equals `b`'s, bit for bit (torch.equal).
+fn same_params(a: &Path, b: &Path) -> bool {
+    let check = "import sys, torch
+a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])
+sys.exit(0 if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) else 1)";
+    let st = std::process::Command::new(python()).args(["-c", check]).arg(a).arg(b).status().expect("python");
+    st.success()
+}
+
+#[test]
+fn a_killed_worker_restarts_only_its_replica_group_while_the_other_trains_on() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let marks = dir.path().join("marks");
+    let reference = dir.path().join("reference.pt");
+    let st = std::process::Command::new(python())
+        .args([&fixture("torchft_train.py"), "--reference"])
+        .arg(&reference)
+        .env("TORCHFT_STEPS", "80")
+        .status()
+        .expect("python");
+    assert!(st.success(), "the reference run");
+    let env =
+        [("TORCHFT_STEPS", "80"), ("STEP_SLEEP", "0.1"), ("KILL_GROUP", "1"), ("KILL_RANK", "1"), ("KILL_AT_STEP", "15")];
+    let mut pods = start(&marks, &env, &["--max-restarts", "2"]);
+    for p in &mut pods {
+        assert_eq!(p.code(LIMIT), 0, "stdout:\n{}\nstderr:\n{}", p.stdout(), p.stderr());
+    }
+    let (host, other) = (pods[0].stderr(), pods[1].stderr());
+    // Group 1 restarted, alone, under its own budget.
+    let starts = |g: u32, r: u32| std::fs::read_to_string(marks.join(format!("starts.g{g}.r{r}"))).unwrap_or_default();
+    for r in 0..2 {
+        assert_eq!(starts(0, r).lines().count(), 1, "group 0 never restarted:\n{host}");
+        assert_eq!(starts(1, r).lines().count(), 2, "group 1 restarted once:\n{other}");
+    }
+    assert!(other.contains("restarting this replica group's workers") && other.contains("replica_group=1"), "{other}");
+    assert!(!host.contains("restarting"), "{host}");
+    // Group 0 went on committing steps while group 1 restarted: between
+    // the kill and group 1's first commit after it.
+    let killed = mtime(&marks.join("killed"));
+    let g1 = lines(&marks.join("steps.g1"));
+    let back = g1.iter().find(|(_, t)| *t > killed).expect("group 1 committed after its restart").1;
+    let g0 = lines(&marks.join("steps.g0"));
+    let meanwhile = g0.iter().filter(|(_, t)| *t > killed && *t < back).count();
+    assert!(meanwhile >= 3, "group 0 committed {meanwhile} steps while group 1 restarted ({:.1} s)", back - killed);
+    // Group 1 healed from group 0 after its restart.
+    let healed = lines(&marks.join("recovered.g1.r0"));
+    assert!(healed.iter().any(|(step, t)| *t > killed && *step >= 15.0), "{healed:?}");
+    // Both groups end with the uninterrupted run's parameters.
+    for g in 0..2 {
+        let p = marks.join(format!("params.g{g}.pt"));
+        assert!(same_params(&p, &reference), "group {g} differs from the reference");
+    }
+    // The Lighthouse ran on the store host and is gone with it.
+    let pid: i32 = host
+        .lines()
+        .find(|l| l.contains("started the TorchFT Lighthouse"))
+        .and_then(|l| l.split("pid=").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no Lighthouse started:\n{host}"));
+    assert!(host.contains("stopped the TorchFT Lighthouse"), "{host}");
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    assert!(!String::from_utf8_lossy(&cmdline).contains("torchft_lighthouse"), "the Lighthouse outlived its pod");
+    assert!(other.contains("the TorchFT Lighthouse's address url=http://127.0.0.1:"), "{other}");
+}
+
+#[test]
+fn without_torchft_the_store_host_says_how_to_get_a_lighthouse() {
+    let dir = tempfile::tempdir().expect("tmp");
+    // A python with no torchft beside it, and no torchft_lighthouse on PATH.
+    let env = [("TRAINLET_PYTHON", "/usr/bin/python3"), ("PATH", "/usr/bin:/bin")];
+    let mut pods = start(dir.path(), &env, &[]);
+    let code = pods[0].code(LIMIT);
+    let err = pods[0].stderr();
+    assert_eq!(code, 200, "{err}");
+    assert!(err.contains("pip install torchft") && err.contains("TORCHFT_LIGHTHOUSE"), "{err}");
+}
