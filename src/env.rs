@@ -179,6 +179,12 @@ pub const TRAINLET_LIGHTHOUSE: &str = "TRAINLET_LIGHTHOUSE";
 pub const TRAINLET_LIGHTHOUSE_PORT: &str = "TRAINLET_LIGHTHOUSE_PORT";
 /// The Lighthouse's `--min_replicas` (default 1).
 pub const TRAINLET_LIGHTHOUSE_MIN_REPLICAS: &str = "TRAINLET_LIGHTHOUSE_MIN_REPLICAS";
+/// The Lighthouse's `--join_timeout_ms`, in seconds (default 1).
+pub const TRAINLET_LIGHTHOUSE_JOIN_TIMEOUT: &str = "TRAINLET_LIGHTHOUSE_JOIN_TIMEOUT";
+/// The Lighthouse's `--heartbeat_timeout_ms`, in seconds (default 2).
+pub const TRAINLET_LIGHTHOUSE_HEARTBEAT_TIMEOUT: &str = "TRAINLET_LIGHTHOUSE_HEARTBEAT_TIMEOUT";
+/// torchft's quorum retries (trainlet sets 10 when it runs the Lighthouse).
+pub const TORCHFT_QUORUM_RETRIES: &str = "TORCHFT_QUORUM_RETRIES";
 /// `--preload`: modules a Python zygote imports before workers are forked from it.
 pub const TRAINLET_PRELOAD: &str = "TRAINLET_PRELOAD";
 

@@ -4,9 +4,11 @@
 //! Lighthouse (on the pod of node rank 0, or the user's own through
 //! `TORCHFT_LIGHTHOUSE`) forms the quorum across groups.
 
+use std::time::Duration;
+
 use super::framework::Framework;
 use super::nodes::Nodes;
-use super::setting::{Settings, invalid, lookup, parse_u32};
+use super::setting::{Settings, invalid, lookup, parse_secs, parse_u32};
 use super::{Error, Source};
 use crate::cli::RunArgs;
 use crate::env::{self, Env};
@@ -56,11 +58,21 @@ pub struct RunLighthouse {
     pub heartbeat_timeout_ms: u64,
 }
 
-/// The Lighthouse's join wait: a recovering group that heartbeats gets
-/// this long to join a quorum before the others go on without it.
-const LIGHTHOUSE_JOIN_MS: u64 = 1_000;
-/// A group silent this long leaves the quorum (torchft's default).
-const LIGHTHOUSE_HEARTBEAT_MS: u64 = 1_000;
+/// The Lighthouse's join wait: once more than half of the heartbeating
+/// groups asked for a quorum, the others get this long to join it
+/// (torchft's default, 60 s, lets one group that heartbeats but never
+/// joins stall every other group for a minute).
+const LIGHTHOUSE_JOIN: Duration = Duration::from_secs(1);
+/// A group whose rank 0 is silent this long leaves the quorum. The
+/// surviving groups wait this long after a group died before they go on
+/// alone (a quorum needs more than half of the heartbeating groups);
+/// managers heartbeat every 100 ms from a native thread. torchft's default
+/// is 5 s, during which the others commit nothing.
+const LIGHTHOUSE_HEARTBEAT: Duration = Duration::from_secs(2);
+/// Quorum retries a worker's manager gets when trainlet runs the
+/// Lighthouse, unless TORCHFT_QUORUM_RETRIES says otherwise: a restarted
+/// Lighthouse (about 1 s away) is then not a crash of every group.
+const QUORUM_RETRIES: &str = "10";
 
 /// Resolve `--replica-groups`; returns the groups and this pod's group as
 /// the nodes the rendezvous sees (or `nodes` unchanged when off).
@@ -127,19 +139,26 @@ fn run_lighthouse(s: &mut Settings<'_>, count: u32, here: bool, python: Option<&
     if min_replicas == 0 || min_replicas > count {
         return Err(invalid(&l.origin(), l.value.unwrap_or_default(), &expected));
     }
+    let millis = |name: &'static str, default: Duration| -> Result<u64, Error> {
+        let l = lookup(None, name, env, &[name]);
+        let d = parse_secs(&l, default)?;
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        if ms < 100 {
+            return Err(invalid(&l.origin(), l.value.unwrap_or_default(), "seconds, at least 0.1"));
+        }
+        Ok(ms)
+    };
+    let join_timeout_ms = millis(env::TRAINLET_LIGHTHOUSE_JOIN_TIMEOUT, LIGHTHOUSE_JOIN)?;
+    let heartbeat_timeout_ms = millis(env::TRAINLET_LIGHTHOUSE_HEARTBEAT_TIMEOUT, LIGHTHOUSE_HEARTBEAT)?;
     let program = if here { Some(find_lighthouse(env, python)?) } else { None };
     s.prov.push((
         "lighthouse",
-        format!("run on node rank 0, port {port}, min_replicas {min_replicas}"),
+        format!(
+            "run on node rank 0, port {port}, min_replicas {min_replicas}, join {join_timeout_ms} ms, heartbeat {heartbeat_timeout_ms} ms"
+        ),
         Source::Derived("--replica-groups without TORCHFT_LIGHTHOUSE".into()),
     ));
-    Ok(RunLighthouse {
-        program,
-        port,
-        min_replicas,
-        join_timeout_ms: LIGHTHOUSE_JOIN_MS,
-        heartbeat_timeout_ms: LIGHTHOUSE_HEARTBEAT_MS,
-    })
+    Ok(RunLighthouse { program, port, min_replicas, join_timeout_ms, heartbeat_timeout_ms })
 }
 
 /// `TRAINLET_LIGHTHOUSE`, else `torchft_lighthouse` beside the workers'
@@ -167,13 +186,17 @@ fn find_lighthouse(env: &Env, python: Option<&str>) -> Result<String, Error> {
 }
 
 /// The variables a worker of `groups` gets beside torchrun's, with the
-/// Lighthouse's address.
-pub fn replica_env(groups: &Groups, lighthouse: &str) -> [(String, String); 3] {
-    [
+/// Lighthouse's address; `inherited(name)`: the pod already sets it.
+pub fn replica_env(groups: &Groups, lighthouse: &str, inherited: impl Fn(&str) -> bool) -> Vec<(String, String)> {
+    let mut v = vec![
         ("REPLICA_GROUP_ID".to_string(), groups.group.to_string()),
         ("NUM_REPLICA_GROUPS".to_string(), groups.count.to_string()),
         (env::TORCHFT_LIGHTHOUSE.to_string(), lighthouse.to_string()),
-    ]
+    ];
+    if matches!(groups.lighthouse, Lighthouse::Run(_)) && !inherited(env::TORCHFT_QUORUM_RETRIES) {
+        v.push((env::TORCHFT_QUORUM_RETRIES.to_string(), QUORUM_RETRIES.to_string()));
+    }
+    v
 }
 
 #[cfg(test)]
@@ -203,6 +226,26 @@ mod tests {
             assert_eq!(r.program.is_some(), rank == 0, "only node rank 0 runs it");
             assert_eq!((r.port, r.min_replicas), (DEFAULT_LIGHTHOUSE_PORT, 1));
         }
+    }
+
+    #[test]
+    fn workers_learn_their_group_and_survive_a_lighthouse_restart() {
+        let lh = [("TRAINLET_LIGHTHOUSE", "/bin/true"), ("TRAINLET_LIGHTHOUSE_HEARTBEAT_TIMEOUT", "0.5")];
+        let (g, _) = run(&["--replica-groups", "2", "t.py"], &lh, 3).expect("resolves");
+        let g = g.expect("on");
+        let Lighthouse::Run(r) = &g.lighthouse else { panic!("trainlet runs it") };
+        assert_eq!((r.join_timeout_ms, r.heartbeat_timeout_ms), (1_000, 500));
+        let env = replica_env(&g, "http://h:1", |_| false);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("REPLICA_GROUP_ID"), Some("1"));
+        assert_eq!(get("NUM_REPLICA_GROUPS"), Some("2"));
+        assert_eq!(get("TORCHFT_LIGHTHOUSE"), Some("http://h:1"));
+        assert_eq!(get("TORCHFT_QUORUM_RETRIES"), Some("10"));
+        assert!(
+            replica_env(&g, "u", |n| n == "TORCHFT_QUORUM_RETRIES").iter().all(|(n, _)| n != "TORCHFT_QUORUM_RETRIES")
+        );
+        let e = run(&["--replica-groups", "2", "t.py"], &[lh[0], ("TRAINLET_LIGHTHOUSE_JOIN_TIMEOUT", "0")], 0);
+        assert!(e.expect_err("too short").to_string().contains("at least 0.1"));
     }
 
     #[test]

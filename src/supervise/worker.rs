@@ -134,7 +134,7 @@ pub fn worker_env(
         env.push((names::OMP_NUM_THREADS.to_string(), omp.clone()));
     }
     if let (Some(g), Some(url)) = (&p.groups, w.lighthouse) {
-        env.extend(crate::config::replica_env(g, url));
+        env.extend(crate::config::replica_env(g, url, |name| inherited.get(name).is_some()));
     }
     env
 }
