@@ -42,6 +42,8 @@ mod mpi_bench;
 mod serve_bench;
 #[path = "../tests/support/mod.rs"]
 mod support;
+#[path = "torchft_bench.rs"]
+mod torchft_bench;
 
 use support::{free_port, python};
 
@@ -749,6 +751,10 @@ fn main() -> std::process::ExitCode {
     }
     if on("sshd") {
         mpi_bench::idle_rss(&mut rows);
+        progress(&rows);
+    }
+    if on("torchft") {
+        torchft_bench::survivors(&mut rows);
         progress(&rows);
     }
     let mut table = String::from(
