@@ -6,11 +6,15 @@
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
-use super::{Result, run_job, until_stop};
+use std::time::Duration;
+
+use super::{Result, reconnect, run_job, until_stop};
 use crate::config::{InPlace, Plan};
 use crate::exit;
 use crate::inplace::InPlaceAgent;
 use crate::process::signals::SysEvent;
+use crate::rendezvous::Session;
+use crate::supervise::policy::Verdict;
 
 /// `launch::run` with the agent beside the job.
 pub(super) async fn run(
@@ -66,4 +70,50 @@ pub(super) async fn barrier(
         Ok(Ok(Err(e))) => Err(e.into()),
         Err(sig) => Ok(Some(exit::for_signal(sig))),
     }
+}
+
+/// A pod of an in-place job that has run no round yet found the job over
+/// on the store: that store is the previous containers' (their host
+/// lingers until the pods read the outcome), reached because the pods
+/// restarted without the barrier (the JobSet's disable annotation). Joining
+/// it would end this container at once and spend the JobSet's `maxRestarts`
+/// in a crash loop, so wait for that store to close and rejoin the store
+/// its host's new container serves. Err(exit code) when it does not close
+/// or come back within the join timeout, or a stop signal came.
+pub(super) async fn outwait_stale_store(
+    session: &mut Session,
+    plan: &Plan,
+    ended: Verdict,
+    events: &mut UnboundedReceiver<SysEvent>,
+    cancel: &CancellationToken,
+) -> std::result::Result<(), u8> {
+    tracing::warn!(
+        verdict = %ended,
+        limit_s = plan.join_timeout.as_secs_f64(),
+        "in-place restarts: the store still holds the job this pod's previous containers ran, and it is over; \
+         waiting for its host to restart with a fresh store"
+    );
+    let dial = session.dial();
+    // A key nobody sets: the WAIT ends only when the store closes.
+    let closed = async {
+        let key = format!("trainlet/{}/stale-store-watch", plan.run_id);
+        match dial.connect().await {
+            Ok(mut c) => c.wait(std::slice::from_ref(&key)).await.is_err(),
+            Err(_) => true,
+        }
+    };
+    match until_stop(events, plan, tokio::time::timeout(plan.join_timeout, closed)).await {
+        Ok(Ok(true)) => {}
+        Ok(_) => {
+            tracing::error!(
+                limit_s = plan.join_timeout.as_secs_f64(),
+                "in-place restarts: the previous containers' store did not close within the join timeout"
+            );
+            return Err(exit::PEER_LOST);
+        }
+        Err(sig) => return Err(exit::for_signal(sig)),
+    }
+    // Its host's container restarts: a moment before the new store listens.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    reconnect(session, plan, events, cancel, "the previous containers' store closed").await
 }

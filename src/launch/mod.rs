@@ -211,6 +211,14 @@ async fn run_job(
                 crate::metrics::global().rendezvous.observe(waited.elapsed().as_secs_f64());
                 r
             }
+            Ok(Ok(Joined::JobEnded(v)))
+                if plan.in_place.is_some() && known.round.is_none() && v != Verdict::Success =>
+            {
+                match inplace::outwait_stale_store(&mut session, &plan, v, &mut events, &cancel).await {
+                    Ok(()) => continue,
+                    Err(code) => break code,
+                }
+            }
             Ok(Ok(Joined::JobEnded(v))) => {
                 tracing::info!(verdict = %v, "the job ended while this pod waited as a spare");
                 break if v == Verdict::Success { exit::SUCCESS } else { exit::PEER_LOST };

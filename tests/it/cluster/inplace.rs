@@ -194,3 +194,50 @@ fn pods_until_ready(job: &str) -> BTreeMap<String, serde_json::Value> {
         (pods.len() == 2 && pods.values().all(|p| p["status"]["phase"] == "Running")).then_some(pods)
     })
 }
+
+/// The JobSet's `disable-in-place-restart` annotation: the barrier lifts
+/// at once, so the restarted containers do not wait for each other. A
+/// worker killed (trainlet's own budget 0) ends every trainlet; the kubelet
+/// restarts each container once. The non-host pod's new trainlet may reach
+/// the previous store host while it still lingers on the failed job: it
+/// waits for that store to close and joins the new one instead of failing
+/// again (which spent the JobSet's `maxRestarts` in a crash loop). The job
+/// resumes from its checkpoint to the uninterrupted run's parameters.
+#[test]
+fn with_in_place_restarts_disabled_the_uncoordinated_restart_rejoins_the_new_store_not_the_old() {
+    let _up = up("2");
+    let ckpt = tempfile::tempdir().expect("tmp");
+    std::fs::set_permissions(ckpt.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).expect("chmod");
+    start_job(
+        "dis",
+        "[torchrun, /fixtures/ckpt_train.py]",
+        &[("CKPT_DIR", "/ckpt"), ("STEPS", "80"), ("STEP_SLEEP", "0.25")],
+        &[("ckpt", ckpt.path(), "/ckpt", false)],
+    );
+    wait_for("dis", "a checkpoint", Duration::from_secs(300), || ckpt.path().join("ckpt.json").exists().then_some(()));
+    let (ok, out) = kubectl(&["annotate", "jobset", "dis", "jobset.sigs.k8s.io/disable-in-place-restart=true"]);
+    assert!(ok, "{out}");
+    let before = pods_of("dis");
+    let uids_before = uids("dis");
+    // Pod 1 is not the store host: its new trainlet is the one that may
+    // find the old host still up.
+    let victim = before["1"]["metadata"]["name"].as_str().expect("name").to_string();
+    // The agents see the annotation before the kill (their watch is live).
+    std::thread::sleep(Duration::from_secs(2));
+    kill_a_worker(&victim, "ckpt_train.py");
+
+    assert_eq!(finished("dis", Duration::from_secs(300)), "Complete", "{}", diagnose("dis"));
+    assert_eq!(uids("dis"), uids_before, "no pod was recreated");
+    for pod in pods_of("dis").values() {
+        assert_eq!(restarts_of(pod), 1, "one restart, no crash loop: {}\n{}", pod["status"], diagnose("dis"));
+        let log = logs_of(pod);
+        assert!(log.contains("the barrier is down lifted=Disabled"), "{log}");
+    }
+    let logs = all_logs("dis");
+    let (digest, world) = crate::fault::final_of(&logs);
+    assert_eq!(
+        (digest.as_str(), world.as_str()),
+        (crate::fault::reference_of("80").as_str(), "world=4"),
+        "resumed from its checkpoint to the uninterrupted run's parameters:\n{logs}"
+    );
+}
