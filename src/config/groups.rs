@@ -165,6 +165,11 @@ fn run_lighthouse(s: &mut Settings<'_>, count: u32, here: bool, python: Option<&
 /// python (a venv's bin), else on PATH.
 fn find_lighthouse(env: &Env, python: Option<&str>) -> Result<String, Error> {
     if let Some(p) = env.get(env::TRAINLET_LIGHTHOUSE).map(str::trim).filter(|v| !v.is_empty()) {
+        use std::os::unix::fs::PermissionsExt;
+        let runnable = std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+        if !runnable {
+            return Err(invalid(env::TRAINLET_LIGHTHOUSE, p, "an executable file (torchft's torchft_lighthouse)"));
+        }
         return Ok(p.to_string());
     }
     let beside = python
@@ -271,6 +276,8 @@ mod tests {
         );
         let missing = e(&["--replica-groups", "2", "t.py"], &[("PATH", "/nonexistent")]);
         assert!(missing.contains("pip install torchft") && missing.contains("TORCHFT_LIGHTHOUSE"), "{missing}");
+        let e2 = e(&["--replica-groups", "2", "t.py"], &[("TRAINLET_LIGHTHOUSE", "/nonexistent/lh")]);
+        assert!(e2.contains("TRAINLET_LIGHTHOUSE") && e2.contains("executable"), "{e2}");
         // Pods other than node rank 0 do not need the program.
         assert!(run(&["--replica-groups", "2", "t.py"], &[("PATH", "/nonexistent")], 1).is_ok());
     }

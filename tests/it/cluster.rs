@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use crate::util::repo;
 
 mod inplace;
+mod torchft;
 
 /// One cluster at a time (they share their ports and bridges).
 static CLUSTER: Mutex<()> = Mutex::new(());
