@@ -164,30 +164,39 @@ fn run_lighthouse(s: &mut Settings<'_>, count: u32, here: bool, python: Option<&
 /// `TRAINLET_LIGHTHOUSE`, else `torchft_lighthouse` beside the workers'
 /// python (a venv's bin), else on PATH.
 fn find_lighthouse(env: &Env, python: Option<&str>) -> Result<String, Error> {
+    let path = env.get("PATH").unwrap_or_default();
+    let on_path = |name: &str| -> Vec<std::path::PathBuf> {
+        path.split(':').filter(|d| !d.is_empty()).map(|d| std::path::Path::new(d).join(name)).collect()
+    };
     if let Some(p) = env.get(env::TRAINLET_LIGHTHOUSE).map(str::trim).filter(|v| !v.is_empty()) {
         use std::os::unix::fs::PermissionsExt;
-        let runnable = std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-        if !runnable {
-            return Err(invalid(env::TRAINLET_LIGHTHOUSE, p, "an executable file (torchft's torchft_lighthouse)"));
-        }
-        return Ok(p.to_string());
+        let runnable = |f: &std::path::Path| {
+            std::fs::metadata(f).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        };
+        // A path as it is; a bare name from PATH, as exec would.
+        let found = if p.contains('/') {
+            runnable(std::path::Path::new(p)).then(|| p.to_string())
+        } else {
+            on_path(p).into_iter().find(|f| runnable(f)).map(|f| f.display().to_string())
+        };
+        return found
+            .ok_or_else(|| invalid(env::TRAINLET_LIGHTHOUSE, p, "an executable file (torchft's torchft_lighthouse)"));
     }
     let beside = python
         .filter(|p| p.contains('/'))
         .and_then(|p| std::path::Path::new(p).parent().map(|d| d.join(LIGHTHOUSE_PROGRAM)));
-    let on_path = env
-        .get("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .filter(|d| !d.is_empty())
-        .map(|d| std::path::Path::new(d).join(LIGHTHOUSE_PROGRAM));
-    beside.into_iter().chain(on_path).find(|p| p.is_file()).map(|p| p.display().to_string()).ok_or_else(|| {
-        Error::Usage(format!(
-            "--replica-groups: {LIGHTHOUSE_PROGRAM} is not beside the workers' python nor on PATH; \
+    beside
+        .into_iter()
+        .chain(on_path(LIGHTHOUSE_PROGRAM))
+        .find(|p| p.is_file())
+        .map(|p| p.display().to_string())
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "--replica-groups: {LIGHTHOUSE_PROGRAM} is not beside the workers' python nor on PATH; \
                  install torchft in the image (pip install torchft), give its path in TRAINLET_LIGHTHOUSE, \
                  or set TORCHFT_LIGHTHOUSE to a Lighthouse you run"
-        ))
-    })
+            ))
+        })
 }
 
 /// The variables a worker of `groups` gets beside torchrun's, with the

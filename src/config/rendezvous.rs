@@ -219,7 +219,7 @@ fn parse_rdzv_conf(origin: &str, v: &str) -> Result<RdzvConf, Error> {
             val.parse::<f64>()
                 .ok()
                 .filter(|s| s.is_finite() && *s > 0.0)
-                .map(Duration::from_secs_f64)
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
                 .ok_or_else(|| invalid(origin, v, &format!("{k} in seconds > 0")))
         };
         match k {

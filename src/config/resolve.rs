@@ -58,6 +58,15 @@ impl Plan {
         let mut entry = entry;
         let (groups, nodes) =
             super::groups::resolve(args, &mut s, nodes, (framework, serve.is_some(), entry.python.as_deref()))?;
+        if let Some(super::Groups { lighthouse: super::Lighthouse::Run(r), .. }) = &groups
+            && r.port != 0
+            && r.port == rdzv.endpoint.port
+        {
+            return Err(Error::Usage(format!(
+                "TRAINLET_LIGHTHOUSE_PORT {}: the store listens there; give the Lighthouse another port",
+                r.port
+            )));
+        }
         if let Some(g) = &groups
             && rdzv.serve_store != (g.job_node_rank == 0)
         {

@@ -129,7 +129,7 @@ pub(super) fn parse_secs(l: &Lookup<'_>, default: Duration) -> Result<Duration, 
             .parse::<f64>()
             .ok()
             .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(Duration::from_secs_f64)
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
             .ok_or_else(|| invalid(&l.origin(), v, "a number of seconds >= 0"))
     })
 }

@@ -170,10 +170,17 @@ async fn run_job(
         Ok(Ok(s)) => s,
         Ok(Err(e @ rendezvous::Error::Stale { .. })) => {
             tracing::error!(error = %e, "rejected: pod of an older JobSet restart attempt");
+            replicas::stop(lighthouse).await;
             return Err(e.into());
         }
-        Ok(Err(e)) => return Err(e.into()),
-        Err(sig) => return Ok(exit::for_signal(sig)),
+        Ok(Err(e)) => {
+            replicas::stop(lighthouse).await;
+            return Err(e.into());
+        }
+        Err(sig) => {
+            replicas::stop(lighthouse).await;
+            return Ok(exit::for_signal(sig));
+        }
     };
     tracing::info!(
         %endpoint,
@@ -183,15 +190,17 @@ async fn run_job(
         "joined the rendezvous"
     );
 
-    let lighthouse_url =
+    let mut lighthouse_url =
         match replicas::address(&plan, (&session.dial(), &endpoint), plan.join_timeout, &mut events).await {
             Ok(url) => url,
             Err(Ok(e)) => {
                 session.bye().await;
+                replicas::stop(lighthouse).await;
                 return Err(e.into());
             }
             Err(Err(sig)) => {
                 session.bye().await;
+                replicas::stop(lighthouse).await;
                 return Ok(exit::for_signal(sig));
             }
         };
@@ -202,6 +211,10 @@ async fn run_job(
     let mut rounds: Vec<RoundRecord> = Vec::new();
     // An actor's workers kept from one round to the next (survivors mode).
     let mut carry = Carry::default();
+    // What ended the job on this pod, when not a code of its own: a stop
+    // signal (the pod is going away) or an error of the rendezvous.
+    let mut stop_sig: Option<i32> = None;
+    let mut failed: Option<Error> = None;
     let code = loop {
         let deadline = Instant::now() + plan.join_timeout;
         let waited = Instant::now();
@@ -235,11 +248,15 @@ async fn run_job(
                 if plan.serve_store {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
-                return Err(e.into());
+                let code = e.exit_code();
+                failed = Some(e.into());
+                break code;
             }
             Ok(Err(e)) => {
                 session.bye().await;
-                return Err(e.into());
+                let code = e.exit_code();
+                failed = Some(e.into());
+                break code;
             }
             Err(sig) => {
                 if plan.serve_store {
@@ -247,6 +264,7 @@ async fn run_job(
                 }
                 session.withdraw().await;
                 session.bye().await;
+                stop_sig = Some(sig);
                 break exit::for_signal(sig);
             }
         };
@@ -271,6 +289,7 @@ async fn run_job(
             (o, Vec::new())
         } else {
             replicas::register(plan, &session.dial(), &session.heartbeat_key()).await;
+            replicas::refresh(plan, &session.dial(), &mut lighthouse_url).await;
             tracing::info!(
                 round = round.number,
                 group_rank = round.group_rank,
@@ -304,6 +323,7 @@ async fn run_job(
                     Err(sig) => {
                         let _ = tokio::time::timeout(PUBLISH_WAIT, session.publish_abort(round.number, sig)).await;
                         session.bye().await;
+                        stop_sig = Some(sig);
                         break exit::for_signal(sig);
                     }
                 }
@@ -334,6 +354,7 @@ async fn run_job(
         tracing::info!(round = round.number, ?outcome, local_failures = failures.len(), "round over on this pod");
 
         if let Outcome::Stopped(sig) = outcome {
+            stop_sig = Some(sig);
             if plan.serve_store {
                 session.announce_leaving(&format!("stopped by {}", sys::signal_name(sig))).await;
             }
@@ -441,7 +462,7 @@ async fn run_job(
                 crate::metrics::global().restarts.inc();
                 let wait = backoff(plan.restart_backoff, n, BACKOFF_CAP);
                 let (left, failed_rank) = (plan.max_restarts.saturating_sub(n), root.map(|f| f.rank));
-                match &plan.groups {
+                match plan.groups.as_ref().filter(|g| g.count > 1) {
                     Some(g) => tracing::warn!(
                         restart = n,
                         restarts_left = left,
@@ -463,6 +484,7 @@ async fn run_job(
                     && let Err(sig) = until_stop(&mut events, plan, tokio::time::sleep(wait)).await
                 {
                     session.bye().await;
+                    stop_sig = Some(sig);
                     break exit::for_signal(sig);
                 }
             }
@@ -484,23 +506,24 @@ async fn run_job(
     };
     carry.stop(plan.grace).await;
     progress.finish().await;
-    // The store host of replica groups outlasts the other groups' pods.
-    let stopped = plan.stop_signals.iter().any(|s| exit::for_signal(*s) == code);
+    // The store host of replica groups outlasts the other groups' pods,
+    // unless it is being stopped.
     let code = match &host_dial {
-        Some(d) if !stopped => match replicas::outlast_other_groups(&plan, d, &mut events).await {
+        Some(d) if stop_sig.is_none() => match replicas::outlast_other_groups(&plan, d, &mut events).await {
             Ok(()) => code,
             Err(sig) => exit::for_signal(sig),
         },
         _ => code,
     };
-    if let Some(l) = lighthouse {
-        l.stop().await;
-    }
+    replicas::stop(lighthouse).await;
     if let Some(s) = control {
         s.shutdown().await;
     }
     forget_logs(&plan, &log_root, code);
-    Ok(code)
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(code),
+    }
 }
 
 /// The store went away: reconnect until the join deadline (the store host

@@ -36,6 +36,8 @@ const LISTEN_LIMIT: Duration = Duration::from_secs(30);
 const RESTART_FIRST: Duration = Duration::from_secs(1);
 const RESTART_CAP: Duration = Duration::from_secs(30);
 const STABLE: Duration = Duration::from_secs(60);
+/// How long a Lighthouse that accepts connections must stay up to count as listening.
+const ALIVE_CHECK: Duration = Duration::from_millis(300);
 /// How long a stopped Lighthouse gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(3);
 /// How often a long wait says what it waits for.
@@ -56,6 +58,13 @@ impl Supervised {
     pub(super) async fn stop(self) {
         self.cancel.cancel();
         let _ = tokio::time::timeout(STOP_GRACE + Duration::from_secs(2), self.task).await;
+    }
+}
+
+/// Stop the Lighthouse, if this pod runs one.
+pub(super) async fn stop(lighthouse: Option<Supervised>) {
+    if let Some(l) = lighthouse {
+        l.stop().await;
     }
 }
 
@@ -138,35 +147,64 @@ async fn run_once(job: &Job, spawner: &Spawner, published: &mut bool, cancel: &C
     }
     tracing::info!(pid = sp.pid, port = job.port, min_replicas = r.min_replicas, "started the TorchFT Lighthouse");
     tokio::pin!(exited);
-    let listening = async {
-        let until = Instant::now() + LISTEN_LIMIT;
-        while Instant::now() < until {
+    // Listening: its port accepts connections while it is still alive a
+    // moment later (a squatter on the port, or the store's own port, would
+    // accept too, and the Lighthouse then exits: address in use).
+    let mut listened = false;
+    let ready = async {
+        let started = Instant::now();
+        let mut warned = false;
+        loop {
             if tokio::net::TcpStream::connect(("127.0.0.1", job.port)).await.is_ok() {
-                return true;
+                tokio::time::sleep(ALIVE_CHECK).await;
+                return;
+            }
+            if !warned && started.elapsed() >= LISTEN_LIMIT {
+                tracing::warn!(
+                    port = job.port,
+                    waited_s = LISTEN_LIMIT.as_secs(),
+                    "the TorchFT Lighthouse does not accept connections yet; still waiting"
+                );
+                warned = true;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        false
     };
     let exit = tokio::select! {
+        biased;
         e = &mut exited => Some(e),
-        up = listening => {
-            if !up {
-                tracing::warn!(port = job.port, limit_s = LISTEN_LIMIT.as_secs(), "the TorchFT Lighthouse does not accept connections");
-            } else if !*published {
-                *published = publish(job).await;
-            }
+        () = cancel.cancelled() => None,
+        () = ready => {
+            listened = true;
             None
         }
-        () = cancel.cancelled() => None,
     };
     let exit = match exit {
         Some(e) => Some(e),
-        None => tokio::select! {
-            e = &mut exited => Some(e),
-            () = cancel.cancelled() => None,
-        },
+        None if cancel.is_cancelled() => None,
+        None => {
+            if !*published {
+                tracing::info!(pid = sp.pid, port = job.port, "the TorchFT Lighthouse listens");
+            }
+            let publishing = async {
+                while !*published {
+                    *published = publish(job).await;
+                    if !*published {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                    }
+                }
+                std::future::pending::<()>().await;
+            };
+            tokio::select! {
+                e = &mut exited => Some(e),
+                () = cancel.cancelled() => None,
+                () = publishing => None,
+            }
+        }
     };
+    if !listened && exit.is_some() {
+        tracing::error!(port = job.port, program = %job.program, "the TorchFT Lighthouse exited before it listened (its output is above: a port in use, a bad program?)");
+    }
     let exit = match exit {
         Some(Ok(e)) => Some(e),
         // The claim's sender is never dropped before it sends.
@@ -248,6 +286,26 @@ pub(super) async fn address(
     }
 }
 
+/// Read the Lighthouse's address again before a round: the store host
+/// may have restarted it elsewhere (a free port) meanwhile. Best effort,
+/// bounded: the address known so far stays otherwise.
+pub(super) async fn refresh(plan: &Plan, dial: &Dial, url: &mut Option<String>) {
+    let Some(Lighthouse::Run(_)) = plan.groups.as_ref().map(|g| &g.lighthouse) else { return };
+    let key = job_key(plan, "lighthouse");
+    let read = async {
+        let mut c = dial.connect().await?;
+        c.wait(std::slice::from_ref(&key)).await?;
+        c.get(&key).await
+    };
+    if let Ok(Ok(v)) = tokio::time::timeout(Duration::from_secs(5), read).await {
+        let now = String::from_utf8_lossy(&v).into_owned();
+        if url.as_deref() != Some(now.as_str()) {
+            tracing::info!(url = %now, "the TorchFT Lighthouse moved; the workers get its new address");
+            *url = Some(now);
+        }
+    }
+}
+
 /// Say which key this pod's agent heartbeats, so that the store host
 /// knows it is still there (best effort: a lost store shows elsewhere).
 pub(super) async fn register(plan: &Plan, dial: &Dial, heartbeat_key: &str) {
@@ -267,9 +325,10 @@ pub(super) async fn register(plan: &Plan, dial: &Dial, heartbeat_key: &str) {
 }
 
 /// The store host's group is done; the other groups may still train on
-/// its store and Lighthouse. Wait until every other pod left (its
-/// heartbeat says `bye`), went silent for the heartbeat timeout, or never
-/// came within the join timeout. Err(signal) when a stop signal came.
+/// its store (and Lighthouse). Wait until every other pod left (its
+/// heartbeat says `bye`), or has been silent or absent for the join
+/// timeout: the time a pod gets to come back (a container restarting).
+/// Err(signal) when a stop signal came.
 pub(super) async fn outlast_other_groups(
     plan: &Plan,
     dial: &Dial,
@@ -280,6 +339,7 @@ pub(super) async fn outlast_other_groups(
     let start = Instant::now();
     let mut seen: Vec<Seen> = others.iter().map(|_| Seen::default()).collect();
     let mut said = None::<Instant>;
+    let serves = if matches!(g.lighthouse, Lighthouse::Run(_)) { "store and Lighthouse" } else { "store" };
     let mut tick = tokio::time::interval(plan.heartbeat);
     let mut client = None;
     loop {
@@ -309,13 +369,25 @@ pub(super) async fn outlast_other_groups(
             }
         }
         if running.is_empty() {
-            tracing::info!("every other replica group is done; this pod's store and Lighthouse may stop");
+            let absent: Vec<u32> = others.iter().zip(&seen).filter(|(_, s)| !s.bye).map(|(r, _)| *r).collect();
+            if absent.is_empty() {
+                tracing::info!("every other pod left; this pod's {serves} may stop", serves = serves);
+            } else {
+                tracing::warn!(
+                    pods = ?absent,
+                    limit_s = plan.join_timeout.as_secs_f64(),
+                    "pods of other replica groups have been silent or absent for the join timeout; this pod's {serves} stop",
+                    serves = serves
+                );
+            }
             return Ok(());
         }
         if said.is_none_or(|t| now.duration_since(t) >= SAY_EVERY) {
             tracing::info!(
                 pods = ?running,
-                "waiting for the other replica groups to finish: this pod serves their store and the Lighthouse"
+                limit_s = plan.join_timeout.as_secs_f64(),
+                "waiting for the pods of the other replica groups to finish (a silent one is waited for up to the join timeout): this pod serves their {serves}",
+                serves = serves
             );
             said = Some(now);
         }
@@ -346,13 +418,10 @@ impl Seen {
         !self.bye
     }
 
-    /// Silent for the heartbeat timeout, or never registered in the join timeout.
+    /// Silent (or never registered) for the join timeout: the time a pod
+    /// gets to come back, as a lost store host gets.
     fn gone(&self, now: Instant, start: Instant, plan: &Plan) -> bool {
-        match (self.key.is_empty(), self.since) {
-            (true, _) => now.duration_since(start) >= plan.join_timeout,
-            (false, Some(t)) => now.duration_since(t) >= plan.heartbeat_timeout,
-            (false, None) => now.duration_since(start) >= plan.heartbeat_timeout,
-        }
+        now.duration_since(self.since.unwrap_or(start).max(start)) >= plan.join_timeout
     }
 }
 
@@ -386,9 +455,11 @@ mod tests {
         assert!(s.gone(at(601), t0, &plan), "never came within the join timeout (600 s)");
         assert!(s.observe("k/hb/a", Some(b"1".to_vec()), at(1)));
         assert!(s.observe("k/hb/a", Some(b"2".to_vec()), at(9)) && !s.gone(at(18), t0, &plan), "heartbeating");
-        assert!(s.observe("k/hb/a", Some(b"2".to_vec()), at(19)) && s.gone(at(19), t0, &plan), "silent for 10 s");
-        assert!(s.observe("k/hb/b", Some(b"1".to_vec()), at(20)) && !s.gone(at(21), t0, &plan), "came back: new key");
-        assert!(!s.observe("k/hb/b", Some(b"bye".to_vec()), at(22)), "left");
+        // Silent: a container restarting gets the join timeout to come back.
+        assert!(s.observe("k/hb/a", Some(b"2".to_vec()), at(30)) && !s.gone(at(30), t0, &plan), "silent 21 s");
+        assert!(s.gone(at(610), t0, &plan), "silent for the join timeout");
+        assert!(s.observe("k/hb/b", Some(b"1".to_vec()), at(611)) && !s.gone(at(612), t0, &plan), "came back: new key");
+        assert!(!s.observe("k/hb/b", Some(b"bye".to_vec()), at(613)), "left");
         assert_eq!(bracketed("fe80::1"), "[fe80::1]");
         assert_eq!(bracketed("job-0.job"), "job-0.job");
     }

@@ -174,3 +174,66 @@ fn a_killed_lighthouse_is_restarted_on_its_port_and_the_job_goes_on() {
     // and both groups end alike.
     assert!(same_params(&marks.join("params.g0.pt"), &marks.join("params.g1.pt")));
 }
+
+/// Pods of `--replica-groups 2` running `sh -c script` (1 worker each),
+/// with a Lighthouse of the user's (`TORCHFT_LIGHTHOUSE`: none is run).
+fn shell_pod(rank: u32, port: &str, script: &str) -> Pod {
+    let (r, addr) = (rank.to_string(), format!("127.0.0.{}", rank + 1));
+    let env = [
+        ("PET_NNODES", "2"),
+        ("PET_NPROC_PER_NODE", "1"),
+        ("PET_NODE_RANK", r.as_str()),
+        ("PET_MASTER_ADDR", "127.0.0.1"),
+        ("PET_MASTER_PORT", port),
+        ("PET_LOCAL_ADDR", addr.as_str()),
+        ("TORCHFT_LIGHTHOUSE", "http://127.0.0.1:9"),
+    ];
+    Pod::start(&["run", "--replica-groups", "2", "--max-restarts", "0", "--no-python", "sh", "-c", script], &env)
+}
+
+fn exited_at(p: &mut Pod) -> (i32, std::time::Instant) {
+    let code = p.code(LIMIT);
+    (code, std::time::Instant::now())
+}
+
+#[test]
+fn the_store_host_outlasts_a_group_still_training_even_when_its_own_failed() {
+    let port = free_port().to_string();
+    // Group 0's worker ends as by SIGTERM (143): a failure of its own, not a
+    // stop of the pod; group 1 trains on for 8 s.
+    let script = r#"if [ "$REPLICA_GROUP_ID" = 0 ]; then sleep 1; kill -TERM $$; else sleep 8; echo "group $REPLICA_GROUP_ID done"; fi"#;
+    let mut host = shell_pod(0, &port, script);
+    let mut other = shell_pod(1, &port, script);
+    let waiter = std::thread::spawn(move || {
+        let r = exited_at(&mut host);
+        (r, host.stderr())
+    });
+    let (code, other_done) = exited_at(&mut other);
+    assert_eq!(code, 0, "group 1 finished on the host's store:\n{}", other.stderr());
+    assert!(other.stdout().contains("group 1 done"), "{}", other.stdout());
+    assert!(!other.stderr().contains("lost the rendezvous store"), "{}", other.stderr());
+    let ((host_code, host_done), host_err) = waiter.join().expect("host");
+    assert_ne!(host_code, 0, "the host's own group failed:\n{host_err}");
+    assert!(host_done >= other_done, "the host exited before group 1 finished:\n{host_err}");
+    assert!(host_err.contains("waiting for the pods of the other replica groups to finish"), "{host_err}");
+    assert!(host_err.contains("every other pod left"), "{host_err}");
+}
+
+#[test]
+fn the_store_host_waits_for_a_pod_of_another_group_that_restarts() {
+    let port = free_port().to_string();
+    let script = r#"if [ "$REPLICA_GROUP_ID" = 0 ]; then sleep 1; else sleep 6; echo "group 1 done"; fi"#;
+    let mut host = shell_pod(0, &port, script);
+    let first = shell_pod(1, &port, script);
+    std::thread::sleep(Duration::from_secs(3));
+    // Pod 1 dies with no goodbye and comes back 12 s later (a container
+    // restart's backoff), past the 10 s heartbeat timeout.
+    first.signal(nix::sys::signal::Signal::SIGKILL);
+    drop(first);
+    std::thread::sleep(Duration::from_secs(12));
+    assert!(host.child.try_wait().expect("try_wait").is_none(), "the host left:\n{}", host.stderr());
+    let mut again = shell_pod(1, &port, script);
+    assert_eq!(again.code(LIMIT), 0, "{}", again.stderr());
+    assert!(again.stdout().contains("group 1 done"), "{}", again.stdout());
+    assert_eq!(host.code(LIMIT), 0, "{}", host.stderr());
+}
