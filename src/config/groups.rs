@@ -56,6 +56,9 @@ pub struct RunLighthouse {
     pub join_timeout_ms: u64,
     /// `--heartbeat_timeout_ms`: a group silent this long is out of the quorum.
     pub heartbeat_timeout_ms: u64,
+    /// The pod sets no RUST_LOG: the Lighthouse gets `warn` (its quorum
+    /// log at info is hundreds of lines a minute).
+    pub quiet: bool,
 }
 
 /// The Lighthouse's join wait: once more than half of the heartbeating
@@ -158,7 +161,8 @@ fn run_lighthouse(s: &mut Settings<'_>, count: u32, here: bool, python: Option<&
         ),
         Source::Derived("--replica-groups without TORCHFT_LIGHTHOUSE".into()),
     ));
-    Ok(RunLighthouse { program, port, min_replicas, join_timeout_ms, heartbeat_timeout_ms })
+    let quiet = env.get("RUST_LOG").is_none();
+    Ok(RunLighthouse { program, port, min_replicas, join_timeout_ms, heartbeat_timeout_ms, quiet })
 }
 
 /// `TRAINLET_LIGHTHOUSE`, else `torchft_lighthouse` beside the workers'

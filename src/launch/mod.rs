@@ -186,6 +186,8 @@ async fn run_job(
         %endpoint,
         node_rank = plan.node_rank,
         nnodes = %plan.nnodes_spec(),
+        replica_group = ?plan.groups.as_ref().map(|g| g.group),
+        job_node_rank = ?plan.groups.as_ref().map(|g| g.job_node_rank),
         uid = %session.me().uid,
         "joined the rendezvous"
     );
@@ -260,7 +262,9 @@ async fn run_job(
             }
             Err(sig) => {
                 if plan.serve_store {
-                    session.announce_leaving(&format!("stopped by {}", sys::signal_name(sig))).await;
+                    let why = format!("stopped by {}", sys::signal_name(sig));
+                    session.announce_leaving(&why).await;
+                    replicas::announce_leaving(&plan, &session.dial(), &why).await;
                 }
                 session.withdraw().await;
                 session.bye().await;
@@ -356,7 +360,9 @@ async fn run_job(
         if let Outcome::Stopped(sig) = outcome {
             stop_sig = Some(sig);
             if plan.serve_store {
-                session.announce_leaving(&format!("stopped by {}", sys::signal_name(sig))).await;
+                let why = format!("stopped by {}", sys::signal_name(sig));
+                session.announce_leaving(&why).await;
+                replicas::announce_leaving(plan, &session.dial(), &why).await;
             }
             // Tell the others our workers are gone, so they regroup at once;
             // the store host keeps the store up a moment for them.

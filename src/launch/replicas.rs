@@ -127,7 +127,10 @@ async fn run_once(job: &Job, spawner: &Spawner, published: &mut bool, cancel: &C
         "--heartbeat_timeout_ms".to_string(),
         r.heartbeat_timeout_ms.to_string(),
     ];
-    let sp = match spawner.spawn(WorkerSpec::piped(job.program.clone(), args, Vec::new())).await {
+    // Its quorum log is at info (hundreds of lines a minute); warnings
+    // unless the pod asks for more with RUST_LOG.
+    let env = if r.quiet { vec![("RUST_LOG".into(), "warn".into())] } else { Vec::new() };
+    let sp = match spawner.spawn(WorkerSpec::piped(job.program.clone(), args, env)).await {
         Ok(sp) => sp,
         Err(e) => {
             tracing::error!(program = %job.program, error = %crate::error::error_chain(&e), "cannot start the TorchFT Lighthouse");
@@ -306,6 +309,21 @@ pub(super) async fn refresh(plan: &Plan, dial: &Dial, url: &mut Option<String>) 
     }
 }
 
+/// The store host is stopped: tell the other groups' pods too (each group
+/// watches its own keys), so that they wait for it as for a clean leave.
+pub(super) async fn announce_leaving(plan: &Plan, dial: &Dial, why: &str) {
+    let Some(g) = plan.groups.as_ref().filter(|g| plan.serve_store && g.count > 1) else { return };
+    let tell = async {
+        let mut c = dial.connect().await?;
+        for i in (0..g.count).filter(|i| *i != g.group) {
+            let base = job_base(&crate::config::group_rdzv_id(&plan.run_id, i), plan.jobset_attempt);
+            c.set(&format!("{base}/host_left"), why.as_bytes()).await?;
+        }
+        Ok::<(), crate::store::ClientError>(())
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), tell).await;
+}
+
 /// Say which key this pod's agent heartbeats, so that the store host
 /// knows it is still there (best effort: a lost store shows elsewhere).
 pub(super) async fn register(plan: &Plan, dial: &Dial, heartbeat_key: &str) {
@@ -343,7 +361,17 @@ pub(super) async fn outlast_other_groups(
     let mut tick = tokio::time::interval(plan.heartbeat);
     let mut client = None;
     loop {
-        super::until_stop(events, plan, tick.tick()).await?;
+        tokio::select! {
+            _ = tick.tick() => {}
+            ev = events.recv() => match ev {
+                Some(SysEvent::Signal(s) | SysEvent::StopAsked(s)) if plan.stop_signals.contains(&s) => {
+                    tracing::warn!(signal = %sys::signal_name(s), "stop signal while other replica groups still train; this pod's store stops");
+                    return Err(s);
+                }
+                None => return Err(libc::SIGTERM),
+                Some(_) => continue,
+            },
+        }
         if client.is_none() {
             client = dial.connect().await.ok();
         }
