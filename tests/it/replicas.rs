@@ -73,12 +73,12 @@ fn a_killed_worker_restarts_only_its_replica_group_while_the_other_trains_on() {
     let st = std::process::Command::new(python())
         .args([&fixture("torchft_train.py"), "--reference"])
         .arg(&reference)
-        .env("TORCHFT_STEPS", "80")
+        .env("TORCHFT_STEPS", "200")
         .status()
         .expect("python");
     assert!(st.success(), "the reference run");
     let env = [
-        ("TORCHFT_STEPS", "80"),
+        ("TORCHFT_STEPS", "200"),
         ("STEP_SLEEP", "0.1"),
         ("KILL_GROUP", "1"),
         ("KILL_RANK", "1"),

@@ -21,7 +21,7 @@ fn a_killed_worker_restarts_only_its_replica_group_across_real_pods() {
         ("PET_MAX_RESTARTS", "2"),
         ("MARK_DIR", "/marks"),
         ("ADVERTISE_HOST", "fqdn"),
-        ("TORCHFT_STEPS", "80"),
+        ("TORCHFT_STEPS", "250"),
         ("STEP_SLEEP", "0.1"),
         ("KILL_GROUP", "1"),
         ("KILL_RANK", "1"),
