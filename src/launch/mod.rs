@@ -27,7 +27,7 @@ use crate::supervise::report::{Failure, RoundRecord, root_cause};
 use crate::supervise::worker::WorldView;
 use crate::sys;
 use finish::{check_writable, fail_code, forget_logs, log_root, record, report};
-use round::{RoundJob, stop_sync};
+use round::{RoundJob, reconnect, stop_sync};
 
 mod finish;
 mod hosting;
@@ -529,42 +529,6 @@ async fn run_job(
     match failed {
         Some(e) => Err(e),
         None => Ok(code),
-    }
-}
-
-/// The store went away: reconnect until the join deadline (the store host
-/// restarting). Err(exit code) when it does not come back or we are stopped.
-async fn reconnect(
-    session: &mut Session,
-    plan: &Plan,
-    events: &mut UnboundedReceiver<SysEvent>,
-    cancel: &CancellationToken,
-    cause: &str,
-) -> std::result::Result<(), u8> {
-    let timeout_s = plan.join_timeout.as_secs_f64();
-    match session.host_left_settled(HOST_LEFT_SETTLE).await {
-        Some(why) => tracing::warn!(
-            store_host = %why,
-            timeout_s,
-            "the store host left the job cleanly; waiting for it (or its replacement) to come back"
-        ),
-        None => tracing::error!(
-            error = %cause,
-            timeout_s,
-            "lost the rendezvous store; waiting for the store host to come back"
-        ),
-    }
-    let deadline = Instant::now() + plan.join_timeout;
-    match until_stop(events, plan, session.reconnect(deadline, cancel)).await {
-        Ok(Ok(())) => {
-            tracing::info!("reconnected to the rendezvous store; rejoining");
-            Ok(())
-        }
-        Ok(Err(e)) => {
-            tracing::error!(error = %crate::error::error_chain(&e), "the store host did not come back before the join deadline");
-            Err(e.exit_code().max(exit::PEER_LOST))
-        }
-        Err(sig) => Err(exit::for_signal(sig)),
     }
 }
 

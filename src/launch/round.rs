@@ -1,14 +1,20 @@
-//! One round as the job side of an attempt ([`RoundJob`]), and how the
-//! pods agree on what happened once its workers are gone ([`stop_sync`]).
+//! One round as the job side of an attempt ([`RoundJob`]), how the pods
+//! agree on what happened once its workers are gone ([`stop_sync`]), and
+//! the wait for a lost store to come back ([`reconnect`]).
 
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{HOST_LEFT_SETTLE, STOP_SYNC_MARGIN, until_stop};
 use crate::config::Plan;
 use crate::config::rules::RuleAction;
+use crate::exit;
+use crate::process::signals::SysEvent;
 use crate::rendezvous::{self, Round, Session};
 use crate::supervise::attempt::Job;
 use crate::supervise::policy::{JobEnd, RoundFacts};
 use crate::supervise::report::Failure;
-
-use super::STOP_SYNC_MARGIN;
 
 /// Report our workers gone, wait for the others (or a death verdict), and
 /// gather what every pod needs to decide the same way.
@@ -66,5 +72,41 @@ impl Job for RoundJob<'_> {
 
     async fn publish_local_done(&mut self) -> std::result::Result<(), rendezvous::Error> {
         self.session.publish_local_done(self.round).await
+    }
+}
+
+/// The store went away: reconnect until the join deadline (the store host
+/// restarting). Err(exit code) when it does not come back or we are stopped.
+pub(super) async fn reconnect(
+    session: &mut Session,
+    plan: &Plan,
+    events: &mut UnboundedReceiver<SysEvent>,
+    cancel: &CancellationToken,
+    cause: &str,
+) -> std::result::Result<(), u8> {
+    let timeout_s = plan.join_timeout.as_secs_f64();
+    match session.host_left_settled(HOST_LEFT_SETTLE).await {
+        Some(why) => tracing::warn!(
+            store_host = %why,
+            timeout_s,
+            "the store host left the job cleanly; waiting for it (or its replacement) to come back"
+        ),
+        None => tracing::error!(
+            error = %cause,
+            timeout_s,
+            "lost the rendezvous store; waiting for the store host to come back"
+        ),
+    }
+    let deadline = Instant::now() + plan.join_timeout;
+    match until_stop(events, plan, session.reconnect(deadline, cancel)).await {
+        Ok(Ok(())) => {
+            tracing::info!("reconnected to the rendezvous store; rejoining");
+            Ok(())
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %crate::error::error_chain(&e), "the store host did not come back before the join deadline");
+            Err(e.exit_code().max(exit::PEER_LOST))
+        }
+        Err(sig) => Err(exit::for_signal(sig)),
     }
 }
