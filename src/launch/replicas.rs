@@ -76,7 +76,7 @@ pub(super) fn start(plan: &Plan, spawner: &Spawner, dial: Dial, cancel: &Cancell
     let Lighthouse::Run(run) = &g.lighthouse else { return None };
     let program = run.program.clone().filter(|_| plan.serve_store)?;
     // Picked once: a restarted Lighthouse keeps the address the workers have.
-    let port = if run.port == 0 { free_port() } else { run.port };
+    let port = if run.port == 0 { crate::rendezvous::host::free_port() } else { run.port };
     let url = format!("http://{}:{port}", bracketed(&plan.endpoint.host));
     let cancel = cancel.child_token();
     let job = Job { program, port, url, run: run.clone(), key: job_key(plan, "lighthouse"), dial };
@@ -265,12 +265,7 @@ pub(super) async fn address(
     }
     let key = job_key(plan, "lighthouse");
     tracing::info!(limit_s = limit.as_secs_f64(), "waiting for the TorchFT Lighthouse's address from the store host");
-    let got = async {
-        let mut c = dial.connect().await?;
-        c.wait(std::slice::from_ref(&key)).await?;
-        c.get(&key).await
-    };
-    match super::until_stop(events, plan, tokio::time::timeout(limit, got)).await {
+    match super::until_stop(events, plan, tokio::time::timeout(limit, read_when_set(dial, &key))).await {
         Ok(Ok(Ok(v))) => {
             let url = String::from_utf8_lossy(&v).into_owned();
             tracing::info!(%url, group = g.group, groups = g.count, "the TorchFT Lighthouse's address");
@@ -295,12 +290,7 @@ pub(super) async fn address(
 pub(super) async fn refresh(plan: &Plan, dial: &Dial, url: &mut Option<String>) {
     let Some(Lighthouse::Run(_)) = plan.groups.as_ref().map(|g| &g.lighthouse) else { return };
     let key = job_key(plan, "lighthouse");
-    let read = async {
-        let mut c = dial.connect().await?;
-        c.wait(std::slice::from_ref(&key)).await?;
-        c.get(&key).await
-    };
-    if let Ok(Ok(v)) = tokio::time::timeout(Duration::from_secs(5), read).await {
+    if let Ok(Ok(v)) = tokio::time::timeout(Duration::from_secs(5), read_when_set(dial, &key)).await {
         let now = String::from_utf8_lossy(&v).into_owned();
         if url.as_deref() != Some(now.as_str()) {
             tracing::info!(url = %now, "the TorchFT Lighthouse moved; the workers get its new address");
@@ -453,9 +443,11 @@ impl Seen {
     }
 }
 
-/// A port free on this host now, for a Lighthouse asked to pick one.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind(("0.0.0.0", 0)).and_then(|l| l.local_addr()).map_or(0, |a| a.port())
+/// `key`'s value once it is set, on a connection of its own (a WAIT blocks it).
+async fn read_when_set(dial: &Dial, key: &String) -> Result<Vec<u8>, crate::store::ClientError> {
+    let mut c = dial.connect().await?;
+    c.wait(std::slice::from_ref(key)).await?;
+    c.get(key).await
 }
 
 fn bracketed(host: &str) -> String {

@@ -66,7 +66,7 @@ async fn rounds(dial: &Dial, base: &str, timing: Timing, serve: &ServeFn) -> Res
 /// A port free on this host now, for a service a worker of the round
 /// serves (JAX's coordinator, XGBoost's tracker): the kernel's pick, as
 /// torchrun picks a free `--master-port`; 0 when none could be had.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind(("0.0.0.0", 0)).and_then(|l| l.local_addr()).map_or(0, |a| a.port())
 }
 
