@@ -12,7 +12,9 @@
 //! `framework_bench.rs`), redeploy and preload (serve mode against a
 //! cold torchrun start, `--preload torch` against none: `serve_bench.rs`),
 //! actors (call overhead against the HTTP floor, actor redeploy and
-//! recovery against a cold torchrun start: `actor_bench.rs`).
+//! recovery against a cold torchrun start: `actor_bench.rs`), torchft
+//! (`torchft_bench.rs`), inplace (restarts on the cluster of
+//! tests/cluster.sh, only when named: `inplace_bench.rs`).
 //! `gate` runs a fast subset and checks each ratio against its floor in
 //! `benches/floors.toml` (`gate.rs`); `overhead` includes the bare
 //! fork/exec/wait floor (`compare bare N PROG`, no agent).
@@ -36,6 +38,8 @@ mod framework_bench;
 mod gate;
 #[path = "init_bench.rs"]
 mod init_bench;
+#[path = "inplace_bench.rs"]
+mod inplace_bench;
 #[path = "mpi_bench.rs"]
 mod mpi_bench;
 #[path = "serve_bench.rs"]
@@ -755,6 +759,11 @@ fn main() -> std::process::ExitCode {
     }
     if on("torchft") {
         torchft_bench::survivors(&mut rows);
+        progress(&rows);
+    }
+    // Only by name: it needs the cluster of tests/cluster.sh.
+    if wanted.iter().any(|w| w == "inplace") {
+        inplace_bench::restarts(&mut rows, 3);
         progress(&rows);
     }
     let mut table = String::from(

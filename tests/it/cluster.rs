@@ -26,6 +26,9 @@ use std::process::Command;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::support::cluster::{
+    cluster, cluster_with, get_json, job_on, kubectl, kubectl_stdin, logs_of, mounts_patch, pods_of,
+};
 use crate::util::repo;
 
 mod inplace;
@@ -33,42 +36,6 @@ mod torchft;
 
 /// One cluster at a time (they share their ports and bridges).
 static CLUSTER: Mutex<()> = Mutex::new(());
-
-fn cluster(args: &[&str]) -> (bool, String) {
-    cluster_with(&[], args)
-}
-
-fn cluster_with(env: &[(&str, &str)], args: &[&str]) -> (bool, String) {
-    let out = Command::new("bash")
-        .arg(repo().join("tests/cluster.sh"))
-        .args(args)
-        .envs(env.iter().copied())
-        .output()
-        .expect("bash");
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
-}
-
-fn kubectl(args: &[&str]) -> (bool, String) {
-    let mut all = vec!["kubectl"];
-    all.extend_from_slice(args);
-    cluster(&all)
-}
-
-fn kubectl_stdin(args: &[&str], input: &str) -> (bool, String) {
-    use std::io::Write;
-    let mut child = Command::new("bash")
-        .arg(repo().join("tests/cluster.sh"))
-        .arg("kubectl")
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("bash");
-    child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write");
-    let out = child.wait_with_output().expect("wait");
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
-}
 
 /// The cluster, stopped (every process gone) when the test ends.
 struct Up;
@@ -228,31 +195,6 @@ spec:
     assert!(ok && out.contains("jobset.jobset.x-k8s.io/in-place created (server dry run)"), "{out}");
 }
 
-/// A TrainJob's `runtimePatches` (the test's own manager) that add hostPath
-/// mounts to the `node` container of each named replicatedJob: (volume,
-/// host path, mount path, read-only).
-fn mounts_patch(jobs: &[&str], mounts: &[(&str, &Path, &str, bool)]) -> String {
-    let mut out = String::from(
-        "  runtimePatches:\n  - manager: trainlet.dev/tests\n    trainingRuntimeSpec:\n      template:\n        spec:\n          replicatedJobs:\n",
-    );
-    for job in jobs {
-        out.push_str(&format!(
-            "          - name: {job}\n            template:\n              spec:\n                template:\n                  spec:\n                    containers:\n                    - name: node\n                      volumeMounts:\n"
-        ));
-        for (name, _, at, ro) in mounts {
-            out.push_str(&format!("                      - {{name: {name}, mountPath: {at}, readOnly: {ro}}}\n"));
-        }
-        out.push_str("                    volumes:\n");
-        for (name, host, _, _) in mounts {
-            out.push_str(&format!(
-                "                    - {{name: {name}, hostPath: {{path: {}, type: Directory}}}}\n",
-                host.display()
-            ));
-        }
-    }
-    out
-}
-
 /// A TrainJob of runtimes/torch-distributed.yaml: tests/fixtures/ckpt_train.py
 /// on 2 pods x 2 workers (gloo), the image's python with the venv's torch
 /// (a runtime patch mounts it), checkpoints in `ckpt`.
@@ -302,33 +244,6 @@ impl Followed {
         }
         self.reader.join().expect("reader")
     }
-}
-
-fn get_json(args: &[&str]) -> serde_json::Value {
-    let mut all = vec!["get"];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["-o", "json"]);
-    let (ok, out) = kubectl(&all);
-    assert!(ok, "kubectl {all:?}: {out}");
-    serde_json::from_str(&out).expect("json")
-}
-
-/// The TrainJob's pods by completion index (node rank).
-fn pods_of(job: &str) -> BTreeMap<String, serde_json::Value> {
-    let label = format!("jobset.sigs.k8s.io/jobset-name={job}");
-    get_json(&["pods", "-l", &label])["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| {
-            Some((p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"].as_str()?.to_string(), p.clone()))
-        })
-        .collect()
-}
-
-fn logs_of(pod: &serde_json::Value) -> String {
-    let name = pod["metadata"]["name"].as_str().expect("name");
-    kubectl(&["logs", name]).1
 }
 
 /// The logs of all the job's pods, in node-rank order (ranks go to pods
@@ -732,41 +647,6 @@ spec:
             assert!(!got.contains_key(f), "{f} is left out, as by Trainer's initializer: {got:?}");
         }
     }
-}
-
-/// A TrainJob of `runtime` on 2 pods x 2 workers running `command`, with the
-/// venv's site-packages at /opt/torch (PYTHONPATH), the fixtures at
-/// /fixtures and `mounts` (hostPaths), plus `env`.
-fn job_on(
-    runtime: &str,
-    name: &str,
-    command: &str,
-    env: &[(&str, &str)],
-    mounts: &[(&str, &Path, &str, bool)],
-) -> String {
-    let site = crate::containers::torch_site();
-    let fixtures = repo().join("tests/fixtures");
-    let mut vars = String::from("    - {name: PYTHONPATH, value: /opt/torch}\n");
-    for (k, v) in env {
-        vars.push_str(&format!("    - {{name: {k}, value: \"{v}\"}}\n"));
-    }
-    let mut all =
-        vec![("torch", site.as_path(), "/opt/torch", true), ("fixtures", fixtures.as_path(), "/fixtures", true)];
-    all.extend_from_slice(mounts);
-    let patch = mounts_patch(&["node"], &all);
-    format!(
-        "apiVersion: trainer.kubeflow.org/v1alpha1
-kind: TrainJob
-metadata: {{name: {name}, namespace: default}}
-spec:
-  runtimeRef: {{name: {runtime}}}
-  trainer:
-    numNodes: 2
-    numProcPerNode: 2
-    command: {command}
-    env:
-{vars}{patch}"
-    )
 }
 
 fn uids(job: &str) -> BTreeMap<String, String> {

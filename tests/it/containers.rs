@@ -5,7 +5,6 @@
 //! test venv's site-packages, bind-mounted read-only at /opt/torch and run
 //! by the image's own python3 (the same 3.11 on Debian bookworm).
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -33,21 +32,7 @@ fn podman(args: &[&str]) -> Output {
     Command::new("podman").env("CONTAINERS_CONF", images()).args(args).output().expect("podman")
 }
 
-/// The venv's site-packages (torch), for a read-only bind mount.
-pub(crate) fn torch_site() -> PathBuf {
-    let lib = PathBuf::from(crate::util::python()).parent().and_then(|b| b.parent()).expect("venv").join("lib");
-    let site = std::fs::read_dir(&lib)
-        .expect("venv lib")
-        .filter_map(|e| e.ok().map(|e| e.path().join("site-packages")))
-        .find(|p| p.join("torch").is_dir())
-        .expect("torch in the venv");
-    assert!(
-        site.display().to_string().contains("python3.11"),
-        "the images run Debian bookworm's python3.11; the venv has {}",
-        site.display()
-    );
-    site
-}
+pub(crate) use crate::support::cluster::torch_site;
 
 /// A container started detached; removed (with force) when dropped.
 struct Container {

@@ -2,6 +2,7 @@
 //! benchmarks (`benches/`), included by both with `#[path]`: the repository,
 //! the python with torch, free loopback ports, a test CA, and fixture servers.
 
+pub mod cluster;
 pub mod fixture_server;
 
 use std::path::{Path, PathBuf};

@@ -243,3 +243,191 @@ fn with_in_place_restarts_disabled_the_uncoordinated_restart_rejoins_the_new_sto
         "resumed from its checkpoint to the uninterrupted run's parameters:\n{logs}"
     );
 }
+
+/// A JobSet of two pods that no node takes (they stay Pending): the
+/// in-place protocol needs only the pods' annotations, so trainlet can be
+/// one pod's agent from this machine (`rotated_token`).
+const PENDING_JOBSET: &str = r#"
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: rotated, namespace: default}
+spec:
+  failurePolicy: {maxRestarts: 3, restartStrategy: InPlaceRestart}
+  replicatedJobs:
+    - name: node
+      replicas: 1
+      template:
+        spec:
+          parallelism: 2
+          completions: 2
+          backoffLimit: 2147483647
+          podReplacementPolicy: Failed
+          template:
+            spec:
+              restartPolicy: Never
+              serviceAccountName: trainlet-in-place-restart
+              nodeSelector: {trainlet.dev/nowhere: "true"}
+              containers: [{name: node, image: trainlet-nowhere}]
+"#;
+
+/// A token of the runtime's service account bound to `pod` (as the
+/// kubelet's projected token is).
+fn token_for(pod: &serde_json::Value) -> String {
+    let name = pod["metadata"]["name"].as_str().expect("name");
+    let uid = pod["metadata"]["uid"].as_str().expect("uid");
+    let (ok, out) = kubectl(&[
+        "create",
+        "token",
+        "trainlet-in-place-restart",
+        "--bound-object-kind",
+        "Pod",
+        "--bound-object-name",
+        name,
+        "--bound-object-uid",
+        uid,
+        "--duration",
+        "1h",
+    ]);
+    assert!(ok, "{out}");
+    out.trim().to_string()
+}
+
+/// The HTTP status the API server gives `token` (401: not a valid token).
+fn status_with(token: &str) -> String {
+    let base: u32 = std::env::var("CLUSTER_PORT_BASE").ok().and_then(|b| b.parse().ok()).unwrap_or(26400);
+    let ca = repo().join("target/cluster/run/pki/ca.crt");
+    let out = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+        .arg(&ca)
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .arg(format!("https://127.0.0.1:{}/api", base + 2))
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Write `token` into `dir` as the kubelet's atomic writer does: a new
+/// timestamped directory, then the `..data` link swapped by a rename, so
+/// `token` (a link through `..data`) changes in one step.
+fn project_token(dir: &Path, token: &str, generation: u32) {
+    let data = format!("..gen_{generation}");
+    std::fs::create_dir(dir.join(&data)).expect("mkdir");
+    std::fs::write(dir.join(&data).join("token"), token).expect("token");
+    std::fs::copy(repo().join("target/cluster/run/pki/ca.crt"), dir.join(&data).join("ca.crt")).expect("ca");
+    std::fs::write(dir.join(&data).join("namespace"), "default").expect("namespace");
+    std::os::unix::fs::symlink(&data, dir.join("..data_tmp")).expect("link");
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).expect("swap");
+    for file in ["token", "ca.crt", "namespace"] {
+        if std::fs::symlink_metadata(dir.join(file)).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{file}"), dir.join(file)).expect("link");
+        }
+    }
+}
+
+/// The lines of `log` that contain `what`.
+fn agent_log_lines<'a>(log: &'a str, what: &str) -> Vec<&'a str> {
+    log.lines().filter(|l| l.contains(what)).collect()
+}
+
+/// The service account token rotates under a live watch, and the old one
+/// stops working: the watch, broken by an API server restart, comes back
+/// with the new token (kube's in-cluster client re-reads the file once a
+/// minute) and the JobSet's next attempt still reaches trainlet.
+///
+/// trainlet runs on this machine as the agent of a Pending pod (no node
+/// takes the JobSet's pods), in a mount namespace of its own whose
+/// `/var/run/secrets/kubernetes.io/serviceaccount` is a directory this test
+/// writes as the kubelet's atomic writer does. The test plays the kubelet's
+/// part of a rotation (the kubelet renews a projected token at 80% of its
+/// lifetime, at the earliest after 8 minutes) and the other pod's agent
+/// (it writes that pod's annotation); everything else is the real API
+/// server, the real JobSet controller and the runtime's ServiceAccount,
+/// Role and admission policy. The old token is revoked by replacing the
+/// ServiceAccount (a new UID), which the API server checks on every request.
+#[test]
+fn a_token_rotated_under_a_live_watch_is_used_when_the_watch_comes_back() {
+    let _up = up("0");
+    let file = repo().join("runtimes/torch-distributed-inplace.yaml");
+    let (ok, out) = kubectl(&["apply", "-f", file.to_str().expect("path")]);
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], PENDING_JOBSET);
+    assert!(ok, "{out}");
+    let pods = wait_for("rotated", "the JobSet's two pods", Duration::from_secs(120), || {
+        let pods = pods_of("rotated");
+        (pods.len() == 2).then_some(pods)
+    });
+    let (mine, other) = (&pods["0"], pods["1"]["metadata"]["name"].as_str().expect("name"));
+    let old = token_for(mine);
+    assert_eq!(status_with(&old), "200");
+    let sa = tempfile::tempdir().expect("tmp");
+    project_token(sa.path(), &old, 1);
+    let home = tempfile::tempdir().expect("tmp");
+    let base: u32 = std::env::var("CLUSTER_PORT_BASE").ok().and_then(|b| b.parse().ok()).unwrap_or(26400);
+    let script = format!(
+        "set -e; mount -t tmpfs trainlet-run /run; mkdir -p /run/secrets/kubernetes.io/serviceaccount; \
+         mount --bind '{}' /run/secrets/kubernetes.io/serviceaccount; \
+         exec '{}' run --in-place-restart --no-python --nproc-per-node 1 /bin/sleep 900",
+        sa.path().display(),
+        crate::util::bin().display()
+    );
+    let port = (base + 2).to_string();
+    let mut agent = crate::util::Pod::start_as(
+        Path::new("unshare"),
+        &["--mount", "--propagation", "private", "sh", "-c", &script],
+        &[
+            ("HOME", home.path().to_str().expect("home")),
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+            ("KUBERNETES_SERVICE_PORT", &port),
+            ("JOBSET_NAME", "rotated"),
+            ("POD_NAME", mine["metadata"]["name"].as_str().expect("name")),
+            ("TRAINLET_LOG", "info,kube=warn"),
+        ],
+    );
+    agent.wait_for_stderr("wrote this pod's attempt", Duration::from_secs(120));
+    let (ok, out) = kubectl(&["annotate", "pod", other, "jobset.sigs.k8s.io/in-place-restart-attempt=0"]);
+    assert!(ok, "{out}");
+    agent.wait_for_stderr("the barrier is down", Duration::from_secs(120));
+
+    // The rotation: the account replaced (the old token is refused from now
+    // on), a new token for it in the file.
+    let (ok, out) = kubectl(&["delete", "serviceaccount", "trainlet-in-place-restart"]);
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(&["apply", "-f", file.to_str().expect("path")]);
+    assert!(ok, "{out}");
+    let new = token_for(mine);
+    wait_for("rotated", "the old token refused", Duration::from_secs(60), || {
+        (status_with(&old) == "401").then_some(())
+    });
+    assert_eq!(status_with(&new), "200");
+    project_token(sa.path(), &new, 2);
+
+    // The watch breaks and must come back with the new token.
+    let (ok, out) = cluster(&["restart-apiserver"]);
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(&["annotate", "jobset", "rotated", "trainlet.dev/touched=1"]);
+    assert!(ok, "{out}");
+    let until = Instant::now() + Duration::from_secs(180);
+    loop {
+        let log = agent.stderr();
+        if log.rfind("the JobSet's watch is back") > log.rfind("the JobSet's watch failed") {
+            break;
+        }
+        assert!(Instant::now() < until, "the watch is not back within 180 s (with the new token):\n{log}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    let seen = agent.stderr();
+    let failures = agent_log_lines(&seen, "the JobSet's watch failed");
+    eprintln!("the watch failed {} times before it came back; the last: {:?}", failures.len(), failures.last());
+
+    // The JobSet's next attempt reaches trainlet through that watch.
+    let (ok, out) =
+        kubectl(&["annotate", "--overwrite", "pod", other, "jobset.sigs.k8s.io/in-place-restart-attempt=1"]);
+    assert!(ok, "{out}");
+    let code = agent.code(Duration::from_secs(120));
+    let log = agent.stderr();
+    assert_eq!(code, 1, "the in-place restart code:\n{log}");
+    assert!(log.contains("the JobSet restarts its pods in place"), "{log}");
+    let js = get_json(&["jobset", "rotated"]);
+    assert_eq!(js["status"]["previousInPlaceRestartAttempt"], serde_json::json!(0), "{}", js["status"]);
+}

@@ -1,0 +1,203 @@
+//! Restarts on the real cluster (`compare -- inplace`; needs what
+//! `bash tests/cluster.sh up` needs, built by `bash tests/run.sh`): a worker
+//! of a 2 pods x 2 workers TrainJob SIGKILLs itself at step 10
+//! (benches/inplace_steps.py), and the row is the time from that death to
+//! the end of the first training step after recovery on every rank. Three
+//! ways to recover, one after another on the same cluster:
+//!
+//! - **in place**: `runtimes/torch-distributed-inplace.yaml`; trainlet's own
+//!   budget is 0, so the pod's trainlet exits, the kubelet restarts every
+//!   container of both pods in place (JobSet's `InPlaceRestart`), and the
+//!   new trainlets meet at the JobSet's barrier, then rendezvous;
+//! - **trainlet's restart**: `runtimes/torch-distributed.yaml` with
+//!   `PET_MAX_RESTARTS=1`: trainlet restarts the workers of both pods in
+//!   their running containers;
+//! - **cold pod** (the reference): the same runtime with torch's own
+//!   `torchrun` as the container's command and the Job's `backoffLimit` 0,
+//!   so the failed pod fails its Job and the JobSet recreates every pod, as
+//!   Trainer's stock torch runtimes recover.
+//!
+//! Ratios: cold pod / in place, cold pod / trainlet's restart, and trainlet's
+//! restart / in place (how much the JobSet's protocol costs over trainlet's
+//! own restart).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::Row;
+use super::support::cluster::{cluster, cluster_with, job_on, kubectl, kubectl_stdin, pods_of};
+use super::support::repo;
+
+/// The cluster, stopped when dropped.
+struct Up;
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = cluster(&["down"]);
+    }
+}
+
+/// The reference runtime: the plain one with `torchrun` from torch as the
+/// command (no trainlet in the pod's process tree) and no pod retry inside
+/// the Job, so a failed pod restarts the whole JobSet.
+fn cold_runtime() -> String {
+    let plain = std::fs::read_to_string(repo().join("runtimes/torch-distributed.yaml")).expect("runtime");
+    let mut out = String::new();
+    let mut skip = 0usize;
+    for line in plain.lines() {
+        let indent = line.len() - line.trim_start().len();
+        if skip > 0 && indent > skip {
+            continue;
+        }
+        skip = 0;
+        if line.trim_start().starts_with("lifecycle:") {
+            skip = indent;
+            continue;
+        }
+        out.push_str(
+            &line
+                .replace("name: trainlet-torch-distributed", "name: bench-torchrun-cold")
+                .replace("backoffLimit: 4", "backoffLimit: 0"),
+        );
+        out.push('\n');
+    }
+    assert!(out.contains("bench-torchrun-cold") && out.contains("backoffLimit: 0"), "{out}");
+    out
+}
+
+/// One way to recover: its runtime's manifest, the runtime's name, the
+/// TrainJob's command and extra env.
+struct Way {
+    name: &'static str,
+    manifest: String,
+    runtime: &'static str,
+    command: &'static str,
+    env: &'static [(&'static str, &'static str)],
+}
+
+fn read_time(path: &Path) -> Option<f64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Run `way` once: the death to the first step on all 4 ranks.
+fn once(way: &Way, job: &str) -> Result<Duration, String> {
+    let marks = tempfile::tempdir().map_err(|e| e.to_string())?;
+    std::fs::set_permissions(marks.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .map_err(|e| e.to_string())?;
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &way.manifest);
+    if !ok {
+        return Err(format!("the {} runtime: {out}", way.name));
+    }
+    let benches = repo().join("benches");
+    let mut env = vec![("MARK_DIR", "/marks")];
+    env.extend_from_slice(way.env);
+    let manifest = job_on(
+        way.runtime,
+        job,
+        way.command,
+        &env,
+        &[("bench", &benches, "/bench", true), ("marks", marks.path(), "/marks", false)],
+    );
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &manifest);
+    if !ok {
+        return Err(format!("TrainJob {job}: {out}"));
+    }
+    let until = Instant::now() + Duration::from_secs(600);
+    let result = loop {
+        let firsts: Vec<f64> = (0..4).filter_map(|r| read_time(&marks.path().join(format!("first.{r}")))).collect();
+        if let (Some(killed), 4) = (read_time(&marks.path().join("killed")), firsts.len()) {
+            let last = firsts.iter().copied().fold(f64::MIN, f64::max);
+            break Ok(Duration::from_secs_f64((last - killed).max(0.0)));
+        }
+        if Instant::now() > until {
+            let pods: Vec<String> = pods_of(job).values().map(|p| p["status"].to_string()).collect();
+            break Err(format!("{}: no first step after the death within 600 s; pods: {pods:?}", way.name));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let (ok, out) = kubectl(&["delete", "trainjob", job, "--wait=true"]);
+    if !ok {
+        eprintln!("inplace bench: deleting {job}: {out}");
+    }
+    // The next run starts on an idle machine: wait until the pods are gone.
+    let gone = Instant::now() + Duration::from_secs(120);
+    while !pods_of(job).is_empty() && Instant::now() < gone {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    result
+}
+
+/// The three ways, `runs` times each (interleaved); their medians.
+pub fn restarts(rows: &mut Vec<Row>, runs: usize) {
+    let (ok, out) = cluster(&["down"]);
+    if !ok {
+        eprintln!("inplace bench: tests/cluster.sh down: {out}");
+    }
+    let (ok, out) = cluster_with(&[("CLUSTER_NODES", "2")], &["up"]);
+    let _up = Up;
+    assert!(ok, "inplace bench: tests/cluster.sh up (build it first: bash tests/run.sh): {out}");
+    let inplace = std::fs::read_to_string(repo().join("runtimes/torch-distributed-inplace.yaml")).expect("runtime");
+    let plain = std::fs::read_to_string(repo().join("runtimes/torch-distributed.yaml")).expect("runtime");
+    let ways = [
+        Way {
+            name: "in place",
+            manifest: inplace,
+            runtime: "trainlet-torch-distributed-inplace",
+            command: "[torchrun, /bench/inplace_steps.py]",
+            env: &[],
+        },
+        Way {
+            name: "trainlet's restart",
+            manifest: plain,
+            runtime: "trainlet-torch-distributed",
+            command: "[torchrun, /bench/inplace_steps.py]",
+            env: &[("PET_MAX_RESTARTS", "1")],
+        },
+        Way {
+            name: "cold pod",
+            manifest: cold_runtime(),
+            runtime: "bench-torchrun-cold",
+            command: "[python3, -m, torch.distributed.run, /bench/inplace_steps.py]",
+            env: &[],
+        },
+    ];
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); ways.len()];
+    for run in 0..runs {
+        for (i, way) in ways.iter().enumerate() {
+            match once(way, &format!("bench-{i}-{run}")) {
+                Ok(d) => {
+                    eprintln!("inplace bench: {}: {:.2} s", way.name, d.as_secs_f64());
+                    times[i].push(d);
+                }
+                Err(e) => eprintln!("inplace bench: {e}"),
+            }
+        }
+    }
+    if times.iter().any(Vec::is_empty) {
+        eprintln!("inplace bench: a way never recovered; no rows");
+        return;
+    }
+    let [inplace, restart, cold] = [0, 1, 2].map(|i| super::median(times[i].clone()));
+    let s = |d: Duration| format!("{:.2} s", d.as_secs_f64());
+    rows.push(Row {
+        name: "worker killed -> first step, 2 pods x 2 workers on the cluster: JobSet in-place restart through trainlet vs a cold pod (JobSet recreates, torchrun)".into(),
+        ours: s(inplace),
+        theirs: s(cold),
+        ratio: cold.as_secs_f64() / inplace.as_secs_f64().max(1e-3),
+        goal: "faster than a cold pod",
+    });
+    rows.push(Row {
+        name: "worker killed -> first step, 2 pods x 2 workers on the cluster: trainlet's own restart vs a cold pod (JobSet recreates, torchrun)".into(),
+        ours: s(restart),
+        theirs: s(cold),
+        ratio: cold.as_secs_f64() / restart.as_secs_f64().max(1e-3),
+        goal: "faster than a cold pod",
+    });
+    rows.push(Row {
+        name: "worker killed -> first step: JobSet in-place restart through trainlet vs trainlet's own restart".into(),
+        ours: s(inplace),
+        theirs: s(restart),
+        ratio: restart.as_secs_f64() / inplace.as_secs_f64().max(1e-3),
+        goal: "1x (as fast as trainlet's own restart)",
+    });
+}

@@ -1,0 +1,158 @@
+//! The test cluster (`tests/cluster.sh`) from Rust, shared by the cluster
+//! tests (`tests/it/cluster.rs`) and the cluster benchmarks
+//! (`benches/inplace_bench.rs`): kubectl, the TrainJobs they run (PyTorch
+//! from the test venv through a read-only hostPath, as the container tests
+//! bind-mount it) and their pods.
+#![allow(dead_code, reason = "the benchmarks use only the TrainJob helpers")]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::{python, repo};
+
+/// The venv's site-packages (torch), for a read-only mount into images
+/// whose python is Debian bookworm's 3.11.
+pub fn torch_site() -> PathBuf {
+    let lib = PathBuf::from(python()).parent().and_then(|b| b.parent()).expect("venv").join("lib");
+    let site = std::fs::read_dir(&lib)
+        .expect("venv lib")
+        .filter_map(|e| e.ok().map(|e| e.path().join("site-packages")))
+        .find(|p| p.join("torch").is_dir())
+        .expect("torch in the venv");
+    assert!(
+        site.display().to_string().contains("python3.11"),
+        "the images run Debian bookworm's python3.11; the venv has {}",
+        site.display()
+    );
+    site
+}
+
+/// `bash tests/cluster.sh ARGS...`: whether it succeeded, and its output.
+pub fn cluster(args: &[&str]) -> (bool, String) {
+    cluster_with(&[], args)
+}
+
+/// `cluster` with `env` added.
+pub fn cluster_with(env: &[(&str, &str)], args: &[&str]) -> (bool, String) {
+    let out = Command::new("bash")
+        .arg(repo().join("tests/cluster.sh"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("bash");
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// kubectl against the cluster (the admin's kubeconfig).
+pub fn kubectl(args: &[&str]) -> (bool, String) {
+    let mut all = vec!["kubectl"];
+    all.extend_from_slice(args);
+    cluster(&all)
+}
+
+/// `kubectl` with `input` on its stdin.
+pub fn kubectl_stdin(args: &[&str], input: &str) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new("bash")
+        .arg(repo().join("tests/cluster.sh"))
+        .arg("kubectl")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("bash");
+    child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write");
+    let out = child.wait_with_output().expect("wait");
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// A TrainJob's `runtimePatches` (the test's own manager) that add hostPath
+/// mounts to the `node` container of each named replicatedJob: (volume,
+/// host path, mount path, read-only).
+pub fn mounts_patch(jobs: &[&str], mounts: &[(&str, &Path, &str, bool)]) -> String {
+    let mut out = String::from(
+        "  runtimePatches:\n  - manager: trainlet.dev/tests\n    trainingRuntimeSpec:\n      template:\n        spec:\n          replicatedJobs:\n",
+    );
+    for job in jobs {
+        out.push_str(&format!(
+            "          - name: {job}\n            template:\n              spec:\n                template:\n                  spec:\n                    containers:\n                    - name: node\n                      volumeMounts:\n"
+        ));
+        for (name, _, at, ro) in mounts {
+            out.push_str(&format!("                      - {{name: {name}, mountPath: {at}, readOnly: {ro}}}\n"));
+        }
+        out.push_str("                    volumes:\n");
+        for (name, host, _, _) in mounts {
+            out.push_str(&format!(
+                "                    - {{name: {name}, hostPath: {{path: {}, type: Directory}}}}\n",
+                host.display()
+            ));
+        }
+    }
+    out
+}
+
+/// `kubectl get ARGS -o json`, parsed (panics when kubectl fails).
+pub fn get_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["get"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["-o", "json"]);
+    let (ok, out) = kubectl(&all);
+    assert!(ok, "kubectl {all:?}: {out}");
+    serde_json::from_str(&out).expect("json")
+}
+
+/// The TrainJob's pods by completion index (node rank).
+pub fn pods_of(job: &str) -> BTreeMap<String, serde_json::Value> {
+    let label = format!("jobset.sigs.k8s.io/jobset-name={job}");
+    get_json(&["pods", "-l", &label])["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            Some((p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"].as_str()?.to_string(), p.clone()))
+        })
+        .collect()
+}
+
+/// The log of `pod`'s container.
+pub fn logs_of(pod: &serde_json::Value) -> String {
+    let name = pod["metadata"]["name"].as_str().expect("name");
+    kubectl(&["logs", name]).1
+}
+
+/// A TrainJob of `runtime` on 2 pods x 2 workers running `command`, with the
+/// venv's site-packages at /opt/torch (PYTHONPATH), the fixtures at
+/// /fixtures and `mounts` (hostPaths), plus `env`.
+pub fn job_on(
+    runtime: &str,
+    name: &str,
+    command: &str,
+    env: &[(&str, &str)],
+    mounts: &[(&str, &Path, &str, bool)],
+) -> String {
+    let site = torch_site();
+    let fixtures = repo().join("tests/fixtures");
+    let mut vars = String::from("    - {name: PYTHONPATH, value: /opt/torch}\n");
+    for (k, v) in env {
+        vars.push_str(&format!("    - {{name: {k}, value: \"{v}\"}}\n"));
+    }
+    let mut all =
+        vec![("torch", site.as_path(), "/opt/torch", true), ("fixtures", fixtures.as_path(), "/fixtures", true)];
+    all.extend_from_slice(mounts);
+    let patch = mounts_patch(&["node"], &all);
+    format!(
+        "apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata: {{name: {name}, namespace: default}}
+spec:
+  runtimeRef: {{name: {runtime}}}
+  trainer:
+    numNodes: 2
+    numProcPerNode: 2
+    command: {command}
+    env:
+{vars}{patch}"
+    )
+}
