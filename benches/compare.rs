@@ -763,7 +763,7 @@ fn main() -> std::process::ExitCode {
     }
     // Only by name: it needs the cluster of tests/cluster.sh.
     if wanted.iter().any(|w| w == "inplace") {
-        inplace_bench::restarts(&mut rows, 3);
+        inplace_bench::restarts(&mut rows, 3, true);
         progress(&rows);
     }
     let mut table = String::from(

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use super::{Row, actor_bench, agent_rss, launch_rows, restart_gap, serve_bench, store_throughput};
+use super::{Row, actor_bench, agent_rss, inplace_bench, launch_rows, restart_gap, serve_bench, store_throughput};
 
 /// One floor of `benches/floors.toml`.
 #[derive(Debug)]
@@ -92,6 +92,10 @@ fn measure() -> Vec<(&'static str, Row)> {
         ],
         rows,
     );
+    // Restarts on the cluster (tests/cluster.sh), one run of each way.
+    let mut rows = Vec::new();
+    inplace_bench::restarts(&mut rows, 1, false);
+    take(&["inplace_preload_vs_cold_pod", "trainlet_restart_preload_vs_cold_pod", ""], rows);
     gated
 }
 

@@ -17,9 +17,11 @@
 //!   so the failed pod fails its Job and the JobSet recreates every pod, as
 //!   Trainer's stock torch runtimes recover.
 //!
-//! Ratios: cold pod / in place, cold pod / trainlet's restart, and trainlet's
-//! restart / in place (how much the JobSet's protocol costs over trainlet's
-//! own restart).
+//! Both trainlet ways run with `TRAINLET_PRELOAD=torch` (and, in the full
+//! run, without). Ratios: cold pod / in place, cold pod / trainlet's
+//! restart, and trainlet's restart / in place (what a container restart
+//! costs over trainlet's own restart). The gate (`gate.rs`) runs each way
+//! once; `compare -- inplace` three times, and also without the preload.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -127,8 +129,21 @@ fn once(way: &Way, job: &str) -> Result<Duration, String> {
     result
 }
 
-/// The three ways, `runs` times each (interleaved); their medians.
-pub fn restarts(rows: &mut Vec<Row>, runs: usize) {
+/// A way run by trainlet: its runtime and the extra env.
+fn by_trainlet(
+    name: &'static str,
+    manifest: &str,
+    runtime: &'static str,
+    env: &'static [(&'static str, &'static str)],
+) -> Way {
+    Way { name, manifest: manifest.to_string(), runtime, command: "[torchrun, /bench/inplace_steps.py]", env }
+}
+
+/// The ways, `runs` times each (interleaved), and their rows from the
+/// medians: in place and trainlet's restart with `TRAINLET_PRELOAD=torch`
+/// against the cold pod, and against each other; with `all`, also both
+/// without the preload against the cold pod.
+pub fn restarts(rows: &mut Vec<Row>, runs: usize, all: bool) {
     let (ok, out) = cluster(&["down"]);
     if !ok {
         eprintln!("inplace bench: tests/cluster.sh down: {out}");
@@ -138,21 +153,15 @@ pub fn restarts(rows: &mut Vec<Row>, runs: usize) {
     assert!(ok, "inplace bench: tests/cluster.sh up (build it first: bash tests/run.sh): {out}");
     let inplace = std::fs::read_to_string(repo().join("runtimes/torch-distributed-inplace.yaml")).expect("runtime");
     let plain = std::fs::read_to_string(repo().join("runtimes/torch-distributed.yaml")).expect("runtime");
-    let ways = [
-        Way {
-            name: "in place",
-            manifest: inplace,
-            runtime: "trainlet-torch-distributed-inplace",
-            command: "[torchrun, /bench/inplace_steps.py]",
-            env: &[],
-        },
-        Way {
-            name: "trainlet's restart",
-            manifest: plain,
-            runtime: "trainlet-torch-distributed",
-            command: "[torchrun, /bench/inplace_steps.py]",
-            env: &[("PET_MAX_RESTARTS", "1")],
-        },
+    let preload = &[("TRAINLET_PRELOAD", "torch")];
+    let mut ways = vec![
+        by_trainlet("in place, preload", &inplace, "trainlet-torch-distributed-inplace", preload),
+        by_trainlet(
+            "trainlet's restart, preload",
+            &plain,
+            "trainlet-torch-distributed",
+            &[("PET_MAX_RESTARTS", "1"), ("TRAINLET_PRELOAD", "torch")],
+        ),
         Way {
             name: "cold pod",
             manifest: cold_runtime(),
@@ -161,6 +170,15 @@ pub fn restarts(rows: &mut Vec<Row>, runs: usize) {
             env: &[],
         },
     ];
+    if all {
+        ways.push(by_trainlet("in place", &inplace, "trainlet-torch-distributed-inplace", &[]));
+        ways.push(by_trainlet(
+            "trainlet's restart",
+            &plain,
+            "trainlet-torch-distributed",
+            &[("PET_MAX_RESTARTS", "1")],
+        ));
+    }
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); ways.len()];
     for run in 0..runs {
         for (i, way) in ways.iter().enumerate() {
@@ -177,27 +195,41 @@ pub fn restarts(rows: &mut Vec<Row>, runs: usize) {
         eprintln!("inplace bench: a way never recovered; no rows");
         return;
     }
-    let [inplace, restart, cold] = [0, 1, 2].map(|i| super::median(times[i].clone()));
+    let medians: Vec<Duration> = times.into_iter().map(super::median).collect();
     let s = |d: Duration| format!("{:.2} s", d.as_secs_f64());
-    rows.push(Row {
-        name: "worker killed -> first step, 2 pods x 2 workers on the cluster: JobSet in-place restart through trainlet vs a cold pod (JobSet recreates, torchrun)".into(),
-        ours: s(inplace),
-        theirs: s(cold),
-        ratio: cold.as_secs_f64() / inplace.as_secs_f64().max(1e-3),
-        goal: "faster than a cold pod",
-    });
-    rows.push(Row {
-        name: "worker killed -> first step, 2 pods x 2 workers on the cluster: trainlet's own restart vs a cold pod (JobSet recreates, torchrun)".into(),
-        ours: s(restart),
-        theirs: s(cold),
-        ratio: cold.as_secs_f64() / restart.as_secs_f64().max(1e-3),
-        goal: "faster than a cold pod",
-    });
-    rows.push(Row {
-        name: "worker killed -> first step: JobSet in-place restart through trainlet vs trainlet's own restart".into(),
-        ours: s(inplace),
-        theirs: s(restart),
-        ratio: restart.as_secs_f64() / inplace.as_secs_f64().max(1e-3),
-        goal: "1x (as fast as trainlet's own restart)",
-    });
+    let row = |name: &str, ours: Duration, theirs: Duration, goal: &'static str| Row {
+        name: format!("worker killed -> first step after recovery, 2 pods x 2 workers on the cluster: {name}"),
+        ours: s(ours),
+        theirs: s(theirs),
+        ratio: theirs.as_secs_f64() / ours.as_secs_f64().max(1e-3),
+        goal,
+    };
+    let cold = medians[2];
+    rows.push(row(
+        "JobSet in-place restart through trainlet (TRAINLET_PRELOAD=torch) vs a cold pod (the JobSet recreates the pods, torchrun)",
+        medians[0],
+        cold,
+        "faster than a cold pod",
+    ));
+    rows.push(row(
+        "trainlet's own restart (TRAINLET_PRELOAD=torch) vs a cold pod",
+        medians[1],
+        cold,
+        "faster than a cold pod",
+    ));
+    rows.push(row(
+        "JobSet in-place restart vs trainlet's own restart (both TRAINLET_PRELOAD=torch)",
+        medians[0],
+        medians[1],
+        "none: a container restart re-imports torch",
+    ));
+    if all {
+        rows.push(row(
+            "JobSet in-place restart, no preload, vs a cold pod",
+            medians[3],
+            cold,
+            "faster than a cold pod",
+        ));
+        rows.push(row("trainlet's own restart, no preload, vs a cold pod", medians[4], cold, "faster than a cold pod"));
+    }
 }

@@ -225,6 +225,7 @@ async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Cancell
         cpus: None,
         mem_node: None,
         oom_score_adj: None,
+        helper: false,
     };
     let sp = spawner.spawn(spec).await?;
     let (pid, forked) = (sp.pid, sp.forked);

@@ -49,6 +49,7 @@ impl Processes for Spawning {
             cpus: None,
             mem_node: None,
             oom_score_adj: None,
+            helper: false,
         };
         let sp = self.spawner.spawn(spec).await.map_err(|e| match e {
             SpawnError::Exec { source, .. }

@@ -181,7 +181,8 @@ impl Probe {
         if let Some(d) = every {
             args.extend(["--every".to_string(), format!("{}", d.as_secs_f64())]);
         }
-        let spec = WorkerSpec::piped(exe, args, Vec::new());
+        // The agent's own helper: round-end sweeps spare it from its fork on.
+        let spec = WorkerSpec { helper: true, ..WorkerSpec::piped(exe, args, Vec::new()) };
         let sp = spawner.spawn_blocking(spec).map_err(|e| format!("cannot start the NVML probe: {e}"))?;
         Ok(Self::attach(sp))
     }
@@ -209,8 +210,6 @@ impl Probe {
                 let _ = etx.send(tail[tail.len().saturating_sub(3)..].join(" | "));
             });
         }
-        // The agent's own helper: round-end sweeps spare it.
-        crate::process::sweep::keep(sp.pid);
         Self { pid: sp.pid, lines, stderr }
     }
 

@@ -130,7 +130,10 @@ async fn run_once(job: &Job, spawner: &Spawner, published: &mut bool, cancel: &C
     // Its quorum log is at info (hundreds of lines a minute); warnings
     // unless the pod asks for more with RUST_LOG.
     let env = if r.quiet { vec![("RUST_LOG".into(), "warn".into())] } else { Vec::new() };
-    let sp = match spawner.spawn(WorkerSpec::piped(job.program.clone(), args, env)).await {
+    // The agent's helper: the end-of-round sweep must not take it for a
+    // worker's leftover, from its fork on.
+    let spec = WorkerSpec { helper: true, ..WorkerSpec::piped(job.program.clone(), args, env) };
+    let sp = match spawner.spawn(spec).await {
         Ok(sp) => sp,
         Err(e) => {
             tracing::error!(program = %job.program, error = %crate::error::error_chain(&e), "cannot start the TorchFT Lighthouse");
@@ -138,9 +141,6 @@ async fn run_once(job: &Job, spawner: &Spawner, published: &mut bool, cancel: &C
         }
     };
     let exited = crate::process::signals::claim(sp.pid, sp.forked);
-    // The agent's helper: the end-of-round sweep must not take it for a
-    // worker's leftover.
-    crate::process::sweep::keep(sp.pid);
     let sink = |is_err| Sink { prefix: "[lighthouse]: ".into(), console: true, file: None, is_err, tap: None };
     if let Some(fd) = sp.stdout {
         tokio::spawn(output::drain(fd, sink(false)));

@@ -108,6 +108,10 @@ pub struct WorkerSpec {
     /// Its `oom_score_adj` (best effort): workers get a higher one than the
     /// agent so the kernel's OOM killer prefers them.
     pub oom_score_adj: Option<i32>,
+    /// One of the agent's own helpers (the TorchFT Lighthouse, the NVML
+    /// probe): the sweeps spare it from its fork on
+    /// ([`super::sweep::start_kept`]); the caller releases it.
+    pub helper: bool,
 }
 
 impl WorkerSpec {
@@ -123,6 +127,7 @@ impl WorkerSpec {
             cpus: None,
             mem_node: None,
             oom_score_adj: None,
+            helper: false,
         }
     }
 }
@@ -213,7 +218,8 @@ fn spawn_now(spec: &WorkerSpec) -> Result<Spawned, SpawnError> {
             .is_ok()
     });
     let forked = std::time::Instant::now();
-    let child = sys::fork_exec(&plan);
+    let child =
+        if spec.helper { super::sweep::start_kept(|| sys::fork_exec(&plan), |c| c.pid) } else { sys::fork_exec(&plan) };
     if preferred.is_some() {
         let _ = sys::set_preferred_node(None);
     }

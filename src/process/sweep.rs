@@ -43,6 +43,19 @@ pub fn keep(pid: i32) {
     helpers().push(pid);
 }
 
+/// Start a helper with `start` (a fork) and keep it, both while the list
+/// of helpers is locked. The sweeps hold the same lock from reading the
+/// list to signalling what their scan found, so a sweep on another thread
+/// has either signalled before the fork or spares the new process: a
+/// helper is never taken for a worker's leftover between its fork and its
+/// [`keep`].
+pub fn start_kept<T, E>(start: impl FnOnce() -> Result<T, E>, pid: impl FnOnce(&T) -> i32) -> Result<T, E> {
+    let mut helpers = helpers();
+    let started = start()?;
+    helpers.push(pid(&started));
+    Ok(started)
+}
+
 /// Stop sparing `pid`.
 pub fn release(pid: i32) {
     helpers().retain(|p| *p != pid);
@@ -191,14 +204,16 @@ pub fn kill_all(limit: Duration) -> Swept {
     let mut killed: HashSet<i32> = HashSet::new();
     let mut quiet = 0;
     loop {
-        let spare = helpers().clone();
         let reaps = super::signals::reaps();
+        // Locked from the list to the signals: see [`start_kept`].
+        let spare = helpers();
         let proof = only_helpers_left(me, &spare);
         if proof == Some(true) {
             return Swept { killed: killed.len(), left: Vec::new() };
         }
         let found = scan(me, &spare);
         signal(&found, libc::SIGKILL);
+        drop(spare);
         killed.extend(&found.live);
         if proof.is_none() {
             quiet = if found.live.is_empty() { quiet + 1 } else { 0 };
@@ -218,11 +233,13 @@ pub fn kill_all(limit: Duration) -> Swept {
 /// `limit`.
 pub fn terminate_all(grace: Duration, limit: Duration) -> Swept {
     let me = std::process::id();
-    if only_helpers_left(me, &helpers().clone()) == Some(true) {
+    let spare = helpers();
+    if only_helpers_left(me, &spare) == Some(true) {
         return Swept::default();
     }
-    let first = scan(me, &helpers().clone());
+    let first = scan(me, &spare);
     signal(&first, libc::SIGTERM);
+    drop(spare);
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
         let reaps = super::signals::reaps();
@@ -276,5 +293,29 @@ mod tests {
         assert_eq!(got, Scan { live: vec![10, 12, 40], groups: vec![10, 11] });
         assert_eq!(scan_in(&table, 1, &[], 7).live.len(), 5);
         assert_eq!(scan_in(&table, 99, &[], 7), Scan::default());
+    }
+
+    #[test]
+    fn a_helper_is_kept_before_a_sweep_can_read_the_list_and_a_failed_start_is_not() {
+        // Pids no process has: the list is the process's own, shared by tests.
+        let (started, pid) = (std::sync::mpsc::channel(), -4242);
+        let (tx, rx) = started;
+        let starter = std::thread::spawn(move || {
+            start_kept(
+                || {
+                    tx.send(()).expect("send");
+                    std::thread::sleep(Duration::from_millis(200));
+                    Ok::<_, ()>(pid)
+                },
+                |p| *p,
+            )
+        });
+        rx.recv().expect("the start began");
+        // What a sweep reads once the fork has begun already holds the helper.
+        assert!(helpers().contains(&pid));
+        assert_eq!(starter.join().expect("join"), Ok(pid));
+        release(pid);
+        assert_eq!(start_kept(|| Err::<i32, _>("fork failed"), |p| *p), Err("fork failed"));
+        assert!(!helpers().contains(&pid) && !helpers().iter().any(|p| *p < 0));
     }
 }
