@@ -14,7 +14,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use super::{Row, actor_bench, agent_rss, inplace_bench, launch_rows, restart_gap, serve_bench, store_throughput};
+use super::{
+    Row, actor_bench, agent_rss, inplace_bench, launch_rows, restart_gap, serve_bench, store_throughput, torchft_bench,
+};
 
 /// One floor of `benches/floors.toml`.
 #[derive(Debug)]
@@ -92,6 +94,10 @@ fn measure() -> Vec<(&'static str, Row)> {
         ],
         rows,
     );
+    // TorchFT replica groups: the survivors' steps while a peer group restarts.
+    let mut rows = Vec::new();
+    torchft_bench::survivors(&mut rows);
+    take(&["torchft_survivor_steps_vs_steady_rate"], rows);
     // Restarts on the cluster (tests/cluster.sh), one run of each way.
     let mut rows = Vec::new();
     inplace_bench::restarts(&mut rows, 1, false);
