@@ -21,7 +21,8 @@
 #   bash tests/cluster.sh up      build, then start everything and wait until it is ready
 #   bash tests/cluster.sh down    stop everything this script started; no process is left
 #   bash tests/cluster.sh status  what runs, and the API server's /readyz
-#   bash tests/cluster.sh restart-apiserver   stop the API server and start it again
+#   bash tests/cluster.sh restart-apiserver [--compact]   stop the API server and start it
+#                                 again (--compact: compact etcd's history in between)
 #   bash tests/cluster.sh kubectl ARGS...   kubectl against the cluster
 #
 # State (certificates, kubeconfigs, etcd's data, logs, pids) lives in
@@ -643,6 +644,14 @@ case "${1:-}" in
     kill -TERM "$pid" 2>/dev/null || true
     while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
     say "kube-apiserver stopped"
+    if [[ ${2:-} == --compact ]]; then
+      # etcd's history up to now is compacted while no API server runs: a
+      # watch resumed from an earlier resource version gets 410 Gone.
+      rev=$(curl -sS -X POST "http://127.0.0.1:$ETCD_PORT/v3/kv/range" -d '{"key": "AA=="}' |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["header"]["revision"])')
+      curl -sS -X POST "http://127.0.0.1:$ETCD_PORT/v3/kv/compaction" -d "{\"revision\": \"$rev\", \"physical\": true}" >/dev/null
+      say "etcd compacted at revision $rev"
+    fi
     start_apiserver
     ;;
   status) status ;;

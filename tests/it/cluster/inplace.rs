@@ -330,9 +330,10 @@ fn agent_log_lines<'a>(log: &'a str, what: &str) -> Vec<&'a str> {
 }
 
 /// The service account token rotates under a live watch, and the old one
-/// stops working: the watch, broken by an API server restart, comes back
-/// with the new token (kube's in-cluster client re-reads the file once a
-/// minute) and the JobSet's next attempt still reaches trainlet.
+/// stops working: the watch, broken by an API server restart during which
+/// etcd's history is compacted, gets 410 Gone on resume, lists again and
+/// comes back with the new token (kube's in-cluster client re-reads the
+/// file once a minute); the JobSet's next attempt still reaches trainlet.
 ///
 /// trainlet runs on this machine as the agent of a Pending pod (no node
 /// takes the JobSet's pods), in a mount namespace of its own whose
@@ -345,7 +346,7 @@ fn agent_log_lines<'a>(log: &'a str, what: &str) -> Vec<&'a str> {
 /// Role and admission policy. The old token is revoked by replacing the
 /// ServiceAccount (a new UID), which the API server checks on every request.
 #[test]
-fn a_token_rotated_under_a_live_watch_is_used_when_the_watch_comes_back() {
+fn a_token_rotated_under_a_live_watch_is_used_when_it_comes_back_from_a_410() {
     let _up = up("0");
     let file = repo().join("runtimes/torch-distributed-inplace.yaml");
     let (ok, out) = kubectl(&["apply", "-f", file.to_str().expect("path")]);
@@ -401,8 +402,10 @@ fn a_token_rotated_under_a_live_watch_is_used_when_the_watch_comes_back() {
     assert_eq!(status_with(&new), "200");
     project_token(sa.path(), &new, 2);
 
-    // The watch breaks and must come back with the new token.
-    let (ok, out) = cluster(&["restart-apiserver"]);
+    // The watch breaks and must come back with the new token; etcd's
+    // history is compacted meanwhile, so resuming from the last resource
+    // version seen gets 410 Gone and the watch lists again.
+    let (ok, out) = cluster(&["restart-apiserver", "--compact"]);
     assert!(ok, "{out}");
     let (ok, out) = kubectl(&["annotate", "jobset", "rotated", "trainlet.dev/touched=1"]);
     assert!(ok, "{out}");
@@ -419,6 +422,10 @@ fn a_token_rotated_under_a_live_watch_is_used_when_the_watch_comes_back() {
     let seen = agent.stderr();
     let failures = agent_log_lines(&seen, "the JobSet's watch failed");
     eprintln!("the watch failed {} times before it came back; the last: {:?}", failures.len(), failures.last());
+    assert!(
+        failures.iter().any(|l| l.contains("too old resource version") || l.contains("Expired")),
+        "no 410 on resume after the compaction: {failures:#?}"
+    );
 
     // The JobSet's next attempt reaches trainlet through that watch.
     let (ok, out) =
