@@ -42,8 +42,7 @@ impl Drop for Up {
 /// The reference runtime: the plain one with `torchrun` from torch as the
 /// command (no trainlet in the pod's process tree) and no pod retry inside
 /// the Job, so a failed pod restarts the whole JobSet.
-fn cold_runtime() -> String {
-    let plain = std::fs::read_to_string(repo().join("runtimes/torch-distributed.yaml")).expect("runtime");
+fn cold_runtime(plain: &str) -> String {
     let mut out = String::new();
     let mut skip = 0usize;
     for line in plain.lines() {
@@ -164,7 +163,7 @@ pub fn restarts(rows: &mut Vec<Row>, runs: usize, all: bool) {
         ),
         Way {
             name: "cold pod",
-            manifest: cold_runtime(),
+            manifest: cold_runtime(&plain),
             runtime: "bench-torchrun-cold",
             command: "[python3, -m, torch.distributed.run, /bench/inplace_steps.py]",
             env: &[],

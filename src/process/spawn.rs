@@ -108,8 +108,8 @@ pub struct WorkerSpec {
     /// Its `oom_score_adj` (best effort): workers get a higher one than the
     /// agent so the kernel's OOM killer prefers them.
     pub oom_score_adj: Option<i32>,
-    /// One of the agent's own helpers (the TorchFT Lighthouse, the NVML
-    /// probe): the sweeps spare it from its fork on
+    /// One of the agent's own helpers (the Python zygote, the TorchFT
+    /// Lighthouse, the NVML probe): the sweeps spare it from its fork on
     /// ([`super::sweep::start_kept`]); the caller releases it.
     pub helper: bool,
 }

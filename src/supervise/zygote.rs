@@ -132,6 +132,8 @@ impl Zygote {
         let env = vec![("TRAINLET_ZYGOTE_SOCKET".to_string(), dir.join("sock").display().to_string())];
         let mut spec = WorkerSpec::piped(python.to_string(), args, env);
         spec.stdio = StdioMode::Piped;
+        // The agent's helper: sweeps spare it from its fork on.
+        spec.helper = true;
         let child = match spawner.spawn(spec).await {
             Ok(c) => c,
             Err(e) => {
@@ -139,7 +141,6 @@ impl Zygote {
                 return z;
             }
         };
-        crate::process::sweep::keep(child.pid);
         for (fd, is_err) in [(child.stdout, false), (child.stderr, true)] {
             if let Some(fd) = fd {
                 let sink = Sink { prefix: "[zygote]: ".into(), console: true, file: None, is_err, tap: None };

@@ -27,7 +27,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::support::cluster::{
-    cluster, cluster_with, get_json, job_on, kubectl, kubectl_stdin, logs_of, mounts_patch, pods_of,
+    api_server, cluster, cluster_with, get_json, job_on, kubectl, kubectl_stdin, logs_of, mounts_patch, pods_of,
 };
 use crate::util::repo;
 

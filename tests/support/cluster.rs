@@ -11,6 +11,13 @@ use std::process::Command;
 
 use super::{python, repo};
 
+/// The API server's loopback port (`CLUSTER_PORT_BASE` + 2) and the
+/// cluster's CA certificate.
+pub fn api_server() -> (u32, PathBuf) {
+    let base: u32 = std::env::var("CLUSTER_PORT_BASE").ok().and_then(|b| b.parse().ok()).unwrap_or(26400);
+    (base + 2, repo().join("target/cluster/run/pki/ca.crt"))
+}
+
 /// The venv's site-packages (torch), for a read-only mount into images
 /// whose python is Debian bookworm's 3.11.
 pub fn torch_site() -> PathBuf {

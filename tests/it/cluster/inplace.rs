@@ -294,13 +294,12 @@ fn token_for(pod: &serde_json::Value) -> String {
 
 /// The HTTP status the API server gives `token` (401: not a valid token).
 fn status_with(token: &str) -> String {
-    let base: u32 = std::env::var("CLUSTER_PORT_BASE").ok().and_then(|b| b.parse().ok()).unwrap_or(26400);
-    let ca = repo().join("target/cluster/run/pki/ca.crt");
+    let (port, ca) = api_server();
     let out = Command::new("curl")
         .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
         .arg(&ca)
         .args(["-H", &format!("Authorization: Bearer {token}")])
-        .arg(format!("https://127.0.0.1:{}/api", base + 2))
+        .arg(format!("https://127.0.0.1:{port}/api"))
         .output()
         .expect("curl");
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -313,7 +312,7 @@ fn project_token(dir: &Path, token: &str, generation: u32) {
     let data = format!("..gen_{generation}");
     std::fs::create_dir(dir.join(&data)).expect("mkdir");
     std::fs::write(dir.join(&data).join("token"), token).expect("token");
-    std::fs::copy(repo().join("target/cluster/run/pki/ca.crt"), dir.join(&data).join("ca.crt")).expect("ca");
+    std::fs::copy(api_server().1, dir.join(&data).join("ca.crt")).expect("ca");
     std::fs::write(dir.join(&data).join("namespace"), "default").expect("namespace");
     std::os::unix::fs::symlink(&data, dir.join("..data_tmp")).expect("link");
     std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).expect("swap");
@@ -322,11 +321,6 @@ fn project_token(dir: &Path, token: &str, generation: u32) {
             std::os::unix::fs::symlink(format!("..data/{file}"), dir.join(file)).expect("link");
         }
     }
-}
-
-/// The lines of `log` that contain `what`.
-fn agent_log_lines<'a>(log: &'a str, what: &str) -> Vec<&'a str> {
-    log.lines().filter(|l| l.contains(what)).collect()
 }
 
 /// The service account token rotates under a live watch, and the old one
@@ -363,7 +357,6 @@ fn a_token_rotated_under_a_live_watch_is_used_when_it_comes_back_from_a_410() {
     let sa = tempfile::tempdir().expect("tmp");
     project_token(sa.path(), &old, 1);
     let home = tempfile::tempdir().expect("tmp");
-    let base: u32 = std::env::var("CLUSTER_PORT_BASE").ok().and_then(|b| b.parse().ok()).unwrap_or(26400);
     let script = format!(
         "set -e; mount -t tmpfs trainlet-run /run; mkdir -p /run/secrets/kubernetes.io/serviceaccount; \
          mount --bind '{}' /run/secrets/kubernetes.io/serviceaccount; \
@@ -371,7 +364,7 @@ fn a_token_rotated_under_a_live_watch_is_used_when_it_comes_back_from_a_410() {
         sa.path().display(),
         crate::util::bin().display()
     );
-    let port = (base + 2).to_string();
+    let port = api_server().0.to_string();
     let mut agent = crate::util::Pod::start_as(
         Path::new("unshare"),
         &["--mount", "--propagation", "private", "sh", "-c", &script],
@@ -420,7 +413,7 @@ fn a_token_rotated_under_a_live_watch_is_used_when_it_comes_back_from_a_410() {
     }
 
     let seen = agent.stderr();
-    let failures = agent_log_lines(&seen, "the JobSet's watch failed");
+    let failures: Vec<&str> = seen.lines().filter(|l| l.contains("the JobSet's watch failed")).collect();
     eprintln!("the watch failed {} times before it came back; the last: {:?}", failures.len(), failures.last());
     assert!(
         failures.iter().any(|l| l.contains("too old resource version") || l.contains("Expired")),
