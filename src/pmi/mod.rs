@@ -2,6 +2,32 @@
 //! `mpirun` ask their launcher for (issue 29): rank and size, a key-value
 //! space, barriers. This module has its wire formats (`wire`); the server
 //! that answers each rank on its pre-connected `PMI_FD` comes next.
+//!
+//! Plan (work in progress, branch `pmi-wip`; read with
+//! `../shared/reference/pmi.md` and MPICH's `src/pmi/src/pmi_v1.c`,
+//! `pmi_v2.c`, `pmi_msg.c`):
+//! - Each local rank gets one end of a `socketpair` as `PMI_FD`, with
+//!   `PMI_RANK`, `PMI_SIZE`, `PMI_ID` (= rank, for `PMI2_Init`'s
+//!   `fullinit pmirank=`), `PMI_JOBID`/kvsname `trainlet-<run>-<attempt>`;
+//!   no `PMI_PORT` (MPICH would then do its `initack` handshake).
+//! - A connection speaks PMI-1 lines until `cmd=init pmi_version=2`, which
+//!   `PMI2_Init` sends first as a PMI-1 line; after the
+//!   `response_to_init pmi_version=2` it speaks PMI-2 frames.
+//! - MPICH's PMI_Init sends `init`, then `get_maxes`; `abort` (exitcode=,
+//!   error_msg=) gets no reply; `get` answers `get_result rc= found= value=`.
+//!   Intel MPI's built-in client speaks PMI-1 on `PMI_FD` when
+//!   `I_MPI_PMI_LIBRARY` is unset (flux-core's experience).
+//! - Puts are kept per pod until every local rank is in `barrier_in` /
+//!   `kvs-fence`; then the pod publishes them as one value
+//!   (`pmi/<run>/<attempt>/<fence>/<node>`), waits at one job-wide store
+//!   barrier, and reads the other pods' values once: a few store
+//!   operations per pod per fence, whatever the number of keys.
+//! - `PMI_process_mapping` is pre-put: `(vector,(0,nnodes,ppn))` for the
+//!   block layout the agents use.
+//! - A rank that exits, is killed or calls `abort` ends the round on every
+//!   pod (the supervisor's usual path: budget, rules, report); ranks left
+//!   in a barrier get no reply and are stopped with the rest. Spawn
+//!   (`mcmd=spawn`, PMI-2 `spawn`) is answered with an error that says so.
 
 #[cfg_attr(not(test), expect(dead_code, reason = "the PMI server that uses it is next (issue 29)"))]
 pub mod wire;
