@@ -28,6 +28,23 @@
 //!   pod (the supervisor's usual path: budget, rules, report); ranks left
 //!   in a barrier get no reply and are stopped with the rest. Spawn
 //!   (`mcmd=spawn`, PMI-2 `spawn`) is answered with an error that says so.
+//! - Names, from MPICH's `pmi_msg.c` (query -> reply; PMI-1 / PMI-2):
+//!   `init` -> `response_to_init` (pmi_version, pmi_subversion);
+//!   `initack pmiid=` / `fullinit pmirank=` -> `initack` / `fullinit-response`
+//!   (rank, size, appnum, spawner-jobid, debug / pmiverbose);
+//!   `get_maxes` -> `maxes` (kvsname_max, keylen_max, vallen_max; MPICH
+//!   shrinks vallen to fit its 1024-byte line); `get_universe_size` ->
+//!   `universe_size` (size); `get_appnum` -> `appnum` (appnum);
+//!   `get_my_kvsname` / `job-getid` -> `my_kvsname` (kvsname) /
+//!   `job-getid-response` (jobid); `put` -> `put_result`; `get` /
+//!   `info-getjobattr` -> `get_result` / `info-getjobattr-response` (found
+//!   TRUE/FALSE, value; PMI-1's found defaults to true when absent);
+//!   `barrier_in` -> `barrier_out`; `kvs-put`, `kvs-get`, `kvs-fence`,
+//!   `info-putnodeattr`, `info-getnodeattr` -> `<cmd>-response`;
+//!   `finalize` -> `finalize_ack` / `finalize-response`; `abort` (exitcode,
+//!   message) -> none; publish/unpublish/lookup -> `*_result` /
+//!   `name-*-response`. Check `PMIU_msg_set_response` for how `rc` and a
+//!   request's `thrid` are echoed before writing the replies.
 
 #[cfg_attr(not(test), expect(dead_code, reason = "the PMI server that uses it is next (issue 29)"))]
 pub mod wire;
