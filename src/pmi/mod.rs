@@ -47,4 +47,6 @@
 //!   request's `thrid` are echoed before writing the replies.
 
 #[cfg_attr(not(test), expect(dead_code, reason = "the PMI server that uses it is next (issue 29)"))]
+pub mod node;
+#[cfg_attr(not(test), expect(dead_code, reason = "the PMI server that uses it is next (issue 29)"))]
 pub mod wire;
