@@ -45,6 +45,16 @@
 //!   message) -> none; publish/unpublish/lookup -> `*_result` /
 //!   `name-*-response`. Check `PMIU_msg_set_response` for how `rc` and a
 //!   request's `thrid` are echoed before writing the replies.
+//! - Seen (2026-11-26, Debian bookworm's MPICH 4.0.2, an `MPI_Allreduce`
+//!   program, a throwaway PMI-1 server on socketpairs): `init
+//!   pmi_version=1 pmi_subversion=1`, `get_maxes`, `get_appnum`,
+//!   `get_my_kvsname`, `get key=PMI_process_mapping`, `barrier_in`, then
+//!   puts (`-bcast-1-0`, `-allgather-shm-1-<rank>`, values of about 430
+//!   hex characters) each followed by a barrier and gets, a last barrier
+//!   and `finalize`. Replies with `rc=0` first were accepted. 2 and 4
+//!   ranks ran to the right sums with `(vector,(0,1,N))`, `(vector,(0,2,1))`
+//!   and `(vector,(0,2,2))`. `MPIR_CVAR_PMI_VERSION=2` did not switch this
+//!   build to PMI-2: the PMI-2 path needs another client (Intel MPI).
 
 #[cfg_attr(not(test), expect(dead_code, reason = "the PMI server that uses it is next (issue 29)"))]
 pub mod node;
