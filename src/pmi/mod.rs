@@ -56,7 +56,6 @@
 //!   and `(vector,(0,2,2))`. `MPIR_CVAR_PMI_VERSION=2` did not switch this
 //!   build to PMI-2: the PMI-2 path needs another client (Intel MPI).
 
-#[cfg_attr(not(test), expect(dead_code, reason = "the PMI server that uses it is next (issue 29)"))]
 pub mod node;
-#[cfg_attr(not(test), expect(dead_code, reason = "the PMI server that uses it is next (issue 29)"))]
+pub mod server;
 pub mod wire;
