@@ -56,6 +56,7 @@
 //!   and `(vector,(0,2,2))`. `MPIR_CVAR_PMI_VERSION=2` did not switch this
 //!   build to PMI-2: the PMI-2 path needs another client (Intel MPI).
 
+pub mod fence;
 pub mod node;
 pub mod server;
 pub mod wire;
