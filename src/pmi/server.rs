@@ -275,4 +275,66 @@ mod tests {
         assert_eq!(ended, Ok(Ended::Finalized), "{outs:?}");
         assert!(outs.iter().all(|o| o.contains("of 2 sum 3")), "{outs:?}");
     }
+
+    /// Two pods of 2 real MPICH ranks each, one store between them (the
+    /// fence of `super::super::fence`). Ignored like the test above.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs PMI_TEST_PROGRAM: an MPICH program (work in progress, issue 29)"]
+    async fn mpich_ranks_on_two_pods_meet_through_the_store() {
+        use std::sync::Arc;
+
+        use crate::store::{Budget, Client, StoreServer, bind_listener};
+
+        let program = std::env::var("PMI_TEST_PROGRAM").expect("PMI_TEST_PROGRAM");
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let listener = bind_listener(Some("127.0.0.1".parse().expect("ip")), 0).expect("bind");
+        let store = StoreServer::start(listener, Arc::new(Budget::new(64 << 20)), cancel.child_token()).expect("serve");
+        let mut pods = Vec::new();
+        let mut children = Vec::new();
+        for node in 0..2u32 {
+            let job = Job {
+                kvsname: "kvs_1".into(),
+                size: 4,
+                first_rank: node * 2,
+                local: 2,
+                mapping: "(vector,(0,2,2))".into(),
+            };
+            let mut servers = Vec::new();
+            for l in 0..2 {
+                let (a, b) = std::os::unix::net::UnixStream::pair().expect("pair");
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&b);
+                nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).expect("inheritable");
+                children.push(
+                    std::process::Command::new(&program)
+                        .env("PMI_FD", fd.to_string())
+                        .env("PMI_RANK", (node * 2 + l).to_string())
+                        .env("PMI_SIZE", "4")
+                        .stdout(std::process::Stdio::piped())
+                        .spawn()
+                        .expect("spawn"),
+                );
+                drop(b);
+                a.set_nonblocking(true).expect("nonblocking");
+                servers.push(UnixStream::from_std(a).expect("tokio"));
+            }
+            let client = Client::connect(store.local_addr()).await.expect("connect");
+            let fence = super::super::fence::StoreFence {
+                client,
+                prefix: "trainlet/r/pmi/0".into(),
+                node: node as usize,
+                nnodes: 2,
+            };
+            pods.push(tokio::spawn(serve(Node::new(job), servers, fence)));
+        }
+        for pod in pods {
+            let ended = tokio::time::timeout(std::time::Duration::from_secs(60), pod).await;
+            assert!(matches!(ended, Ok(Ok(Ended::Finalized))), "{ended:?}");
+        }
+        let outs: Vec<String> = children
+            .into_iter()
+            .map(|c| String::from_utf8_lossy(&c.wait_with_output().expect("wait").stdout).into_owned())
+            .collect();
+        assert!(outs.iter().all(|o| o.contains("of 4 sum 10")), "{outs:?}");
+        cancel.cancel();
+    }
 }
