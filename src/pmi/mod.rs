@@ -55,6 +55,18 @@
 //!   ranks ran to the right sums with `(vector,(0,1,N))`, `(vector,(0,2,1))`
 //!   and `(vector,(0,2,2))`. `MPIR_CVAR_PMI_VERSION=2` did not switch this
 //!   build to PMI-2: the PMI-2 path needs another client (Intel MPI).
+//!   Intel MPI 2021.18.1 (PyPI `impi-rt`, mpi4py 4.1.2) sent the same
+//!   PMI-1 sequence on `PMI_FD` and ran, with `(vector,(0,1,2))` and
+//!   `(vector,(0,2,1))`; `I_MPI_PMI=pmi2` did not switch it to PMI-2 (find
+//!   the setting that does, or an MPI that speaks it, for the PMI-2 tests).
+//! - Done on this branch: `wire`, `node` (one pod's state machine),
+//!   `server` (the sockets), `fence` (the store); real MPICH ranks on one
+//!   and on two pods run against them (ignored tests, `PMI_TEST_PROGRAM`).
+//!   Next: the spawner passing a socketpair end to each rank as `PMI_FD`
+//!   (a dup2 in the child: `sys.rs`), `--framework mpi` without SSH in the
+//!   launch flow (the fence's prefix per attempt, the service's end feeding
+//!   the round's verdict), the tests in tests/it with mpicc-built programs,
+//!   mpi4py's suite, the runtime, the benchmark.
 
 pub mod fence;
 pub mod node;
