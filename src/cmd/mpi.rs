@@ -226,6 +226,7 @@ async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Cancell
         mem_node: None,
         oom_score_adj: None,
         helper: false,
+        pass_fd: None,
     };
     let sp = spawner.spawn(spec).await?;
     let (pid, forked) = (sp.pid, sp.forked);

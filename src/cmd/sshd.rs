@@ -50,6 +50,7 @@ impl Processes for Spawning {
             mem_node: None,
             oom_score_adj: None,
             helper: false,
+            pass_fd: None,
         };
         let sp = self.spawner.spawn(spec).await.map_err(|e| match e {
             SpawnError::Exec { source, .. }

@@ -112,6 +112,8 @@ pub struct WorkerSpec {
     /// Lighthouse, the NVML probe): the sweeps spare it from its fork on
     /// ([`super::sweep::start_kept`]); the caller releases it.
     pub helper: bool,
+    /// A descriptor the process gets as fd 3 (an MPI rank's `PMI_FD`).
+    pub pass_fd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
 
 impl WorkerSpec {
@@ -128,6 +130,7 @@ impl WorkerSpec {
             mem_node: None,
             oom_score_adj: None,
             helper: false,
+            pass_fd: None,
         }
     }
 }
@@ -282,6 +285,7 @@ fn exec_plan(spec: &WorkerSpec) -> std::io::Result<sys::ExecPlan> {
         stdio,
         affinity: spec.cpus.as_ref().map(|cpus| sys::cpu_mask(cpus.iter())),
         oom_score_adj: spec.oom_score_adj,
+        pass_fd: spec.pass_fd.as_ref().map(|fd| std::os::fd::AsRawFd::as_raw_fd(&**fd)),
     })
 }
 

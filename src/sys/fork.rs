@@ -37,6 +37,9 @@ pub struct ExecPlan {
     pub affinity: Option<Vec<libc::c_ulong>>,
     /// Written to /proc/self/oom_score_adj (best effort), if any.
     pub oom_score_adj: Option<i32>,
+    /// A descriptor the child gets as fd 3, open across exec (a rank's
+    /// `PMI_FD`); the caller keeps it open until `fork_exec` returns.
+    pub pass_fd: Option<i32>,
 }
 
 /// A started child: its pid (also its process group) and the parent's ends
@@ -82,13 +85,19 @@ fn pipe_above_stdio() -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), Er
 }
 
 fn above_stdio(fd: std::os::fd::OwnedFd) -> Result<std::os::fd::OwnedFd, Errno> {
+    above(fd, 3)
+}
+
+/// `fd` itself when it is numbered `min` or above, else a close-on-exec
+/// copy that is (the original closed).
+fn above(fd: std::os::fd::OwnedFd, min: i32) -> Result<std::os::fd::OwnedFd, Errno> {
     use std::os::fd::{AsRawFd, FromRawFd};
-    if fd.as_raw_fd() > 2 {
+    if fd.as_raw_fd() >= min {
         return Ok(fd);
     }
     // SAFETY: fcntl(F_DUPFD_CLOEXEC) on an fd we own returns a new fd that
     // nobody else owns; the original is closed when `fd` drops.
-    let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+    let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
     if new < 0 {
         return Err(Errno::last());
     }
@@ -134,6 +143,23 @@ pub fn fork_exec(plan: &ExecPlan) -> Result<Forked, ForkExecError> {
         }
     }
     let (err_r, err_w) = pipe_above_stdio().map_err(setup)?;
+    // The passed descriptor becomes fd 3 in the child: neither it nor the
+    // error pipe may be fd 3 before that.
+    let pass: Option<OwnedFd> = match plan.pass_fd {
+        Some(fd) => {
+            // SAFETY: the caller keeps `fd` open for this call; the copy
+            // (close-on-exec, numbered 4 or above) is ours.
+            let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 4) };
+            if copy < 0 {
+                return Err(setup(Errno::last()));
+            }
+            // SAFETY: `copy` is a freshly opened fd owned by nothing else.
+            Some(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(copy) })
+        }
+        None => None,
+    };
+    let err_w = if pass.is_some() { above(err_w, 4).map_err(setup)? } else { err_w };
+    let pass_raw = pass.as_ref().map_or(-1, |p| p.as_raw_fd());
     // Raw values the child reads: -1 = leave the stream as it is.
     let mut src = [-1i32; 3];
     for i in 0..3 {
@@ -171,11 +197,12 @@ pub fn fork_exec(plan: &ExecPlan) -> Result<Forked, ForkExecError> {
     if pid == 0 {
         // SAFETY: see above; this block runs in the child only.
         unsafe {
-            child_after_fork(plan, &src, &argv, &envp, parent, oom.as_ref(), err_fd);
+            child_after_fork(plan, &src, pass_raw, &argv, &envp, parent, oom.as_ref(), err_fd);
         }
     }
     drop(err_w);
     drop(null);
+    drop(pass);
     let mut ends: [Option<OwnedFd>; 3] = [None, None, None];
     for (i, p) in pipes.into_iter().enumerate() {
         if let Some((child, ours)) = p {
@@ -213,9 +240,11 @@ pub fn fork_exec(plan: &ExecPlan) -> Result<Forked, ForkExecError> {
 /// # Safety
 /// Call only in the child right after fork; every pointer must come from
 /// data prepared before the fork. Never returns.
+#[expect(clippy::too_many_arguments, reason = "the child reads only what the parent prepared, passed as is")]
 unsafe fn child_after_fork(
     plan: &ExecPlan,
     src: &[i32; 3],
+    pass: i32,
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
     parent: i32,
@@ -266,6 +295,11 @@ unsafe fn child_after_fork(
         // runtime or a shell) stay with it. Marked close-on-exec, so the
         // error pipe still reports; a kernel before 5.11 leaves them open.
         libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+        // The one descriptor that does cross, as fd 3 (the source is 4 or
+        // above, so dup2 makes a copy and clears FD_CLOEXEC on it).
+        if pass >= 0 && libc::dup2(pass, 3) < 0 {
+            fail(STAGE_SETUP, *libc::__errno_location());
+        }
         if let Some(dir) = &plan.cwd
             && libc::chdir(dir.as_ptr()) != 0
         {
@@ -300,5 +334,51 @@ unsafe fn child_after_fork(
             errno = e;
         }
         fail(STAGE_EXEC, if denied { libc::EACCES } else { errno })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CString;
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    fn plan(program: &str, args: &[&str], pass: i32) -> ExecPlan {
+        let mut argv = vec![CString::new(program).expect("c")];
+        argv.extend(args.iter().map(|a| CString::new(*a).expect("c")));
+        ExecPlan {
+            candidates: vec![CString::new(program).expect("c")],
+            argv,
+            envp: vec![CString::new("PATH=/usr/bin:/bin").expect("c")],
+            cwd: None,
+            stdio: [ChildIo::Null, ChildIo::Null, ChildIo::Null],
+            affinity: None,
+            oom_score_adj: None,
+            pass_fd: Some(pass),
+        }
+    }
+
+    #[test]
+    fn a_passed_descriptor_is_the_childs_fd_3_and_exec_failures_still_come_back() {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("pair");
+        // The child writes on fd 3 and lists its descriptors there: only 0-3
+        // cross exec (and the listing's own directory).
+        let script = "echo hi >&3; ls /proc/self/fd >&3";
+        let child = fork_exec(&plan("/bin/sh", &["-c", script], theirs.as_raw_fd())).expect("spawn");
+        assert!(child.pid > 0);
+        drop(theirs);
+        let mut got = String::new();
+        (&ours).read_to_string(&mut got).expect("read");
+        let mut lines = got.lines();
+        assert_eq!(lines.next(), Some("hi"), "{got}");
+        let fds: Vec<u32> = lines.filter_map(|l| l.parse().ok()).collect();
+        assert!(fds.starts_with(&[0, 1, 2, 3]) && fds.len() <= 5, "{got}");
+        let (_keep, theirs) = std::os::unix::net::UnixStream::pair().expect("pair");
+        assert_eq!(
+            fork_exec(&plan("/nonexistent/program", &[], theirs.as_raw_fd())).map(|f| f.pid),
+            Err(ForkExecError::Exec(Errno::ENOENT))
+        );
     }
 }
