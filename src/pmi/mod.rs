@@ -62,8 +62,9 @@
 //! - Done on this branch: `wire`, `node` (one pod's state machine),
 //!   `server` (the sockets), `fence` (the store); real MPICH ranks on one
 //!   and on two pods run against them (ignored tests, `PMI_TEST_PROGRAM`).
-//!   Next: the spawner passing a socketpair end to each rank as `PMI_FD`
-//!   (a dup2 in the child: `sys.rs`), `--framework mpi` without SSH in the
+//!   The spawner passes a descriptor as the child's fd 3
+//!   (`WorkerSpec::pass_fd`, `sys::fork`), so `PMI_FD=3`.
+//!   Next: `--framework mpi` without SSH in the
 //!   launch flow (the fence's prefix per attempt, the service's end feeding
 //!   the round's verdict), the tests in tests/it with mpicc-built programs,
 //!   mpi4py's suite, the runtime, the benchmark.
