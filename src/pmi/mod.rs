@@ -64,6 +64,16 @@
 //!   and on two pods run against them (ignored tests, `PMI_TEST_PROGRAM`).
 //!   The spawner passes a descriptor as the child's fd 3
 //!   (`WorkerSpec::pass_fd`, `sys::fork`), so `PMI_FD=3`.
+//!   Where it plugs in: a `Framework::Mpi` (`config/framework.rs`, with
+//!   Trainer's MPI env where it applies); per-rank env in
+//!   `supervise/worker.rs::framework_env` (`PMI_RANK` = group_rank * nproc
+//!   + local, `PMI_SIZE`, `PMI_ID`, `PMI_FD=3`); per round in
+//!   `launch/mod.rs` (beside the XGBoost tracker): a socketpair per local
+//!   rank (`WorkerSpec::pass_fd`), `server::serve` on a task with a
+//!   `fence::StoreFence` over a new store connection, prefix
+//!   `trainlet/<run>/pmi/<round>`, mapping `(vector,(0,nnodes,nproc))`;
+//!   its `Ended::Aborted`/`Fence` must end the round like a failed worker
+//!   (`supervise/attempt.rs` gets it as an event), naming the rank.
 //!   Next: `--framework mpi` without SSH in the
 //!   launch flow (the fence's prefix per attempt, the service's end feeding
 //!   the round's verdict), the tests in tests/it with mpicc-built programs,
