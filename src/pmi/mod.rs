@@ -66,8 +66,8 @@
 //!   (`WorkerSpec::pass_fd`, `sys::fork`), so `PMI_FD=3`.
 //!   Where it plugs in: a `Framework::Mpi` (`config/framework.rs`, with
 //!   Trainer's MPI env where it applies); per-rank env in
-//!   `supervise/worker.rs::framework_env` (`PMI_RANK` = group_rank * nproc
-//!   + local, `PMI_SIZE`, `PMI_ID`, `PMI_FD=3`); per round in
+//!   `supervise/worker.rs::framework_env` (`PMI_RANK` the global rank,
+//!   `PMI_SIZE`, `PMI_ID`, `PMI_FD=3`); per round in
 //!   `launch/mod.rs` (beside the XGBoost tracker): a socketpair per local
 //!   rank (`WorkerSpec::pass_fd`), `server::serve` on a task with a
 //!   `fence::StoreFence` over a new store connection, prefix
