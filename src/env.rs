@@ -103,7 +103,7 @@ pub const TORCH_NCCL_ASYNC_ERROR_HANDLING: &str = "TORCH_NCCL_ASYNC_ERROR_HANDLI
 /// Where a failure report is copied when set on the agent (torchrun's `@record`).
 pub const TORCHELASTIC_ERROR_FILE: &str = "TORCHELASTIC_ERROR_FILE";
 
-/// `--framework`: torch, jax or xgboost (default: detected from the env).
+/// `--framework`: torch, jax, xgboost or mpi (default: detected from the env).
 pub const TRAINLET_FRAMEWORK: &str = "TRAINLET_FRAMEWORK";
 /// Trainer's JAX plugin: `<trainjob>-node-0-0.<trainjob>:29500` (the store
 /// endpoint for trainlet; workers get the coordinator's own address).
@@ -123,6 +123,21 @@ pub const DMLC_TRACKER_PORT: &str = "DMLC_TRACKER_PORT";
 pub const DMLC_TASK_ID: &str = "DMLC_TASK_ID";
 /// Trainer's XGBoost plugin: pods x GPUs (or pods on CPU); workers get the world size.
 pub const DMLC_NUM_WORKER: &str = "DMLC_NUM_WORKER";
+
+/// PMI (`--framework mpi`): the descriptor of a rank's pre-connected PMI socket.
+pub const PMI_FD: &str = "PMI_FD";
+/// PMI: the rank's global rank.
+pub const PMI_RANK: &str = "PMI_RANK";
+/// PMI: ranks in the job.
+pub const PMI_SIZE: &str = "PMI_SIZE";
+/// PMI-2: the id `PMI2_Init` sends in `fullinit pmirank=` (the rank).
+pub const PMI_ID: &str = "PMI_ID";
+/// PMI-2 (Slurm's client library): the job id (the key-value space's name).
+pub const PMI_JOBID: &str = "PMI_JOBID";
+/// Hydra's: the rank's index on its node (Intel MPI reads it).
+pub const MPI_LOCALRANKID: &str = "MPI_LOCALRANKID";
+/// Hydra's: ranks on the node.
+pub const MPI_LOCALNRANKS: &str = "MPI_LOCALNRANKS";
 
 /// Trainer's status endpoint (`TrainJobStatus` feature gate): the URL workers POST
 /// `{"trainerStatus": ...}` to; trainlet posts there and gives workers its own.

@@ -42,7 +42,6 @@ pub(crate) mod launch;
 pub(crate) mod lobby;
 pub(crate) mod metrics;
 pub mod mpi;
-#[cfg_attr(not(test), expect(dead_code, reason = "the launch path that serves PMI is next (issue 29)"))]
 pub(crate) mod pmi;
 pub(crate) mod process;
 pub(crate) mod progress;

@@ -58,7 +58,7 @@ pub(super) fn resolve(
                     s.prov.push(("python", python.clone(), src));
                     Some(python)
                 }
-                Framework::Torch | Framework::Jax => None,
+                Framework::Torch | Framework::Jax | Framework::Mpi => None,
             };
             Entrypoint {
                 program: script.clone(),

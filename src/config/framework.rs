@@ -23,6 +23,12 @@ pub enum Framework {
     /// worker per GPU (or `--nproc-per-node` on CPU), and XGBoost's
     /// RabitTracker run by trainlet on the store host per round.
     Xgboost,
+    /// MPI ranks without mpirun or SSH: each pod's agent starts its ranks
+    /// and serves them PMI-1/PMI-2 on a pre-connected `PMI_FD`
+    /// (`crate::pmi`); the key-value space is the job's store. Pod counts
+    /// and the store endpoint come from torch's names (Trainer's torch
+    /// policy, which a runtime without a launcher uses): `PET_*`.
+    Mpi,
 }
 
 impl Framework {
@@ -32,13 +38,14 @@ impl Framework {
             Framework::Torch => "torch",
             Framework::Jax => "jax",
             Framework::Xgboost => "xgboost",
+            Framework::Mpi => "mpi",
         }
     }
 
     /// Env names for the pod count, after `PET_NNODES`.
     pub(super) fn nnodes_env(self) -> &'static [&'static str] {
         match self {
-            Framework::Torch | Framework::Xgboost => &[env::PET_NNODES],
+            Framework::Torch | Framework::Xgboost | Framework::Mpi => &[env::PET_NNODES],
             Framework::Jax => &[env::PET_NNODES, env::JAX_NUM_PROCESSES],
         }
     }
@@ -46,7 +53,7 @@ impl Framework {
     /// Env names for the node rank, with the completion index last.
     pub(super) fn node_rank_env(self) -> &'static [&'static str] {
         match self {
-            Framework::Torch => &[env::PET_NODE_RANK, env::JOB_COMPLETION_INDEX],
+            Framework::Torch | Framework::Mpi => &[env::PET_NODE_RANK, env::JOB_COMPLETION_INDEX],
             Framework::Jax => &[env::PET_NODE_RANK, env::JAX_PROCESS_ID, env::JOB_COMPLETION_INDEX],
             Framework::Xgboost => &[env::PET_NODE_RANK, env::DMLC_TASK_ID, env::JOB_COMPLETION_INDEX],
         }
@@ -55,7 +62,7 @@ impl Framework {
     /// Env names for the store endpoint `host:port`.
     pub(super) fn endpoint_env(self) -> &'static [&'static str] {
         match self {
-            Framework::Torch | Framework::Xgboost => &[env::PET_RDZV_ENDPOINT],
+            Framework::Torch | Framework::Xgboost | Framework::Mpi => &[env::PET_RDZV_ENDPOINT],
             Framework::Jax => &[env::PET_RDZV_ENDPOINT, env::JAX_COORDINATOR_ADDRESS],
         }
     }
@@ -63,7 +70,7 @@ impl Framework {
     /// Env names for the store host.
     pub(super) fn addr_env(self) -> &'static [&'static str] {
         match self {
-            Framework::Torch | Framework::Jax => &[env::PET_MASTER_ADDR],
+            Framework::Torch | Framework::Jax | Framework::Mpi => &[env::PET_MASTER_ADDR],
             Framework::Xgboost => &[env::PET_MASTER_ADDR, env::DMLC_TRACKER_URI],
         }
     }
@@ -71,14 +78,14 @@ impl Framework {
     /// Env names for the store port.
     pub(super) fn port_env(self) -> &'static [&'static str] {
         match self {
-            Framework::Torch | Framework::Jax => &[env::PET_MASTER_PORT],
+            Framework::Torch | Framework::Jax | Framework::Mpi => &[env::PET_MASTER_PORT],
             Framework::Xgboost => &[env::PET_MASTER_PORT, env::DMLC_TRACKER_PORT],
         }
     }
 }
 
 /// `--framework`, else `TRAINLET_FRAMEWORK`, else detected: PET_* means
-/// torch, JAX_* jax, DMLC_* xgboost, nothing torch.
+/// torch, JAX_* jax, DMLC_* xgboost, nothing torch (mpi is only ever asked for).
 pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>) -> Result<Framework, Error> {
     let env = s.env;
     let l = lookup(args.framework.as_deref(), "--framework", env, &[env::TRAINLET_FRAMEWORK]);
@@ -86,7 +93,8 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>) -> Result<Framework,
         Some("torch" | "pytorch") => (Framework::Torch, l.source),
         Some("jax") => (Framework::Jax, l.source),
         Some("xgboost") => (Framework::Xgboost, l.source),
-        Some(v) => return Err(invalid(&l.origin(), v, "torch, jax or xgboost")),
+        Some("mpi") => (Framework::Mpi, l.source),
+        Some(v) => return Err(invalid(&l.origin(), v, "torch, jax, xgboost or mpi")),
         None => {
             let has = |names: &[&'static str]| -> Option<&'static str> {
                 names.iter().find(|n| env.get(n).is_some()).copied()
@@ -124,6 +132,7 @@ mod tests {
     #[test_case(&[], &[("DMLC_TRACKER_URI", "x-node-0-0.x")], Framework::Xgboost; "xgboost env")]
     #[test_case(&[], &[("PET_NNODES", "2"), ("DMLC_TRACKER_URI", "h")], Framework::Torch; "torch env wins")]
     #[test_case(&["--framework", "jax"], &[("TRAINLET_FRAMEWORK", "xgboost")], Framework::Jax; "flag over env")]
+    #[test_case(&[], &[("TRAINLET_FRAMEWORK", "mpi"), ("PET_NNODES", "2")], Framework::Mpi; "mpi is asked for")]
     #[test_case(&[], &[("TRAINLET_FRAMEWORK", "xgboost"), ("JAX_NUM_PROCESSES", "2")], Framework::Xgboost; "env over detection")]
     fn detected(a: &[&str], e: &[(&str, &str)], want: Framework) {
         let env = Env::from_pairs(e.iter().copied());
@@ -136,6 +145,6 @@ mod tests {
         let env = Env::default();
         let mut s = Settings::new(&env);
         let e = resolve(&args(&["--framework", "tensorflow", "t.py"]), &mut s).expect_err("bad");
-        assert!(e.to_string().contains("--framework") && e.to_string().contains("torch, jax or xgboost"), "{e}");
+        assert!(e.to_string().contains("--framework") && e.to_string().contains("torch, jax, xgboost or mpi"), "{e}");
     }
 }

@@ -32,6 +32,7 @@ use round::{RoundJob, reconnect, stop_sync};
 mod finish;
 mod hosting;
 mod inplace;
+mod pmi;
 mod progress;
 mod replicas;
 mod round;
@@ -305,6 +306,7 @@ async fn run_job(
                 master_port = round.worker_port,
                 "starting workers"
             );
+            let pmi = (plan.framework == Framework::Mpi).then(|| pmi::start(&session, &round, plan));
             let world = WorldView {
                 plan,
                 master_addr: &master_addr,
@@ -313,10 +315,14 @@ async fn run_job(
                 restarts,
                 status: progress.link(),
                 tap: served.as_ref().and_then(serve::Served::tap),
-                unstartable: served.as_ref().and_then(serve::Served::unstartable),
+                unstartable: served
+                    .as_ref()
+                    .and_then(serve::Served::unstartable)
+                    .or_else(|| pmi.as_ref().and_then(|p| p.as_ref().err()).map(String::as_str)),
                 zygote: zygote.as_ref(),
                 survivors: served.as_ref().and_then(serve::Served::survivors),
                 lighthouse: lighthouse_url.as_deref(),
+                pmi: pmi.as_ref().and_then(|p| p.as_ref().ok()),
                 group_rank: round.group_rank,
                 nnodes: round.nnodes,
             };

@@ -4,7 +4,7 @@
 //! number of ranks and keys (issue 29).
 
 use super::server::Fence;
-use crate::store::Client;
+use crate::store::{Client, Dial};
 
 /// The most bytes of one key or value in a pod's blob (a hostile or broken
 /// pod's value is checked, never trusted).
@@ -13,9 +13,12 @@ const MAX_FIELD: usize = 1 << 20;
 /// A fence of pod `node` of `nnodes`, on keys under `prefix` (one prefix
 /// per run and attempt: a restarted attempt starts from a fresh space).
 pub struct StoreFence {
-    /// The pod's store connection.
-    pub client: Client,
-    /// `trainlet/<run>/pmi/<attempt>`.
+    /// How to reach the job's store.
+    pub dial: Dial,
+    /// The connection, made at the first fence (its own: the agent's
+    /// session is busy with the round).
+    pub client: Option<Client>,
+    /// `trainlet/<run>/j<jobset attempt>/r<round>/pmi`.
     pub prefix: String,
     /// This pod's node rank.
     pub node: usize,
@@ -61,11 +64,15 @@ impl Fence for StoreFence {
     async fn fence(&mut self, seq: u64, puts: Vec<(String, String)>) -> Result<Vec<(String, String)>, String> {
         let key = |n: usize| format!("{}/{seq}/{n}", self.prefix);
         let why = |e: crate::store::ClientError| format!("PMI fence {seq}: {}", crate::error::error_chain(&e));
-        self.client.set(&key(self.node), &encode(&puts)).await.map_err(why)?;
+        let client = match &mut self.client {
+            Some(c) => c,
+            None => self.client.insert(self.dial.connect().await.map_err(why)?),
+        };
+        client.set(&key(self.node), &encode(&puts)).await.map_err(why)?;
         let pods = i64::try_from(self.nnodes).unwrap_or(i64::MAX);
-        self.client.barrier(&format!("{}/{seq}/in", self.prefix), pods).await.map_err(why)?;
+        client.barrier(&format!("{}/{seq}/in", self.prefix), pods).await.map_err(why)?;
         let keys: Vec<String> = (0..self.nnodes).map(key).collect();
-        let values = self.client.multi_get(&keys).await.map_err(why)?;
+        let values = client.multi_get(&keys).await.map_err(why)?;
         let mut all = Vec::new();
         for (n, v) in values.iter().enumerate() {
             all.extend(decode(v).map_err(|e| format!("PMI fence {seq}: pod {n}'s puts: {e}"))?);
@@ -104,8 +111,8 @@ mod tests {
         let addr = server.local_addr();
         let mut pods = Vec::new();
         for node in 0..3 {
-            let client = Client::connect(addr).await.expect("connect");
-            let mut fence = StoreFence { client, prefix: "trainlet/r/pmi/0".into(), node, nnodes: 3 };
+            let dial = Dial { addr, guard: None };
+            let mut fence = StoreFence { dial, client: None, prefix: "trainlet/r/pmi/0".into(), node, nnodes: 3 };
             pods.push(tokio::spawn(async move {
                 let mine = vec![(format!("card-{node}"), format!("addr-{node}"))];
                 let first = fence.fence(0, mine).await;

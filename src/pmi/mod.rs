@@ -81,5 +81,6 @@
 
 pub mod fence;
 pub mod node;
+pub mod round;
 pub mod server;
 pub mod wire;

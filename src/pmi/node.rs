@@ -56,14 +56,24 @@ pub enum Effect {
         /// This pod's puts since the last fence.
         puts: Vec<(String, String)>,
     },
-    /// Local rank `local` asked to abort the job (or broke the protocol):
-    /// stop every rank of the job, and say why.
+    /// Local rank `local` called abort: the job ends (no reply is
+    /// written; a PMI-1 client waits to be killed, Slurm's PMI-2 library
+    /// exits 1 by itself).
     Abort {
         /// The local rank.
         local: usize,
         /// Its exit code (1 when it gave none).
         code: i32,
-        /// What it said, or what it did wrong.
+        /// What it said.
+        why: String,
+    },
+    /// Local rank `local` broke the protocol or asked for what trainlet
+    /// does not serve (spawn): it waits for a reply it will never get, so
+    /// it must be stopped, and the job ends.
+    Refuse {
+        /// The local rank.
+        local: usize,
+        /// What it did wrong.
         why: String,
     },
 }
@@ -78,6 +88,9 @@ pub struct Node {
     pending: BTreeMap<String, String>,
     kvs: HashMap<String, String>,
     node_attrs: HashMap<String, String>,
+    /// Ranks waiting (`info-getnodeattr wait=TRUE`) for a node attribute
+    /// not yet put: at most one each (a rank waits for its reply).
+    attr_waits: Vec<Option<Command>>,
     fencing: bool,
 }
 
@@ -89,6 +102,7 @@ impl Node {
         Node {
             wires: vec![Wire::V1; job.local],
             waiting: vec![None; job.local],
+            attr_waits: vec![None; job.local],
             job,
             pending: BTreeMap::new(),
             kvs,
@@ -119,14 +133,24 @@ impl Node {
         Effect::Reply { local, bytes }
     }
 
-    fn abort(local: usize, why: String) -> Vec<Effect> {
-        vec![Effect::Abort { local, code: 1, why }]
+    /// The answer to `info-getnodeattr` `query` as things are now.
+    fn attr_reply(&self, local: usize, query: &Command) -> Effect {
+        let found = query.get("key").and_then(|k| self.node_attrs.get(k)).cloned();
+        let args = match found {
+            Some(v) => vec![("found", "TRUE".to_string()), ("value", v)],
+            None => vec![("found", "FALSE".to_string())],
+        };
+        self.reply(local, query, "info-getnodeattr-response", &args)
+    }
+
+    fn refuse(local: usize, why: String) -> Vec<Effect> {
+        vec![Effect::Refuse { local, why }]
     }
 
     /// Handle `cmd` from local rank `local`.
     pub fn handle(&mut self, local: usize, cmd: &Command) -> Vec<Effect> {
         if local >= self.job.local {
-            return Self::abort(local, format!("local rank {local} is not one of this pod's {}", self.job.local));
+            return Self::refuse(local, format!("local rank {local} is not one of this pod's {}", self.job.local));
         }
         let rank = self.job.first_rank + u32::try_from(local).unwrap_or(u32::MAX);
         let job = &self.job;
@@ -149,11 +173,17 @@ impl Node {
                 local,
                 cmd,
                 "fullinit-response",
+                // Slurm's client needs every one but the last two, and
+                // those as TRUE/FALSE; `spawner-jobid` only for spawned
+                // jobs (its presence means spawned).
                 &[
+                    ("pmi-version", "2".into()),
+                    ("pmi-subversion", "0".into()),
                     ("rank", rank.to_string()),
                     ("size", job.size.to_string()),
                     ("appnum", "0".into()),
-                    ("pmiverbose", "0".into()),
+                    ("debugged", "FALSE".into()),
+                    ("pmiverbose", "FALSE".into()),
                 ],
             )],
             "get_maxes" => vec![self.reply(
@@ -188,23 +218,33 @@ impl Node {
             "info-putnodeattr" => match (cmd.get("key"), cmd.get("value")) {
                 (Some(k), Some(v)) if k.len() <= KEYLEN_MAX && v.len() <= VALLEN_MAX => {
                     if self.node_attrs.len() >= MAX_PENDING && !self.node_attrs.contains_key(k) {
-                        return Self::abort(local, format!("rank {rank} put more than {MAX_PENDING} node attributes"));
+                        return Self::refuse(local, format!("rank {rank} put more than {MAX_PENDING} node attributes"));
                     }
                     self.node_attrs.insert(k.to_string(), v.to_string());
-                    vec![self.reply(local, cmd, "info-putnodeattr-response", &[])]
+                    let mut out = vec![self.reply(local, cmd, "info-putnodeattr-response", &[])];
+                    // The ranks waiting for this attribute get it now.
+                    for l in 0..self.attr_waits.len() {
+                        if self.attr_waits[l].as_ref().is_some_and(|q| q.get("key") == Some(k))
+                            && let Some(q) = self.attr_waits[l].take()
+                        {
+                            out.push(self.attr_reply(l, &q));
+                        }
+                    }
+                    out
                 }
-                _ => Self::abort(
+                _ => Self::refuse(
                     local,
                     format!("rank {rank}: info-putnodeattr needs a key and a value within the limits"),
                 ),
             },
             "info-getnodeattr" => {
-                let found = cmd.get("key").and_then(|k| self.node_attrs.get(k)).cloned();
-                let args = match found {
-                    Some(v) => vec![("found", "TRUE".to_string()), ("value", v)],
-                    None => vec![("found", "FALSE".to_string())],
-                };
-                vec![self.reply(local, cmd, "info-getnodeattr-response", &args)]
+                let known = cmd.get("key").is_some_and(|k| self.node_attrs.contains_key(k));
+                if !known && cmd.get("wait") == Some("TRUE") {
+                    // Answered when a rank of this pod puts it.
+                    self.attr_waits[local] = Some(cmd.clone());
+                    return Vec::new();
+                }
+                vec![self.attr_reply(local, cmd)]
             }
             "barrier_in" | "kvs-fence" => self.enter_fence(local, cmd),
             "finalize" => {
@@ -212,33 +252,35 @@ impl Node {
                 vec![self.reply(local, cmd, name, &[])]
             }
             "abort" => {
+                // PMI-1: exitcode= (the rank then waits to be killed);
+                // PMI-2: isworld= and msg= (Slurm's client exits 1 itself).
                 let code = cmd.get("exitcode").and_then(|c| c.parse().ok()).unwrap_or(1);
-                let message = cmd.get("message").unwrap_or("no message");
+                let message = ["message", "error_msg", "msg"].iter().find_map(|k| cmd.get(k)).unwrap_or("no message");
                 vec![Effect::Abort { local, code, why: format!("rank {rank} called abort: {message}") }]
             }
-            "spawn" => Self::abort(
+            "spawn" => Self::refuse(
                 local,
                 format!(
                     "rank {rank} called MPI_Comm_spawn: trainlet's PMI starts a fixed set of ranks and cannot spawn more"
                 ),
             ),
-            other => Self::abort(local, format!("rank {rank} sent a PMI command trainlet does not serve: {other:?}")),
+            other => Self::refuse(local, format!("rank {rank} sent a PMI command trainlet does not serve: {other:?}")),
         }
     }
 
     fn put(&mut self, local: usize, cmd: &Command) -> Vec<Effect> {
         let rank = self.job.first_rank + u32::try_from(local).unwrap_or(u32::MAX);
         let (Some(key), Some(value)) = (cmd.get("key"), cmd.get("value")) else {
-            return Self::abort(local, format!("rank {rank}: {} without a key or a value", cmd.name));
+            return Self::refuse(local, format!("rank {rank}: {} without a key or a value", cmd.name));
         };
         if key.len() > KEYLEN_MAX || value.len() > VALLEN_MAX {
-            return Self::abort(
+            return Self::refuse(
                 local,
                 format!("rank {rank} put a key over {KEYLEN_MAX} or a value over {VALLEN_MAX} bytes"),
             );
         }
         if self.pending.len() >= MAX_PENDING && !self.pending.contains_key(key) {
-            return Self::abort(
+            return Self::refuse(
                 local,
                 format!("rank {rank}: this pod's ranks put more than {MAX_PENDING} keys before a fence"),
             );
@@ -250,7 +292,7 @@ impl Node {
 
     fn enter_fence(&mut self, local: usize, cmd: &Command) -> Vec<Effect> {
         if self.waiting[local].is_some() {
-            return Self::abort(local, format!("local rank {local} entered a fence twice"));
+            return Self::refuse(local, format!("local rank {local} entered a fence twice"));
         }
         self.waiting[local] = Some(cmd.clone());
         if self.fencing || self.waiting.iter().any(Option::is_none) {
@@ -352,6 +394,35 @@ mod tests {
         assert_eq!(node.handle(1, &fence2), vec![Effect::Fence { puts: Vec::new() }]);
     }
 
+    /// What Intel MPI over Slurm's `libpmi2` asks on one pod (seen
+    /// 2026-11-27): fullinit's reply keys, and a node attribute read with
+    /// `wait=TRUE` before another rank has put it.
+    #[test]
+    fn pmi2_fullinit_and_a_node_attribute_waited_for() {
+        let mut node = Node::new(job(2));
+        for l in 0..2 {
+            ask(&mut node, l, "cmd=init pmi_version=2 pmi_subversion=0");
+        }
+        let r = ask2(&mut node, 0, "cmd=fullinit;pmijobid=kvs_7;srcid=2;threaded=FALSE;");
+        for (k, v) in [("pmi-version", "2"), ("rank", "2"), ("appnum", "0"), ("debugged", "FALSE"), ("pmiverbose", "FALSE")] {
+            assert_eq!(r.get(k), Some(v), "{k}");
+        }
+        assert_eq!(r.get("spawner-jobid"), None, "its presence would mean a spawned job");
+        let wait = parse_v2(b"cmd=info-getnodeattr;key=-bcast-1-0;wait=TRUE;").expect("frame");
+        assert_eq!(node.handle(1, &wait), Vec::new(), "held until the key is put");
+        let put = parse_v2(b"cmd=info-putnodeattr;key=-bcast-1-0;value=2F6465;").expect("frame");
+        let effects = node.handle(0, &put);
+        let [Effect::Reply { local: 0, .. }, Effect::Reply { local: 1, bytes }] = effects.as_slice() else {
+            panic!("{effects:?}")
+        };
+        let r = parse_v2(&bytes[6..]).expect("reply");
+        assert_eq!((r.name.as_str(), r.get("found"), r.get("value")), ("info-getnodeattr-response", Some("TRUE"), Some("2F6465")));
+        let r = ask2(&mut node, 1, "cmd=info-getnodeattr;key=other;");
+        assert_eq!(r.get("found"), Some("FALSE"), "without wait: answered at once");
+        let abort = parse_v2(b"cmd=abort;isworld=TRUE;msg=application called MPI_Abort(MPI_COMM_WORLD, 3);").expect("frame");
+        assert!(matches!(node.handle(1, &abort).as_slice(), [Effect::Abort { local: 1, code: 1, why }] if why.contains("MPI_Abort")));
+    }
+
     #[test]
     fn abort_spawn_and_protocol_faults_stop_the_job_with_a_reason() {
         let mut node = Node::new(job(1));
@@ -362,18 +433,18 @@ mod tests {
         );
         let spawn = parse_v1(b"mcmd=spawn").expect("line");
         assert!(
-            matches!(node.handle(0, &spawn).as_slice(), [Effect::Abort { why, .. }] if why.contains("MPI_Comm_spawn"))
+            matches!(node.handle(0, &spawn).as_slice(), [Effect::Refuse { why, .. }] if why.contains("MPI_Comm_spawn"))
         );
         let long = Command::new("put").arg("key", "k").arg("value", "v".repeat(VALLEN_MAX + 1));
-        assert!(matches!(node.handle(0, &long).as_slice(), [Effect::Abort { .. }]));
+        assert!(matches!(node.handle(0, &long).as_slice(), [Effect::Refuse { .. }]));
         let fence = parse_v1(b"cmd=barrier_in").expect("line");
         let mut two = Node::new(job(2));
         assert!(two.handle(0, &fence).is_empty());
-        assert!(matches!(two.handle(0, &fence).as_slice(), [Effect::Abort { why, .. }] if why.contains("twice")));
-        assert!(matches!(node.handle(5, &fence).as_slice(), [Effect::Abort { .. }]));
+        assert!(matches!(two.handle(0, &fence).as_slice(), [Effect::Refuse { why, .. }] if why.contains("twice")));
+        assert!(matches!(node.handle(5, &fence).as_slice(), [Effect::Refuse { .. }]));
         let unknown = parse_v1(b"cmd=frobnicate").expect("line");
         assert!(
-            matches!(node.handle(0, &unknown).as_slice(), [Effect::Abort { why, .. }] if why.contains("frobnicate"))
+            matches!(node.handle(0, &unknown).as_slice(), [Effect::Refuse { why, .. }] if why.contains("frobnicate"))
         );
     }
 }

@@ -24,33 +24,42 @@ pub trait Fence: Send {
     ) -> impl Future<Output = Result<Vec<(String, String)>, String>> + Send;
 }
 
-/// How the service ended.
+/// What the service tells the supervisor, as it happens. A rank that
+/// started and exits without [`Note::Finalized`] has left the job: the
+/// supervisor sees its exit and counts it a failure whatever its code.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Ended {
-    /// Every local rank finalized and closed its socket.
-    Finalized,
-    /// A local rank closed its socket (exited) without finalizing.
-    Closed {
-        /// The local rank.
-        local: usize,
-    },
-    /// A local rank aborted the job, or broke the protocol.
+pub enum Note {
+    /// Local rank `l` sent its first command (its PMI init): from now on
+    /// it is a rank of the job.
+    Started(usize),
+    /// Local rank `l` finalized (sent before its reply, so before it can exit).
+    Finalized(usize),
+    /// A local rank called abort, asking for exit code `code` (a PMI-1
+    /// client then waits to be killed; Slurm's PMI-2 one exits 1).
     Aborted {
         /// The local rank.
         local: usize,
-        /// Its exit code.
+        /// The exit code it asked for.
         code: i32,
-        /// Why.
+        /// Its message.
         why: String,
     },
-    /// The job-wide fence failed.
+    /// A local rank broke the protocol or asked for spawn: it waits for a
+    /// reply it will never get, and must be stopped.
+    Refused {
+        /// The local rank.
+        local: usize,
+        /// What it did.
+        why: String,
+    },
+    /// The job-wide fence failed: no rank of this pod can go on.
     Fence(String),
 }
 
 /// What a reader saw: a command, its end, or why it stopped.
 enum Read {
     Command(usize, Command),
-    Eof(usize),
+    Eof,
     Bad(usize, String),
 }
 
@@ -76,9 +85,11 @@ async fn next(reader: &mut BufReader<tokio::net::unix::OwnedReadHalf>) -> Result
     wire::parse_v2(&body).map(Some).map_err(|e| e.to_string())
 }
 
-/// Serve `node`'s local ranks on `ranks` (local rank `l` on `ranks[l]`)
-/// until they all finalize, one leaves or aborts, or a fence fails.
-pub async fn serve(mut node: Node, ranks: Vec<UnixStream>, mut fence: impl Fence) -> Ended {
+/// Serve `node`'s local ranks on `ranks` (local rank `l` on `ranks[l]`),
+/// telling `notes` what happens, until every socket is closed or the job
+/// ends here (an abort, a refusal, a failed fence: each the last note).
+/// A closed socket is not an end by itself: the rank's exit tells.
+pub async fn serve(mut node: Node, ranks: Vec<UnixStream>, mut fence: impl Fence, notes: mpsc::UnboundedSender<Note>) {
     let (tx, mut rx) = mpsc::channel::<Read>(ranks.len().max(1));
     let mut writers: Vec<OwnedWriteHalf> = Vec::with_capacity(ranks.len());
     for (local, stream) in ranks.into_iter().enumerate() {
@@ -90,7 +101,7 @@ pub async fn serve(mut node: Node, ranks: Vec<UnixStream>, mut fence: impl Fence
             loop {
                 let msg = match next(&mut reader).await {
                     Ok(Some(cmd)) => Read::Command(local, cmd),
-                    Ok(None) => Read::Eof(local),
+                    Ok(None) => Read::Eof,
                     Err(why) => Read::Bad(local, why),
                 };
                 let stop = !matches!(msg, Read::Command(..));
@@ -101,26 +112,24 @@ pub async fn serve(mut node: Node, ranks: Vec<UnixStream>, mut fence: impl Fence
         });
     }
     drop(tx);
-    let mut finalized = vec![false; writers.len()];
-    let mut open = writers.len();
+    let mut started = vec![false; writers.len()];
     let mut seq = 0u64;
+    let note = |n: Note| {
+        // The supervisor gone means the round is over: nothing to tell.
+        let _ = notes.send(n);
+    };
     while let Some(msg) = rx.recv().await {
         let (local, cmd) = match msg {
             Read::Command(l, c) => (l, c),
-            Read::Eof(l) => {
-                if !finalized[l] {
-                    return Ended::Closed { local: l };
-                }
-                open -= 1;
-                if open == 0 {
-                    return Ended::Finalized;
-                }
-                continue;
-            }
-            Read::Bad(l, why) => return Ended::Aborted { local: l, code: 1, why: format!("local rank {l}: {why}") },
+            Read::Eof => continue,
+            Read::Bad(l, why) => return note(Note::Refused { local: l, why: format!("local rank {l}: {why}") }),
         };
+        if !started[local] {
+            started[local] = true;
+            note(Note::Started(local));
+        }
         if cmd.name == "finalize" {
-            finalized[local] = true;
+            note(Note::Finalized(local));
         }
         let mut effects = node.handle(local, &cmd);
         while !effects.is_empty() {
@@ -128,23 +137,23 @@ pub async fn serve(mut node: Node, ranks: Vec<UnixStream>, mut fence: impl Fence
             for effect in effects {
                 match effect {
                     Effect::Reply { local, bytes } => {
-                        // A rank gone meanwhile shows as its reader's EOF.
+                        // A rank gone meanwhile shows as its exit.
                         let _ = writers[local].write_all(&bytes).await;
                     }
-                    Effect::Abort { local, code, why } => return Ended::Aborted { local, code, why },
+                    Effect::Abort { local, code, why } => return note(Note::Aborted { local, code, why }),
+                    Effect::Refuse { local, why } => return note(Note::Refused { local, why }),
                     Effect::Fence { puts } => match fence.fence(seq, puts).await {
                         Ok(all) => {
                             seq += 1;
                             more.extend(node.fenced(all));
                         }
-                        Err(why) => return Ended::Fence(why),
+                        Err(why) => return note(Note::Fence(why)),
                     },
                 }
             }
             effects = more;
         }
     }
-    Ended::Finalized
 }
 
 #[cfg(test)]
@@ -183,6 +192,17 @@ mod tests {
         })
     }
 
+    /// Serve to the end; every note, in order.
+    async fn run(node: Node, ranks: Vec<UnixStream>, fence: impl Fence) -> Vec<Note> {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        serve(node, ranks, fence, tx).await;
+        let mut notes = Vec::new();
+        while let Ok(n) = rx.try_recv() {
+            notes.push(n);
+        }
+        notes
+    }
+
     fn pair() -> (UnixStream, std::os::unix::net::UnixStream) {
         let (a, b) = std::os::unix::net::UnixStream::pair().expect("pair");
         a.set_nonblocking(true).expect("nonblocking");
@@ -214,9 +234,11 @@ mod tests {
                 "cmd=finalize",
             ],
         );
-        let ended = serve(Node::new(job), vec![s0, s1], Alone).await;
+        let notes = run(Node::new(job), vec![s0, s1], Alone).await;
         let (g0, g1) = (r0.join().expect("rank 0"), r1.join().expect("rank 1"));
-        assert_eq!(ended, Ended::Finalized);
+        let mut sorted = notes.clone();
+        sorted.sort_by_key(|n| format!("{n:?}"));
+        assert_eq!(sorted, [Note::Finalized(0), Note::Finalized(1), Note::Started(0), Note::Started(1)], "{notes:?}");
         assert_eq!(g0[2], "cmd=barrier_out rc=0");
         assert_eq!(g0[3], "cmd=get_result rc=0 found=TRUE value=one");
         assert_eq!(g1[3], "cmd=get_result rc=0 found=TRUE value=zero");
@@ -224,18 +246,27 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_rank_that_leaves_before_finalize_or_aborts_ends_the_service() {
+    async fn an_abort_or_a_broken_rank_ends_the_service_and_a_closed_socket_does_not() {
         let job = |local| Job { kvsname: "k".into(), size: 2, first_rank: 0, local, mapping: "m".into() };
+        // Rank 0 leaves at once; rank 1 goes on to finalize.
         let (s0, c0) = pair();
+        let (s1, c1) = pair();
         drop(c0);
-        assert_eq!(serve(Node::new(job(1)), vec![s0], Alone).await, Ended::Closed { local: 0 });
+        let r1 = rank(c1, &["cmd=init pmi_version=1 pmi_subversion=1", "cmd=finalize"]);
+        let notes = run(Node::new(job(2)), vec![s0, s1], Alone).await;
+        assert_eq!(r1.join().expect("rank 1")[1], "cmd=finalize_ack rc=0");
+        assert_eq!(notes, [Note::Started(1), Note::Finalized(1)]);
         let (s0, mut c0) = pair();
         c0.write_all(b"cmd=abort exitcode=7 message=oops\n").expect("write");
-        let ended = serve(Node::new(job(1)), vec![s0], Alone).await;
-        assert_eq!(ended, Ended::Aborted { local: 0, code: 7, why: "rank 0 called abort: oops".into() });
+        let notes = run(Node::new(job(1)), vec![s0], Alone).await;
+        assert_eq!(notes, [Note::Started(0), Note::Aborted { local: 0, code: 7, why: "rank 0 called abort: oops".into() }]);
         let (s0, mut c0) = pair();
         c0.write_all(b"garbage\n").expect("write");
-        assert!(matches!(serve(Node::new(job(1)), vec![s0], Alone).await, Ended::Aborted { .. }));
+        assert!(matches!(run(Node::new(job(1)), vec![s0], Alone).await.as_slice(), [Note::Refused { local: 0, .. }]));
+        let (s0, mut c0) = pair();
+        c0.write_all(b"mcmd=spawn\n").expect("write");
+        let notes = run(Node::new(job(1)), vec![s0], Alone).await;
+        assert!(matches!(notes.as_slice(), [Note::Started(0), Note::Refused { why, .. }] if why.contains("spawn")), "{notes:?}");
     }
 
     /// Real MPICH ranks (Debian's, an `MPI_Allreduce` program built with
@@ -266,13 +297,12 @@ mod tests {
             a.set_nonblocking(true).expect("nonblocking");
             servers.push(UnixStream::from_std(a).expect("tokio"));
         }
-        let ended =
-            tokio::time::timeout(std::time::Duration::from_secs(60), serve(Node::new(job), servers, Alone)).await;
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(60), run(Node::new(job), servers, Alone)).await;
         let outs: Vec<String> = children
             .into_iter()
             .map(|c| String::from_utf8_lossy(&c.wait_with_output().expect("wait").stdout).into_owned())
             .collect();
-        assert_eq!(ended, Ok(Ended::Finalized), "{outs:?}");
+        assert!(ended.is_ok_and(|n| n.iter().filter(|n| matches!(n, Note::Finalized(_))).count() == 2), "{outs:?}");
         assert!(outs.iter().all(|o| o.contains("of 2 sum 3")), "{outs:?}");
     }
 
@@ -283,7 +313,7 @@ mod tests {
     async fn mpich_ranks_on_two_pods_meet_through_the_store() {
         use std::sync::Arc;
 
-        use crate::store::{Budget, Client, StoreServer, bind_listener};
+        use crate::store::{Budget, Dial, StoreServer, bind_listener};
 
         let program = std::env::var("PMI_TEST_PROGRAM").expect("PMI_TEST_PROGRAM");
         let cancel = tokio_util::sync::CancellationToken::new();
@@ -317,18 +347,21 @@ mod tests {
                 a.set_nonblocking(true).expect("nonblocking");
                 servers.push(UnixStream::from_std(a).expect("tokio"));
             }
-            let client = Client::connect(store.local_addr()).await.expect("connect");
             let fence = super::super::fence::StoreFence {
-                client,
+                dial: Dial { addr: store.local_addr(), guard: None },
+                client: None,
                 prefix: "trainlet/r/pmi/0".into(),
                 node: node as usize,
                 nnodes: 2,
             };
-            pods.push(tokio::spawn(serve(Node::new(job), servers, fence)));
+            pods.push(tokio::spawn(run(Node::new(job), servers, fence)));
         }
         for pod in pods {
             let ended = tokio::time::timeout(std::time::Duration::from_secs(60), pod).await;
-            assert!(matches!(ended, Ok(Ok(Ended::Finalized))), "{ended:?}");
+            assert!(
+                matches!(&ended, Ok(Ok(n)) if n.iter().filter(|n| matches!(n, Note::Finalized(_))).count() == 2),
+                "{ended:?}"
+            );
         }
         let outs: Vec<String> = children
             .into_iter()

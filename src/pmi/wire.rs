@@ -9,10 +9,12 @@
 //!   `mcmd=spawn` starts a multi-line command that ends at `endcmd`; spawn
 //!   is refused by the server, so only its start is recognised here.
 //! - PMI-2: a frame of a 6-character length (decimal, left-padded with
-//!   spaces, `%6u`) and that many bytes of `cmd=NAME;key=value;...;`. A
-//!   value runs to the next `;` (MPICH neither writes nor reads an escape).
-//!   The length counts what follows the prefix; a trailing NUL that some
-//!   clients count is ignored.
+//!   spaces, `%6u`; Slurm's client writes it left-justified, `%-6d`, and
+//!   reads either with `atoi`) and that many bytes of
+//!   `cmd=NAME;key=value;...;`. A value runs to the next single `;`: a
+//!   doubled `;;` is one `;` in the value (Slurm's `libpmi2` writes and
+//!   reads it so, seen 2026-11-27). The length counts what follows the
+//!   prefix; a trailing NUL that some clients count is ignored.
 //!
 //! Read from the original specifications and MPICH's `src/pmi`; written
 //! here.
@@ -106,7 +108,8 @@ pub fn parse_v1(line: &[u8]) -> Result<Command, Error> {
 
 /// The body length a PMI-2 frame's 6-byte prefix announces.
 pub fn frame_len(prefix: &[u8; 6]) -> Result<usize, Error> {
-    let text = std::str::from_utf8(prefix).map_err(|_| Error::Length)?.trim_start();
+    // Right-aligned (`%6u`) or left-justified (`%-6d`, Slurm's client).
+    let text = std::str::from_utf8(prefix).map_err(|_| Error::Length)?.trim_matches(' ');
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return Err(Error::Length);
     }
@@ -125,8 +128,9 @@ pub fn parse_v2(body: &[u8]) -> Result<Command, Error> {
 
 type Token = (String, Option<String>);
 
-/// Split `text` into tokens at `sep`; with `escapes`, a backslash takes the
-/// next byte into a value as it is.
+/// Split `text` into tokens at `sep`; with `escapes` (PMI-1), a backslash
+/// takes the next byte into a value as it is; without (PMI-2), a doubled
+/// `sep` is one in the value.
 fn tokens(text: &[u8], sep: u8, escapes: bool) -> Result<Vec<Token>, Error> {
     let mut out = Vec::new();
     let mut i = 0;
@@ -148,12 +152,19 @@ fn tokens(text: &[u8], sep: u8, escapes: bool) -> Result<Vec<Token>, Error> {
         if i < text.len() && text[i] == b'=' {
             i += 1;
             let mut value = Vec::new();
-            while i < text.len() && text[i] != sep {
-                if escapes && text[i] == b'\\' && i + 1 < text.len() {
+            while i < text.len() {
+                let b = text[i];
+                if b == sep && !escapes && text.get(i + 1) == Some(&sep) {
+                    // PMI-2: a doubled `;` is one in the value.
+                    value.push(sep);
+                    i += 2;
+                } else if b == sep {
+                    break;
+                } else if escapes && b == b'\\' && i + 1 < text.len() {
                     value.push(text[i + 1]);
                     i += 2;
                 } else {
-                    value.push(text[i]);
+                    value.push(b);
                     i += 1;
                 }
             }
@@ -203,18 +214,15 @@ pub fn format_v1(command: &Command) -> Vec<u8> {
     out
 }
 
-/// `command` as a PMI-2 frame, or `None` when a value holds a `;` or the
-/// frame would outgrow [`MAX_FRAME`] (neither can be said on this wire).
+/// `command` as a PMI-2 frame (a `;` in a value doubled), or `None` when
+/// the frame would outgrow [`MAX_FRAME`].
 pub fn format_v2(command: &Command) -> Option<Vec<u8>> {
     let mut body = format!("cmd={};", command.name);
     for (key, value) in &command.args {
         body.push_str(key);
         if let Some(v) = value {
-            if v.contains(';') {
-                return None;
-            }
             body.push('=');
-            body.push_str(v);
+            body.push_str(&v.replace(';', ";;"));
         }
         body.push(';');
     }
@@ -295,14 +303,17 @@ mod tests {
     }
 
     #[test]
-    fn pmi2_frames_round_trip_and_refuse_what_the_wire_cannot_say() {
+    fn pmi2_frames_round_trip_escape_semicolons_and_refuse_oversize() {
         let reply = Command::new("kvs-get-response").arg("rc", 0).arg("found", "TRUE").arg("value", "v");
         let frame = format_v2(&reply).expect("frame");
         assert_eq!(frame, b"    45cmd=kvs-get-response;rc=0;found=TRUE;value=v;");
         let (prefix, body) = frame.split_at(6);
         assert_eq!(frame_len(prefix.try_into().expect("6 bytes")), Ok(body.len()));
         assert_eq!(parse_v2(body), Ok(reply));
-        assert_eq!(format_v2(&Command::new("x").arg("value", "a;b")), None);
+        assert_eq!(format_v2(&Command::new("x").arg("value", "a;b")), Some(b"    17cmd=x;value=a;;b;".to_vec()));
+        let slurm = parse_v2(b"cmd=kvs-put;key=k;value=val-of-0;;with=semi;;;").expect("escaped");
+        assert_eq!(slurm.get("value"), Some("val-of-0;with=semi;"));
+        assert_eq!(frame_len(b"56    "), Ok(56), "Slurm's left-justified length");
         assert_eq!(format_v2(&Command::new("x").arg("value", "v".repeat(MAX_FRAME))), None);
     }
 }

@@ -173,7 +173,38 @@ pub struct Spawner {
     tx: std::sync::mpsc::Sender<Request>,
 }
 
+/// First and longest pause between spawn attempts after a failed fork.
+const FORK_RETRY: (std::time::Duration, std::time::Duration) =
+    (std::time::Duration::from_millis(50), std::time::Duration::from_secs(2));
+
 impl Spawner {
+    /// Spawn, retrying a failed fork (EAGAIN/ENOMEM: the pids limit is
+    /// often reached by what an earlier attempt left, which the sweep is
+    /// removing) with backoff for up to `budget`; other failures are final
+    /// at once.
+    pub async fn spawn_retrying(&self, spec: WorkerSpec, budget: std::time::Duration) -> Result<Spawned, SpawnError> {
+        let until = tokio::time::Instant::now() + budget;
+        let mut pause = FORK_RETRY.0;
+        let mut tries = 1u32;
+        loop {
+            match self.spawn(spec.clone()).await {
+                Err(e) if e.is_fork() && tokio::time::Instant::now() + pause <= until => {
+                    tracing::warn!(
+                        program = %spec.program,
+                        tries,
+                        retry_in_ms = pause.as_millis(),
+                        error = %crate::error::error_chain(&e),
+                        "fork failed; retrying"
+                    );
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(FORK_RETRY.1);
+                    tries += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Start the spawner thread. It lives as long as the process.
     pub fn start() -> std::io::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<Request>();

@@ -8,6 +8,12 @@ use super::Error;
 use super::session::{Round, Session, wait_on};
 
 impl Session {
+    /// Where round `r`'s PMI fences keep their keys (`--framework mpi`):
+    /// under the round, so a new round has a fresh key-value space.
+    pub fn pmi_prefix(&self, r: u64) -> String {
+        self.rkey(r, "pmi")
+    }
+
     /// Say whether the round's service is up: `ready`, or why not.
     pub async fn publish_service(&mut self, r: u64, state: Result<(), String>) -> Result<(), Error> {
         let value = match state {

@@ -21,6 +21,7 @@ use crate::process::signals::{SysEvent, now_us};
 use crate::process::spawn::{Spawner, WorkerSpec};
 use crate::process::sweep;
 use crate::supervise::carry::{Carry, Kept};
+use crate::supervise::mpi::Ranks;
 use crate::supervise::output::{self, Sink};
 use crate::supervise::policy::{Action, Attempt, Event, JobEnd, Outcome, Timer};
 use crate::supervise::report::Failure;
@@ -67,39 +68,6 @@ struct Worker {
     why: Option<String>,
 }
 
-/// First and longest pause between spawn attempts after a failed fork.
-const FORK_RETRY: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(2));
-
-/// Spawn, retrying a failed fork (EAGAIN/ENOMEM: the pids limit is often
-/// reached by what an earlier attempt left, which the sweep is removing)
-/// with backoff for up to `budget`; other failures are final at once.
-async fn spawn_retrying(
-    spawner: &Spawner,
-    spec: WorkerSpec,
-    budget: Duration,
-) -> std::result::Result<crate::process::spawn::Spawned, crate::process::spawn::SpawnError> {
-    let until = Instant::now() + budget;
-    let mut pause = FORK_RETRY.0;
-    let mut tries = 1u32;
-    loop {
-        match spawner.spawn(spec.clone()).await {
-            Err(e) if e.is_fork() && Instant::now() + pause <= until => {
-                tracing::warn!(
-                    program = %spec.program,
-                    tries,
-                    retry_in_ms = pause.as_millis(),
-                    error = %crate::error::error_chain(&e),
-                    "fork failed; retrying"
-                );
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(FORK_RETRY.1);
-                tries += 1;
-            }
-            other => return other,
-        }
-    }
-}
-
 /// Spawn this pod's workers for one round and supervise them to the end.
 /// In survivors mode (`world.survivors`), the workers `carry` holds from
 /// the last round take their ranks instead of new ones, and the workers
@@ -138,6 +106,7 @@ pub async fn run_attempt(
         }
     };
     let mut workers: HashMap<u32, Worker> = HashMap::new();
+    let mut mpi = Ranks::new(world.pmi.and_then(crate::pmi::round::Link::take_notes));
     let mut by_pid: HashMap<i32, u32> = HashMap::new();
     let mut early: Vec<Event> = Vec::new();
     let (placed, _) = crate::gpu::setup::placements(&plan.gpu, plan.nproc);
@@ -198,6 +167,7 @@ pub async fn run_attempt(
         spec.cpus = place.and_then(|p| p.cpus.clone());
         spec.mem_node = place.and_then(|p| p.mem_node);
         spec.oom_score_adj = oom_adj;
+        spec.pass_fd = world.pmi.and_then(|l| l.take_fd(local_rank));
         // Not started: the code a shell would give, and why.
         let spawned: Result<_, (u8, String)> = match world.unstartable {
             Some(why) => Err((exit::WORKER_NOT_EXECUTABLE, why.to_string())),
@@ -209,7 +179,7 @@ pub async fn run_attempt(
                 };
                 match forked {
                     Some(sp) => Ok(sp),
-                    None => spawn_retrying(spawner, spec, plan.grace).await,
+                    None => spawner.spawn_retrying(spec, plan.grace).await,
                 }
                 .map_err(|e| (e.exec_code().unwrap_or(exit::FORK_FAILED), crate::error::error_chain(&e)))
             }
@@ -303,7 +273,11 @@ pub async fn run_attempt(
                     Some(SysEvent::Exited { pid, exit, at_us, .. }) => match by_pid.remove(&pid) {
                         Some(local_rank) => {
                             crate::metrics::global().worker_exited(exit);
-                            Event::WorkerExited { local_rank, exit, at_us }
+                            for a in mpi.drain(plan.nproc, at_us) {
+                                kill_ranks(&workers, &a.stop);
+                                pending.extend(a.event);
+                            }
+                            mpi.exit_event(local_rank, exit, at_us)
                         }
                         None => {
                             tracing::debug!(pid, %exit, "reaped orphan");
@@ -322,6 +296,14 @@ pub async fn run_attempt(
                     Some(SysEvent::Signal(_)) => continue,
                     None => Event::StopSignal(libc::SIGTERM),
                 },
+                note = mpi.next() => {
+                    let a = mpi.apply(note, plan.nproc, now_us());
+                    kill_ranks(&workers, &a.stop);
+                    match a.event {
+                        Some(e) => e,
+                        None => continue,
+                    }
+                }
                 (end, text) = &mut watch, if watching => {
                     watching = false;
                     if text.starts_with("stop:") {
@@ -371,8 +353,8 @@ pub async fn run_attempt(
                 }
             }
         };
-        if let Event::WorkerExited { local_rank, exit, .. } = &event {
-            tracing::info!(local_rank, %exit, action = %plan.rules.action(*exit), "worker exited");
+        if let Event::WorkerExited { local_rank, exit, .. } | Event::Fault { local_rank, exit, .. } = &event {
+            tracing::info!(local_rank, %exit, action = %plan.rules.action(*exit), fault = mpi.why(*local_rank), "worker exited");
         }
         for action in core.handle(event) {
             let published = match action {
@@ -470,7 +452,7 @@ pub async fn run_attempt(
         };
         rec.read_error_file(&w.error_file);
         if rec.message.is_none() {
-            rec.message.clone_from(&w.why);
+            rec.message = w.why.clone().or_else(|| mpi.why(local_rank).map(str::to_string));
         }
         if silent && rec.message.is_none() {
             let quiet = silent_for.get(&local_rank).map_or(0.0, Duration::as_secs_f64);
@@ -496,6 +478,14 @@ pub async fn run_attempt(
         failures.push(record(lr, None, now_us(), RuleAction::Fail, true, false));
     }
     (outcome, failures)
+}
+
+/// Kill local ranks `stop` (MPI ranks waiting for PMI replies that will
+/// not come); their exits end the round.
+fn kill_ranks(workers: &HashMap<u32, Worker>, stop: &[u32]) {
+    for pid in stop.iter().filter_map(|lr| workers.get(lr)?.pid) {
+        sys::signal_group(pid, libc::SIGKILL);
+    }
 }
 
 /// The workers to keep for the next round: those the core kept that the

@@ -22,6 +22,7 @@
 
 pub(crate) mod attempt;
 pub(crate) mod carry;
+pub(crate) mod mpi;
 pub(crate) mod output;
 pub mod policy;
 pub(crate) mod report;

@@ -74,6 +74,19 @@ pub enum Event {
         /// When, in wall-clock microseconds.
         at_us: u64,
     },
+    /// An MPI rank ended the job, however it exited: it called abort
+    /// (`exit` is the code it asked for; it is exiting by itself), was
+    /// stopped for breaking the PMI protocol, or exited after PMI init
+    /// without finalize. A failure whatever the rules say of the exit
+    /// (they may still make it fatal).
+    Fault {
+        /// Its local rank.
+        local_rank: u32,
+        /// How it ended (or asked to).
+        exit: Exit,
+        /// When, in wall-clock microseconds.
+        at_us: u64,
+    },
     /// A worker has been in uninterruptible sleep longer than allowed.
     Hung {
         /// Its local rank.
@@ -295,35 +308,40 @@ impl Attempt {
         }
     }
 
+    /// Worker `local_rank` ended with `exit` (`forced`: a failure even if
+    /// the rules would take the exit for success).
+    fn exited(&mut self, local_rank: u32, exit: Exit, at_us: u64, forced: bool, out: &mut Vec<Action>) {
+        if !self.alive.remove(&local_rank) {
+            return;
+        }
+        if self.phase == Phase::Running {
+            match (self.rules.action(exit), forced) {
+                (RuleAction::Ignore, false) => {
+                    if self.alive.is_empty() {
+                        self.phase = Phase::LocalDone;
+                        out.push(Action::PublishLocalDone);
+                        if self.early_success {
+                            self.phase = Phase::Finished;
+                            out.push(Action::Finish(Outcome::Succeeded));
+                        }
+                    }
+                }
+                (action, _) => {
+                    let action = if action == RuleAction::Ignore { RuleAction::Restart } else { action };
+                    self.fail(LocalFailure { local_rank, exit: Some(exit), at_us, action, silent: false }, out);
+                }
+            }
+        }
+        self.finish_if_empty(out);
+    }
+
     /// Feed one event; returns what to do, in order.
     pub fn handle(&mut self, event: Event) -> Vec<Action> {
         let mut out = Vec::new();
         match (self.phase, event) {
             (Phase::Finished, _) => {}
-            (_, Event::WorkerExited { local_rank, exit, at_us }) => {
-                if !self.alive.remove(&local_rank) {
-                    return out;
-                }
-                if self.phase == Phase::Running {
-                    match self.rules.action(exit) {
-                        RuleAction::Ignore => {
-                            if self.alive.is_empty() {
-                                self.phase = Phase::LocalDone;
-                                out.push(Action::PublishLocalDone);
-                                if self.early_success {
-                                    self.phase = Phase::Finished;
-                                    out.push(Action::Finish(Outcome::Succeeded));
-                                }
-                            }
-                        }
-                        action => self.fail(
-                            LocalFailure { local_rank, exit: Some(exit), at_us, action, silent: false },
-                            &mut out,
-                        ),
-                    }
-                }
-                self.finish_if_empty(&mut out);
-            }
+            (_, Event::WorkerExited { local_rank, exit, at_us }) => self.exited(local_rank, exit, at_us, false, &mut out),
+            (_, Event::Fault { local_rank, exit, at_us }) => self.exited(local_rank, exit, at_us, true, &mut out),
             (Phase::Running, Event::Hung { local_rank, at_us }) => {
                 if self.alive.contains(&local_rank) {
                     let f = LocalFailure { local_rank, exit: None, at_us, action: RuleAction::Fail, silent: false };
@@ -595,6 +613,12 @@ mod tests {
     #[test_case(&[exited(1, 3), Event::Hung { local_rank: 0, at_us: 9 }],
         &[FAIL, Signal(TERM), Arm(Timer::Grace)]; "hang while stopping is bounded by the timers")]
     #[test_case(&[fired(Timer::Grace), fired(Timer::Kill), fired(Timer::Checkpoint)], &[]; "stray timers while running")]
+    #[test_case(&[Event::Fault { local_rank: 1, exit: Exit::Code(0), at_us: 9 }],
+        &[FAIL, Signal(TERM), Arm(Timer::Grace)]; "an mpi rank gone without finalize fails with exit 0")]
+    #[test_case(&[Event::Fault { local_rank: 1, exit: Exit::Code(3), at_us: 9 }, exited(1, 3), exited(0, -1)],
+        &[FAIL, Signal(TERM), Arm(Timer::Grace), Finish(Outcome::Failed)]; "an abort then the aborting rank's own exit")]
+    #[test_case(&[exited(0, 0), Event::Fault { local_rank: 0, exit: Exit::Code(0), at_us: 9 }], &[];
+        "a fault after the rank's exit is not a second one")]
     fn transitions(events: &[Event], want: &[Action]) {
         let (_, got) = feed(2, events);
         assert_eq!(got, want);
@@ -625,6 +649,10 @@ mod tests {
         &[FAIL, Signal(TERM), Arm(Timer::Grace)]; "signal rule")]
     #[test_case(&["137=fail"], &[Event::WorkerExited { local_rank: 0, exit: Exit::Signal(9), at_us: 0 }],
         &[FATAL, Signal(TERM), Arm(Timer::Grace)]; "oom kill by code")]
+    #[test_case(&["3=fail"], &[Event::Fault { local_rank: 0, exit: Exit::Code(3), at_us: 0 }],
+        &[FATAL, Signal(TERM), Arm(Timer::Grace)]; "a rule makes an abort's code fatal")]
+    #[test_case(&["0=ignore"], &[Event::Fault { local_rank: 0, exit: Exit::Code(0), at_us: 0 }],
+        &[FAIL, Signal(TERM), Arm(Timer::Grace)]; "a fault is never ignored")]
     fn rules_decide(rules: &[&str], events: &[Event], want: &[Action]) {
         let (_, got) = feed_with(2, rules, None, events);
         assert_eq!(got, want);

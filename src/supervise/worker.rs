@@ -39,6 +39,8 @@ pub struct WorldView<'a> {
     pub survivors: Option<&'a dyn Rejoin>,
     /// TorchFT's Lighthouse (`--replica-groups`): its address.
     pub lighthouse: Option<&'a str>,
+    /// The round's PMI service (`--framework mpi`).
+    pub pmi: Option<&'a crate::pmi::round::Link>,
 }
 
 /// How kept workers rejoin a round (an actor's bridge in survivors mode;
@@ -170,6 +172,16 @@ pub fn framework_env(w: &WorldView<'_>, local_rank: u32, gpu: Option<usize>) -> 
             (names::DMLC_TASK_ID, rank),
             (names::DMLC_NUM_WORKER, world),
         ],
+        // The rank's PMI socket is its fd 3 (`crate::pmi::round`).
+        Framework::Mpi => vec![
+            (names::PMI_FD, crate::pmi::round::RANK_FD.to_string()),
+            (names::PMI_RANK, rank.clone()),
+            (names::PMI_ID, rank),
+            (names::PMI_SIZE, world),
+            (names::PMI_JOBID, w.pmi.map(|l| l.kvsname().to_string()).unwrap_or_default()),
+            (names::MPI_LOCALRANKID, local_rank.to_string()),
+            (names::MPI_LOCALNRANKS, p.nproc.to_string()),
+        ],
     };
     pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
@@ -224,6 +236,7 @@ mod tests {
                 zygote: None,
                 survivors,
                 lighthouse: None,
+                pmi: None,
             };
             let env = worker_env(&w, 0, "e", &names::Env::from_pairs(inherited.iter().copied()));
             env.into_iter().find(|(k, _)| k == names::TORCH_NCCL_ASYNC_ERROR_HANDLING).map(|(_, v)| v)
@@ -249,6 +262,7 @@ mod tests {
             zygote: None,
             survivors: None,
             lighthouse: None,
+            pmi: None,
         };
         framework_env(&w, local_rank, gpu)
     }

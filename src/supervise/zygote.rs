@@ -176,7 +176,7 @@ impl Zygote {
     /// runs (not its python, not piped, options it cannot reproduce) or the
     /// zygote is gone (the caller execs it).
     pub async fn fork(self: &Arc<Self>, spec: &WorkerSpec) -> Option<Result<Spawned, SpawnError>> {
-        if spec.program != self.python || spec.stdio != StdioMode::Piped {
+        if spec.program != self.python || spec.stdio != StdioMode::Piped || spec.pass_fd.is_some() {
             return None;
         }
         let target = python_target(&spec.args)?;
