@@ -5,7 +5,7 @@
 //! | code | meaning |
 //! |---|---|
 //! | 0 | every worker on every pod succeeded |
-//! | 1-127, 211-255 | the root-cause worker's own exit code, passed through, once the restart budget is spent |
+//! | 1-127, 211-255 | the root-cause worker's own exit code, passed through, once the restart budget is spent (1 for a failure that exited 0: an MPI rank that left without `MPI_Finalize` or called `MPI_Abort` with 0, or a `0=restart` rule) |
 //! | 126 / 127 | a worker could not be executed / was not found (exec's errno, reported by the spawner) |
 //! | 128+N | the first failing worker was killed by signal N, or trainlet itself was stopped by signal N (143 = SIGTERM) |
 //! | 200 | configuration error: a bad flag, env var or world mismatch between pods |

@@ -19,7 +19,9 @@ cd "$(dirname "$0")/.."
 # podman, runc and mmdebstrap build images/ on a Debian base and run the
 # container tests (tests/images.sh); containerd, the CNI plugins, procps
 # (pgrep) and iptables run the test cluster's nodes (tests/cluster.sh).
-packages="file gcc util-linux iproute2 openmpi-bin libopenmpi-dev mpich libmpich-dev python3-mpi4py openssh-client openssh-server openssl podman runc mmdebstrap containerd containernetworking-plugins procps iptables"
+# libpmi2-0 is Slurm's PMI-2 client library: Intel MPI speaks PMI-2 to
+# trainlet's PMI server through it (tests/it/pmi.rs).
+packages="file gcc util-linux iproute2 openmpi-bin libopenmpi-dev mpich libmpich-dev libpmi2-0 python3-mpi4py openssh-client openssh-server openssl podman runc mmdebstrap containerd containernetworking-plugins procps iptables"
 installed=$(dpkg-query -W -f='${Package} ${Status}\n' $packages 2>/dev/null | awk '$4 == "installed" { print $1 }' || true)
 missing=""
 for p in $packages; do
@@ -66,6 +68,11 @@ for pair in file:/usr/bin/file gcc:/usr/bin/gcc util-linux:/usr/bin/unshare ipro
     unusable="$unusable ${pair%%:*}"
   fi
 done
+# A library is a regular file, not a program.
+[ -f /usr/lib/x86_64-linux-gnu/libpmi2.so.0 ] || {
+  echo "error: /usr/lib/x86_64-linux-gnu/libpmi2.so.0 (package libpmi2-0) is missing" >&2
+  unusable="$unusable libpmi2-0"
+}
 if [ -n "$unusable" ]; then
   echo "reinstall as root, then run the tests again:" >&2
   echo "  apt-get install --reinstall -y$unusable" >&2

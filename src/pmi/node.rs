@@ -64,7 +64,7 @@ pub enum Effect {
         local: usize,
         /// Its exit code (1 when it gave none).
         code: i32,
-        /// What it said.
+        /// What it said (empty when nothing).
         why: String,
     },
     /// Local rank `local` broke the protocol or asked for what trainlet
@@ -255,8 +255,8 @@ impl Node {
                 // PMI-1: exitcode= (the rank then waits to be killed);
                 // PMI-2: isworld= and msg= (Slurm's client exits 1 itself).
                 let code = cmd.get("exitcode").and_then(|c| c.parse().ok()).unwrap_or(1);
-                let message = ["message", "error_msg", "msg"].iter().find_map(|k| cmd.get(k)).unwrap_or("no message");
-                vec![Effect::Abort { local, code, why: format!("rank {rank} called abort: {message}") }]
+                let message = ["message", "error_msg", "msg"].iter().find_map(|k| cmd.get(k)).unwrap_or_default();
+                vec![Effect::Abort { local, code, why: message.to_string() }]
             }
             "spawn" => Self::refuse(
                 local,
@@ -429,7 +429,7 @@ mod tests {
         let abort = parse_v1(b"cmd=abort exitcode=3 message=bad\\ input").expect("line");
         assert_eq!(
             node.handle(0, &abort),
-            vec![Effect::Abort { local: 0, code: 3, why: "rank 2 called abort: bad input".into() }]
+            vec![Effect::Abort { local: 0, code: 3, why: "bad input".into() }]
         );
         let spawn = parse_v1(b"mcmd=spawn").expect("line");
         assert!(

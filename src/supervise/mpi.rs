@@ -28,6 +28,8 @@ pub(super) struct Applied {
 pub(super) struct Ranks {
     notes: Option<UnboundedReceiver<Note>>,
     started: HashSet<u32>,
+    /// How many of them speak PMI-2.
+    v2: u32,
     finalized: HashSet<u32>,
     /// Ranks stopped by trainlet: their exit is a fault.
     stopped: HashSet<u32>,
@@ -69,8 +71,17 @@ impl Ranks {
     pub fn apply(&mut self, note: Note, nproc: u32, at_us: u64) -> Applied {
         let lr = |l: usize| u32::try_from(l).unwrap_or(u32::MAX);
         match note {
-            Note::Started(l) => {
-                self.started.insert(lr(l));
+            Note::Started { local, v2 } => {
+                self.started.insert(lr(local));
+                self.v2 += u32::from(v2);
+                if self.started.len() == nproc as usize {
+                    tracing::info!(
+                        ranks = nproc,
+                        pmi_1 = nproc - self.v2,
+                        pmi_2 = self.v2,
+                        "every local MPI rank is in PMI; the ranks' fences wait for every pod's"
+                    );
+                }
                 Applied::default()
             }
             Note::Finalized(l) => {
@@ -80,7 +91,8 @@ impl Ranks {
             Note::Aborted { local, code, why } => {
                 let local_rank = lr(local);
                 tracing::error!(local_rank, exit_code = code, message = %why.escape_debug(), "an MPI rank called abort; stopping the job's ranks");
-                self.why.entry(local_rank).or_insert(format!("called MPI_Abort (PMI abort, exit code {code}): {why}"));
+                let said = if why.is_empty() { String::new() } else { format!(": {}", why.escape_debug()) };
+                self.why.entry(local_rank).or_insert(format!("called MPI_Abort (PMI abort, exit code {code}){said}"));
                 // A PMI-1 client waits to be killed after its abort (Intel
                 // MPI's); a PMI-2 one exits by itself (Slurm's library).
                 Applied { event: Some(Event::Fault { local_rank, exit: Exit::Code(code), at_us }), stop: vec![local_rank] }
@@ -134,7 +146,7 @@ mod tests {
     #[test]
     fn exits_are_read_by_what_the_rank_did_with_pmi() {
         let mut r = Ranks::new(None);
-        for n in [Note::Started(0), Note::Started(1), Note::Finalized(1), Note::Started(2)] {
+        for n in [Note::Started { local: 0, v2: false }, Note::Started { local: 1, v2: false }, Note::Finalized(1), Note::Started { local: 2, v2: false }] {
             assert_eq!(r.apply(n, 4, 1), Applied::default());
         }
         // Never used PMI, or finalized: the exit speaks for itself.
@@ -164,7 +176,7 @@ mod tests {
     async fn drain_applies_what_was_sent_in_order() {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let mut r = Ranks::new(Some(rx));
-        tx.send(Note::Started(0)).expect("send");
+        tx.send(Note::Started { local: 0, v2: false }).expect("send");
         tx.send(Note::Finalized(0)).expect("send");
         assert_eq!(r.drain(1, 0).len(), 2);
         assert_eq!(r.exit_event(0, exit(0), 1), Event::WorkerExited { local_rank: 0, exit: exit(0), at_us: 1 });

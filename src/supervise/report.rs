@@ -89,12 +89,17 @@ impl Failure {
     }
 
     /// trainlet's exit code for this failure (exit.rs): the spawner's code
-    /// for a worker that never ran, else the worker's own, mapped.
+    /// for a worker that never ran, else the worker's own, mapped; a
+    /// failure that exited 0 (an MPI rank gone without finalize, a
+    /// `0=restart` rule) gives 1, never success.
     pub fn code(&self) -> u8 {
         if self.no_progress {
             return crate::exit::WORKER_HUNG;
         }
-        self.not_started.unwrap_or_else(|| crate::exit::for_worker(self.exit()))
+        match self.not_started.unwrap_or_else(|| crate::exit::for_worker(self.exit())) {
+            crate::exit::SUCCESS => 1,
+            c => c,
+        }
     }
 
     /// Fill message/traceback from the worker's error file, if it exists.
@@ -281,6 +286,17 @@ mod tests {
         let all = [failure(1, 100), fatal];
         assert_eq!(fatal_root(&all).map(|f| f.rank), Some(3));
         assert_eq!(fatal_root(&all[..1]), None);
+    }
+
+    #[test]
+    fn a_failure_that_exited_0_never_gives_success() {
+        let mut f = failure(1, 1);
+        assert_eq!(f.code(), 3);
+        f.exit_code = Some(0);
+        assert_eq!(f.code(), 1);
+        f.exit_code = None;
+        f.signal = Some(9);
+        assert_eq!(f.code(), 137);
     }
 
     #[test]

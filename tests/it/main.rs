@@ -20,6 +20,7 @@ mod init;
 mod init_remote;
 mod layout;
 mod mpi;
+mod pmi;
 mod preload;
 mod progress;
 mod rendezvous;

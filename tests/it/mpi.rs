@@ -332,7 +332,7 @@ fn the_launchers_own_host_needs_no_ssh_server() {
 }
 
 /// A venv made by tests/mpi_venvs.sh.
-fn mpi_venv(name: &str) -> std::path::PathBuf {
+pub(crate) fn mpi_venv(name: &str) -> std::path::PathBuf {
     let dir = crate::util::repo().join(name);
     assert!(
         dir.join("bin/python").exists(),
@@ -344,7 +344,7 @@ fn mpi_venv(name: &str) -> std::path::PathBuf {
 
 /// The env of every simulated pod of a job whose MPI lives in `venv`
 /// (as an image's ENV would put it on PATH and LD_LIBRARY_PATH).
-fn venv_env(base: &[(String, String)], venv: &Path) -> Vec<(String, String)> {
+pub(crate) fn venv_env(base: &[(String, String)], venv: &Path) -> Vec<(String, String)> {
     let mut env = base.to_vec();
     let path = format!("{}:{}", venv.join("bin").display(), std::env::var("PATH").unwrap_or_default());
     env.push(("PATH".into(), path));
