@@ -404,7 +404,9 @@ mod tests {
             ask(&mut node, l, "cmd=init pmi_version=2 pmi_subversion=0");
         }
         let r = ask2(&mut node, 0, "cmd=fullinit;pmijobid=kvs_7;srcid=2;threaded=FALSE;");
-        for (k, v) in [("pmi-version", "2"), ("rank", "2"), ("appnum", "0"), ("debugged", "FALSE"), ("pmiverbose", "FALSE")] {
+        for (k, v) in
+            [("pmi-version", "2"), ("rank", "2"), ("appnum", "0"), ("debugged", "FALSE"), ("pmiverbose", "FALSE")]
+        {
             assert_eq!(r.get(k), Some(v), "{k}");
         }
         assert_eq!(r.get("spawner-jobid"), None, "its presence would mean a spawned job");
@@ -416,21 +418,24 @@ mod tests {
             panic!("{effects:?}")
         };
         let r = parse_v2(&bytes[6..]).expect("reply");
-        assert_eq!((r.name.as_str(), r.get("found"), r.get("value")), ("info-getnodeattr-response", Some("TRUE"), Some("2F6465")));
+        assert_eq!(
+            (r.name.as_str(), r.get("found"), r.get("value")),
+            ("info-getnodeattr-response", Some("TRUE"), Some("2F6465"))
+        );
         let r = ask2(&mut node, 1, "cmd=info-getnodeattr;key=other;");
         assert_eq!(r.get("found"), Some("FALSE"), "without wait: answered at once");
-        let abort = parse_v2(b"cmd=abort;isworld=TRUE;msg=application called MPI_Abort(MPI_COMM_WORLD, 3);").expect("frame");
-        assert!(matches!(node.handle(1, &abort).as_slice(), [Effect::Abort { local: 1, code: 1, why }] if why.contains("MPI_Abort")));
+        let abort =
+            parse_v2(b"cmd=abort;isworld=TRUE;msg=application called MPI_Abort(MPI_COMM_WORLD, 3);").expect("frame");
+        assert!(
+            matches!(node.handle(1, &abort).as_slice(), [Effect::Abort { local: 1, code: 1, why }] if why.contains("MPI_Abort"))
+        );
     }
 
     #[test]
     fn abort_spawn_and_protocol_faults_stop_the_job_with_a_reason() {
         let mut node = Node::new(job(1));
         let abort = parse_v1(b"cmd=abort exitcode=3 message=bad\\ input").expect("line");
-        assert_eq!(
-            node.handle(0, &abort),
-            vec![Effect::Abort { local: 0, code: 3, why: "bad input".into() }]
-        );
+        assert_eq!(node.handle(0, &abort), vec![Effect::Abort { local: 0, code: 3, why: "bad input".into() }]);
         let spawn = parse_v1(b"mcmd=spawn").expect("line");
         assert!(
             matches!(node.handle(0, &spawn).as_slice(), [Effect::Refuse { why, .. }] if why.contains("MPI_Comm_spawn"))

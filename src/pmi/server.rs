@@ -244,7 +244,16 @@ mod tests {
         let (g0, g1) = (r0.join().expect("rank 0"), r1.join().expect("rank 1"));
         let mut sorted = notes.clone();
         sorted.sort_by_key(|n| format!("{n:?}"));
-        assert_eq!(sorted, [Note::Finalized(0), Note::Finalized(1), Note::Started { local: 0, v2: false }, Note::Started { local: 1, v2: false }], "{notes:?}");
+        assert_eq!(
+            sorted,
+            [
+                Note::Finalized(0),
+                Note::Finalized(1),
+                Note::Started { local: 0, v2: false },
+                Note::Started { local: 1, v2: false }
+            ],
+            "{notes:?}"
+        );
         assert_eq!(g0[2], "cmd=barrier_out rc=0");
         assert_eq!(g0[3], "cmd=get_result rc=0 found=TRUE value=one");
         assert_eq!(g1[3], "cmd=get_result rc=0 found=TRUE value=zero");
@@ -265,13 +274,19 @@ mod tests {
         let (s0, mut c0) = pair();
         c0.write_all(b"cmd=abort exitcode=7 message=oops\n").expect("write");
         let notes = run(Node::new(job(1)), vec![s0], Alone).await;
-        assert_eq!(notes, [Note::Started { local: 0, v2: false }, Note::Aborted { local: 0, code: 7, why: "oops".into() }]);
+        assert_eq!(
+            notes,
+            [Note::Started { local: 0, v2: false }, Note::Aborted { local: 0, code: 7, why: "oops".into() }]
+        );
         let (s0, mut c0) = pair();
         c0.write_all(b"garbage\n").expect("write");
         assert!(matches!(run(Node::new(job(1)), vec![s0], Alone).await.as_slice(), [Note::Refused { local: 0, .. }]));
         let (s0, mut c0) = pair();
         c0.write_all(b"mcmd=spawn\n").expect("write");
         let notes = run(Node::new(job(1)), vec![s0], Alone).await;
-        assert!(matches!(notes.as_slice(), [Note::Started { local: 0, v2: false }, Note::Refused { why, .. }] if why.contains("spawn")), "{notes:?}");
+        assert!(
+            matches!(notes.as_slice(), [Note::Started { local: 0, v2: false }, Note::Refused { why, .. }] if why.contains("spawn")),
+            "{notes:?}"
+        );
     }
 }

@@ -95,7 +95,10 @@ impl Ranks {
                 self.why.entry(local_rank).or_insert(format!("called MPI_Abort (PMI abort, exit code {code}){said}"));
                 // A PMI-1 client waits to be killed after its abort (Intel
                 // MPI's); a PMI-2 one exits by itself (Slurm's library).
-                Applied { event: Some(Event::Fault { local_rank, exit: Exit::Code(code), at_us }), stop: vec![local_rank] }
+                Applied {
+                    event: Some(Event::Fault { local_rank, exit: Exit::Code(code), at_us }),
+                    stop: vec![local_rank],
+                }
             }
             Note::Refused { local, why } => {
                 let local_rank = lr(local);
@@ -146,7 +149,12 @@ mod tests {
     #[test]
     fn exits_are_read_by_what_the_rank_did_with_pmi() {
         let mut r = Ranks::new(None);
-        for n in [Note::Started { local: 0, v2: false }, Note::Started { local: 1, v2: false }, Note::Finalized(1), Note::Started { local: 2, v2: false }] {
+        for n in [
+            Note::Started { local: 0, v2: false },
+            Note::Started { local: 1, v2: false },
+            Note::Finalized(1),
+            Note::Started { local: 2, v2: false },
+        ] {
             assert_eq!(r.apply(n, 4, 1), Applied::default());
         }
         // Never used PMI, or finalized: the exit speaks for itself.
@@ -166,7 +174,10 @@ mod tests {
         assert!(r.why(1).is_some_and(|w| w.contains("MPI_Abort") && w.contains("bad")));
         let a = r.apply(Note::Refused { local: 0, why: "spawn".into() }, 2, 7);
         assert_eq!(a, Applied { event: None, stop: vec![0] });
-        assert_eq!(r.exit_event(0, Exit::Signal(9), 8), Event::Fault { local_rank: 0, exit: Exit::Signal(9), at_us: 8 });
+        assert_eq!(
+            r.exit_event(0, Exit::Signal(9), 8),
+            Event::Fault { local_rank: 0, exit: Exit::Signal(9), at_us: 8 }
+        );
         let mut r = Ranks::new(None);
         assert_eq!(r.apply(Note::Fence("store gone".into()), 2, 7).stop, vec![0, 1]);
         assert!(r.why(1).is_some_and(|w| w.contains("store gone")));

@@ -340,7 +340,9 @@ impl Attempt {
         let mut out = Vec::new();
         match (self.phase, event) {
             (Phase::Finished, _) => {}
-            (_, Event::WorkerExited { local_rank, exit, at_us }) => self.exited(local_rank, exit, at_us, false, &mut out),
+            (_, Event::WorkerExited { local_rank, exit, at_us }) => {
+                self.exited(local_rank, exit, at_us, false, &mut out)
+            }
             (_, Event::Fault { local_rank, exit, at_us }) => self.exited(local_rank, exit, at_us, true, &mut out),
             (Phase::Running, Event::Hung { local_rank, at_us }) => {
                 if self.alive.contains(&local_rank) {

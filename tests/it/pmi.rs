@@ -42,7 +42,10 @@ fn job(flags: &[&str], program: &[&str], env: &[(&str, &str)]) -> Vec<Pod> {
 /// Every pod's exit code, and its RESULT lines parsed.
 fn finish(pods: &mut [Pod]) -> (Vec<i32>, Vec<std::collections::HashMap<String, String>>) {
     let codes = pods.iter_mut().map(|p| p.code(LIMIT)).collect();
-    let rows = pods.iter().flat_map(|p| p.stdout().lines().filter(|l| l.contains("RESULT ")).map(parse_kv).collect::<Vec<_>>()).collect();
+    let rows = pods
+        .iter()
+        .flat_map(|p| p.stdout().lines().filter(|l| l.contains("RESULT ")).map(parse_kv).collect::<Vec<_>>())
+        .collect();
     (codes, rows)
 }
 
@@ -128,7 +131,8 @@ fn with_the_budget_spent_a_killed_rank_ends_the_job_with_its_code_and_a_report_n
     let marker = unique_marker();
     let logs_dir = dir.path().join("logs");
     let log_dir = logs_dir.display().to_string();
-    let env = [("FAULT", "kill"), ("FAULT_RANK", "3"), ("FAULT_ALWAYS", "1"), ("TRAINLET_TEST_MARKER", marker.as_str())];
+    let env =
+        [("FAULT", "kill"), ("FAULT_RANK", "3"), ("FAULT_ALWAYS", "1"), ("TRAINLET_TEST_MARKER", marker.as_str())];
     let mut pods = job(&["--max-restarts", "1", "--log-dir", &log_dir], &[&program], &env);
     let (codes, rows) = finish(&mut pods);
     let all = logs(&pods);
@@ -200,8 +204,19 @@ fn a_rank_that_breaks_the_protocol_is_stopped_with_the_reason() {
         let logs_dir = dir.path().join(reason.replace(' ', "_"));
         let log_dir = logs_dir.display().to_string();
         let marker = unique_marker();
-        let args =
-            ["run", "--framework", "mpi", "--nproc-per-node", "1", "--log-dir", &log_dir, "--no-python", "sh", "-c", script];
+        let args = [
+            "run",
+            "--framework",
+            "mpi",
+            "--nproc-per-node",
+            "1",
+            "--log-dir",
+            &log_dir,
+            "--no-python",
+            "sh",
+            "-c",
+            script,
+        ];
         let mut pod = Pod::start(&args, &[("TRAINLET_TEST_MARKER", marker.as_str())]);
         let code = pod.code(Duration::from_secs(60));
         assert_eq!(code, 137, "stopped by SIGKILL, not after its sleep:\n{}", pod.stderr());
