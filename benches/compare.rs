@@ -20,7 +20,8 @@
 //! fork/exec/wait floor (`compare bare N PROG`, no agent).
 //! Results are also written to
 //! `target/bench-compare.md`. `mpi` and `sshd` compare against OpenSSH
-//! (`mpi_bench.rs`).
+//! (`mpi_bench.rs`); `pmi` runs MPI without SSH against `mpirun` over
+//! OpenSSH and over trainlet's SSH (`pmi_bench.rs`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
@@ -42,6 +43,8 @@ mod init_bench;
 mod inplace_bench;
 #[path = "mpi_bench.rs"]
 mod mpi_bench;
+#[path = "pmi_bench.rs"]
+mod pmi_bench;
 #[path = "serve_bench.rs"]
 mod serve_bench;
 #[path = "../tests/support/mod.rs"]
@@ -751,6 +754,11 @@ fn main() -> std::process::ExitCode {
     }
     if on("mpi") {
         mpi_bench::launch(&mut rows);
+        progress(&rows);
+    }
+    if on("pmi") {
+        pmi_bench::start(&mut rows, 5);
+        pmi_bench::exchange(&mut rows, &[64, 256], 1);
         progress(&rows);
     }
     if on("sshd") {

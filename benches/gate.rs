@@ -15,7 +15,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use super::{
-    Row, actor_bench, agent_rss, inplace_bench, launch_rows, restart_gap, serve_bench, store_throughput, torchft_bench,
+    Row, actor_bench, agent_rss, inplace_bench, launch_rows, pmi_bench, restart_gap, serve_bench, store_throughput,
+    torchft_bench,
 };
 
 /// One floor of `benches/floors.toml`.
@@ -94,6 +95,10 @@ fn measure() -> Vec<(&'static str, Row)> {
         ],
         rows,
     );
+    // MPI without SSH: start to MPI_Init, 4 pods x 2, against mpirun over OpenSSH.
+    let mut rows = Vec::new();
+    pmi_bench::start(&mut rows, 3);
+    take(&["pmi_start_vs_openssh_mpirun", ""], rows);
     // TorchFT replica groups: the survivors' steps while a peer group restarts.
     let mut rows = Vec::new();
     torchft_bench::survivors(&mut rows);

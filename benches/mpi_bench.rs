@@ -17,7 +17,7 @@ use super::{Row, median, memory_row, rss_kib, time_row, trainlet};
 
 const HOSTS: u8 = 8;
 
-struct Servers {
+pub(super) struct Servers {
     children: Vec<Child>,
 }
 
@@ -30,7 +30,7 @@ impl Drop for Servers {
     }
 }
 
-fn addrs(subnet: u8) -> Vec<String> {
+pub(super) fn addrs(subnet: u8) -> Vec<String> {
     (2..2 + HOSTS).map(|i| format!("127.0.{subnet}.{i}")).collect()
 }
 
@@ -42,7 +42,7 @@ fn wait_listening(addr: &str) {
     }
 }
 
-fn job_keys(dir: &Path) -> PathBuf {
+pub(super) fn job_keys(dir: &Path) -> PathBuf {
     let st = Command::new(trainlet())
         .args(["keygen", "--type", "ecdsa-p521", "--out"])
         .arg(dir)
@@ -65,7 +65,7 @@ fn without_bashrc(program: &str) -> Command {
     c
 }
 
-fn trainlet_servers(subnet: u8, keys: &Path, agent: &Path) -> Servers {
+pub(super) fn trainlet_servers(subnet: u8, keys: &Path, agent: &Path) -> Servers {
     let children = addrs(subnet)
         .iter()
         .map(|a| {
@@ -84,7 +84,7 @@ fn trainlet_servers(subnet: u8, keys: &Path, agent: &Path) -> Servers {
     Servers { children }
 }
 
-fn openssh_servers(subnet: u8, dir: &Path, key: &Path) -> Servers {
+pub(super) fn openssh_servers(subnet: u8, dir: &Path, key: &Path) -> Servers {
     std::fs::create_dir_all("/run/sshd").expect("privsep dir");
     let children = addrs(subnet)
         .iter()
@@ -114,7 +114,7 @@ fn openssh_servers(subnet: u8, dir: &Path, key: &Path) -> Servers {
     Servers { children }
 }
 
-fn openssh_args(key: &Path) -> String {
+pub(super) fn openssh_args(key: &Path) -> String {
     format!(
         "-p 2222 -i {} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o BatchMode=yes",
         key.display()

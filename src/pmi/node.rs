@@ -143,6 +143,24 @@ impl Node {
         self.reply(local, query, "info-getnodeattr-response", &args)
     }
 
+    /// A failed reply (`rc=1`) saying the name service is not served.
+    fn error_reply(&self, local: usize, query: &Command, name: &str) -> Effect {
+        let why = "trainlet does not serve MPI's name service (publish/lookup)";
+        let cmd = match self.wire(local) {
+            Wire::V1 => Command::new(name).arg("rc", 1).arg("msg", why),
+            Wire::V2 => Command::new(name).arg("rc", 1).arg("errmsg", why),
+        };
+        let cmd = match query.get("thrid") {
+            Some(t) => cmd.arg("thrid", t),
+            None => cmd,
+        };
+        let bytes = match self.wire(local) {
+            Wire::V1 => format_v1(&cmd),
+            Wire::V2 => format_v2(&cmd).unwrap_or_default(),
+        };
+        Effect::Reply { local, bytes }
+    }
+
     fn refuse(local: usize, why: String) -> Vec<Effect> {
         vec![Effect::Refuse { local, why }]
     }
@@ -257,6 +275,17 @@ impl Node {
                 let code = cmd.get("exitcode").and_then(|c| c.parse().ok()).unwrap_or(1);
                 let message = ["message", "error_msg", "msg"].iter().find_map(|k| cmd.get(k)).unwrap_or_default();
                 vec![Effect::Abort { local, code, why: message.to_string() }]
+            }
+            // MPI's name service (MPI_Publish_name, MPI_Lookup_name) is not
+            // served: the call fails in the rank, which can go on.
+            "publish_name" | "unpublish_name" | "lookup_name" | "name-publish" | "name-unpublish" | "name-lookup" => {
+                let name = match cmd.name.as_str() {
+                    "publish_name" => "publish_result",
+                    "unpublish_name" => "unpublish_result",
+                    "lookup_name" => "lookup_result",
+                    other => return vec![self.error_reply(local, cmd, &format!("{other}-response"))],
+                };
+                vec![self.error_reply(local, cmd, name)]
             }
             "spawn" => Self::refuse(
                 local,
@@ -392,6 +421,14 @@ mod tests {
         // The next fence starts empty.
         node.handle(0, &fence);
         assert_eq!(node.handle(1, &fence2), vec![Effect::Fence { puts: Vec::new() }]);
+    }
+
+    #[test]
+    fn the_name_service_answers_an_error_the_rank_can_go_on_from() {
+        let mut node = Node::new(job(1));
+        let r = ask(&mut node, 0, "cmd=lookup_name service=ocean");
+        assert_eq!((r.name.as_str(), r.get("rc")), ("lookup_result", Some("1")));
+        assert_eq!(ask(&mut node, 0, "cmd=get_appnum").get("rc"), Some("0"), "still served");
     }
 
     /// What Intel MPI over Slurm's `libpmi2` asks on one pod (seen

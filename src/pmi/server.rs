@@ -129,6 +129,7 @@ pub async fn serve(mut node: Node, ranks: Vec<UnixStream>, mut fence: impl Fence
             Read::Eof => continue,
             Read::Bad(l, why) => return note(Note::Refused { local: l, why: format!("local rank {l}: {why}") }),
         };
+        tracing::trace!(local, cmd = %cmd.name, key = cmd.get("key").unwrap_or_default().escape_debug().to_string(), "PMI command");
         if cmd.name == "finalize" {
             note(Note::Finalized(local));
         }
@@ -150,6 +151,7 @@ pub async fn serve(mut node: Node, ranks: Vec<UnixStream>, mut fence: impl Fence
                     Effect::Refuse { local, why } => return note(Note::Refused { local, why }),
                     Effect::Fence { puts } => match fence.fence(seq, puts).await {
                         Ok(all) => {
+                            tracing::debug!(fence = seq, keys = all.len(), "PMI fence done");
                             seq += 1;
                             more.extend(node.fenced(all));
                         }

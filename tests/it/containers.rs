@@ -357,6 +357,52 @@ fn the_mpi_image_runs_mpirun_across_two_containers_as_uid_1000_without_openssh()
     }
 }
 
+/// MPI without SSH in the image runtimes/mpich-pmi.yaml names: two "pods"
+/// (containers on the host network, each with its own /dev/shm and /tmp),
+/// each with `trainlet run` as PID 1, uid 1000, a read-only root, start
+/// their 2 ranks of mpi4py (the image's, on Debian's MPICH) and serve them
+/// PMI (`TRAINLET_FRAMEWORK=mpi` is the image's); every rank gets the
+/// exact sum, with no mpirun, hydra or ssh in the image.
+#[test]
+fn the_mpich_pmi_image_runs_mpi4py_across_two_containers_as_uid_1000_on_a_read_only_root() {
+    let fixtures = format!("{}:/fixtures:ro", repo().join("tests/fixtures").display());
+    let image = "localhost/trainlet/mpich-pmi-runtime:test";
+    let none =
+        podman(&["run", "--rm", "--entrypoint", "/bin/sh", image, "-c", "command -v mpirun mpiexec ssh sshd || true"]);
+    assert_eq!(String::from_utf8_lossy(&none.stdout), "", "no launcher and no SSH in the image");
+    let port = crate::util::free_port();
+    let pods: Vec<Container> = (0..2)
+        .map(|i| {
+            let env = [
+                "PET_NNODES=2".to_string(),
+                format!("PET_NODE_RANK={i}"),
+                "PET_MASTER_ADDR=127.0.0.1".to_string(),
+                format!("PET_MASTER_PORT={port}"),
+                format!("PET_LOCAL_ADDR=127.0.47.{}", i + 1),
+            ];
+            let mut opts = vec!["--user", "1000:1000", "--read-only", "-v", &fixtures];
+            for e in &env {
+                opts.extend_from_slice(&["-e", e]);
+            }
+            Container::start(
+                &format!("pmi-pod{i}"),
+                &opts,
+                image,
+                &["run", "--nproc-per-node", "2", "/fixtures/mpi_allreduce.py"],
+            )
+        })
+        .collect();
+    let mut rows = Vec::new();
+    for p in &pods {
+        p.expect_exit(0, LIMIT, "");
+        let logs = p.logs();
+        assert!(logs.contains("pmi_1=2 pmi_2=0"), "{logs}");
+        rows.extend(logs.lines().filter(|l| l.contains("RESULT ")).map(str::to_string));
+    }
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    assert!(rows.iter().all(|r| r.contains("size=4 sum=10")), "{rows:?}");
+}
+
 /// Two "pods" (containers on the host network at 127.0.46.1 and .2) run
 /// the checkpointing training job. `podman stop` of the second, then
 /// `podman start` (the pod replaced in place); then the same with the

@@ -105,6 +105,27 @@ fn the_deepspeed_runtime_is_valid_and_needs_no_launcher_or_ssh() {
     assert!(doc.contains("values: [200, 205, 208]") && doc.contains("values: [143, 204]"), "{doc}");
 }
 
+/// MPI without SSH: valid, node pods only under the torch policy (PET_*
+/// env), each running `trainlet run --framework mpi`; no launcher, no SSH
+/// Secret or server, trainlet's exit codes routed.
+#[test]
+fn the_mpich_pmi_runtime_is_valid_and_needs_no_launcher_or_ssh() {
+    let file = repo().join("runtimes/mpich-pmi.yaml");
+    let (ok, out) = validate(std::slice::from_ref(&file));
+    assert!(ok, "{out}");
+    assert!(out.contains("ClusterTrainingRuntime trainlet-mpich-pmi valid"), "{out}");
+    let text = std::fs::read_to_string(&file).expect("read");
+    let doc: Vec<&str> = text.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
+    let doc = doc.join("\n");
+    assert!(doc.contains("    torch: {}") && !doc.contains("mpi:"), "the torch policy, not Trainer's MPI: {doc}");
+    assert!(doc.contains("- name: TRAINLET_FRAMEWORK\n                          value: mpi"), "{doc}");
+    assert!(doc.contains("image: ghcr.io/trainlet/mpich-pmi-runtime:"), "{doc}");
+    for absent in ["launcher", "sshd", "2222", "dependsOn", "sshAuthMountPath", "mpirun"] {
+        assert!(!doc.contains(absent), "{absent} in {doc}");
+    }
+    assert!(doc.contains("values: [200, 205, 208]") && doc.contains("values: [143, 204]"), "{doc}");
+}
+
 /// JAX and XGBoost: Trainer's ML policies with trainlet as the agent.
 #[test]
 fn the_jax_and_xgboost_runtimes_are_valid_and_use_trainers_policies() {
