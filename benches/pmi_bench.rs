@@ -115,7 +115,7 @@ fn hydra_job(args: &[String], program: &str, env: &[(&str, &str)]) -> (String, u
 /// `mpirun` over trainlet's SSH, `mpirun` over OpenSSH; `rounds` of each,
 /// interleaved. Rows: PMI against OpenSSH, PMI against trainlet's SSH.
 pub fn start(rows: &mut Vec<Row>, rounds: usize) {
-    const PODS: usize = 4;
+    const PODS: u32 = 4;
     let dir = tempfile::tempdir().expect("tmp");
     let program = build(dir.path());
     let keys = dir.path().join("keys");
@@ -131,7 +131,7 @@ pub fn start(rows: &mut Vec<Row>, rounds: usize) {
     std::fs::write(&wrapper, format!("#!/bin/sh\nexec /usr/bin/ssh {} \"$@\"\n", openssh_args(&key))).expect("wrapper");
     std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
     let hydra = |launcher: &Path, subnet: u8| -> Vec<String> {
-        let hosts: Vec<String> = addrs(subnet).iter().take(PODS).map(|a| format!("{a}:2")).collect();
+        let hosts: Vec<String> = addrs(subnet).iter().take(PODS as usize).map(|a| format!("{a}:2")).collect();
         vec![
             "-launcher".into(),
             "ssh".into(),
@@ -146,10 +146,10 @@ pub fn start(rows: &mut Vec<Row>, rounds: usize) {
     let ssh_dir = keys.display().to_string();
     let ours_env = [("TRAINLET_SSH_DIR", ssh_dir.as_str()), ("TRAINLET_LOG", "warn")];
     let init_all =
-        |(out, t0): (String, u64)| since(t0, stamps(&out, PODS * 2).iter().map(|s| s.init).max().unwrap_or(0));
+        |(out, t0): (String, u64)| since(t0, stamps(&out, (PODS * 2) as usize).iter().map(|s| s.init).max().unwrap_or(0));
     let (mut pmi, mut over_ours, mut over_openssh) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
-        pmi.push(init_all(trainlet_job(PODS as u32, 2, &program)));
+        pmi.push(init_all(trainlet_job(PODS, 2, &program)));
         over_ours.push(init_all(hydra_job(&hydra(&agent_dir.join("ssh"), 42), &program, &ours_env)));
         over_openssh.push(init_all(hydra_job(&hydra(&wrapper, 43), &program, &[])));
     }

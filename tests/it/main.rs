@@ -21,6 +21,7 @@ mod init_remote;
 mod layout;
 mod mpi;
 mod pmi;
+mod pmi_suite;
 mod preload;
 mod progress;
 mod rendezvous;
