@@ -145,8 +145,9 @@ pub fn start(rows: &mut Vec<Row>, rounds: usize) {
     };
     let ssh_dir = keys.display().to_string();
     let ours_env = [("TRAINLET_SSH_DIR", ssh_dir.as_str()), ("TRAINLET_LOG", "warn")];
-    let init_all =
-        |(out, t0): (String, u64)| since(t0, stamps(&out, (PODS * 2) as usize).iter().map(|s| s.init).max().unwrap_or(0));
+    let init_all = |(out, t0): (String, u64)| {
+        since(t0, stamps(&out, (PODS * 2) as usize).iter().map(|s| s.init).max().unwrap_or(0))
+    };
     let (mut pmi, mut over_ours, mut over_openssh) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         pmi.push(init_all(trainlet_job(PODS, 2, &program)));

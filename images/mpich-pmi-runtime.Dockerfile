@@ -1,9 +1,14 @@
 # The image runtimes/mpich-pmi.yaml names: MPI without SSH. Debian's MPICH
-# runtime library, mpi4py (its PyPI wheel, on MPICH's ABI), Slurm's libpmi2
-# (for Intel MPI's PMI-2: I_MPI_PMI_LIBRARY=/usr/lib/x86_64-linux-gnu/libpmi2.so.0)
-# and trainlet as ENTRYPOINT; no mpirun, no hydra, no OpenSSH. Every node
-# pod runs `trainlet run --framework mpi`, which starts the ranks and serves
-# them PMI. uid 1000 `mpiuser` as in Trainer's MPI images.
+# runtime library, Python, Slurm's libpmi2 (for Intel MPI's PMI-2:
+# I_MPI_PMI_LIBRARY=/usr/lib/x86_64-linux-gnu/libpmi2.so.0) and trainlet as
+# ENTRYPOINT; no mpirun, no hydra, no OpenSSH. Every node pod runs
+# `trainlet run --framework mpi`, which starts the ranks and serves them
+# PMI. uid 1000 `mpiuser` as in Trainer's MPI images.
+#
+# mpi4py: its PyPI wheel runs on this MPICH as the image sets it up
+# (MPI4PY_MPIABI=mpich, libmpich.so.12 reachable as libmpi.so.12). Add it
+# in an image of your own (`pip install mpi4py==4.1.2` on top of this one),
+# or mount it: the container test mounts the test venv's.
 #
 #   podman build -f images/mpich-pmi-runtime.Dockerfile -t ghcr.io/trainlet/mpich-pmi-runtime:0.1.0 .
 #
@@ -33,16 +38,13 @@ FROM ${BASE_IMAGE}
 # Debian names MPICH's library libmpich.so.12, so a link in a directory of
 # its own gives it that name without touching Open MPI's alternatives.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libmpich12 libpmi2-0 python3 python3-venv ca-certificates \
+ && apt-get install -y --no-install-recommends libmpich12 libpmi2-0 python3 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
- && python3 -m venv /opt/mpi \
- && /opt/mpi/bin/pip install --no-cache-dir --disable-pip-version-check mpi4py==4.1.2 \
  && mkdir -p /opt/mpi/libmpi \
  && ln -s /usr/lib/x86_64-linux-gnu/libmpich.so.12 /opt/mpi/libmpi/libmpi.so.12 \
  && useradd -m -u 1000 mpiuser
 COPY --from=binary /trainlet /usr/local/bin/trainlet
-ENV PATH=/usr/local/bin:/opt/mpi/bin:${PATH} \
-    LD_LIBRARY_PATH=/opt/mpi/libmpi \
+ENV LD_LIBRARY_PATH=/opt/mpi/libmpi \
     MPI4PY_MPIABI=mpich \
     TRAINLET_FRAMEWORK=mpi \
     HOME=/home/mpiuser

@@ -15,6 +15,9 @@ pub const VALLEN_MAX: usize = 1024;
 pub const KVSNAME_MAX: usize = 256;
 /// Most keys one pod may put between two fences.
 pub const MAX_PENDING: usize = 65_536;
+/// Most keys the job's key-value space may hold (every pod's puts of
+/// every fence of the round): MPICH puts a few per rank.
+pub const MAX_KVS: usize = 1 << 20;
 
 /// What every rank of the job is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -336,6 +339,9 @@ impl Node {
     /// rank waiting at it is answered.
     pub fn fenced(&mut self, all: Vec<(String, String)>) -> Vec<Effect> {
         self.kvs.extend(all);
+        if self.kvs.len() > MAX_KVS {
+            return Self::refuse(0, format!("the job's PMI key-value space outgrew {MAX_KVS} keys"));
+        }
         self.fencing = false;
         let waiting: Vec<(usize, Command)> =
             self.waiting.iter_mut().enumerate().filter_map(|(l, w)| Some((l, w.take()?))).collect();

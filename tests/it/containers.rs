@@ -360,12 +360,16 @@ fn the_mpi_image_runs_mpirun_across_two_containers_as_uid_1000_without_openssh()
 /// MPI without SSH in the image runtimes/mpich-pmi.yaml names: two "pods"
 /// (containers on the host network, each with its own /dev/shm and /tmp),
 /// each with `trainlet run` as PID 1, uid 1000, a read-only root, start
-/// their 2 ranks of mpi4py (the image's, on Debian's MPICH) and serve them
-/// PMI (`TRAINLET_FRAMEWORK=mpi` is the image's); every rank gets the
-/// exact sum, with no mpirun, hydra or ssh in the image.
+/// their 2 ranks of mpi4py on the image's MPICH and serve them PMI
+/// (`TRAINLET_FRAMEWORK=mpi` is the image's); every rank gets the exact
+/// sum, with no mpirun, hydra or ssh in the image. mpi4py's wheel is the
+/// test venv's (.venv-mpich, tests/mpi_venvs.sh), mounted read-only as
+/// PyTorch is in the torch tests: the image sets up MPICH for it.
 #[test]
 fn the_mpich_pmi_image_runs_mpi4py_across_two_containers_as_uid_1000_on_a_read_only_root() {
     let fixtures = format!("{}:/fixtures:ro", repo().join("tests/fixtures").display());
+    let site = crate::mpi::mpi_venv(".venv-mpich").join("lib/python3.11/site-packages");
+    let site = format!("{}:/opt/mpi4py:ro", site.display());
     let image = "localhost/trainlet/mpich-pmi-runtime:test";
     let none =
         podman(&["run", "--rm", "--entrypoint", "/bin/sh", image, "-c", "command -v mpirun mpiexec ssh sshd || true"]);
@@ -380,7 +384,8 @@ fn the_mpich_pmi_image_runs_mpi4py_across_two_containers_as_uid_1000_on_a_read_o
                 format!("PET_MASTER_PORT={port}"),
                 format!("PET_LOCAL_ADDR=127.0.47.{}", i + 1),
             ];
-            let mut opts = vec!["--user", "1000:1000", "--read-only", "-v", &fixtures];
+            let mut opts = vec!["--user", "1000:1000", "--read-only", "-v", &fixtures, "-v", &site];
+            opts.extend_from_slice(&["-e", "PYTHONPATH=/opt/mpi4py"]);
             for e in &env {
                 opts.extend_from_slice(&["-e", e]);
             }

@@ -95,11 +95,16 @@ fn open_mpi_and_mpi4py_over_four_hosts_with_no_openssh() {
 }
 
 fn compile_mpich(dir: &Path) -> String {
-    let out = dir.join("mpi_allreduce");
+    mpicc(dir, "mpi_allreduce")
+}
+
+/// tests/fixtures/`name`.c built with Debian's MPICH into `dir`.
+pub(crate) fn mpicc(dir: &Path, name: &str) -> String {
+    let out = dir.join(name);
     let st = Command::new("mpicc.mpich")
         .arg("-o")
         .arg(&out)
-        .arg(fixture("mpi_allreduce.c"))
+        .arg(fixture(&format!("{name}.c")))
         .status()
         .expect("mpicc.mpich (Debian's mpich, installed by bash tests/setup.sh as root)");
     assert!(st.success());

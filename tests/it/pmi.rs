@@ -9,7 +9,6 @@
 //! and ranks that break the protocol.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use crate::mpi::{mpi_venv, venv_env};
@@ -19,15 +18,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 
 /// tests/fixtures/pmi_job.c built with Debian's MPICH into `dir`.
 fn build(dir: &Path) -> String {
-    let out = dir.join("pmi_job");
-    let st = Command::new("mpicc.mpich")
-        .arg("-o")
-        .arg(&out)
-        .arg(fixture("pmi_job.c"))
-        .status()
-        .expect("mpicc.mpich (Debian's libmpich-dev, installed by bash tests/setup.sh as root)");
-    assert!(st.success());
-    out.display().to_string()
+    crate::mpi::mpicc(dir, "pmi_job")
 }
 
 /// Two pods of two ranks running `program` (and `args`) under trainlet's PMI.
