@@ -64,13 +64,30 @@ impl Fence for StoreFence {
     async fn fence(&mut self, seq: u64, puts: Vec<(String, String)>) -> Result<Vec<(String, String)>, String> {
         let key = |n: usize| format!("{}/{seq}/{n}", self.prefix);
         let why = |e: crate::store::ClientError| format!("PMI fence {seq}: {}", crate::error::error_chain(&e));
+        let blob = encode(&puts);
+        if blob.len() as u64 > crate::store::MAX_VALUE_LEN {
+            return Err(format!(
+                "PMI fence {seq}: this pod's {} puts take {} bytes, over the store's 8 MiB for one value",
+                puts.len(),
+                blob.len()
+            ));
+        }
         let client = match &mut self.client {
             Some(c) => c,
             None => self.client.insert(self.dial.connect().await.map_err(why)?),
         };
-        client.set(&key(self.node), &encode(&puts)).await.map_err(why)?;
+        client.set(&key(self.node), &blob).await.map_err(why)?;
         let pods = i64::try_from(self.nnodes).unwrap_or(i64::MAX);
         client.barrier(&format!("{}/{seq}/in", self.prefix), pods).await.map_err(why)?;
+        // Every pod came to this barrier after its reads of the last fence:
+        // that fence's keys can go (the store stays small however many
+        // fences the ranks make).
+        if let Some(last) = seq.checked_sub(1) {
+            client.delete_key(&format!("{}/{last}/{}", self.prefix, self.node)).await.map_err(why)?;
+            if self.node == 0 {
+                client.delete_key(&format!("{}/{last}/in", self.prefix)).await.map_err(why)?;
+            }
+        }
         let keys: Vec<String> = (0..self.nnodes).map(key).collect();
         let values = client.multi_get(&keys).await.map_err(why)?;
         let mut all = Vec::new();

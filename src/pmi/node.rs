@@ -15,9 +15,10 @@ pub const VALLEN_MAX: usize = 1024;
 pub const KVSNAME_MAX: usize = 256;
 /// Most keys one pod may put between two fences.
 pub const MAX_PENDING: usize = 65_536;
-/// Most keys the job's key-value space may hold (every pod's puts of
-/// every fence of the round): MPICH puts a few per rank.
-pub const MAX_KVS: usize = 1 << 20;
+/// Most bytes of keys and values the job's key-value space may hold
+/// (every pod's puts of every fence of the round; MPICH puts a few
+/// hundred bytes per rank).
+pub const MAX_KVS_BYTES: usize = 64 << 20;
 
 /// What every rank of the job is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +96,10 @@ pub struct Node {
     /// not yet put: at most one each (a rank waits for its reply).
     attr_waits: Vec<Option<Command>>,
     fencing: bool,
+    /// Ranks that finalized or closed their socket: they take part in no
+    /// fence any more.
+    done: Vec<bool>,
+    kvs_bytes: usize,
 }
 
 impl Node {
@@ -106,11 +111,13 @@ impl Node {
             wires: vec![Wire::V1; job.local],
             waiting: vec![None; job.local],
             attr_waits: vec![None; job.local],
+            done: vec![false; job.local],
             job,
             pending: BTreeMap::new(),
             kvs,
             node_attrs: HashMap::new(),
             fencing: false,
+            kvs_bytes: 0,
         }
     }
 
@@ -134,6 +141,40 @@ impl Node {
             }),
         };
         Effect::Reply { local, bytes }
+    }
+
+    /// Local rank `local` closed its socket (it exited, or closed `PMI_FD`).
+    pub fn closed(&mut self, local: usize) -> Vec<Effect> {
+        if let Some(d) = self.done.get_mut(local) {
+            *d = true;
+        }
+        self.stuck()
+    }
+
+    /// A refusal when no local rank can move any more: none is free (each
+    /// waits at a fence or for a node attribute, or is done) and one
+    /// waits, with no fence under way. A fence needs every local rank, so
+    /// one that is done leaves it waiting forever; so does a node
+    /// attribute nobody is left to put.
+    fn stuck(&self) -> Vec<Effect> {
+        let blocked = |l: usize| self.waiting[l].is_some() || self.attr_waits[l].is_some();
+        let n = self.job.local;
+        if self.fencing || (0..n).any(|l| !self.done[l] && !blocked(l)) {
+            return Vec::new();
+        }
+        let Some(first) = (0..n).find(|&l| blocked(l)) else { return Vec::new() };
+        let done: Vec<usize> = (0..n).filter(|&l| self.done[l] && !blocked(l)).collect();
+        let at_fence: Vec<usize> = (0..n).filter(|&l| self.waiting[l].is_some()).collect();
+        let why = if done.is_empty() {
+            format!(
+                "every local rank waits and none can move: local ranks {at_fence:?} at a fence, the others for node attributes nobody puts"
+            )
+        } else {
+            format!(
+                "local ranks {done:?} finalized or left PMI while local ranks {at_fence:?} wait at a fence (or others for node attributes): they can never go on"
+            )
+        };
+        Self::refuse(first, why)
     }
 
     /// The answer to `info-getnodeattr` `query` as things are now.
@@ -237,7 +278,11 @@ impl Node {
                 vec![self.reply(local, cmd, name, &args)]
             }
             "info-putnodeattr" => match (cmd.get("key"), cmd.get("value")) {
-                (Some(k), Some(v)) if k.len() <= KEYLEN_MAX && v.len() <= VALLEN_MAX => {
+                (Some(k), Some(v))
+                    if k.len() <= KEYLEN_MAX
+                        && v.len() <= VALLEN_MAX
+                        && ![k, v].iter().any(|t| t.contains(['\n', '\r', '\0'])) =>
+                {
                     if self.node_attrs.len() >= MAX_PENDING && !self.node_attrs.contains_key(k) {
                         return Self::refuse(local, format!("rank {rank} put more than {MAX_PENDING} node attributes"));
                     }
@@ -263,14 +308,17 @@ impl Node {
                 if !known && cmd.get("wait") == Some("TRUE") {
                     // Answered when a rank of this pod puts it.
                     self.attr_waits[local] = Some(cmd.clone());
-                    return Vec::new();
+                    return self.stuck();
                 }
                 vec![self.attr_reply(local, cmd)]
             }
             "barrier_in" | "kvs-fence" => self.enter_fence(local, cmd),
             "finalize" => {
                 let name = if self.wire(local) == Wire::V2 { "finalize-response" } else { "finalize_ack" };
-                vec![self.reply(local, cmd, name, &[])]
+                let mut out = vec![self.reply(local, cmd, name, &[])];
+                self.done[local] = true;
+                out.extend(self.stuck());
+                out
             }
             "abort" => {
                 // PMI-1: exitcode= (the rank then waits to be killed);
@@ -305,6 +353,9 @@ impl Node {
         let (Some(key), Some(value)) = (cmd.get("key"), cmd.get("value")) else {
             return Self::refuse(local, format!("rank {rank}: {} without a key or a value", cmd.name));
         };
+        if [key, value].iter().any(|t| t.contains(['\n', '\r', '\0'])) {
+            return Self::refuse(local, format!("rank {rank} put a key or value with a line break or NUL"));
+        }
         if key.len() > KEYLEN_MAX || value.len() > VALLEN_MAX {
             return Self::refuse(
                 local,
@@ -328,7 +379,7 @@ impl Node {
         }
         self.waiting[local] = Some(cmd.clone());
         if self.fencing || self.waiting.iter().any(Option::is_none) {
-            return Vec::new();
+            return self.stuck();
         }
         self.fencing = true;
         let puts = std::mem::take(&mut self.pending).into_iter().collect();
@@ -338,10 +389,11 @@ impl Node {
     /// The job's fence is over: `all` holds every pod's puts. Every local
     /// rank waiting at it is answered.
     pub fn fenced(&mut self, all: Vec<(String, String)>) -> Vec<Effect> {
-        self.kvs.extend(all);
-        if self.kvs.len() > MAX_KVS {
-            return Self::refuse(0, format!("the job's PMI key-value space outgrew {MAX_KVS} keys"));
+        self.kvs_bytes += all.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+        if self.kvs_bytes > MAX_KVS_BYTES {
+            return Self::refuse(0, format!("the job's PMI key-value space outgrew {MAX_KVS_BYTES} bytes"));
         }
+        self.kvs.extend(all);
         self.fencing = false;
         let waiting: Vec<(usize, Command)> =
             self.waiting.iter_mut().enumerate().filter_map(|(l, w)| Some((l, w.take()?))).collect();
@@ -427,6 +479,41 @@ mod tests {
         // The next fence starts empty.
         node.handle(0, &fence);
         assert_eq!(node.handle(1, &fence2), vec![Effect::Fence { puts: Vec::new() }]);
+    }
+
+    /// A fence needs every local rank: one that finalized or closed its
+    /// socket leaves the others waiting forever, so they are refused; one
+    /// still free (starting up) may yet come.
+    #[test]
+    fn a_fence_no_rank_can_complete_is_refused() {
+        let fence = parse_v1(b"cmd=barrier_in").expect("line");
+        let fin = parse_v1(b"cmd=finalize").expect("line");
+        let mut node = Node::new(job(2));
+        assert_eq!(node.handle(1, &fence), Vec::new(), "rank 0 may still come");
+        let effects = node.handle(0, &fin);
+        assert!(
+            matches!(effects.as_slice(), [Effect::Reply { .. }, Effect::Refuse { local: 1, why }] if why.contains("[0]")),
+            "{effects:?}"
+        );
+        let mut node = Node::new(job(2));
+        assert_eq!(node.handle(1, &fence), Vec::new());
+        assert!(matches!(node.closed(0).as_slice(), [Effect::Refuse { local: 1, .. }]));
+        let mut node = Node::new(job(2));
+        assert_eq!(node.closed(0), Vec::new(), "nobody waits");
+        let wait = parse_v2(b"cmd=info-getnodeattr;key=never;wait=TRUE;").expect("frame");
+        ask(&mut node, 1, "cmd=init pmi_version=2 pmi_subversion=0");
+        assert!(
+            matches!(node.handle(1, &wait).as_slice(), [Effect::Refuse { local: 1, .. }]),
+            "nobody is left to put it"
+        );
+    }
+
+    #[test]
+    fn a_put_with_a_line_break_is_refused() {
+        let mut node = Node::new(job(1));
+        ask(&mut node, 0, "cmd=init pmi_version=2 pmi_subversion=0");
+        let put = parse_v2(b"cmd=kvs-put;key=k;value=x\ncmd=barrier_out;").expect("frame");
+        assert!(matches!(node.handle(0, &put).as_slice(), [Effect::Refuse { .. }]));
     }
 
     #[test]

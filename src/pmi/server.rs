@@ -61,33 +61,69 @@ pub enum Note {
     Fence(String),
 }
 
+/// Replies a rank may leave unread before it is refused: a rank that does
+/// not read must not stall the others' service, nor grow trainlet.
+const OUTBOX: usize = 256;
+
 /// What a reader saw: a command, its end, or why it stopped.
 enum Read {
     Command(usize, Command),
-    Eof,
+    Eof(usize),
     Bad(usize, String),
 }
 
-/// Read one message: a PMI-1 line (`cmd=`/`mcmd=`) or a PMI-2 frame.
+/// Read one message: a PMI-1 line, or a PMI-2 frame (its length prefix
+/// starts with a digit or a space); `None` at the end of the stream (a
+/// reset is an end too: a rank that exits with replies unread resets it).
 async fn next(reader: &mut BufReader<tokio::net::unix::OwnedReadHalf>) -> Result<Option<Command>, String> {
-    let head = reader.fill_buf().await.map_err(|e| e.to_string())?;
-    if head.is_empty() {
-        return Ok(None);
+    match read_one(reader).await {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(None),
+        Err(e) => Err(e.to_string()),
+        Ok(r) => r,
     }
-    if head.starts_with(b"c") || head.starts_with(b"m") {
+}
+
+async fn read_one(
+    reader: &mut BufReader<tokio::net::unix::OwnedReadHalf>,
+) -> std::io::Result<Result<Option<Command>, String>> {
+    let head = reader.fill_buf().await?;
+    let Some(&first) = head.first() else { return Ok(Ok(None)) };
+    if !(first == b' ' || first.is_ascii_digit()) {
         let mut line = Vec::new();
-        let n = (&mut *reader).take(MAX_LINE as u64).read_until(b'\n', &mut line).await.map_err(|e| e.to_string())?;
+        let n = (&mut *reader).take(MAX_LINE as u64).read_until(b'\n', &mut line).await?;
         if n >= MAX_LINE && !line.ends_with(b"\n") {
-            return Err(format!("a PMI-1 line over {MAX_LINE} bytes"));
+            return Ok(Err(format!("a PMI-1 line over {MAX_LINE} bytes")));
         }
-        return wire::parse_v1(&line).map(Some).map_err(|e| e.to_string());
+        return Ok(wire::parse_v1(&line).map(Some).map_err(|e| e.to_string()));
     }
     let mut prefix = [0u8; 6];
-    reader.read_exact(&mut prefix).await.map_err(|e| e.to_string())?;
-    let len = wire::frame_len(&prefix).map_err(|e| e.to_string())?;
+    reader.read_exact(&mut prefix).await?;
+    let len = match wire::frame_len(&prefix) {
+        Ok(n) => n,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
     let mut body = vec![0u8; len];
-    reader.read_exact(&mut body).await.map_err(|e| e.to_string())?;
-    wire::parse_v2(&body).map(Some).map_err(|e| e.to_string())
+    if let Err(e) = reader.read_exact(&mut body).await {
+        return match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => Ok(Err(format!("a PMI-2 frame cut short: {len} bytes announced"))),
+            _ => Err(e),
+        };
+    }
+    Ok(wire::parse_v2(&body).map(Some).map_err(|e| e.to_string()))
+}
+
+/// The task that writes local rank `local`'s replies in order; its
+/// outbox holds [`OUTBOX`] of them. It ends when the rank is gone.
+fn writer(mut write: OwnedWriteHalf) -> mpsc::Sender<Vec<u8>> {
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(OUTBOX);
+    tokio::spawn(async move {
+        while let Some(bytes) = rx.recv().await {
+            if write.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+    });
+    tx
 }
 
 /// Serve `node`'s local ranks on `ranks` (local rank `l` on `ranks[l]`),
@@ -96,17 +132,17 @@ async fn next(reader: &mut BufReader<tokio::net::unix::OwnedReadHalf>) -> Result
 /// A closed socket is not an end by itself: the rank's exit tells.
 pub async fn serve(mut node: Node, ranks: Vec<UnixStream>, mut fence: impl Fence, notes: mpsc::UnboundedSender<Note>) {
     let (tx, mut rx) = mpsc::channel::<Read>(ranks.len().max(1));
-    let mut writers: Vec<OwnedWriteHalf> = Vec::with_capacity(ranks.len());
+    let mut writers: Vec<mpsc::Sender<Vec<u8>>> = Vec::with_capacity(ranks.len());
     for (local, stream) in ranks.into_iter().enumerate() {
         let (read, write) = stream.into_split();
-        writers.push(write);
+        writers.push(writer(write));
         let tx = tx.clone();
         tokio::spawn(async move {
             let mut reader = BufReader::new(read);
             loop {
                 let msg = match next(&mut reader).await {
                     Ok(Some(cmd)) => Read::Command(local, cmd),
-                    Ok(None) => Read::Eof,
+                    Ok(None) => Read::Eof(local),
                     Err(why) => Read::Bad(local, why),
                 };
                 let stop = !matches!(msg, Read::Command(..));
@@ -126,10 +162,21 @@ pub async fn serve(mut node: Node, ranks: Vec<UnixStream>, mut fence: impl Fence
     while let Some(msg) = rx.recv().await {
         let (local, cmd) = match msg {
             Read::Command(l, c) => (l, c),
-            Read::Eof => continue,
+            // A rank gone: the fences it leaves waiting can never complete.
+            Read::Eof(l) => {
+                if let Some(Effect::Refuse { local, why }) = node.closed(l).into_iter().next() {
+                    return note(Note::Refused { local, why });
+                }
+                continue;
+            }
             Read::Bad(l, why) => return note(Note::Refused { local: l, why: format!("local rank {l}: {why}") }),
         };
-        tracing::trace!(local, cmd = %cmd.name, key = cmd.get("key").unwrap_or_default().escape_debug().to_string(), "PMI command");
+        tracing::trace!(
+            local,
+            cmd = %cmd.name.escape_debug(),
+            key = %cmd.get("key").unwrap_or_default().escape_debug(),
+            "PMI command"
+        );
         if cmd.name == "finalize" {
             note(Note::Finalized(local));
         }
@@ -143,10 +190,14 @@ pub async fn serve(mut node: Node, ranks: Vec<UnixStream>, mut fence: impl Fence
             let mut more = Vec::new();
             for effect in effects {
                 match effect {
-                    Effect::Reply { local, bytes } => {
+                    Effect::Reply { local, bytes } => match writers[local].try_send(bytes) {
                         // A rank gone meanwhile shows as its exit.
-                        let _ = writers[local].write_all(&bytes).await;
-                    }
+                        Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+                        Err(mpsc::error::TrySendError::Full(_)) => {
+                            let why = format!("local rank {local} left {OUTBOX} PMI replies unread");
+                            return note(Note::Refused { local, why });
+                        }
+                    },
                     Effect::Abort { local, code, why } => return note(Note::Aborted { local, code, why }),
                     Effect::Refuse { local, why } => return note(Note::Refused { local, why }),
                     Effect::Fence { puts } => match fence.fence(seq, puts).await {
@@ -209,6 +260,56 @@ mod tests {
             notes.push(n);
         }
         notes
+    }
+
+    /// A rank that never reads its replies is refused once its outbox is
+    /// full, and the service goes on answering the others meanwhile.
+    #[tokio::test]
+    async fn a_rank_that_does_not_read_is_refused_and_does_not_stall_the_others() {
+        let job = Job { kvsname: "k".into(), size: 2, first_rank: 0, local: 2, mapping: "m".into() };
+        let (s0, mut c0) = pair();
+        let (s1, c1) = pair();
+        // Replies of about 1 KB: more than the socket's buffer and the outbox hold.
+        let c0_end = c0.try_clone().expect("clone");
+        let flood = std::thread::spawn(move || {
+            let value = "v".repeat(1000);
+            let _ = c0.write_all(format!("cmd=put kvsname=k key=big value={value}\n").as_bytes());
+            for _ in 0..2000 {
+                if c0.write_all(b"cmd=get kvsname=k key=big\n").is_err() {
+                    break;
+                }
+            }
+            c0
+        });
+        let r1 = rank(c1, &["cmd=init pmi_version=1 pmi_subversion=1", "cmd=get_appnum"]);
+        let notes = tokio::time::timeout(std::time::Duration::from_secs(30), run(Node::new(job), vec![s0, s1], Alone))
+            .await
+            .expect("no stall");
+        assert!(
+            notes.iter().any(|n| matches!(n, Note::Refused { local: 0, why } if why.contains("unread"))),
+            "{notes:?}"
+        );
+        // The rank is done for (trainlet kills it): its writes fail, and the thread ends.
+        c0_end.shutdown(std::net::Shutdown::Both).expect("shutdown");
+        drop(flood.join().expect("flood"));
+        let _ = r1.join();
+    }
+
+    /// A rank that exits with replies unread resets its socket: that is its
+    /// end, not a broken protocol.
+    #[tokio::test]
+    async fn a_reset_is_the_end_of_a_rank_not_a_fault() {
+        let job = Job { kvsname: "k".into(), size: 1, first_rank: 0, local: 1, mapping: "m".into() };
+        let (s0, mut c0) = pair();
+        let rank = std::thread::spawn(move || {
+            for line in [&b"cmd=init pmi_version=1 pmi_subversion=1\n"[..], b"cmd=finalize\n"] {
+                c0.write_all(line).expect("write");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        });
+        let notes = run(Node::new(job), vec![s0], Alone).await;
+        rank.join().expect("rank");
+        assert_eq!(notes, [Note::Started { local: 0, v2: false }, Note::Finalized(0)]);
     }
 
     fn pair() -> (UnixStream, std::os::unix::net::UnixStream) {
@@ -280,6 +381,15 @@ mod tests {
             notes,
             [Note::Started { local: 0, v2: false }, Note::Aborted { local: 0, code: 7, why: "oops".into() }]
         );
+        // An empty line is not a PMI-2 length: refused, not waited on.
+        let (s0, mut c0) = pair();
+        c0.write_all(b"\n").expect("write");
+        assert!(matches!(run(Node::new(job(1)), vec![s0], Alone).await.as_slice(), [Note::Refused { local: 0, .. }]));
+        let (s0, mut c0) = pair();
+        c0.write_all(b"    60cmd=get;").expect("write");
+        drop(c0);
+        let notes = run(Node::new(job(1)), vec![s0], Alone).await;
+        assert!(matches!(notes.as_slice(), [Note::Refused { why, .. }] if why.contains("cut short")), "{notes:?}");
         let (s0, mut c0) = pair();
         c0.write_all(b"garbage\n").expect("write");
         assert!(matches!(run(Node::new(job(1)), vec![s0], Alone).await.as_slice(), [Note::Refused { local: 0, .. }]));

@@ -354,7 +354,11 @@ pub async fn run_attempt(
             }
         };
         if let Event::WorkerExited { local_rank, exit, .. } | Event::Fault { local_rank, exit, .. } = &event {
-            tracing::info!(local_rank, %exit, action = %plan.rules.action(*exit), fault = mpi.why(*local_rank), "worker exited");
+            let action = match (plan.rules.action(*exit), &event) {
+                (RuleAction::Ignore, Event::Fault { .. }) => RuleAction::Restart,
+                (a, _) => a,
+            };
+            tracing::info!(local_rank, %exit, %action, fault = mpi.why(*local_rank), "worker exited");
         }
         for action in core.handle(event) {
             let published = match action {

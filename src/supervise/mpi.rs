@@ -90,6 +90,8 @@ impl Ranks {
             }
             Note::Aborted { local, code, why } => {
                 let local_rank = lr(local);
+                // The code as exit() would give it (MPI_Abort takes any int).
+                let code = code.rem_euclid(256);
                 tracing::error!(local_rank, exit_code = code, message = %why.escape_debug(), "an MPI rank called abort; stopping the job's ranks");
                 let said = if why.is_empty() { String::new() } else { format!(": {}", why.escape_debug()) };
                 self.why.entry(local_rank).or_insert(format!("called MPI_Abort (PMI abort, exit code {code}){said}"));
