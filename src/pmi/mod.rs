@@ -1,8 +1,8 @@
 //! The Process Management Interface that MPI ranks started without
 //! `mpirun` ask their launcher for (issue 29; `trainlet run --framework
-//! mpi`): rank and size, a key-value space, fences. Read with
-//! `../shared/reference/pmi.md`; written here from MPICH's `pmi-1.1.txt`,
-//! `pmi-2.0.txt` and `pmi_msg.c`, and from what real clients sent.
+//! mpi`): rank and size, a key-value space, fences. Written here from
+//! MPICH's `pmi-1.1.txt`, `pmi-2.0.txt` and `pmi_msg.c`, and from what
+//! real clients sent (below).
 //!
 //! - [`wire`]: PMI-1 lines and PMI-2 frames, parsed and written with bounds.
 //! - [`node`]: one pod's service as a pure state machine: the commands of

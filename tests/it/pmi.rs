@@ -130,13 +130,18 @@ fn with_the_budget_spent_a_killed_rank_ends_the_job_with_its_code_and_a_report_n
     assert_eq!(codes, [137, 137], "128 + SIGKILL on every pod (docs/src/exit-codes.md):\n{all}");
     assert!(rows.is_empty(), "no attempt got past the barrier:\n{all}");
     wait_until_gone(&marker, Duration::from_secs(10));
-    let report = find_report(&logs_dir);
-    let v: serde_json::Value = serde_json::from_str(&report).expect("json");
+    let (v, report) = root_cause_of(&logs_dir);
     assert_eq!(v["root_cause"]["rank"], 3, "{report}");
     assert_eq!(v["root_cause"]["signal"], 9, "{report}");
 }
 
-/// The one failure report under `dir` (both pods share it here).
+/// The one failure report under `dir` (both pods share it here), parsed, and its text.
+fn root_cause_of(dir: &Path) -> (serde_json::Value, String) {
+    let report = find_report(dir);
+    (serde_json::from_str(&report).expect("json"), report)
+}
+
+/// The one failure report under `dir`.
 fn find_report(dir: &Path) -> String {
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -179,8 +184,7 @@ fn abort_an_exit_without_finalize_and_spawn_each_end_the_job_with_a_reason() {
         }
         assert!(rows.is_empty(), "{fault}: no rank got past the barrier:\n{all}");
         wait_until_gone(&marker, Duration::from_secs(10));
-        let report = find_report(&logs_dir);
-        let v: serde_json::Value = serde_json::from_str(&report).expect("json");
+        let (v, report) = root_cause_of(&logs_dir);
         assert_eq!(v["root_cause"]["rank"], 2, "{fault}: {report}");
         let message = v["root_cause"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(reason), "{fault}: {message:?} in {report}");
@@ -217,8 +221,7 @@ fn a_rank_that_breaks_the_protocol_is_stopped_with_the_reason() {
         let code = pod.code(Duration::from_secs(60));
         assert_eq!(code, 137, "stopped by SIGKILL, not after its sleep:\n{}", pod.stderr());
         wait_until_gone(&marker, Duration::from_secs(10));
-        let report = find_report(&logs_dir);
-        let v: serde_json::Value = serde_json::from_str(&report).expect("json");
+        let (v, report) = root_cause_of(&logs_dir);
         let message = v["root_cause"]["message"].as_str().unwrap_or_default();
         assert!(message.starts_with("stopped by trainlet") && message.contains(reason), "{message:?} in {report}");
     }
@@ -242,8 +245,7 @@ fn a_rank_left_waiting_at_a_fence_a_finalized_rank_cannot_join_is_stopped() {
     let code = pod.code(Duration::from_secs(60));
     assert_eq!(code, 137, "rank 1 stopped, not left in its barrier:\n{}", pod.stderr());
     wait_until_gone(&marker, Duration::from_secs(10));
-    let report = find_report(&log_dir);
-    let v: serde_json::Value = serde_json::from_str(&report).expect("json");
+    let (v, report) = root_cause_of(&log_dir);
     assert_eq!(v["root_cause"]["rank"], 1, "{report}");
     let message = v["root_cause"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("can never go on"), "{message:?} in {report}");
