@@ -27,17 +27,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::Row;
-use super::support::cluster::{cluster, cluster_with, job_on, kubectl, kubectl_stdin, pods_of};
+use super::support::cluster::{job_on, kubectl, kubectl_stdin, pods_of, shared};
 use super::support::repo;
-
-/// The cluster, stopped when dropped.
-struct Up;
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = cluster(&["down"]);
-    }
-}
 
 /// The reference runtime: the plain one with `torchrun` from torch as the
 /// command (no trainlet in the pod's process tree) and no pod retry inside
@@ -143,13 +134,11 @@ fn by_trainlet(
 /// against the cold pod, and against each other; with `all`, also both
 /// without the preload against the cold pod.
 pub fn restarts(rows: &mut Vec<Row>, runs: usize, all: bool) {
-    let (ok, out) = cluster(&["down"]);
-    if !ok {
-        eprintln!("inplace bench: tests/cluster.sh down: {out}");
+    // The test run's cluster when it is still up, else one of this
+    // process's own, stopped when the process ends.
+    if let Err(e) = shared() {
+        panic!("inplace bench (build the cluster first: bash tests/run.sh): {e}");
     }
-    let (ok, out) = cluster_with(&[("CLUSTER_NODES", "2")], &["up"]);
-    let _up = Up;
-    assert!(ok, "inplace bench: tests/cluster.sh up (build it first: bash tests/run.sh): {out}");
     let inplace = std::fs::read_to_string(repo().join("runtimes/torch-distributed-inplace.yaml")).expect("runtime");
     let plain = std::fs::read_to_string(repo().join("runtimes/torch-distributed.yaml")).expect("runtime");
     let preload = &[("TRAINLET_PRELOAD", "torch")];

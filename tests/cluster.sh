@@ -19,27 +19,39 @@
 #
 #   bash tests/cluster.sh build   build target/cluster/bin/kube when missing or stale
 #   bash tests/cluster.sh up      build, then start everything and wait until it is ready
-#   bash tests/cluster.sh down    stop everything this script started; no process is left
+#   bash tests/cluster.sh ensure [--owner PID]   the cluster the tests share: reuse the
+#                                 one that is up and ready, else start one (one process at a
+#                                 time, under a lock); with --owner, it is stopped (`down`)
+#                                 once process PID is gone, however that process ended
+#   bash tests/cluster.sh down [--keep-logs]   stop everything this script started, in
+#                                 order (nodes and controllers, then the API server, then
+#                                 etcd); no process is left. The logs are kept (under
+#                                 target/cluster/kept-logs) with --keep-logs or when a test
+#                                 marked the run failed
 #   bash tests/cluster.sh status  what runs, and the API server's /readyz
 #   bash tests/cluster.sh restart-apiserver [--compact]   stop the API server and start it
 #                                 again (--compact: compact etcd's history in between)
 #   bash tests/cluster.sh kubectl ARGS...   kubectl against the cluster
 #
-# State (certificates, kubeconfigs, etcd's data, logs, pids) lives in
-# target/cluster/run; `down` removes it. Ports: CLUSTER_PORT_BASE (default
-# 26400) + 0 etcd clients, +1 etcd peers, +2 the API server, +3 the
+# Runs as root (bridges, iptables, cgroups, namespaces). State
+# (certificates, kubeconfigs, etcd's data, logs, pids) lives in
+# target/cluster/run (target/cluster/run-BASE for another port base);
+# `down` removes it. Ports: CLUSTER_PORT_BASE (default 26400) + 0 etcd clients, +1 etcd peers, +2 the API server, +3 the
 # controller manager, +4 the scheduler, +5/+6 JobSet's webhook/health,
 # +7/+8 Trainer's webhook/health, +9 Trainer's status server, +10 CoreDNS's
 # readiness, +20+2n/+21+2n node n's kubelet/its health. KUBECONFIG for the
-# admin is target/cluster/run/admin.kubeconfig. One cluster per port base;
-# `down` also removes the bridges and the nodes' cgroups.
+# admin is target/cluster/run/admin.kubeconfig. One cluster per port base
+# (each has its own state directory, bridges and cgroups); `down` also
+# removes the bridges, the iptables rules and the nodes' cgroups.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 BIN=$ROOT/target/cluster/bin
-RUN=$ROOT/target/cluster/run
 KUBE=$BIN/kube
 BASE=${CLUSTER_PORT_BASE:-26400}
+if [[ $BASE == 26400 ]]; then RUN=$ROOT/target/cluster/run; else RUN=$ROOT/target/cluster/run-$BASE; fi
+LOCK=$ROOT/target/cluster/lock-$BASE
+KEPT=$ROOT/target/cluster/kept-logs
 ETCD_PORT=$BASE
 ETCD_PEER=$((BASE + 1))
 API_PORT=$((BASE + 2))
@@ -66,14 +78,20 @@ READY_TIMEOUT=${CLUSTER_READY_TIMEOUT:-120}
 say() { echo "cluster: $*" >&2; }
 die() { say "error: $*"; exit 1; }
 
+# What `build` needs (go, gcc), and with `up` also what running needs.
 need_tools() {
   local missing=()
   command -v go >/dev/null || missing+=("go (Go 1.26: https://go.dev/dl, or the golang-go Debian package where it is 1.26)")
-  command -v openssl >/dev/null || missing+=("openssl (apt-get install -y openssl)")
-  command -v curl >/dev/null || missing+=("curl (apt-get install -y curl)")
-  command -v containerd >/dev/null || missing+=("containerd (apt-get install -y containerd)")
   command -v gcc >/dev/null || missing+=("gcc (apt-get install -y gcc)")
-  [[ -x /usr/lib/cni/bridge ]] || missing+=("the CNI plugins (apt-get install -y containernetworking-plugins)")
+  if [[ ${1:-} == up ]]; then
+    command -v openssl >/dev/null || missing+=("openssl (apt-get install -y openssl)")
+    command -v curl >/dev/null || missing+=("curl (apt-get install -y curl)")
+    command -v containerd >/dev/null || missing+=("containerd (apt-get install -y containerd)")
+    command -v iptables >/dev/null || missing+=("iptables (apt-get install -y iptables)")
+    command -v podman >/dev/null || missing+=("podman (apt-get install -y podman)")
+    [[ -x /usr/lib/cni/bridge ]] || missing+=("the CNI plugins (apt-get install -y containernetworking-plugins)")
+    [[ $(id -u) == 0 ]] || missing+=("root (bridges, iptables and cgroups: run as root)")
+  fi
   if ((${#missing[@]})); then
     die "missing: ${missing[*]}"
   fi
@@ -204,7 +222,8 @@ start_apiserver() {
     --service-account-key-file "$RUN/pki/sa.pub" --service-account-signing-key-file "$RUN/pki/sa.key" \
     --service-cluster-ip-range 10.96.0.0/16 --authorization-mode Node,RBAC --allow-privileged=true \
     --kubelet-preferred-address-types InternalIP \
-    --enable-priority-and-fairness=false --profiling=false
+    --enable-priority-and-fairness=false --profiling=false \
+    --enable-admission-plugins PodNodeSelector
   wait_ready kube-apiserver "https://127.0.0.1:$API_PORT/readyz" --cacert "$RUN/pki/ca.crt" \
     --cert "$RUN/pki/admin.crt" --key "$RUN/pki/admin.key"
 }
@@ -237,10 +256,11 @@ wait_ready() {
 }
 
 up() {
+  need_tools up
   build
   build_controllers
   if [[ -d $RUN/pids ]] && ls "$RUN/pids"/* >/dev/null 2>&1; then
-    die "a cluster is up already (target/cluster/run/pids); run: bash tests/cluster.sh down"
+    die "a cluster is up already ($RUN/pids); run: bash tests/cluster.sh down"
   fi
   rm -rf "$RUN"
   mkdir -p "$RUN/logs" "$RUN/pids" "$RUN/etcd"
@@ -280,6 +300,7 @@ up() {
     for ((n = 0; n < NODES; n++)); do wait_node "$n"; done
   fi
   say "$NODES nodes ready; all in $((SECONDS - started)) s: KUBECONFIG=$RUN/admin.kubeconfig"
+  echo "$NODES" >"$RUN/ready"
   trap - EXIT
 }
 
@@ -570,27 +591,66 @@ wait_node() {
   done
 }
 
-down() {
-  [[ -d $RUN/pids ]] || return 0
-  local pids=()
-  for f in "$RUN"/pids/*; do
-    [[ -e $f ]] || continue
-    pids+=("$(cat "$f")")
+# Whether process p has ended: gone, or a zombie its parent has not reaped
+# yet (the daemons' parent here is whatever adopted them, which may reap
+# slowly).
+ended() {
+  local state
+  state=$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) || return 0
+  [[ -z $state || $state == Z || $state == X ]]
+}
+
+# Stop the processes of the named pid files: SIGTERM, up to `grace`
+# seconds, then SIGKILL and up to 10 s more; says which did not end.
+stop_group() {
+  local grace=$1 f p pids=() names=()
+  shift
+  for f in "$@"; do
+    [[ -f $RUN/pids/$f ]] || continue
+    pids+=("$(cat "$RUN/pids/$f")")
+    names+=("$f")
   done
-  if ((${#pids[@]})); then
-    kill -TERM "${pids[@]}" 2>/dev/null || true
-    local until=$((SECONDS + 20))
-    while ((SECONDS < until)); do
-      local left=0
-      for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && left=1; done
-      ((left)) || break
-      sleep 0.2
+  ((${#pids[@]})) || return 0
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+  local until=$((SECONDS + grace)) left i
+  for signal in TERM KILL; do
+    while :; do
+      left=0
+      for p in "${pids[@]}"; do ended "$p" || left=1; done
+      ((left)) && ((SECONDS < until)) || break
+      sleep 0.1
     done
-    kill -KILL "${pids[@]}" 2>/dev/null || true
-    for p in "${pids[@]}"; do
-      while kill -0 "$p" 2>/dev/null; do sleep 0.1; done
-    done
+    ((left)) || break
+    if [[ $signal == TERM ]]; then
+      say "not ended $grace s after SIGTERM: $(for i in "${!pids[@]}"; do ended "${pids[$i]}" || printf '%s ' "${names[$i]}"; done)- sending SIGKILL"
+      kill -KILL "${pids[@]}" 2>/dev/null || true
+      until=$((SECONDS + 10))
+    fi
+  done
+  for i in "${!pids[@]}"; do
+    ended "${pids[$i]}" || say "warning: ${names[$i]} (pid ${pids[$i]}) did not end"
+  done
+  stopped=$((stopped + ${#pids[@]}))
+}
+
+down() {
+  local keep=
+  [[ ${1:-} == --keep-logs ]] && keep=1
+  # The keeper (`ensure --owner`) first, unless it is the one asking.
+  if [[ -f $RUN/keeper ]]; then
+    local keeper
+    keeper=$(cat "$RUN/keeper")
+    [[ $keeper != "$$" ]] && kill -TERM "$keeper" 2>/dev/null || true
   fi
+  [[ -d $RUN/pids ]] || return 0
+  stopped=0
+  # Nodes and controllers first: they are the API server's clients, and the
+  # API server and Trainer's manager wait on etcd while it is still there.
+  local n nodes=() f
+  for f in "$RUN"/pids/node-*; do [[ -e $f ]] && nodes+=("$(basename "$f")"); done
+  stop_group 20 "${nodes[@]}" jobset trainer coredns kube-controller-manager kube-scheduler
+  stop_group 10 kube-apiserver
+  stop_group 10 etcd
   # The pods' way to the API server, the nodes' bridges, and their cgroups
   # (empty once their namespaces are gone).
   if [[ -f $RUN/dnat ]]; then
@@ -616,8 +676,57 @@ down() {
       done
     done
   fi
+  # A failed run's logs (the components', the nodes', the pods') are kept.
+  if [[ -n $keep || -f $RUN/failed ]]; then
+    local to
+    to=$KEPT/$(date +%Y%m%d-%H%M%S)-$BASE
+    mkdir -p "$to"
+    cp -r "$RUN/logs" "$to/" 2>/dev/null || true
+    [[ -f $RUN/failed ]] && cp "$RUN/failed" "$to/failed-tests" 2>/dev/null
+    for ((n = 0; n < 64; n++)); do
+      [[ -d $RUN/node-$n ]] || break
+      mkdir -p "$to/node-$n"
+      cp -r "$RUN/node-$n/logs" "$RUN/node-$n/pod-logs" "$to/node-$n/" 2>/dev/null || true
+    done
+    say "the cluster's logs are kept in $to"
+  fi
+  # The nodes' pod logs and containerd's state can hold files of other uids
+  # (the restricted runtime's); rm deals with them as root.
   rm -rf "$RUN"
-  say "down: ${#pids[@]} processes stopped"
+  say "down: $stopped processes stopped"
+}
+
+# The shared cluster: reuse the one that is up and ready, else start one.
+# Called under the lock (see `ensure`).
+ensure_locked() {
+  local owner=
+  [[ ${1:-} == --owner ]] && owner=${2:?--owner PID}
+  if [[ $(cat "$RUN/ready" 2>/dev/null) == "$NODES" ]] && curl -fsS --max-time 5 --cacert "$RUN/pki/ca.crt" --cert "$RUN/pki/admin.crt" \
+    --key "$RUN/pki/admin.key" "https://127.0.0.1:$API_PORT/readyz" >/dev/null 2>&1; then
+    say "reusing the cluster that is up (owner: $(cat "$RUN/owner" 2>/dev/null || echo none))"
+    return 0
+  fi
+  # What a run that was killed may have left, or a cluster of another size.
+  down
+  up
+  if [[ -n $owner ]]; then
+    echo "$owner" >"$RUN/owner"
+    # The keeper: in a session of its own (a ^C to the tests does not
+    # reach it), with no descriptor of its caller's (its output pipes).
+    setsid bash "$0" keep "$owner" </dev/null >"$RUN/logs/keeper.log" 2>&1 &
+    say "the cluster stops when process $owner ends (or: bash tests/cluster.sh down)"
+  fi
+}
+
+# Wait until process $1 is gone, then stop the cluster.
+keep() {
+  local owner=$1
+  echo $$ >"$RUN/keeper"
+  trap 'exit 0' TERM
+  while ! ended "$owner"; do sleep 1; done
+  say "process $owner ended: stopping the cluster"
+  rm -f "$RUN/keeper"
+  exec bash "$0" down
 }
 
 status() {
@@ -637,7 +746,26 @@ case "${1:-}" in
     build_controllers
     ;;
   up) up ;;
-  down) down ;;
+  ensure)
+    shift
+    mkdir -p "$(dirname "$LOCK")"
+    # One process at a time; -o: the cluster's processes do not inherit the lock.
+    exec flock -o "$LOCK" bash "$0" ensure-locked "$@"
+    ;;
+  ensure-locked)
+    shift
+    ensure_locked "$@"
+    ;;
+  keep) keep "$2" ;;
+  down)
+    shift
+    mkdir -p "$(dirname "$LOCK")"
+    exec flock -o "$LOCK" bash "$0" down-locked "$@"
+    ;;
+  down-locked)
+    shift
+    down "$@"
+    ;;
   restart-apiserver)
     [[ -f $RUN/pids/kube-apiserver ]] || die "no cluster is up"
     pid=$(cat "$RUN/pids/kube-apiserver")
@@ -660,7 +788,7 @@ case "${1:-}" in
     exec "$KUBE" kubectl --kubeconfig "$RUN/admin.kubeconfig" --cache-dir "$RUN/kubectl-cache" "$@"
     ;;
   *)
-    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

@@ -1,41 +1,79 @@
 #!/usr/bin/env bash
 # The test suite: lints with warnings denied, unit + integration tests with
-# real PyTorch workers, and a check that the release binary is static. It
-# first installs what the tests need where it is missing (tests/setup.sh:
-# apt-get as root, else it stops at once naming the packages).
+# real PyTorch workers, the cluster tests on one real Kubernetes shared by
+# all of them, a check that the release binary is static, and the
+# benchmark gate. It first installs what the tests need where it is missing
+# (tests/setup.sh: apt-get as root, else it stops at once naming the
+# packages).
+#
+# At its end (also when a step fails) it prints where the time went, one
+# row a step, and writes the same table to target/test-times.txt.
+#
+# TRAINLET_CLUSTER_TEST_THREADS (default 2): how many cluster tests run at
+# once, in their own process beside the other tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tests/setup.sh
+mkdir -p target
+times=target/test-times.txt
+rows=()
+run_started=$SECONDS
+# step NAME COMMAND...: run it, time it, keep its row.
+step() {
+  local name=$1 started=$SECONDS status=0
+  shift
+  echo "=== $name" >&2
+  "$@" || status=$?
+  rows+=("$(printf '%-34s %6d s%s' "$name" $((SECONDS - started)) "$([ $status = 0 ] || echo "  FAILED (exit $status)")")")
+  return $status
+}
+# A step's time when it ran beside others (started and ended elsewhere).
+row() { rows+=("$(printf '%-34s %6d s%s' "$1" "$2" "${3:-}")"); }
+table() {
+  {
+    echo "where the time went (tests/run.sh, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs):"
+    printf '%s\n' "${rows[@]}"
+    printf '%-34s %6d s\n' "total" $((SECONDS - run_started))
+  } >"$times"
+  echo >&2
+  cat "$times" >&2
+  echo "(also in $times)" >&2
+}
+cluster_up=
+finish() {
+  local status=$?
+  set +e
+  if [ -n "$cluster_up" ]; then
+    # A failed run keeps the cluster's logs (target/cluster/kept-logs).
+    local keep=()
+    [ "$status" = 0 ] || keep=(--keep-logs)
+    step "cluster down" bash tests/cluster.sh down "${keep[@]}"
+  fi
+  table
+  exit "$status"
+}
+trap finish EXIT
+
+step setup bash tests/setup.sh
 # The book (docs/) builds; its links are checked by tests/it/docs.rs.
-bash tests/book.sh
+step book bash tests/book.sh
 export TRAINLET_TEST_PYTHON="$PWD/.venv/bin/python"
 # The Python client installs with pip from its path, with no dependency.
-rm -rf target/client-check
-.venv/bin/pip install -q --no-deps --target target/client-check ./clients/python
-PYTHONPATH=target/client-check .venv/bin/python -m trainlet_client --help >/dev/null
-rm -rf clients/python/build clients/python/*.egg-info
-# With [build] target set in .cargo/config.toml, RUSTFLAGS applies to the
-# target only, so proc-macros still build; keep +crt-static in it because
-# RUSTFLAGS replaces the config's rustflags.
-export RUSTFLAGS="-D warnings -C target-feature=+crt-static"
-cargo fmt --check
-cargo clippy --locked --workspace --all-targets
+client_check() {
+  rm -rf target/client-check
+  .venv/bin/pip install -q --no-deps --target target/client-check ./clients/python
+  PYTHONPATH=target/client-check .venv/bin/python -m trainlet_client --help >/dev/null
+  rm -rf clients/python/build clients/python/*.egg-info
+}
+step "python client" client_check
+# No RUSTFLAGS here: the main job (examples/run.sh) and a user's `cargo
+# build --release` build with .cargo/config.toml's flags alone, so the
+# release build is shared with them. Warnings are denied by clippy, which
+# checks every target with rustc's lints too.
+unset RUSTFLAGS
+step fmt cargo fmt --check
+step clippy cargo clippy --locked --workspace --all-targets -- -D warnings
 # The release binary first: the container tests put it in the images.
-cargo build --locked --release
-# The real Kubernetes, JobSet and Trainer of tests/it/cluster.rs, from their
-# Go modules (about 9 minutes cold on 2 cores, cached under target/cluster).
-bash tests/cluster.sh build
-# Every test binary runs even when an earlier one fails; the exit is non-zero then.
-# A failure's details are printed again at the very end, where a CI log's
-# tail shows them.
-mkdir -p target
-if ! cargo test --locked --workspace --no-fail-fast 2>&1 | tee target/test.log; then
-  echo "=== the failures again (full log: target/test.log) ===" >&2
-  awk '/^failures:$/{on=1} on' target/test.log | grep -v '^ *[0-9]*: \|^ *at ' | tail -300 >&2
-  echo "=== where each failing test panicked ===" >&2
-  grep -A4 "panicked at" target/test.log | cut -c1-400 | head -120 >&2
-  exit 101
-fi
+step "release build" cargo build --locked --release
 kind=$(file target/x86_64-unknown-linux-gnu/release/trainlet)
 echo "$kind"
 if ! grep -Eq "static-pie linked|statically linked" <<<"$kind"; then
@@ -43,6 +81,60 @@ if ! grep -Eq "static-pie linked|statically linked" <<<"$kind"; then
   exit 1
 fi
 echo "release binary is statically linked"
+# The real Kubernetes, JobSet and Trainer of tests/it/cluster.rs, from their
+# Go modules (about 13 minutes cold on 2 cores, cached under target/cluster).
+step "cluster build" bash tests/cluster.sh build
+# The cluster every cluster test shares comes up while the tests build (it
+# mostly waits); it stops at the end of this script, or when this script's
+# process is gone however it ended (the keeper of `ensure --owner`).
+cluster_up=1
+cluster_started=$SECONDS
+bash tests/cluster.sh ensure --owner $$ >target/cluster-up.log 2>&1 &
+cluster_pid=$!
+step "test build" cargo test --locked --workspace --no-run
+if ! wait "$cluster_pid"; then
+  row "cluster up" $((SECONDS - cluster_started)) "  FAILED"
+  tail -40 target/cluster-up.log >&2
+  echo "error: the test cluster did not come up; its log: target/cluster-up.log" >&2
+  exit 1
+fi
+row "cluster up (beside the test build)" $((SECONDS - cluster_started))
+
+# The cluster tests (tests/it/cluster*, `cluster::`) run in a process of
+# their own beside the others: they mostly wait on pods. The `it` binary is
+# run directly (cargo would hold its build lock for the whole run).
+it=$(cargo test --locked --test it --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "it" and m.get("executable"):
+        print(m["executable"])')
+[ -x "$it" ] || { echo "error: no executable for the it test binary" >&2; exit 1; }
+cluster_tests_started=$SECONDS
+"$it" cluster:: --test-threads "${TRAINLET_CLUSTER_TEST_THREADS:-2}" >target/test-cluster.log 2>&1 &
+cluster_tests=$!
+# Every test binary runs even when an earlier one fails; the exit is non-zero then.
+tests_started=$SECONDS
+status=0
+cargo test --locked --workspace --no-fail-fast -- --skip cluster:: 2>&1 | tee target/test.log || status=$?
+row "other tests (all binaries)" $((SECONDS - tests_started)) "$([ $status = 0 ] || echo "  FAILED")"
+# Each binary's own time, from its closing line.
+awk '/Running |Doc-tests /{ name = $2 } /^test result:/{ for (i = 1; i <= NF; i++) if ($i == "in") t = $(i + 1); sub(/s$/, "", t); printf "  %-32s %6.0f s\n", name, t }' target/test.log |
+  while IFS= read -r line; do echo "$line"; done >target/test-binaries.txt
+while IFS= read -r line; do rows+=("$line"); done <target/test-binaries.txt
+cluster_status=0
+wait "$cluster_tests" || cluster_status=$?
+row "cluster tests (beside, $(grep -c '^test .* \.\.\. ' target/test-cluster.log) tests)" $((SECONDS - cluster_tests_started)) "$([ $cluster_status = 0 ] || echo "  FAILED")"
+echo "=== the cluster tests (target/test-cluster.log)" >&2
+cat target/test-cluster.log
+if [ $status != 0 ] || [ $cluster_status != 0 ]; then
+  echo "=== the failures again (full logs: target/test.log, target/test-cluster.log) ===" >&2
+  awk '/^failures:$/{on=1} on' target/test.log target/test-cluster.log | grep -v '^ *[0-9]*: \|^ *at ' | tail -300 >&2
+  echo "=== where each failing test panicked ===" >&2
+  grep -h -A4 "panicked at" target/test.log target/test-cluster.log | cut -c1-400 | head -120 >&2
+  exit 101
+fi
 # The benchmark gate: a fast subset of the side-by-side benchmarks, each
-# ratio against its floor in benches/floors.toml (under 3 minutes).
-cargo bench --locked --bench compare -- gate
+# ratio against its floor in benches/floors.toml; its cluster rows use the
+# cluster that is still up.
+step "benchmark gate" cargo bench --locked --bench compare -- gate

@@ -18,43 +18,107 @@
 //! PyTorch comes from the test venv through a read-only hostPath volume
 //! (added with a TrainJob runtime patch), as the container tests bind-mount
 //! it; checkpoints go to a hostPath directory, the shared storage of a real
-//! cluster (both nodes are this machine). Cluster tests run one at a time.
+//! cluster (both nodes are this machine).
+//!
+//! The tests share one cluster, brought up once per test run (by the test
+//! command, or by the first cluster test) and stopped at its end; each works
+//! in a namespace of its own. ClusterTrainingRuntimes are the repository's
+//! files, applied as they are by whichever test needs them first
+//! (`apply_file`), never changed or deleted by a test. The tests that
+//! restart the API server have the cluster alone (`Take::Alone`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use crate::support::cluster::{
-    api_server, cluster, cluster_with, get_json, job_on, kubectl, kubectl_stdin, logs_of, mounts_patch, pods_of,
+    api_server, apply_file, cluster, get_json, job_on, kubectl, kubectl_command, kubectl_stdin, logs_of,
+    mounts_patch, pods_of, run_dir, set_namespace, shared,
 };
 use crate::util::repo;
 
 mod inplace;
 mod torchft;
 
-/// One cluster at a time (they share their ports and bridges).
-static CLUSTER: Mutex<()> = Mutex::new(());
+/// The cluster tests share one cluster (`support::cluster::shared`) and
+/// run side by side, each in a namespace of its own; a test that stops a
+/// component everyone uses (the API server) runs alone.
+static CLUSTER: RwLock<()> = RwLock::new(());
 
-/// The cluster, stopped (every process gone) when the test ends.
-struct Up;
+/// Whether this test shares the cluster with others now or has it alone.
+enum Hold {
+    Beside { _guard: RwLockReadGuard<'static, ()> },
+    Alone { _guard: RwLockWriteGuard<'static, ()> },
+}
 
-/// A cluster with `nodes` nodes, up until the returned values drop (the
-/// cluster first, then the lock).
-fn up(nodes: &str) -> (Up, MutexGuard<'static, ()>) {
-    let lock = CLUSTER.lock().unwrap_or_else(PoisonError::into_inner);
-    let _ = cluster(&["down"]); // what a crashed run may have left
-    let (ok, out) = cluster_with(&[("CLUSTER_NODES", nodes)], &["up"]);
-    let up = Up;
-    assert!(ok, "tests/cluster.sh up: {out}");
-    (up, lock)
+/// A test's part of the shared cluster: a namespace of its own, which this
+/// thread's kubectl works in, deleted (with everything in it) when the test
+/// ends; a failed test's name is noted so that the cluster's logs are kept
+/// when it stops (tests/cluster.sh down).
+struct Up {
+    namespace: String,
+    test: String,
+    _hold: Hold,
+}
+
+/// How a test takes the cluster.
+#[derive(Clone, Copy, PartialEq)]
+enum Take {
+    /// Beside the other tests.
+    Beside,
+    /// Alone: it restarts the API server.
+    Alone,
+    /// Beside the others, in a namespace whose pods no node takes (they stay Pending).
+    Unscheduled,
+}
+
+/// The shared cluster for this test, in namespace `name`-PID.
+fn up(name: &str, take: Take) -> Up {
+    let hold = match take {
+        Take::Alone => Hold::Alone { _guard: CLUSTER.write().unwrap_or_else(PoisonError::into_inner) },
+        Take::Beside | Take::Unscheduled => {
+            Hold::Beside { _guard: CLUSTER.read().unwrap_or_else(PoisonError::into_inner) }
+        }
+    };
+    if let Err(e) = shared() {
+        panic!("{e}");
+    }
+    let namespace = format!("{name}-{}", std::process::id());
+    // The API server's PodNodeSelector plugin gives every pod of the
+    // namespace this selector, which no node matches.
+    let annotation = if take == Take::Unscheduled {
+        "  annotations: {scheduler.alpha.kubernetes.io/node-selector: trainlet.dev/nowhere=true}\n"
+    } else {
+        ""
+    };
+    let manifest = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n{annotation}");
+    let (ok, out) = kubectl_stdin(&["create", "-f", "-"], &manifest);
+    assert!(ok, "namespace {namespace}: {out}");
+    set_namespace(Some(&namespace));
+    let test = std::thread::current().name().unwrap_or(name).to_string();
+    Up { namespace, test, _hold: hold }
 }
 
 impl Drop for Up {
     fn drop(&mut self) {
-        let (ok, out) = cluster(&["down"]);
-        assert!(ok || std::thread::panicking(), "down: {out}");
+        if std::thread::panicking() {
+            use std::io::Write;
+            let noted = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(run_dir().join("failed"))
+                .and_then(|mut f| writeln!(f, "{} (namespace {})", self.test, self.namespace));
+            if let Err(e) = noted {
+                eprintln!("cannot note the failure for tests/cluster.sh down: {e}");
+            }
+        }
+        // Deleted in the background: its pods end with their grace period
+        // while the next test starts.
+        let (ok, out) = kubectl(&["delete", "namespace", &self.namespace, "--wait=false"]);
+        set_namespace(None);
+        assert!(ok || std::thread::panicking(), "delete namespace {}: {out}", self.namespace);
     }
 }
 
@@ -89,7 +153,7 @@ fn env_of(pod: &serde_json::Value) -> BTreeMap<String, serde_json::Value> {
 
 #[test]
 fn every_runtime_goes_through_the_real_trainer_and_jobset_to_pods_that_carry_trainlets_contract() {
-    let _up = up("0");
+    let _up = up("runtimes", Take::Unscheduled);
 
     let runtimes: Vec<String> = std::fs::read_dir(repo().join("runtimes"))
         .expect("runtimes/")
@@ -99,7 +163,7 @@ fn every_runtime_goes_through_the_real_trainer_and_jobset_to_pods_that_carry_tra
     assert!(runtimes.len() >= 8, "{runtimes:?}");
     let mut names = Vec::new();
     for file in &runtimes {
-        let (ok, out) = kubectl(&["apply", "-f", file]);
+        let (ok, out) = apply_file(Path::new(file));
         assert!(ok, "Trainer refused {file}: {out}");
         let text = std::fs::read_to_string(file).expect("read");
         let name = text
@@ -108,7 +172,7 @@ fn every_runtime_goes_through_the_real_trainer_and_jobset_to_pods_that_carry_tra
             .unwrap_or_else(|| panic!("{file} names no trainlet-* runtime"))
             .to_string();
         let job = format!(
-            "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata: {{name: t-{name}, namespace: default}}\nspec:\n  runtimeRef: {{name: trainlet-{name}}}\n  trainer: {{numNodes: 2, numProcPerNode: 2, command: [torchrun, /workspace/train.py]}}\n"
+            "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata: {{name: t-{name}}}\nspec:\n  runtimeRef: {{name: trainlet-{name}}}\n  trainer: {{numNodes: 2, numProcPerNode: 2, command: [torchrun, /workspace/train.py]}}\n"
         );
         let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
         assert!(ok, "TrainJob of {name}: {out}");
@@ -124,7 +188,7 @@ fn every_runtime_goes_through_the_real_trainer_and_jobset_to_pods_that_carry_tra
         assert!(
             made.contains(&format!("t-{name}").as_str()),
             "no JobSet for runtime {name} ({made:?}); Trainer's log: {}",
-            std::fs::read_to_string(repo().join("target/cluster/run/logs/trainer.log"))
+            std::fs::read_to_string(run_dir().join("logs/trainer.log"))
                 .unwrap_or_default()
                 .lines()
                 .rfind(|l| l.contains(name) && l.contains("error"))
@@ -154,7 +218,7 @@ fn every_runtime_goes_through_the_real_trainer_and_jobset_to_pods_that_carry_tra
             env.get("KUBEFLOW_TRAINER_SERVER_URL").and_then(|v| v.as_str()).is_some_and(|u| u.ends_with("/status")),
             "Trainer's status server (TrainJobStatus) is on: {env:?}"
         );
-        assert_eq!(pod["status"]["phase"], "Pending", "this cluster has no node");
+        assert_eq!(pod["status"]["phase"], "Pending", "no node takes this namespace's pods");
     }
 
     // MPI: a launcher and the nodes.
@@ -169,7 +233,7 @@ fn every_runtime_goes_through_the_real_trainer_and_jobset_to_pods_that_carry_tra
     // container restart rules without ContainerRestartRules.
     let in_place = "apiVersion: jobset.x-k8s.io/v1alpha2
 kind: JobSet
-metadata: {name: in-place, namespace: default}
+metadata: {name: in-place}
 spec:
   failurePolicy: {maxRestarts: 3, restartStrategy: InPlaceRestart}
   replicatedJobs:
@@ -217,9 +281,7 @@ struct Followed {
 
 impl Followed {
     fn start(pod: &str) -> Followed {
-        let mut child = Command::new("bash")
-            .arg(repo().join("tests/cluster.sh"))
-            .args(["kubectl", "logs", "-f", pod])
+        let mut child = kubectl_command(&["logs", "-f", pod])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -302,8 +364,8 @@ fn metric(tj: &serde_json::Value, name: &str) -> Option<String> {
 
 #[test]
 fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails_on_a_worker_bug() {
-    let _up = up("2");
-    let (ok, out) = kubectl(&["apply", "-f", repo().join("runtimes/torch-distributed.yaml").to_str().expect("path")]);
+    let _up = up("trainjob", Take::Beside);
+    let (ok, out) = apply_file(&repo().join("runtimes/torch-distributed.yaml"));
     assert!(ok, "{out}");
     let limit = Duration::from_secs(300);
 
@@ -403,7 +465,7 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
     // 4. The restricted runtime (uid 1000, read-only root, no
     // capabilities, RuntimeDefault seccomp) runs the same job to the end.
     let (ok, out) =
-        kubectl(&["apply", "-f", repo().join("runtimes/torch-distributed-restricted.yaml").to_str().expect("path")]);
+        apply_file(&repo().join("runtimes/torch-distributed-restricted.yaml"));
     assert!(ok, "{out}");
     let ckpt = tempfile::tempdir().expect("tmp");
     std::os::unix::fs::chown(ckpt.path(), Some(1000), Some(1000)).expect("chown");
@@ -426,18 +488,18 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
 /// both pods; each job completes and the SDK reads its logs.
 #[test]
 fn the_kubeflow_sdk_trains_torch_jax_and_xgboost_functions_on_the_cluster_under_trainlet() {
-    let _up = up("2");
+    let up = up("sdk", Take::Beside);
     for runtime in ["torch", "jax", "xgboost"] {
         let file = repo().join(format!("runtimes/{runtime}-distributed.yaml"));
-        let (ok, out) = kubectl(&["apply", "-f", file.to_str().expect("path")]);
+        let (ok, out) = apply_file(&file);
         assert!(ok, "{out}");
     }
     let sdk = |runtime: &str, function: &str| -> (String, [String; 2]) {
         let out = Command::new(crate::util::python())
             .arg(repo().join("tests/fixtures/sdk_cluster.py"))
-            .arg(repo().join("target/cluster/run/admin.kubeconfig"))
+            .arg(run_dir().join("admin.kubeconfig"))
             .arg(crate::containers::torch_site())
-            .args([runtime, function])
+            .args([runtime, function, &up.namespace])
             .output()
             .expect("python");
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -487,15 +549,15 @@ fn the_kubeflow_sdk_trains_torch_jax_and_xgboost_functions_on_the_cluster_under_
 /// all-reduce, and the TrainJob completes when the launcher does.
 #[test]
 fn the_mpi_runtime_runs_mpirun_over_trainlets_ssh_between_real_pods() {
-    let _up = up("2");
-    let (ok, out) = kubectl(&["apply", "-f", repo().join("runtimes/mpi-distributed.yaml").to_str().expect("path")]);
+    let _up = up("mpi", Take::Beside);
+    let (ok, out) = apply_file(&repo().join("runtimes/mpi-distributed.yaml"));
     assert!(ok, "{out}");
     let fixtures = repo().join("tests/fixtures");
     let patch = mounts_patch(&["launcher", "node"], &[("fixtures", &fixtures, "/fixtures", true)]);
     let job = format!(
         "apiVersion: trainer.kubeflow.org/v1alpha1
 kind: TrainJob
-metadata: {{name: mpi, namespace: default}}
+metadata: {{name: mpi}}
 spec:
   runtimeRef: {{name: trainlet-mpi-distributed}}
   trainer:
@@ -558,15 +620,18 @@ fn tree(root: &Path) -> BTreeMap<String, String> {
 /// initializer leaves out.
 #[test]
 fn the_initializers_fetch_from_a_hub_onto_the_shared_volume_before_the_trainer_starts() {
-    let _up = up("2");
+    let up = up("init", Take::Beside);
     let runtime = repo().join("runtimes/torch-with-initializers.yaml");
-    let (ok, out) = kubectl(&["apply", "-f", runtime.to_str().expect("path")]);
+    let (ok, out) = apply_file(&runtime);
     assert!(ok, "{out}");
     let volume = tempfile::tempdir().expect("tmp");
+    // Cluster-scoped: named after the test's namespace (no other test makes
+    // a claim), and deleted at the end.
+    let pv_name = format!("trainlet-test-initializer-{}", up.namespace);
     let pv = format!(
         "apiVersion: v1
 kind: PersistentVolume
-metadata: {{name: trainlet-test-initializer}}
+metadata: {{name: {pv_name}}}
 spec:
   capacity: {{storage: 100Gi}}
   accessModes: [ReadWriteMany]
@@ -603,7 +668,7 @@ spec:
     let job = format!(
         "apiVersion: trainer.kubeflow.org/v1alpha1
 kind: TrainJob
-metadata: {{name: init, namespace: default}}
+metadata: {{name: init}}
 spec:
   runtimeRef: {{name: trainlet-torch-with-initializers}}
   initializer:
@@ -647,6 +712,8 @@ spec:
             assert!(!got.contains_key(f), "{f} is left out, as by Trainer's initializer: {got:?}");
         }
     }
+    let (ok, out) = kubectl(&["delete", "pv", &pv_name, "--wait=false"]);
+    assert!(ok, "{out}");
 }
 
 fn uids(job: &str) -> BTreeMap<String, String> {
@@ -662,10 +729,10 @@ fn uids(job: &str) -> BTreeMap<String, String> {
 /// the TrainJob Complete at their idle timeout.
 #[test]
 fn deepspeed_trains_and_warm_dev_pods_take_new_code_on_real_nodes() {
-    let _up = up("2");
+    let _up = up("ds-dev", Take::Beside);
     for runtime in ["deepspeed-distributed", "trainlet-dev"] {
         let file = repo().join(format!("runtimes/{runtime}.yaml"));
-        let (ok, out) = kubectl(&["apply", "-f", file.to_str().expect("path")]);
+        let (ok, out) = apply_file(&file);
         assert!(ok, "{out}");
     }
     let ds = job_on(

@@ -1,21 +1,74 @@
 //! The test cluster (`tests/cluster.sh`) from Rust, shared by the cluster
 //! tests (`tests/it/cluster.rs`) and the cluster benchmarks
-//! (`benches/inplace_bench.rs`): kubectl, the TrainJobs they run (PyTorch
-//! from the test venv through a read-only hostPath, as the container tests
-//! bind-mount it) and their pods.
+//! (`benches/inplace_bench.rs`): the one cluster a test run shares
+//! (`shared`), kubectl in the calling thread's namespace, the TrainJobs they
+//! run (PyTorch from the test venv through a read-only hostPath, as the
+//! container tests bind-mount it) and their pods.
 #![allow(dead_code, reason = "the benchmarks use only the TrainJob helpers")]
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use super::{python, repo};
+
+/// `CLUSTER_PORT_BASE` (default 26400).
+fn port_base() -> u32 {
+    std::env::var("CLUSTER_PORT_BASE").ok().and_then(|b| b.parse().ok()).unwrap_or(26400)
+}
+
+/// The cluster's state directory (certificates, kubeconfigs, logs), as
+/// tests/cluster.sh names it for the port base.
+pub fn run_dir() -> PathBuf {
+    match port_base() {
+        26400 => repo().join("target/cluster/run"),
+        base => repo().join(format!("target/cluster/run-{base}")),
+    }
+}
 
 /// The API server's loopback port (`CLUSTER_PORT_BASE` + 2) and the
 /// cluster's CA certificate.
 pub fn api_server() -> (u32, PathBuf) {
-    let base: u32 = std::env::var("CLUSTER_PORT_BASE").ok().and_then(|b| b.parse().ok()).unwrap_or(26400);
-    (base + 2, repo().join("target/cluster/run/pki/ca.crt"))
+    (port_base() + 2, run_dir().join("pki/ca.crt"))
+}
+
+/// The cluster of this test run, shared by every cluster test and
+/// benchmark: `tests/cluster.sh ensure` reuses the one that is up (the
+/// test command's) or starts one, which then stops when this process
+/// ends, however it ends. Brought up once per process; an error is every
+/// caller's error.
+pub fn shared() -> Result<(), String> {
+    static UP: OnceLock<Result<(), String>> = OnceLock::new();
+    UP.get_or_init(|| {
+        let pid = std::process::id().to_string();
+        let (ok, out) = cluster(&["ensure", "--owner", &pid]);
+        if ok { Ok(()) } else { Err(format!("tests/cluster.sh ensure: {out}")) }
+    })
+    .clone()
+}
+
+thread_local! {
+    /// The namespace kubectl works in on this thread (the test's own).
+    static NAMESPACE: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Make `ns` (or the default namespace) the one this thread's kubectl works in.
+pub fn set_namespace(ns: Option<&str>) {
+    NAMESPACE.with(|n| *n.borrow_mut() = ns.map(str::to_string));
+}
+
+/// This thread's namespace, "default" when none was set.
+pub fn namespace() -> String {
+    NAMESPACE.with(|n| n.borrow().clone()).unwrap_or_else(|| "default".to_string())
+}
+
+/// `bash tests/cluster.sh kubectl --namespace NS ARGS...` as a command to run.
+pub fn kubectl_command(args: &[&str]) -> Command {
+    let mut cmd = Command::new("bash");
+    cmd.arg(repo().join("tests/cluster.sh")).args(["kubectl", "--namespace", &namespace()]).args(args);
+    cmd
 }
 
 /// The venv's site-packages (torch), for a read-only mount into images
@@ -51,20 +104,17 @@ pub fn cluster_with(env: &[(&str, &str)], args: &[&str]) -> (bool, String) {
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
-/// kubectl against the cluster (the admin's kubeconfig).
+/// kubectl against the cluster (the admin's kubeconfig), in this thread's
+/// namespace.
 pub fn kubectl(args: &[&str]) -> (bool, String) {
-    let mut all = vec!["kubectl"];
-    all.extend_from_slice(args);
-    cluster(&all)
+    let out = kubectl_command(args).output().expect("bash");
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
 /// `kubectl` with `input` on its stdin.
 pub fn kubectl_stdin(args: &[&str], input: &str) -> (bool, String) {
     use std::io::Write;
-    let mut child = Command::new("bash")
-        .arg(repo().join("tests/cluster.sh"))
-        .arg("kubectl")
-        .args(args)
+    let mut child = kubectl_command(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -152,7 +202,7 @@ pub fn job_on(
     format!(
         "apiVersion: trainer.kubeflow.org/v1alpha1
 kind: TrainJob
-metadata: {{name: {name}, namespace: default}}
+metadata: {{name: {name}}}
 spec:
   runtimeRef: {{name: {runtime}}}
   trainer:
@@ -162,4 +212,14 @@ spec:
     env:
 {vars}{patch}"
     )
+}
+
+/// `kubectl apply -f FILE` in this thread's namespace, one at a time in
+/// this process: the tests apply the same runtimes (cluster-scoped) side by
+/// side, and two first applies of one object race (one of them is refused
+/// as AlreadyExists).
+pub fn apply_file(file: &Path) -> (bool, String) {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    kubectl(&["apply", "-f", &file.display().to_string()])
 }

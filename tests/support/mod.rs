@@ -33,16 +33,23 @@ pub fn free_port() -> u16 {
     const LOW: u32 = 20_000;
     const SPAN: u32 = 12_000;
     static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
-    // Test processes run one after another: start each at its own place.
+    // Each test process starts at its own place (two may run at once).
     let _ = NEXT.compare_exchange(
         u32::MAX,
         std::process::id().wrapping_mul(7919) % SPAN,
         Ordering::SeqCst,
         Ordering::SeqCst,
     );
+    // The test cluster's ports (tests/cluster.sh, CLUSTER_PORT_BASE 26400 +
+    // at most 99): a test beside the cluster tests must not take the API
+    // server's port while `restart-apiserver` has it closed.
+    let cluster = 26_400..26_500;
     for _ in 0..SPAN {
         let port = LOW + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN;
         let port = u16::try_from(port).expect("below 32000");
+        if cluster.contains(&port) {
+            continue;
+        }
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }

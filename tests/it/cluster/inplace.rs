@@ -27,7 +27,7 @@ fn kill_a_worker(pod: &str, script: &str) -> String {
 /// TrainJob `name` of it on 2 pods x 2 workers: `job_on`'s arguments.
 fn start_job(name: &str, command: &str, env: &[(&str, &str)], mounts: &[(&str, &Path, &str, bool)]) {
     let file = repo().join("runtimes/torch-distributed-inplace.yaml");
-    let (ok, out) = kubectl(&["apply", "-f", file.to_str().expect("path")]);
+    let (ok, out) = apply_file(&file);
     assert!(ok, "{out}");
     let job = job_on("trainlet-torch-distributed-inplace", name, command, env, mounts);
     let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
@@ -50,7 +50,7 @@ fn restarts_of(pod: &serde_json::Value) -> i64 {
 /// (UIDs), no JobSet restart.
 #[test]
 fn a_killed_worker_restarts_every_pod_in_place_through_jobsets_protocol() {
-    let _up = up("2");
+    let _up = up("inplace", Take::Beside);
     let ckpt = tempfile::tempdir().expect("tmp");
     std::fs::set_permissions(ckpt.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).expect("chmod");
     start_job(
@@ -125,7 +125,7 @@ fn host_pid_of_pid1(pod: &str) -> i32 {
 /// exits 1; its container restarts too, and attempt 1 runs to the end.
 #[test]
 fn the_jobset_restarts_a_healthy_pod_in_place_through_a_watch_that_outlived_the_api_server() {
-    let _up = up("2");
+    let _up = up("asked", Take::Alone);
     let marks = tempfile::tempdir().expect("tmp");
     std::fs::set_permissions(marks.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).expect("chmod");
     start_job(
@@ -205,7 +205,7 @@ fn pods_until_ready(job: &str) -> BTreeMap<String, serde_json::Value> {
 /// resumes from its checkpoint to the uninterrupted run's parameters.
 #[test]
 fn with_in_place_restarts_disabled_the_uncoordinated_restart_rejoins_the_new_store_not_the_old() {
-    let _up = up("2");
+    let _up = up("disabled", Take::Beside);
     let ckpt = tempfile::tempdir().expect("tmp");
     std::fs::set_permissions(ckpt.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).expect("chmod");
     start_job(
@@ -250,7 +250,7 @@ fn with_in_place_restarts_disabled_the_uncoordinated_restart_rejoins_the_new_sto
 const PENDING_JOBSET: &str = r#"
 apiVersion: jobset.x-k8s.io/v1alpha2
 kind: JobSet
-metadata: {name: rotated, namespace: default}
+metadata: {name: rotated}
 spec:
   failurePolicy: {maxRestarts: 3, restartStrategy: InPlaceRestart}
   replicatedJobs:
@@ -308,12 +308,12 @@ fn status_with(token: &str) -> String {
 /// Write `token` into `dir` as the kubelet's atomic writer does: a new
 /// timestamped directory, then the `..data` link swapped by a rename, so
 /// `token` (a link through `..data`) changes in one step.
-fn project_token(dir: &Path, token: &str, generation: u32) {
+fn project_token(dir: &Path, token: &str, namespace: &str, generation: u32) {
     let data = format!("..gen_{generation}");
     std::fs::create_dir(dir.join(&data)).expect("mkdir");
     std::fs::write(dir.join(&data).join("token"), token).expect("token");
     std::fs::copy(api_server().1, dir.join(&data).join("ca.crt")).expect("ca");
-    std::fs::write(dir.join(&data).join("namespace"), "default").expect("namespace");
+    std::fs::write(dir.join(&data).join("namespace"), namespace).expect("namespace");
     std::os::unix::fs::symlink(&data, dir.join("..data_tmp")).expect("link");
     std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).expect("swap");
     for file in ["token", "ca.crt", "namespace"] {
@@ -341,9 +341,9 @@ fn project_token(dir: &Path, token: &str, generation: u32) {
 /// ServiceAccount (a new UID), which the API server checks on every request.
 #[test]
 fn a_token_rotated_under_a_live_watch_is_used_when_it_comes_back_from_a_410() {
-    let _up = up("0");
+    let up = up("rotated", Take::Alone);
     let file = repo().join("runtimes/torch-distributed-inplace.yaml");
-    let (ok, out) = kubectl(&["apply", "-f", file.to_str().expect("path")]);
+    let (ok, out) = apply_file(&file);
     assert!(ok, "{out}");
     let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], PENDING_JOBSET);
     assert!(ok, "{out}");
@@ -355,7 +355,7 @@ fn a_token_rotated_under_a_live_watch_is_used_when_it_comes_back_from_a_410() {
     let old = token_for(mine);
     assert_eq!(status_with(&old), "200");
     let sa = tempfile::tempdir().expect("tmp");
-    project_token(sa.path(), &old, 1);
+    project_token(sa.path(), &old, &up.namespace, 1);
     let home = tempfile::tempdir().expect("tmp");
     let script = format!(
         "set -e; mount -t tmpfs trainlet-run /run; mkdir -p /run/secrets/kubernetes.io/serviceaccount; \
@@ -386,14 +386,14 @@ fn a_token_rotated_under_a_live_watch_is_used_when_it_comes_back_from_a_410() {
     // on), a new token for it in the file.
     let (ok, out) = kubectl(&["delete", "serviceaccount", "trainlet-in-place-restart"]);
     assert!(ok, "{out}");
-    let (ok, out) = kubectl(&["apply", "-f", file.to_str().expect("path")]);
+    let (ok, out) = apply_file(&file);
     assert!(ok, "{out}");
     let new = token_for(mine);
     wait_for("rotated", "the old token refused", Duration::from_secs(60), || {
         (status_with(&old) == "401").then_some(())
     });
     assert_eq!(status_with(&new), "200");
-    project_token(sa.path(), &new, 2);
+    project_token(sa.path(), &new, &up.namespace, 2);
 
     // The watch breaks and must come back with the new token; etcd's
     // history is compacted meanwhile, so resuming from the last resource

@@ -12,7 +12,7 @@ use super::*;
 /// across pods, and both end with the same parameters. No pod restarts.
 #[test]
 fn a_killed_worker_restarts_only_its_replica_group_across_real_pods() {
-    let _up = up("2");
+    let _up = up("torchft", Take::Beside);
     let marks = tempfile::tempdir().expect("tmp");
     std::fs::set_permissions(marks.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).expect("chmod");
     let env = [
@@ -28,7 +28,7 @@ fn a_killed_worker_restarts_only_its_replica_group_across_real_pods() {
         ("KILL_AT_STEP", "15"),
     ];
     let file = repo().join("runtimes/torch-distributed.yaml");
-    let (ok, out) = kubectl(&["apply", "-f", file.to_str().expect("path")]);
+    let (ok, out) = apply_file(&file);
     assert!(ok, "{out}");
     let job = job_on(
         "trainlet-torch-distributed",
