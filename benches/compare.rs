@@ -17,7 +17,10 @@
 //! tests/cluster.sh, only when named: `inplace_bench.rs`).
 //! `gate` runs a fast subset and checks each ratio against its floor in
 //! `benches/floors.toml` (`gate.rs`); `overhead` includes the bare
-//! fork/exec/wait floor (`compare bare N PROG`, no agent).
+//! fork/exec/wait floor (`benches/bare.rs`, no agent).
+//! `TRAINLET_BENCH_BINARY` names the trainlet binary to measure (the test
+//! command gives the release binary and runs the gate built in the test
+//! profile: `cargo test --bench compare -- gate`).
 //! Results are also written to
 //! `target/bench-compare.md`. `mpi` and `sshd` compare against OpenSSH
 //! (`mpi_bench.rs`); `pmi` runs MPI without SSH against `mpirun` over
@@ -54,8 +57,17 @@ mod torchft_bench;
 
 use support::{free_port, python};
 
+/// The trainlet binary measured: `TRAINLET_BENCH_BINARY` (the test command
+/// sets it to the release binary, the artefact users run, so the gate needs
+/// no build of its own in the bench profile), else the one cargo built
+/// beside this benchmark.
 fn trainlet() -> &'static str {
-    env!("CARGO_BIN_EXE_trainlet")
+    static BINARY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BINARY.get_or_init(|| {
+        let path = std::env::var("TRAINLET_BENCH_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_trainlet").into());
+        assert!(std::path::Path::new(&path).is_file(), "TRAINLET_BENCH_BINARY: no binary at {path}");
+        path
+    })
 }
 
 fn bench_file(name: &str) -> String {
@@ -114,22 +126,42 @@ fn torchrun_job(n: u32, prog: &str) -> Command {
     c
 }
 
-/// The floor a launcher can reach: this binary run again as a minimal
-/// launcher ([`bare`]) that starts the same N processes and waits for them.
+/// The floor a launcher can reach: `benches/bare.rs`, a minimal launcher
+/// that starts the same N processes and waits for them.
 fn bare_job(n: u32, prog: &str) -> Command {
-    let mut c = Command::new(std::env::current_exe().expect("own path"));
-    c.args(["bare", &n.to_string(), prog]);
+    let mut c = Command::new(bare_launcher());
+    c.args([&n.to_string(), prog]);
     c
 }
 
-/// `compare bare N PROG`: fork/exec PROG N times, wait for all, exit 0
-/// when all did (the baseline of the launcher overhead rows: no agent).
-fn bare(n: &str, prog: &str) -> std::process::ExitCode {
-    let n: u32 = n.parse().expect("bare N PROG");
-    let children: Vec<Child> =
-        (0..n).map(|_| Command::new(prog).stdin(Stdio::null()).spawn().expect("spawn")).collect();
-    let ok = children.into_iter().all(|mut c| c.wait().is_ok_and(|s| s.success()));
-    if ok { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE }
+/// `benches/bare.rs` built with `rustc -O` (static, as trainlet) into
+/// `target/bench-bare/bare`, once per change of its source: the same
+/// program whatever profile built this benchmark.
+fn bare_launcher() -> &'static PathBuf {
+    static BARE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BARE.get_or_init(|| {
+        let src = support::repo().join("benches/bare.rs");
+        let dir = support::repo().join("target/bench-bare");
+        let out = dir.join("bare");
+        let fresh = |out: &PathBuf| {
+            let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+            modified(out).zip(modified(&src)).is_some_and(|(o, s)| o >= s)
+        };
+        if !fresh(&out) {
+            std::fs::create_dir_all(&dir).expect("target/bench-bare");
+            let tmp = dir.join(format!("bare.{}", std::process::id()));
+            let st = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
+                .args(["--edition", "2024", "-C", "opt-level=3", "-C", "target-feature=+crt-static"])
+                .args(["-C", "strip=debuginfo", "-o"])
+                .arg(&tmp)
+                .arg(&src)
+                .status()
+                .expect("rustc");
+            assert!(st.success(), "rustc {}: {st}", src.display());
+            std::fs::rename(&tmp, &out).expect("rename");
+        }
+        out
+    })
 }
 
 /// Launcher overhead for `n` x `/bin/true`: trainlet against torchrun and
@@ -644,12 +676,6 @@ fn pinning_cost(rows: &mut Vec<Row>) {
 }
 
 fn main() -> std::process::ExitCode {
-    // `bare N PROG`: the launcher-overhead floor, run by launch_rows.
-    if let [_, mode, n, prog] = std::env::args().collect::<Vec<_>>().as_slice()
-        && mode == "bare"
-    {
-        return bare(n, prog);
-    }
     let hard = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_or(4096, |(_, h)| h);
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
     let _ = python(); // says what to run when torch is missing
