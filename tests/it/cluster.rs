@@ -34,8 +34,8 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use crate::support::cluster::{
-    api_server, apply_file, cluster, get_json, job_on, kubectl, kubectl_command, kubectl_stdin, logs_of,
-    mounts_patch, pods_of, run_dir, set_namespace, shared,
+    api_server, apply_file, cluster, get_json, job_on, kubectl, kubectl_command, kubectl_stdin, logs_of, mounts_patch,
+    pods_of, run_dir, set_namespace, shared,
 };
 use crate::util::repo;
 
@@ -464,8 +464,7 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
 
     // 4. The restricted runtime (uid 1000, read-only root, no
     // capabilities, RuntimeDefault seccomp) runs the same job to the end.
-    let (ok, out) =
-        apply_file(&repo().join("runtimes/torch-distributed-restricted.yaml"));
+    let (ok, out) = apply_file(&repo().join("runtimes/torch-distributed-restricted.yaml"));
     assert!(ok, "{out}");
     let ckpt = tempfile::tempdir().expect("tmp");
     std::os::unix::fs::chown(ckpt.path(), Some(1000), Some(1000)).expect("chown");
