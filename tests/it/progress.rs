@@ -195,7 +195,11 @@ fn an_untrusted_or_dead_status_server_costs_warnings_only() {
 fn every_rank_reporting_gives_trainer_rank_0s_view_and_drops_a_failed_attempts_reports() {
     let trainer = Trainer::start(0);
     let port = free_port();
-    let env = trainer.env(None);
+    let mut env = trainer.env(None);
+    // The other ranks report after rank 0's mark, not after a fixed 0.5 s
+    // from their own start (on a loaded machine rank 0 started later).
+    let marks = tempfile::tempdir().expect("tmp");
+    env.push(("REPORT_MARKS".into(), marks.path().display().to_string()));
     let mut pods = start_pods_with(2, &["run", "--max-restarts", "1", &fixture("sdk_all_ranks.py")], |i| {
         let mut e = pet_env(2, 2, i, port);
         e.extend(env.iter().cloned());
