@@ -73,21 +73,9 @@ step "python client" client_check
 # checks every target with rustc's lints too.
 unset RUSTFLAGS
 step fmt cargo fmt --check
-# clippy beside the release build, whose last minutes (the trainlet crate
-# with one codegen unit, then fat LTO) keep one CPU only: in a target
-# directory of its own (it shares nothing with the other builds; one target
-# directory would make each wait for the other's lock).
-clippy_started=$SECONDS
-CARGO_TARGET_DIR=target/clippy cargo clippy --locked --workspace --all-targets -- -D warnings >target/clippy.log 2>&1 &
-clippy_pid=$!
+step clippy cargo clippy --locked --workspace --all-targets -- -D warnings
 # The release binary first: the container tests put it in the images.
 step "release build" cargo build --locked --release
-if ! wait "$clippy_pid"; then
-  row "clippy (beside the release build)" $((SECONDS - clippy_started)) "  FAILED"
-  cat target/clippy.log >&2
-  exit 1
-fi
-row "clippy (beside the release build)" $((SECONDS - clippy_started))
 kind=$(file target/x86_64-unknown-linux-gnu/release/trainlet)
 echo "$kind"
 if ! grep -Eq "static-pie linked|statically linked" <<<"$kind"; then

@@ -88,27 +88,20 @@ pub fn torch_site() -> PathBuf {
     site
 }
 
-/// `bash tests/cluster.sh ARGS...`: whether it succeeded, and its output.
-pub fn cluster(args: &[&str]) -> (bool, String) {
-    cluster_with(&[], args)
+/// Whether a command succeeded, and its stdout and stderr.
+fn outcome(out: &std::process::Output) -> (bool, String) {
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
-/// `cluster` with `env` added.
-pub fn cluster_with(env: &[(&str, &str)], args: &[&str]) -> (bool, String) {
-    let out = Command::new("bash")
-        .arg(repo().join("tests/cluster.sh"))
-        .args(args)
-        .envs(env.iter().copied())
-        .output()
-        .expect("bash");
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+/// `bash tests/cluster.sh ARGS...`: whether it succeeded, and its output.
+pub fn cluster(args: &[&str]) -> (bool, String) {
+    outcome(&Command::new("bash").arg(repo().join("tests/cluster.sh")).args(args).output().expect("bash"))
 }
 
 /// kubectl against the cluster (the admin's kubeconfig), in this thread's
 /// namespace.
 pub fn kubectl(args: &[&str]) -> (bool, String) {
-    let out = kubectl_command(args).output().expect("bash");
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    outcome(&kubectl_command(args).output().expect("bash"))
 }
 
 /// `kubectl` with `input` on its stdin.
@@ -121,8 +114,7 @@ pub fn kubectl_stdin(args: &[&str], input: &str) -> (bool, String) {
         .spawn()
         .expect("bash");
     child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write");
-    let out = child.wait_with_output().expect("wait");
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    outcome(&child.wait_with_output().expect("wait"))
 }
 
 /// A TrainJob's `runtimePatches` (the test's own manager) that add hostPath
