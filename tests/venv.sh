@@ -33,7 +33,11 @@ if ! .venv/bin/python -c "import torch.distributed as d; assert d.is_gloo_availa
 else
   echo "adding what .venv lacks ..." >&2
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check $packages
+# uv (tests/uv.sh) installs from its cache in a fraction of pip's time; the
+# bytecode is compiled at install, as pip does, so that the pods, which
+# mount this venv read-only, do not compile torch's modules at every start.
+uv=$(bash tests/uv.sh)
+"$uv" pip install --quiet --python .venv/bin/python --compile-bytecode $packages
 complete || {
   echo "error: .venv still lacks one of: $modules" >&2
   exit 1

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use super::{python, repo};
 
@@ -209,9 +210,83 @@ spec:
 /// `kubectl apply -f FILE` in this thread's namespace, one at a time in
 /// this process: the tests apply the same runtimes (cluster-scoped) side by
 /// side, and two first applies of one object race (one of them is refused
-/// as AlreadyExists).
+/// as AlreadyExists). Then it waits (2 min at most) until Trainer's
+/// admission webhook finds each ClusterTrainingRuntime of FILE: the webhook
+/// reads its manager's informer cache, not the API server, and after a test
+/// restarted the API server that cache took seconds to catch up (seen: a
+/// TrainJob created right after the apply refused with "specified
+/// clusterTrainingRuntime must be created before the TrainJob is created").
 pub fn apply_file(file: &Path) -> (bool, String) {
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    kubectl(&["apply", "-f", &file.display().to_string()])
+    let applied = {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        kubectl(&["apply", "-f", &file.display().to_string()])
+    };
+    if !applied.0 {
+        return applied;
+    }
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    for runtime in cluster_runtimes(&text) {
+        if let Err(e) = wait_for_webhook_to_find(&runtime) {
+            return (false, format!("{}\n{e}", applied.1));
+        }
+    }
+    applied
+}
+
+/// The names of the ClusterTrainingRuntimes in a manifest (its documents
+/// split at `---`; the name is the first `  name:` under `metadata:`).
+fn cluster_runtimes(manifest: &str) -> Vec<String> {
+    manifest
+        .split("\n---")
+        .filter(|doc| doc.lines().any(|l| l.trim_end() == "kind: ClusterTrainingRuntime"))
+        .filter_map(|doc| {
+            let mut lines = doc.lines().skip_while(|l| l.trim_end() != "metadata:").skip(1);
+            lines.find_map(|l| l.strip_prefix("  name: ")).map(|n| n.trim().to_string())
+        })
+        .collect()
+}
+
+/// Waits until a server-side dry run of a TrainJob on RUNTIME is no longer
+/// refused because Trainer's webhook does not know RUNTIME yet.
+fn wait_for_webhook_to_find(runtime: &str) -> Result<(), String> {
+    let probe = format!(
+        "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata: {{name: webhook-probe}}\nspec:\n  runtimeRef: {{name: {runtime}}}\n"
+    );
+    let started = Instant::now();
+    let mut said = false;
+    loop {
+        let (_, out) = kubectl_stdin(&["create", "--dry-run=server", "-f", "-"], &probe);
+        // Not found by the cache yet, or the webhook not reachable yet.
+        let lagging = out.contains("specified clusterTrainingRuntime must be created")
+            || out.contains("failed calling webhook");
+        if !lagging {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            return Err(format!("Trainer's webhook still does not find {runtime} 120 s after its apply: {out}"));
+        }
+        if !said {
+            eprintln!("waiting for Trainer's webhook to find the ClusterTrainingRuntime {runtime} (its cache lags the API server)");
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Every runtime file of `runtimes/` names one ClusterTrainingRuntime, found
+/// where `apply_file` looks for it (the webhook wait checks nothing if not).
+#[test]
+fn each_runtime_file_names_its_cluster_training_runtime() {
+    let mut files = 0;
+    for entry in std::fs::read_dir(repo().join("runtimes")).expect("runtimes/") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            files += 1;
+            let names = cluster_runtimes(&std::fs::read_to_string(&path).expect("read"));
+            assert_eq!(names.len(), 1, "{}: {names:?}", path.display());
+            assert!(names[0].starts_with("trainlet-"), "{}: {names:?}", path.display());
+        }
+    }
+    assert!(files >= 8, "{files} runtime files");
 }
