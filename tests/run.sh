@@ -55,6 +55,7 @@ finish() {
 }
 trap finish EXIT
 
+rm -f target/release-build.time target/cluster-up.time
 step setup bash tests/setup.sh
 # The book (docs/) builds; its links are checked by tests/it/docs.rs.
 step book bash tests/book.sh
@@ -69,13 +70,58 @@ client_check() {
 step "python client" client_check
 # No RUSTFLAGS here: the main job (examples/run.sh) and a user's `cargo
 # build --release` build with .cargo/config.toml's flags alone, so the
-# release build is shared with them. Warnings are denied by clippy, which
-# checks every target with rustc's lints too.
-unset RUSTFLAGS
+# release build is shared with them. Warnings are denied in the test build
+# below, where clippy's lints run too.
+unset RUSTFLAGS RUSTC_WORKSPACE_WRAPPER
 step fmt cargo fmt --check
-step clippy cargo clippy --locked --workspace --all-targets -- -D warnings
-# The release binary first: the container tests put it in the images.
-step "release build" cargo build --locked --release
+
+# The two builds at once: the release build ends in about 230 s on one CPU
+# (the trainlet crate with one codegen unit, then fat LTO), which the test
+# build and the cluster build fill. The release binary is needed by the
+# images (the container tests, the cluster's nodes) and the gate.
+release_build() {
+  local started=$SECONDS status=0
+  cargo build --locked --release >target/release-build.log 2>&1 || status=$?
+  echo "$((SECONDS - started)) $status" >target/release-build.time
+  return $status
+}
+release_build &
+release_pid=$!
+# Clippy's lints run in the test build itself, with clippy-driver as the
+# workspace's compiler (as `cargo clippy` runs it, but building, not only
+# checking): a `cargo clippy` pass of its own type-checked every crate once
+# more (157 s of a 2828 s run). Every target (`--all-targets`: the benches
+# too) is built, and a warning of rustc or clippy fails the step, as
+# `cargo clippy --all-targets -- -D warnings` did. Every cargo command below
+# runs with the same wrapper, or cargo would build the workspace again
+# (tests/images.sh builds the release binary without it).
+export RUSTC_WORKSPACE_WRAPPER=clippy-driver
+test_build() {
+  local status=0
+  cargo test --locked --workspace --all-targets --no-run 2>&1 | tee target/test-build.log || status=$?
+  [ "$status" = 0 ] || return "$status"
+  # cargo's closing line for a crate that warned (also for a crate that was
+  # already built: cargo shows its warnings again).
+  if grep -E '^warning: `[^`]+` \(.*\) generated [0-9]+ warnings?' target/test-build.log >&2; then
+    echo "error: the test build warned (rustc or clippy, target/test-build.log): warnings are denied" >&2
+    return 1
+  fi
+}
+build_status=0
+step "test build (clippy's lints in it)" test_build || build_status=$?
+# The real Kubernetes, JobSet and Trainer of tests/it/cluster.rs, from their
+# Go modules (about 13 minutes cold on 2 cores, cached under target/cluster).
+[ $build_status != 0 ] || step "cluster build" bash tests/cluster.sh build || build_status=$?
+release_status=0
+wait "$release_pid" || release_status=$?
+read -r release_time _ <target/release-build.time || release_time=0
+row "release build (beside the two)" "$release_time" "$([ $release_status = 0 ] || echo "  FAILED")"
+if [ $release_status != 0 ]; then
+  tail -40 target/release-build.log >&2
+  echo "error: cargo build --release failed; its log: target/release-build.log" >&2
+  exit 1
+fi
+[ $build_status = 0 ] || exit $build_status
 kind=$(file target/x86_64-unknown-linux-gnu/release/trainlet)
 echo "$kind"
 if ! grep -Eq "static-pie linked|statically linked" <<<"$kind"; then
@@ -83,24 +129,6 @@ if ! grep -Eq "static-pie linked|statically linked" <<<"$kind"; then
   exit 1
 fi
 echo "release binary is statically linked"
-# The real Kubernetes, JobSet and Trainer of tests/it/cluster.rs, from their
-# Go modules (about 13 minutes cold on 2 cores, cached under target/cluster).
-step "cluster build" bash tests/cluster.sh build
-# The cluster every cluster test shares comes up while the tests build (it
-# mostly waits); it stops at the end of this script, or when this script's
-# process is gone however it ended (the keeper of `ensure --owner`).
-cluster_up=1
-cluster_started=$SECONDS
-bash tests/cluster.sh ensure --owner $$ >target/cluster-up.log 2>&1 &
-cluster_pid=$!
-step "test build" cargo test --locked --workspace --no-run
-if ! wait "$cluster_pid"; then
-  row "cluster up" $((SECONDS - cluster_started)) "  FAILED"
-  tail -40 target/cluster-up.log >&2
-  echo "error: the test cluster did not come up; its log: target/cluster-up.log" >&2
-  exit 1
-fi
-row "cluster up (beside the test build)" $((SECONDS - cluster_started))
 
 # The cluster tests (tests/it/cluster*, `cluster::`) run in a process of
 # their own beside the others: they mostly wait on pods. The `it` binary is
@@ -128,8 +156,24 @@ cluster_group() {
   "$it" cluster:: $(printf -- '--skip %s ' "${alone[@]}") --test-threads "${TRAINLET_CLUSTER_TEST_THREADS:-1}" || status=1
   return $status
 }
+# The cluster every cluster test shares comes up beside the other tests
+# (it mostly waits), then the cluster tests run; it stops at the end of
+# this script, or when this script's process is gone however it ended (the
+# keeper of `ensure --owner`).
+cluster_part() {
+  local started=$SECONDS
+  if ! bash tests/cluster.sh ensure --owner $$ >target/cluster-up.log 2>&1; then
+    echo "$((SECONDS - started)) FAILED" >target/cluster-up.time
+    tail -40 target/cluster-up.log
+    echo "error: the test cluster did not come up; its log: target/cluster-up.log"
+    return 1
+  fi
+  echo "$((SECONDS - started))" >target/cluster-up.time
+  cluster_group
+}
+cluster_up=1
 cluster_tests_started=$SECONDS
-cluster_group >target/test-cluster.log 2>&1 &
+cluster_part >target/test-cluster.log 2>&1 &
 cluster_tests=$!
 # Every test binary runs even when an earlier one fails; the exit is non-zero then.
 tests_started=$SECONDS
@@ -143,7 +187,9 @@ awk '/^ *Running /{ p = $NF; sub(/.*\//, "", p); sub(/-[0-9a-f]+\)$/, "", p); na
 while IFS= read -r line; do rows+=("$line"); done <target/test-binaries.txt
 cluster_status=0
 wait "$cluster_tests" || cluster_status=$?
-row "cluster tests (beside, $(grep -c '^test .* \.\.\. ' target/test-cluster.log) tests)" $((SECONDS - cluster_tests_started)) "$([ $cluster_status = 0 ] || echo "  FAILED")"
+read -r up_time up_failed <target/cluster-up.time || { up_time=0; up_failed=FAILED; }
+row "cluster up (beside the other tests)" "$up_time" "${up_failed:+  FAILED}"
+row "cluster tests (after it, $(grep -c '^test .* \.\.\. ' target/test-cluster.log) tests)" $((SECONDS - cluster_tests_started - up_time)) "$([ $cluster_status = 0 ] || echo "  FAILED")"
 echo "=== the cluster tests (target/test-cluster.log)" >&2
 cat target/test-cluster.log
 if [ $status != 0 ] || [ $cluster_status != 0 ]; then
