@@ -427,7 +427,10 @@ fn sigkill_mid_run_leaves_no_marker_and_the_rerun_resumes_with_progress_and_metr
     assert!(!out.path().join(MARKER).exists(), "no marker after a kill");
     assert!(!out.path().join("weights.safetensors").exists(), "nothing that looks complete");
 
-    let mut again = init("model", out.path(), &args[..4], &env);
+    // The killed run's lock is taken over once stale: after 3 s, not the
+    // default 30 s (the take-over itself is the next test's).
+    let stale = [env[0], env[1], ("TRAINLET_INIT_STALE_SECS", "3")];
+    let mut again = init("model", out.path(), &args[..4], &stale);
     assert_eq!(again.code(LIMIT), 0, "{}", again.stderr());
     let err = again.stderr();
     assert!(err.contains("resuming:") && err.contains("of partial files kept"), "{err}");

@@ -258,8 +258,8 @@ fn wait_for_webhook_to_find(runtime: &str) -> Result<(), String> {
     loop {
         let (_, out) = kubectl_stdin(&["create", "--dry-run=server", "-f", "-"], &probe);
         // Not found by the cache yet, or the webhook not reachable yet.
-        let lagging = out.contains("specified clusterTrainingRuntime must be created")
-            || out.contains("failed calling webhook");
+        let lagging =
+            out.contains("specified clusterTrainingRuntime must be created") || out.contains("failed calling webhook");
         if !lagging {
             return Ok(());
         }
@@ -267,7 +267,9 @@ fn wait_for_webhook_to_find(runtime: &str) -> Result<(), String> {
             return Err(format!("Trainer's webhook still does not find {runtime} 120 s after its apply: {out}"));
         }
         if !said {
-            eprintln!("waiting for Trainer's webhook to find the ClusterTrainingRuntime {runtime} (its cache lags the API server)");
+            eprintln!(
+                "waiting for Trainer's webhook to find the ClusterTrainingRuntime {runtime} (its cache lags the API server)"
+            );
             said = true;
         }
         std::thread::sleep(Duration::from_millis(500));
