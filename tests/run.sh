@@ -44,6 +44,13 @@ cluster_up=
 finish() {
   local status=$?
   set +e
+  # A step that failed while another ran beside it (the release build, the
+  # cluster tests): that one and what it started end with this script.
+  local job
+  for job in $(jobs -p); do
+    pkill -TERM -P "$job" 2>/dev/null
+    kill -TERM "$job" 2>/dev/null
+  done
   if [ -n "$cluster_up" ]; then
     # A failed run keeps the cluster's logs (target/cluster/kept-logs).
     local keep=()
