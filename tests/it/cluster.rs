@@ -34,8 +34,8 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use crate::support::cluster::{
-    api_server, apply_file, cluster, get_json, job_on, kubectl, kubectl_command, kubectl_stdin, logs_of, mounts_patch,
-    pods_of, run_dir, set_namespace, shared,
+    api_server, apply_file, cluster, cluster_runtimes, get_json, job_on, kubectl, kubectl_command, kubectl_stdin,
+    logs_of, mounts_patch, pods_of, run_dir, set_namespace, shared,
 };
 use crate::util::repo;
 
@@ -166,9 +166,9 @@ fn every_runtime_goes_through_the_real_trainer_and_jobset_to_pods_that_carry_tra
         let (ok, out) = apply_file(Path::new(file));
         assert!(ok, "Trainer refused {file}: {out}");
         let text = std::fs::read_to_string(file).expect("read");
-        let name = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("name: trainlet-"))
+        let name = cluster_runtimes(&text)
+            .first()
+            .and_then(|n| n.strip_prefix("trainlet-"))
             .unwrap_or_else(|| panic!("{file} names no trainlet-* runtime"))
             .to_string();
         let job = format!(

@@ -236,7 +236,7 @@ pub fn apply_file(file: &Path) -> (bool, String) {
 
 /// The names of the ClusterTrainingRuntimes in a manifest (its documents
 /// split at `---`; the name is the first `  name:` under `metadata:`).
-fn cluster_runtimes(manifest: &str) -> Vec<String> {
+pub fn cluster_runtimes(manifest: &str) -> Vec<String> {
     manifest
         .split("\n---")
         .filter(|doc| doc.lines().any(|l| l.trim_end() == "kind: ClusterTrainingRuntime"))
