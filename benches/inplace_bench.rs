@@ -20,8 +20,12 @@
 //! Both trainlet ways run with `TRAINLET_PRELOAD=torch` (and, in the full
 //! run, without). Ratios: cold pod / in place, cold pod / trainlet's
 //! restart, and trainlet's restart / in place (what a container restart
-//! costs over trainlet's own restart). The gate (`gate.rs`) runs each way
-//! once; `compare -- inplace` three times, and also without the preload.
+//! costs over trainlet's own restart), each from the medians. The gate
+//! (`gate.rs`) runs each way once; `compare -- inplace` three times, and
+//! also without the preload. Trainlet's restart takes well under a second
+//! idle and one or two with both CPUs busy, so one job of that way is
+//! killed three times (`PET_MAX_RESTARTS=3`, `KILLS=3`) and gives three
+//! samples: a single one made the ratio a draw of the scheduler.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -58,21 +62,39 @@ fn cold_runtime(plain: &str) -> String {
 }
 
 /// One way to recover: its runtime's manifest, the runtime's name, the
-/// TrainJob's command and extra env.
+/// TrainJob's command and extra env, and how many times one job of it is
+/// killed (each kill one sample; the env must let the job recover as often).
 struct Way {
     name: &'static str,
     manifest: String,
     runtime: &'static str,
     command: &'static str,
     env: &'static [(&'static str, &'static str)],
+    kills: usize,
 }
 
 fn read_time(path: &Path) -> Option<f64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-/// Run `way` once: the death to the first step on all 4 ranks.
-fn once(way: &Way, job: &str) -> Result<Duration, String> {
+/// The recoveries of a run whose marks are all in `marks`, in order: each
+/// death to the first step after it on all 4 ranks; None while one is
+/// missing.
+fn recoveries(marks: &Path, kills: usize) -> Option<Vec<Duration>> {
+    (0..kills)
+        .map(|k| {
+            let killed = read_time(&marks.join(format!("killed.{k}")))?;
+            let firsts: Vec<f64> =
+                (0..4).map(|r| read_time(&marks.join(format!("first.{}.{r}", k + 1)))).collect::<Option<_>>()?;
+            let last = firsts.iter().copied().fold(f64::MIN, f64::max);
+            Some(Duration::from_secs_f64((last - killed).max(0.0)))
+        })
+        .collect()
+}
+
+/// Run one job of `way`: each of its `kills` deaths to the first step after
+/// it on all 4 ranks.
+fn once(way: &Way, job: &str) -> Result<Vec<Duration>, String> {
     let marks = tempfile::tempdir().map_err(|e| e.to_string())?;
     std::fs::set_permissions(marks.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777))
         .map_err(|e| e.to_string())?;
@@ -81,7 +103,8 @@ fn once(way: &Way, job: &str) -> Result<Duration, String> {
         return Err(format!("the {} runtime: {out}", way.name));
     }
     let benches = repo().join("benches");
-    let mut env = vec![("MARK_DIR", "/marks")];
+    let kills = way.kills.to_string();
+    let mut env = vec![("MARK_DIR", "/marks"), ("KILLS", kills.as_str())];
     env.extend_from_slice(way.env);
     let manifest = job_on(
         way.runtime,
@@ -96,14 +119,15 @@ fn once(way: &Way, job: &str) -> Result<Duration, String> {
     }
     let until = Instant::now() + Duration::from_secs(600);
     let result = loop {
-        let firsts: Vec<f64> = (0..4).filter_map(|r| read_time(&marks.path().join(format!("first.{r}")))).collect();
-        if let (Some(killed), 4) = (read_time(&marks.path().join("killed")), firsts.len()) {
-            let last = firsts.iter().copied().fold(f64::MIN, f64::max);
-            break Ok(Duration::from_secs_f64((last - killed).max(0.0)));
+        if let Some(took) = recoveries(marks.path(), way.kills) {
+            break Ok(took);
         }
         if Instant::now() > until {
             let pods: Vec<String> = pods_of(job).values().map(|p| p["status"].to_string()).collect();
-            break Err(format!("{}: no first step after the death within 600 s; pods: {pods:?}", way.name));
+            break Err(format!(
+                "{}: not every one of {} deaths followed by a first step within 600 s; pods: {pods:?}",
+                way.name, way.kills
+            ));
         }
         std::thread::sleep(Duration::from_millis(100));
     };
@@ -119,18 +143,19 @@ fn once(way: &Way, job: &str) -> Result<Duration, String> {
     result
 }
 
-/// A way run by trainlet: its runtime and the extra env.
+/// A way run by trainlet: its runtime, the extra env and the kills per job.
 fn by_trainlet(
     name: &'static str,
     manifest: &str,
     runtime: &'static str,
     env: &'static [(&'static str, &'static str)],
+    kills: usize,
 ) -> Way {
-    Way { name, manifest: manifest.to_string(), runtime, command: "[torchrun, /bench/inplace_steps.py]", env }
+    Way { name, manifest: manifest.to_string(), runtime, command: "[torchrun, /bench/inplace_steps.py]", env, kills }
 }
 
-/// The ways, `runs` times each (interleaved), and their rows from the
-/// medians: in place and trainlet's restart with `TRAINLET_PRELOAD=torch`
+/// The ways, `runs` jobs each (interleaved; trainlet's restart killed three
+/// times per job, the others once), and their rows from the medians: in place and trainlet's restart with `TRAINLET_PRELOAD=torch`
 /// against the cold pod, and against each other; with `all`, also both
 /// without the preload against the cold pod.
 pub fn restarts(rows: &mut Vec<Row>, runs: usize, all: bool) {
@@ -143,12 +168,13 @@ pub fn restarts(rows: &mut Vec<Row>, runs: usize, all: bool) {
     let plain = std::fs::read_to_string(repo().join("runtimes/torch-distributed.yaml")).expect("runtime");
     let preload = &[("TRAINLET_PRELOAD", "torch")];
     let mut ways = vec![
-        by_trainlet("in place, preload", &inplace, "trainlet-torch-distributed-inplace", preload),
+        by_trainlet("in place, preload", &inplace, "trainlet-torch-distributed-inplace", preload, 1),
         by_trainlet(
             "trainlet's restart, preload",
             &plain,
             "trainlet-torch-distributed",
-            &[("PET_MAX_RESTARTS", "1"), ("TRAINLET_PRELOAD", "torch")],
+            &[("PET_MAX_RESTARTS", "3"), ("TRAINLET_PRELOAD", "torch")],
+            3,
         ),
         Way {
             name: "cold pod",
@@ -156,24 +182,27 @@ pub fn restarts(rows: &mut Vec<Row>, runs: usize, all: bool) {
             runtime: "bench-torchrun-cold",
             command: "[python3, -m, torch.distributed.run, /bench/inplace_steps.py]",
             env: &[],
+            kills: 1,
         },
     ];
     if all {
-        ways.push(by_trainlet("in place", &inplace, "trainlet-torch-distributed-inplace", &[]));
+        ways.push(by_trainlet("in place", &inplace, "trainlet-torch-distributed-inplace", &[], 1));
         ways.push(by_trainlet(
             "trainlet's restart",
             &plain,
             "trainlet-torch-distributed",
-            &[("PET_MAX_RESTARTS", "1")],
+            &[("PET_MAX_RESTARTS", "3")],
+            3,
         ));
     }
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); ways.len()];
     for run in 0..runs {
         for (i, way) in ways.iter().enumerate() {
             match once(way, &format!("bench-{i}-{run}")) {
-                Ok(d) => {
-                    eprintln!("inplace bench: {}: {:.2} s", way.name, d.as_secs_f64());
-                    times[i].push(d);
+                Ok(took) => {
+                    let each: Vec<String> = took.iter().map(|d| format!("{:.2} s", d.as_secs_f64())).collect();
+                    eprintln!("inplace bench: {}: {}", way.name, each.join(", "));
+                    times[i].extend(took);
                 }
                 Err(e) => eprintln!("inplace bench: {e}"),
             }
