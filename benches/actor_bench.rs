@@ -14,18 +14,6 @@
 //!   against the same cold torchrun start;
 //! - survivors recovery: the same with `restart="survivors"` (only rank 3
 //!   is instantiated again; ranks 0-2 keep their processes and rejoin).
-//!
-//! The call overhead is measured in a run of its own, with the pods (their
-//! workers too) and the driver at a raised scheduling priority (`nice -n
-//! -10`, [`Priority::Raised`]), the rest at the default one. Its goal is
-//! an absolute time on loopback: a call crosses about fifteen process and
-//! thread wake-ups, and each waits for a CPU that other work of the
-//! machine holds, so with both CPUs kept busy by two shell loops the
-//! median went from 1.9 ms to 3.6-5.9 ms at the default priority, and the
-//! row measured the machine's load, not the call (2.6 ms raised). The
-//! HTTP floor is measured in the same run, interleaved, so that ratio
-//! stays side by side. Redeploys and recoveries run at the default
-//! priority: their reference (a cold torchrun start) does.
 
 use std::process::Command;
 use std::time::Duration;
@@ -37,49 +25,9 @@ use super::{Row, bench_file, median, ms, quiet, time_row};
 /// The call-overhead goal (issue 26): median under 5 ms on loopback.
 pub const CALL_GOAL: Duration = Duration::from_millis(5);
 
-/// The niceness of a [`Priority::Raised`] run.
-const RAISED_NICE: &str = "-10";
-
-/// The scheduling priority of the pods, their workers and the driver.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Priority {
-    /// The machine's default (what the references run at).
-    Default,
-    /// `nice -n -10`: ahead of the machine's other work, for the call
-    /// overhead (see the module doc). Needs CAP_SYS_NICE (root).
-    Raised,
-}
-
-/// Whether this process may raise a child's priority (`nice -n -10 nice`
-/// prints the niceness it ran at).
-fn can_raise() -> bool {
-    Command::new("nice")
-        .args(["-n", RAISED_NICE, "nice"])
-        .stderr(std::process::Stdio::null())
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == RAISED_NICE)
-}
-
-/// `cmd` run through `nice -n -10` (its env, and nothing else, carried
-/// over: the callers set no directory or stdio before this).
-fn raised(cmd: &Command) -> Command {
-    let mut out = Command::new("nice");
-    out.args(["-n", RAISED_NICE]).arg(cmd.get_program()).args(cmd.get_args());
-    for (k, v) in cmd.get_envs() {
-        match v {
-            Some(v) => out.env(k, v),
-            None => out.env_remove(k),
-        };
-    }
-    out
-}
-
 /// What one driver run measured.
 #[derive(Debug)]
 pub struct Measured {
-    /// The priority it ran at ([`Priority::Raised`] asked for but refused
-    /// reads [`Priority::Default`]).
-    pub priority: Priority,
     /// No-op calls, in order.
     pub calls: Vec<Duration>,
     /// `GET /v1/status` round trips, interleaved with the calls.
@@ -96,21 +44,10 @@ fn secs(v: &serde_json::Value) -> Vec<Duration> {
     v.as_array().map(|a| a.iter().filter_map(|s| s.as_f64()).map(Duration::from_secs_f64).collect()).unwrap_or_default()
 }
 
-/// Start 2 x 2 served pods with `--preload torch` and run the driver, all
-/// at `priority` (where this process may raise it; else at the default,
-/// said on stderr): `calls` no-op calls, `redeploys` redeploys,
-/// `recoveries` recoveries in each mode (default, survivors).
-pub fn measure(calls: usize, redeploys: usize, recoveries: (usize, usize), priority: Priority) -> Measured {
-    let priority = match priority {
-        Priority::Raised if !can_raise() => {
-            eprintln!(
-                "actor bench: cannot raise the priority (nice -n {RAISED_NICE} needs CAP_SYS_NICE: run as root); measuring at the default"
-            );
-            Priority::Default
-        }
-        p => p,
-    };
-    let at = |cmd: Command| if priority == Priority::Raised { raised(&cmd) } else { cmd };
+/// Start 2 x 2 served pods with `--preload torch` and run the driver:
+/// `calls` no-op calls, `redeploys` redeploys, `recoveries` recoveries in
+/// each mode (default, survivors).
+pub fn measure(calls: usize, redeploys: usize, recoveries: (usize, usize)) -> Measured {
     let dir = tempfile::tempdir().expect("tmp");
     let token = dir.path().join("token");
     std::fs::write(&token, "bench").expect("token");
@@ -133,12 +70,12 @@ pub fn measure(calls: usize, redeploys: usize, recoveries: (usize, usize), prior
                     "--serve-dir",
                     &serve_dir,
                 ];
-                quiet(&mut at(trainlet_pod(node, port, &args))).spawn().expect("pod")
+                quiet(&mut trainlet_pod(node, port, &args)).spawn().expect("pod")
             })
             .collect(),
     );
     let trainer = repo().join("tests/fixtures/actor_trainer.py");
-    let out = at(Command::new(python()))
+    let out = Command::new(python())
         .arg(bench_file("actor_driver.py"))
         .arg(format!("http://127.0.0.1:{control}"))
         .arg(&token)
@@ -155,7 +92,6 @@ pub fn measure(calls: usize, redeploys: usize, recoveries: (usize, usize), prior
         String::from_utf8_lossy(&out.stderr)
     );
     let mut m = Measured {
-        priority,
         calls: Vec::new(),
         status: Vec::new(),
         redeploy: Vec::new(),
@@ -197,13 +133,9 @@ pub fn rows(rows: &mut Vec<Row>, m: &Measured, cold: Duration) {
         let (call, call99) = (median(m.calls.clone()), p99(m.calls.clone()));
         let (http, http99) = (median(m.status.clone()), p99(m.status.clone()));
         let n = m.calls.len();
-        let at = match m.priority {
-            Priority::Raised => "at nice -10",
-            Priority::Default => "at the default priority",
-        };
         rows.push(Row {
             name: format!(
-                "actor call overhead: noop() on 2 pods x 2 workers, Python client -> every rank -> results, {at}, median of {n} (p99 {}), vs GET /v1/status with the same client (the HTTP floor, p99 {})",
+                "actor call overhead: noop() on 2 pods x 2 workers, Python client -> every rank -> results, median of {n} (p99 {}), vs GET /v1/status with the same client (the HTTP floor, p99 {})",
                 ms(call99),
                 ms(http99)
             ),
@@ -255,13 +187,10 @@ pub fn rows(rows: &mut Vec<Row>, m: &Measured, cold: Duration) {
     }
 }
 
-/// `compare -- actors`: 1,000 calls at the raised priority; 5 redeploys,
-/// 5 recoveries in each mode and 3 cold torchrun starts (after the pods are
-/// stopped) at the default one.
+/// `compare -- actors`: 1,000 calls, 5 redeploys, 5 recoveries in each
+/// mode, 3 cold torchrun starts (after the pods are stopped).
 pub fn actors(out: &mut Vec<Row>) {
-    let calls = measure(1000, 0, (0, 0), Priority::Raised);
-    let rest = measure(0, 5, (5, 5), Priority::Default);
+    let m = measure(1000, 5, (5, 5));
     let cold = median((0..3).map(|_| torchrun_cold()).collect());
-    rows(out, &calls, cold);
-    rows(out, &rest, cold);
+    rows(out, &m, cold);
 }

@@ -25,9 +25,24 @@
 //! `target/bench-compare.md`. `mpi` and `sshd` compare against OpenSSH
 //! (`mpi_bench.rs`); `pmi` runs MPI without SSH against `mpirun` over
 //! OpenSSH and over trainlet's SSH (`pmi_bench.rs`).
+//!
+//! Every benchmark runs ahead of the machine's other work: the binary
+//! starts itself again under `nice -n -10` (root or CAP_SYS_NICE; without,
+//! it says so and measures at the default priority), so both sides of
+//! every row, and their children, run at that priority. A ratio of two
+//! launchers that cross different numbers of process and thread wake-ups
+//! is not the same ratio on a loaded machine: each wake-up waits for a CPU
+//! that other work holds. With both CPUs kept busy by two shell loops
+//! (2026-11-28), at the default priority, trainlet's launch of 1 x
+//! /bin/true went from 14 ms idle to 22-36 ms against the bare floor's
+//! 3.8-6.1 ms (0.12x-0.17x, floor 0.13x), and an actor call's median from
+//! 1.9 ms to 3.6-5.9 ms against its absolute 5 ms goal; at nice -10,
+//! 0.21x and 2.6 ms. The cluster's pods (`inplace`) are the kubelet's
+//! children and keep its priority; all three ways there share it.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -675,7 +690,38 @@ fn pinning_cost(rows: &mut Vec<Row>) {
     });
 }
 
+/// The niceness every benchmark runs at (see the module doc).
+const NICE: &str = "-10";
+/// Set in the environment of the binary started again under `nice`.
+const NICED: &str = "TRAINLET_BENCH_NICED";
+
+/// Replace this process by this binary under `nice -n -10` (the same pid,
+/// so whoever waits on it or signals it reaches the measuring run), once:
+/// not when [`NICED`] says this is that run. Returns when it measures here,
+/// at the default priority: the priority cannot be raised (said on stderr).
+fn ahead_of_other_work() {
+    if std::env::var_os(NICED).is_some() {
+        return;
+    }
+    // `nice` prints the niceness it ran at.
+    let raised = Command::new("nice")
+        .args(["-n", NICE, "nice"])
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == NICE);
+    let exe = std::env::current_exe();
+    let (true, Ok(exe)) = (raised, exe) else {
+        eprintln!(
+            "compare: cannot raise the priority (nice -n {NICE} needs root or CAP_SYS_NICE); measuring at the default priority, where a loaded machine lowers some ratios (benches/compare.rs)"
+        );
+        return;
+    };
+    let e = Command::new("nice").args(["-n", NICE]).arg(exe).args(std::env::args_os().skip(1)).env(NICED, NICE).exec();
+    eprintln!("compare: cannot start itself again under nice ({e}); measuring at the default priority");
+}
+
 fn main() -> std::process::ExitCode {
+    ahead_of_other_work();
     let hard = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_or(4096, |(_, h)| h);
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
     let _ = python(); // says what to run when torch is missing

@@ -81,12 +81,10 @@ fn measure() -> Vec<(&'static str, Row)> {
     let mut rows = Vec::new();
     let cold = serve_bench::redeploy(&mut rows, (3, 0, 2));
     take(&["redeploy_vs_torchrun_cold"], rows);
-    // Actors: 200 calls at the raised priority (actor_bench's module doc);
-    // against the same cold torchrun start, 3 redeploys and 3 recoveries in
-    // each mode at the default one.
+    // Actors, against the same cold torchrun start: 200 calls, 3 redeploys,
+    // 3 recoveries in each mode.
     let mut rows = Vec::new();
-    actor_bench::rows(&mut rows, &actor_bench::measure(200, 0, (0, 0), actor_bench::Priority::Raised), cold);
-    actor_bench::rows(&mut rows, &actor_bench::measure(0, 3, (3, 3), actor_bench::Priority::Default), cold);
+    actor_bench::rows(&mut rows, &actor_bench::measure(200, 3, (3, 3)), cold);
     take(
         &[
             "actor_call_vs_http_floor",

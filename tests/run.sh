@@ -82,10 +82,12 @@ step "python client" client_check
 unset RUSTFLAGS RUSTC_WORKSPACE_WRAPPER
 step fmt cargo fmt --check
 
-# The two builds at once: the release build ends in about 230 s on one CPU
+# The builds at once: the release build ends in about 230 s on one CPU
 # (the trainlet crate with one codegen unit, then fat LTO), which the test
-# build and the cluster build fill. The release binary is needed by the
-# images (the container tests, the cluster's nodes) and the gate.
+# build, the cluster build and then the first tests fill. The release
+# binary is needed by the images (the container tests and the cluster's
+# nodes: tests/images.sh waits on cargo's lock until it is built) and the
+# gate.
 release_build() {
   local started=$SECONDS status=0
   cargo build --locked --release >target/release-build.log 2>&1 || status=$?
@@ -119,23 +121,28 @@ step "test build (clippy's lints in it)" test_build || build_status=$?
 # The real Kubernetes, JobSet and Trainer of tests/it/cluster.rs, from their
 # Go modules (about 13 minutes cold on 2 cores, cached under target/cluster).
 [ $build_status != 0 ] || step "cluster build" bash tests/cluster.sh build || build_status=$?
-release_status=0
-wait "$release_pid" || release_status=$?
-read -r release_time _ <target/release-build.time || release_time=0
-row "release build (beside the two)" "$release_time" "$([ $release_status = 0 ] || echo "  FAILED")"
-if [ $release_status != 0 ]; then
-  tail -40 target/release-build.log >&2
-  echo "error: cargo build --release failed; its log: target/release-build.log" >&2
-  exit 1
-fi
 [ $build_status = 0 ] || exit $build_status
-kind=$(file target/x86_64-unknown-linux-gnu/release/trainlet)
-echo "$kind"
-if ! grep -Eq "static-pie linked|statically linked" <<<"$kind"; then
-  echo "error: the release binary is not statically linked" >&2
-  exit 1
-fi
-echo "release binary is statically linked"
+# The release build's end, its row and its check come after the other
+# tests (below): they start while its one-CPU tail still runs.
+release_check() {
+  local release_status=0 release_time
+  wait "$release_pid" || release_status=$?
+  read -r release_time _ <target/release-build.time || release_time=0
+  row "release build (beside the builds, tests)" "$release_time" "$([ $release_status = 0 ] || echo "  FAILED")"
+  if [ $release_status != 0 ]; then
+    tail -40 target/release-build.log >&2
+    echo "error: cargo build --release failed; its log: target/release-build.log" >&2
+    exit 1
+  fi
+  local kind
+  kind=$(file target/x86_64-unknown-linux-gnu/release/trainlet)
+  echo "$kind"
+  if ! grep -Eq "static-pie linked|statically linked" <<<"$kind"; then
+    echo "error: the release binary is not statically linked" >&2
+    exit 1
+  fi
+  echo "release binary is statically linked"
+}
 
 # The cluster tests (tests/it/cluster*, `cluster::`) run in a process of
 # their own beside the others: they mostly wait on pods. The `it` binary is
@@ -192,6 +199,7 @@ awk '/^ *Running /{ p = $NF; sub(/.*\//, "", p); sub(/-[0-9a-f]+\)$/, "", p); na
   /^ *Doc-tests /{ name = "doc-tests " $2 }
   /^test result:/{ t = $NF; sub(/s$/, "", t); printf "  %-32s %6.0f s\n", name, t }' target/test.log >target/test-binaries.txt
 while IFS= read -r line; do rows+=("$line"); done <target/test-binaries.txt
+release_check
 cluster_status=0
 wait "$cluster_tests" || cluster_status=$?
 read -r up_time up_failed <target/cluster-up.time || { up_time=0; up_failed=FAILED; }
