@@ -9,6 +9,21 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Runs the fixture (argv: this process's pid, the script, its arguments)
+/// as `python script args...` would, killed with SIGKILL when the thread
+/// that started it ends (`PR_SET_PDEATHSIG`): a test run that is killed
+/// (no `Drop`) leaves no server behind in its own process group. The
+/// servers live inside one test, on the thread that started them.
+const DIE_WITH_PARENT: &str = "\
+import ctypes, os, runpy, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+if os.getppid() != int(sys.argv[1]):
+    os._exit(70)  # the parent ended before prctl
+sys.argv = sys.argv[2:]
+sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name='__main__')
+";
+
 /// A running fixture server.
 pub struct Server {
     child: Child,
@@ -25,6 +40,8 @@ impl Server {
         let ports = dir.path().join("ports");
         let log = std::fs::File::create(dir.path().join("log")).expect("log");
         let child = Command::new(python)
+            .args(["-c", DIE_WITH_PARENT])
+            .arg(std::process::id().to_string())
             .arg(script)
             .args(args)
             .arg("--port-file")
