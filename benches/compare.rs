@@ -37,8 +37,9 @@
 //! /bin/true went from 14 ms idle to 22-36 ms against the bare floor's
 //! 3.8-6.1 ms (0.12x-0.17x, floor 0.13x), and an actor call's median from
 //! 1.9 ms to 3.6-5.9 ms against its absolute 5 ms goal; at nice -10, in
-//! ten gate runs, 0.18x-0.28x and 1.9-3.8 ms. The cluster's pods (`inplace`) are the kubelet's
-//! children and keep its priority; all three ways there share it.
+//! ten gate runs, 0.18x-0.28x and 1.9-3.8 ms. The cluster's pods
+//! (`inplace`) are the kubelet's children and keep its priority; all three
+//! ways there share it.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;

@@ -155,9 +155,10 @@ fn by_trainlet(
 }
 
 /// The ways, `runs` jobs each (interleaved; trainlet's restart killed three
-/// times per job, the others once), and their rows from the medians: in place and trainlet's restart with `TRAINLET_PRELOAD=torch`
-/// against the cold pod, and against each other; with `all`, also both
-/// without the preload against the cold pod.
+/// times per job, the others once), and their rows from the medians: in
+/// place and trainlet's restart with `TRAINLET_PRELOAD=torch` against the
+/// cold pod, and against each other; with `all`, also both without the
+/// preload against the cold pod.
 pub fn restarts(rows: &mut Vec<Row>, runs: usize, all: bool) {
     // The test run's cluster when it is still up, else one of this
     // process's own, stopped when the process ends.
