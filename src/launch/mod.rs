@@ -277,7 +277,7 @@ async fn run_job(
         let (run_plan, idle) = match served.as_mut() {
             Some(sv) => match sv.work(&session, &round, &mut events, &plan).await {
                 serve::Work::Run => (Some(sv.plan_for(&plan)), None),
-                serve::Work::Idle(o) => (None, Some(o)),
+                serve::Work::Idle(o) => (Some(sv.idle_plan(&plan)), Some(o)),
                 serve::Work::Shutdown => {
                     let _ = session.leave(&round, plan.serve_store, LEAVE_WAIT).await;
                     session.bye().await;
@@ -445,7 +445,10 @@ async fn run_job(
             "round decided"
         );
         match agreed {
-            Verdict::Success if served.as_ref().is_some_and(serve::Served::running) => {
+            // A serving pod outlives every run's verdict, whatever phase it
+            // was in when the round ended (a setup step cut short, idle):
+            // only the control API or the idle timeout ends it.
+            Verdict::Success if served.is_some() => {
                 let world = round.nnodes * plan.nproc;
                 if let Some(sv) = served.as_mut() {
                     sv.run_over(RunState::Succeeded, world, &all_failures, None).await;
@@ -504,7 +507,7 @@ async fn run_job(
                 let failed = fail_code(kind, &all_failures);
                 let code = failed.0;
                 let written = report(plan, &log_root, failed, &history, &rounds);
-                if let Some(sv) = served.as_mut().filter(|sv| sv.running()) {
+                if let Some(sv) = served.as_mut() {
                     sv.run_over(RunState::Failed, round.nnodes * plan.nproc, &all_failures, Some(&written)).await;
                     (history, rounds) = (Vec::new(), Vec::new());
                     let _ = session.finish_round(round.number).await;

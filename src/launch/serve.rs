@@ -53,6 +53,9 @@ struct Current {
     shipper: Shipper,
     /// Its workers' bridge, when it is an actor.
     bridge: Option<Bridge>,
+    /// This pod applied the run's setup steps: its workers can start. Not
+    /// yet when a round's end cut a step short: begun again next round.
+    ready: bool,
 }
 
 /// This pod's part of serve mode.
@@ -77,6 +80,10 @@ pub(super) struct Served {
     spawner: Spawner,
     /// The setup steps this pod applied for the current run.
     steps: Vec<Step>,
+    /// The run that was not over when this pod's idle round ended (its
+    /// workers may have ended the round elsewhere): the round is judged
+    /// by its restarts, as the pods that ran it judge it.
+    judged: Option<Run>,
     /// Wakes the measure of the cache's use (a round ended).
     cache_poke: Arc<tokio::sync::Notify>,
 }
@@ -183,6 +190,7 @@ impl Served {
             refusing: false,
             spawner: spawner.clone(),
             steps: Vec::new(),
+            judged: None,
         }))
     }
 
@@ -207,6 +215,7 @@ impl Served {
                 b.set_world(World { round: round.number, nnodes: round.nnodes, pods });
             }
         }
+        self.judged = None;
         // The go signal that last woke this pod.
         let mut fired = None;
         loop {
@@ -262,7 +271,7 @@ impl Served {
             if let (Some(run), Some(sc)) = (newest.filter(|r| r.seq > self.ended), &scope) {
                 match self.link.ended(&token, sc, run.seq, &run.id).await {
                     Ok(None) => {
-                        if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq)
+                        if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq || !c.ready)
                             && let Some(stopped) = self.begin(run, plan, (events, session, round)).await
                         {
                             return stopped;
@@ -272,7 +281,7 @@ impl Served {
                     Ok(Some(Err(why))) => {
                         // A marker that is not the control API's does not end a run.
                         self.refuse("an end marker", &why);
-                        if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq)
+                        if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq || !c.ready)
                             && let Some(stopped) = self.begin(run, plan, (events, session, round)).await
                         {
                             return stopped;
@@ -341,9 +350,21 @@ impl Served {
                 }
             };
             if let Some(w) = out {
+                if matches!(w, Work::Idle(Outcome::Regroup)) {
+                    self.judged = self.unended().await;
+                }
                 return w;
             }
         }
+    }
+
+    /// The newest run, when it is not over (None when it cannot be read).
+    async fn unended(&mut self) -> Option<Run> {
+        let token = crate::serve::read_token(&self.token_file).ok()?;
+        let scope = self.scope.clone()?;
+        let run = self.link.newest(&token, &scope).await.ok()??.ok()?;
+        let over = matches!(self.link.ended(&token, &scope, run.seq, &run.id).await, Ok(Some(Ok(_))));
+        (run.seq > self.ended && !over).then_some(run)
     }
 
     /// Pods of round `r` by group rank, from its members record.
@@ -362,30 +383,28 @@ impl Served {
         plan: &Plan,
         (events, session, round): (&mut UnboundedReceiver<SysEvent>, &Session, &Round),
     ) -> Option<Work> {
-        let started = std::time::Instant::now();
-        let (dir, unstartable) = match files::materialize(&mut self.link, &self.conf.dir, &run).await {
-            Ok((dir, fetched)) => {
-                tracing::info!(run = %run.id, dir = %dir.display(), files = run.files.len(), fetched_bytes = fetched, took_ms = started.elapsed().as_millis(), "run's files in place");
-                (Some(dir), None)
-            }
-            Err(e) => {
-                let why = format!("cannot unpack the run's files: {}", crate::error::error_chain(&e));
-                tracing::error!(run = %run.id, "{why}");
-                (None, Some(why))
+        // Begun before and cut short in its setup: its files and shipper stay.
+        let (dir, unstartable, shipper) = match self.current.take().filter(|c| c.run.seq == run.seq) {
+            Some(c) => (c.dir, c.unstartable, c.shipper),
+            None => {
+                let (dir, unstartable) = self.unpack(&run).await;
+                let command: Vec<String> = run.command.iter().map(|w| shown(w)).collect();
+                tracing::info!(run = %run.id, command = %command.join(" "), "starting a served run");
+                (dir, unstartable, Shipper::start(Link::new(self.dial.clone(), &self.base), run.seq))
             }
         };
-        let command: Vec<String> = run.command.iter().map(|w| shown(w)).collect();
-        tracing::info!(run = %run.id, command = %command.join(" "), "starting a served run");
-        let shipper = Shipper::start(Link::new(self.dial.clone(), &self.base), run.seq);
         let spawner = self.spawner.clone();
         let pod = super::setup::Pod { plan, spawner: &spawner, tap: Some(shipper.tap()) };
         let end = session.watch_end(round.number);
         let mut end: super::setup::RoundEnd = Box::pin(async move { end.await.1 });
         let unstartable = match self.setup(&pod, (events, &mut end)).await {
             Err(super::setup::Stop::Signal(s)) => return Some(Work::Idle(Outcome::Stopped(s))),
-            // Not begun: the next round begins it again, if it is not over.
+            // Not ready: the next round begins it again, if it is not over.
+            // It stays current, so that this pod judges the round by the
+            // run's restarts like the pods whose workers ran.
             Err(super::setup::Stop::Ended(why)) => {
                 tracing::info!(run = %run.id, end = %why, "the run's setup was cut short by the end of the round");
+                self.current = Some(Current { run, dir, unstartable, shipper, bridge: None, ready: false });
                 return Some(Work::Idle(Outcome::Regroup));
             }
             Err(super::setup::Stop::Failed(why)) => {
@@ -401,8 +420,24 @@ impl Served {
                 (None, unstartable.or(Some(why)))
             }
         };
-        self.current = Some(Current { run, dir, unstartable, shipper, bridge });
+        self.current = Some(Current { run, dir, unstartable, shipper, bridge, ready: true });
         None
+    }
+
+    /// The run's files in place under the serve directory (or why not).
+    async fn unpack(&mut self, run: &Run) -> (Option<PathBuf>, Option<String>) {
+        let started = std::time::Instant::now();
+        match files::materialize(&mut self.link, &self.conf.dir, run).await {
+            Ok((dir, fetched)) => {
+                tracing::info!(run = %run.id, dir = %dir.display(), files = run.files.len(), fetched_bytes = fetched, took_ms = started.elapsed().as_millis(), "run's files in place");
+                (Some(dir), None)
+            }
+            Err(e) => {
+                let why = format!("cannot unpack the run's files: {}", crate::error::error_chain(&e));
+                tracing::error!(run = %run.id, "{why}");
+                (None, Some(why))
+            }
+        }
     }
 
     /// Apply the declared setup steps this pod has not applied.
@@ -471,7 +506,24 @@ impl Served {
 
     /// The job-wide restarts before the current run.
     pub fn base_restarts(&self) -> u32 {
-        self.current.as_ref().map_or(0, |c| c.run.base_restarts)
+        self.run().map_or(0, |r| r.base_restarts)
+    }
+
+    /// The run this pod's round is judged by: the current one, or after an
+    /// idle round the one that was not over.
+    fn run(&self) -> Option<&Run> {
+        self.current.as_ref().map(|c| &c.run).or(self.judged.as_ref())
+    }
+
+    /// The plan an idle round is judged by: the pod's, with the restarts
+    /// and workers per pod of the run that was not over (if any).
+    pub fn idle_plan(&self, base: &Plan) -> Plan {
+        let mut p = base.clone();
+        if let Some(r) = self.run() {
+            p.max_restarts = r.max_restarts;
+            p.nproc = r.nproc.unwrap_or(p.nproc);
+        }
+        p
     }
 
     /// Where the current run's lines go.
@@ -520,11 +572,6 @@ impl Served {
         if let Some(c) = &self.current {
             c.shipper.flush().await;
         }
-    }
-
-    /// Is a run current (not idle)?
-    pub fn running(&self) -> bool {
-        self.current.is_some()
     }
 
     /// The current run is over everywhere: mark it in the store (every pod

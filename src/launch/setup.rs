@@ -44,8 +44,9 @@ pub(super) async fn apply(
     pod: &Pod<'_>,
     (events, end): (&mut UnboundedReceiver<SysEvent>, &mut RoundEnd),
 ) -> Result<(), Stop> {
-    let from = first_to_apply(steps, &dirs.applied());
-    if from == steps.len() {
+    let applied = dirs.applied();
+    let from = first_to_apply(steps, &applied.chain);
+    if (0..steps.len()).all(|i| !applied.runs(steps, from, i)) {
         return Ok(());
     }
     let host = &pod.plan.output.host;
@@ -57,7 +58,7 @@ pub(super) async fn apply(
     let python = pod.plan.entry.python.clone().unwrap_or_else(|| "python3".into());
     let path = std::env::var("PATH").unwrap_or_default();
     let pythonpath = std::env::var("PYTHONPATH").unwrap_or_default();
-    for (i, step) in steps.iter().enumerate().skip(from) {
+    for (i, step) in steps.iter().enumerate().filter(|(i, _)| applied.runs(steps, from, *i)) {
         let what = step.describe();
         tracing::info!(step = i + 1, of = steps.len(), what = %what, "applying a setup step");
         let started = std::time::Instant::now();
@@ -73,7 +74,15 @@ pub(super) async fn apply(
                 args.extend(a.iter().cloned());
                 (Some(python.clone()), args)
             }
-            Step::Bash(s) => (Some("bash".to_string()), vec!["-c".to_string(), s.clone()]),
+            // A file, not an argument: an argument holds at most 128 KiB
+            // (MAX_ARG_STRLEN), a step up to `serve::setup::MAX_STEP`.
+            Step::Bash(s) => {
+                let file = dirs.script();
+                std::fs::write(&file, s).map_err(|e| {
+                    Stop::Failed(format!("cannot write setup step {} to {} on pod {host}: {e}", i + 1, file.display()))
+                })?;
+                (Some("bash".to_string()), vec![file.display().to_string()])
+            }
         };
         if let Some(program) = program {
             let mut spec = WorkerSpec::piped(program, args, dirs.env(&steps[..i], &path, &pythonpath));
@@ -92,7 +101,7 @@ pub(super) async fn apply(
                 )));
             }
         }
-        dirs.record(&digests[..=i]).map_err(|e| {
+        dirs.record(&digests[..=i.max(from.saturating_sub(1))]).map_err(|e| {
             Stop::Failed(format!(
                 "cannot record the setup steps applied on pod {host} under {}: {e}",
                 dirs.root.display()

@@ -18,7 +18,11 @@ use super::spec::{env_name_refused, sha256_hex, shown};
 /// Most steps.
 const MAX_STEPS: usize = 256;
 /// Most bytes of one step (a script, the pip arguments, the variables).
-const MAX_STEP: usize = 256 * 1024;
+pub const MAX_STEP: usize = 256 * 1024;
+/// Most bytes of one pip argument or one variable (`NAME=value`): what the
+/// kernel lets one string of a command line or environment hold
+/// (MAX_ARG_STRLEN, 32 pages, with its NUL byte).
+const MAX_ARG: usize = 128 * 1024 - 1;
 
 /// One setup step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,7 +30,7 @@ const MAX_STEP: usize = 256 * 1024;
 pub enum Step {
     /// `python -m pip install --target <site> --upgrade <args>`.
     Pip(Vec<String>),
-    /// `bash -c <script>`.
+    /// `bash <file>`, the file holding the script.
     Bash(String),
     /// Variables for every later step and every worker.
     Env(BTreeMap<String, String>),
@@ -77,6 +81,16 @@ pub fn check(body: &[u8]) -> Result<Vec<Step>, String> {
         };
         if words.iter().any(|w| w.contains('\0')) {
             return Err(format!("steps[{i}]: holds a NUL byte"));
+        }
+        let longest = match step {
+            Step::Pip(a) => a.iter().map(String::len).max(),
+            Step::Env(e) => e.iter().map(|(k, v)| k.len() + 1 + v.len()).max(),
+            Step::Bash(_) => None,
+        };
+        if let Some(n) = longest.filter(|n| *n > MAX_ARG) {
+            return Err(format!(
+                "steps[{i}]: an argument or variable of {n} bytes, at most {MAX_ARG} (what one string of a command line or environment may hold); put it in a file"
+            ));
         }
     }
     Ok(s.steps)
@@ -130,6 +144,32 @@ pub fn first_to_apply(steps: &[Step], applied: &[String]) -> usize {
     chain(steps).iter().zip(applied).take_while(|(a, b)| a == b).count()
 }
 
+/// What this pod applied, as `applied.json` records it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    /// The chain of the steps applied.
+    pub chain: Vec<String>,
+    /// The agent process that applied them ([`agent`]).
+    pub agent: String,
+}
+
+impl Applied {
+    /// Does step `i` of `steps` run again, the first `from` being recorded?
+    /// Every step from `from` on; before it, a bash step when another agent
+    /// process applied it: the container it ran in (its packages, its home
+    /// directory) may be gone with that process, while the serve directory,
+    /// and the pip installs in it, stayed.
+    pub fn runs(&self, steps: &[Step], from: usize, i: usize) -> bool {
+        i >= from || (matches!(steps.get(i), Some(Step::Bash(_))) && self.agent != agent())
+    }
+}
+
+/// This agent process, among every agent that used the serve directory.
+pub fn agent() -> &'static str {
+    static AGENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    AGENT.get_or_init(|| format!("{}-{:016x}", std::process::id(), crate::sys::random_u64()))
+}
+
 /// Where a pod keeps its setup.
 #[derive(Debug, Clone)]
 pub struct Dirs {
@@ -148,6 +188,11 @@ impl Dirs {
         self.root.join("site")
     }
 
+    /// The file a bash step runs from.
+    pub fn script(&self) -> PathBuf {
+        self.root.join("step.sh")
+    }
+
     /// The steps' working directory.
     pub fn work(&self) -> PathBuf {
         self.root.join("work")
@@ -157,15 +202,22 @@ impl Dirs {
         self.root.join("applied.json")
     }
 
-    /// The chain of the steps this pod applied.
-    pub fn applied(&self) -> Vec<String> {
-        std::fs::read(self.applied_file()).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    /// What this pod applied (nothing when the record is missing or not
+    /// this version's: everything is applied again). Nothing either when
+    /// the site directory is gone: the pip installs went with it.
+    pub fn applied(&self) -> Applied {
+        let read = std::fs::read(self.applied_file()).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        match read {
+            Some(a) if self.site().is_dir() => a,
+            _ => Applied::default(),
+        }
     }
 
-    /// Record the chain of the steps applied.
+    /// Record the chain of the steps applied, by this agent.
     pub fn record(&self, chain: &[String]) -> std::io::Result<()> {
         let tmp = self.root.join(format!("applied.json.tmp{}", std::process::id()));
-        std::fs::write(&tmp, serde_json::to_vec(chain).unwrap_or_default())?;
+        let applied = Applied { chain: chain.to_vec(), agent: agent().to_string() };
+        std::fs::write(&tmp, serde_json::to_vec(&applied).unwrap_or_default())?;
         std::fs::rename(tmp, self.applied_file())
     }
 
@@ -204,7 +256,13 @@ mod tests {
         assert_eq!(first_to_apply(&[a.clone(), b.clone(), c.clone()], &applied), 2, "only the added step");
         assert_eq!(first_to_apply(&[a.clone(), c.clone(), b.clone()], &applied), 1, "from the changed one on");
         assert_eq!(first_to_apply(&[b.clone(), a.clone()], &applied), 0);
-        assert_eq!(first_to_apply(&[a, b], &[]), 0, "a new pod applies all");
+        assert_eq!(first_to_apply(&[a.clone(), b.clone()], &[]), 0, "a new pod applies all");
+        let steps = [a, b, c.clone()];
+        let mine = Applied { chain: applied.clone(), agent: agent().into() };
+        assert!(!mine.runs(&steps, 2, 0) && !mine.runs(&steps, 2, 1) && mine.runs(&steps, 2, 2));
+        let other = Applied { chain: applied, agent: "1-0".into() };
+        assert!(!other.runs(&steps, 2, 0), "pip's packages stayed in the serve directory");
+        assert!(other.runs(&steps, 2, 1), "another agent's bash step is applied again");
         let d = Dirs::new(Path::new("/s"));
         let env = d.env(&[c], "/usr/bin", "");
         assert_eq!(env[0], ("PYTHONPATH".into(), "/s/setup/site".into()));
@@ -219,6 +277,8 @@ mod tests {
             (r#"{"steps": [{"env": {"RANK": "1"}}]}"#, "RANK is set by trainlet"),
             (r#"{"steps": [{"env": {"A B": "1"}}]}"#, "not a variable name"),
             (r#"{"steps": [{"run": "x"}]}"#, "not a valid setup"),
+            (&format!(r#"{{"steps": [{{"env": {{"A": "{}"}}}}]}}"#, "x".repeat(MAX_ARG)), "at most 131071"),
+            (&format!(r#"{{"steps": [{{"pip": ["{}"]}}]}}"#, "x".repeat(MAX_ARG + 1)), "at most 131071"),
         ] {
             let e = check(body.as_bytes()).expect_err(body);
             assert!(e.contains(want), "{body}: {e}");

@@ -31,6 +31,7 @@ mod runtimes;
 mod serve;
 mod serve_door;
 mod serve_files;
+mod serve_setup;
 mod serve_store;
 mod signals;
 mod ssh;

@@ -122,7 +122,7 @@ impl Raw {
 /// One thing a client without the token tries: true when it got an answer.
 type Attempt = Box<dyn Fn(&mut Raw) -> bool>;
 
-fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool, log: impl Fn() -> String) {
+pub(crate) fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool, log: impl Fn() -> String) {
     let start = Instant::now();
     while !done() {
         assert!(start.elapsed() < limit, "{what} not within {limit:?}:\n{}", log());
@@ -130,18 +130,18 @@ fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool, log: 
     }
 }
 
-fn submit(s: &Served, body: &str) -> String {
+pub(crate) fn submit(s: &Served, body: &str) -> String {
     let (status, reply) = http(&s.url, "POST", "/v1/runs", Some(TOKEN), body);
     assert_eq!(status, 201, "{reply}\n{}", s.pods[0].stderr());
     json(&reply)["id"].as_str().expect("id").to_string()
 }
 
-fn state(s: &Served, id: &str) -> String {
+pub(crate) fn state(s: &Served, id: &str) -> String {
     let (_, body) = http(&s.url, "GET", &format!("/v1/runs/{id}"), Some(TOKEN), "");
     json(&body)["state"].as_str().unwrap_or_default().to_string()
 }
 
-fn wait_over(s: &Served, id: &str) -> String {
+pub(crate) fn wait_over(s: &Served, id: &str) -> String {
     let mut last = String::new();
     wait_until(
         "the run's end",

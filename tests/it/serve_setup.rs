@@ -1,0 +1,95 @@
+//! Serve mode's setup steps against the pods' phases (issue 40, findings
+//! 1-3): a run that fails on one pod while another is still in a setup
+//! step leaves every pod serving, a step of any accepted size runs, and a
+//! new agent process replays the bash steps its container lost.
+//! Simulated pods (one trainlet per 127.0.0.N); the steps are real bash.
+
+use std::time::Duration;
+
+use crate::serve::{Served, TOKEN, http, json, start, start_pod};
+use crate::serve_store::{submit, wait_over};
+
+fn declare(s: &Served, steps: &serde_json::Value) {
+    let body = serde_json::json!({ "steps": steps }).to_string();
+    let (status, reply) = http(&s.url, "POST", "/v1/setup", Some(TOKEN), &body);
+    assert_eq!(status, 200, "{reply}");
+}
+
+fn record(s: &Served, id: &str) -> serde_json::Value {
+    json(&http(&s.url, "GET", &format!("/v1/runs/{id}"), Some(TOKEN), "").1)
+}
+
+fn logs(s: &Served, id: &str) -> String {
+    http(&s.url, "GET", &format!("/v1/runs/{id}/logs"), Some(TOKEN), "").1
+}
+
+fn assert_serving(s: &mut Served) {
+    for (n, p) in s.pods.iter_mut().enumerate() {
+        assert!(p.child.try_wait().expect("try_wait").is_none(), "pod {n} exited:\n{}", p.stderr());
+    }
+}
+
+const PRINT_OK: &str = r#"{"command": ["python", "-c", "print('ran-ok')"], "nproc_per_node": 1}"#;
+
+/// Findings 1 and 2. A run fails on pod 0 (its setup step fails, then its
+/// worker exits 5) while pod 1 is still in a slow step, which the round's
+/// end cuts short: both pods stay up, pod 1 judges the round by the run's
+/// restarts (one restart, then failed), and the next run, with a 200 KiB
+/// step (over the 128 KiB an argument may hold), runs on both.
+#[test]
+fn a_run_that_fails_while_another_pod_is_in_a_setup_step_keeps_every_pod() {
+    let mut s = start(2, &[]);
+    declare(&s, &serde_json::json!([{ "bash": "[ \"$PET_NODE_RANK\" != 0 ] || exit 3; sleep 60" }]));
+    let id = submit(&s, r#"{"command": ["python", "-c", "print(1)"], "nproc_per_node": 1, "max_restarts": 1}"#);
+    assert_eq!(wait_over(&s, &id), "failed", "{}", s.pods[1].stderr());
+    let rec = record(&s, &id);
+    assert_eq!(rec["restarts"], 1, "the run's one restart was used, on every pod's judgement: {rec}");
+    assert!(s.pods[1].stderr().contains("cut short"), "pod 1 was in its step:\n{}", s.pods[1].stderr());
+    assert_serving(&mut s);
+
+    declare(&s, &serde_json::json!([{ "bash": "[ \"$PET_NODE_RANK\" = 0 ] || sleep 60" }]));
+    let id = submit(&s, r#"{"command": ["python", "-c", "import sys; sys.exit(5)"], "nproc_per_node": 1}"#);
+    assert_eq!(wait_over(&s, &id), "failed");
+    let rec = record(&s, &id);
+    assert_eq!(rec["ranks"][0]["exit_code"], 5, "{rec}");
+    assert_serving(&mut s);
+
+    let big = format!("# {}\necho big-step-ran-on-$PET_NODE_RANK\n", "x".repeat(200 * 1024));
+    declare(&s, &serde_json::json!([{ "bash": big }]));
+    let id = submit(&s, PRINT_OK);
+    assert_eq!(wait_over(&s, &id), "succeeded", "{}\n{}", logs(&s, &id), s.pods[0].stderr());
+    let out = logs(&s, &id);
+    for n in 0..2 {
+        assert!(out.contains(&format!("big-step-ran-on-{n}")), "the 200 KiB step ran on pod {n}: {out}");
+    }
+    assert!(out.contains("ran-ok"), "{out}");
+    assert_serving(&mut s);
+}
+
+/// Finding 3. A container restarted in place keeps its serve directory but
+/// not what a bash step did outside it: the new agent process applies the
+/// bash steps again (3 times on 2 pods, not 2), and a pip step whose
+/// packages are intact in the serve directory is not repeated.
+#[test]
+fn a_new_agent_process_replays_the_bash_steps_its_container_lost() {
+    let mut s = start(2, &[]);
+    let marks = s.dir.path().join("marks");
+    std::fs::create_dir_all(&marks).expect("marks");
+    let step = format!("echo applied >> {}/pod-$PET_NODE_RANK", marks.display());
+    declare(&s, &serde_json::json!([{ "env": { "A_SETUP_VAR": "1" } }, { "bash": step }]));
+    let id = submit(&s, PRINT_OK);
+    assert_eq!(wait_over(&s, &id), "succeeded", "{}", s.pods[0].stderr());
+    // The same agents take the next run without applying anything again.
+    let id = submit(&s, PRINT_OK);
+    assert_eq!(wait_over(&s, &id), "succeeded");
+    s.pods[1].signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = s.pods[1].child.wait();
+    let control: u16 = s.url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    s.pods[1] = start_pod(&s, (control, 2), 1, &[]);
+    s.pods[0].wait_for_stderr("the idle round ended", Duration::from_secs(60));
+    let id = submit(&s, PRINT_OK);
+    assert_eq!(wait_over(&s, &id), "succeeded", "{}", s.pods[1].stderr());
+    let count = |n: u32| std::fs::read_to_string(marks.join(format!("pod-{n}"))).unwrap_or_default().lines().count();
+    assert_eq!((count(0), count(1)), (1, 2), "the bash step ran again in the restarted container only");
+    assert_serving(&mut s);
+}
