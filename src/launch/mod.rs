@@ -275,7 +275,7 @@ async fn run_job(
         };
         // Serve mode: this round runs the current run (its plan), or waits idle.
         let (run_plan, idle) = match served.as_mut() {
-            Some(sv) => match sv.work(&session, &round, &mut events, &plan).await {
+            Some(sv) => match sv.work((&session, &round), &mut events, &mut carry, &plan).await {
                 serve::Work::Run => (Some(sv.plan_for(&plan)), None),
                 serve::Work::Idle(o) => (Some(sv.idle_plan(&plan)), Some(o)),
                 serve::Work::Shutdown => {
@@ -291,6 +291,7 @@ async fn run_job(
         let restarts = round.restarts.saturating_sub(base_restarts);
         let (outcome, failures) = if let Some(o) = idle {
             carry.kill("the pods are idle");
+            crate::process::sweep::between_rounds("the pods are idle");
             (o, Vec::new())
         } else {
             replicas::register(plan, &session.dial(), &session.heartbeat_key()).await;
@@ -429,6 +430,7 @@ async fn run_job(
         // Kept workers go on only into a restart or regroup of their run.
         if !matches!(agreed, Verdict::Restart(_) | Verdict::Regroup) || end.starts_with("stop:") {
             carry.stop(plan.grace).await;
+            crate::process::sweep::between_rounds("after the run's kept workers stopped");
         }
         rounds.push(record(&round, &end, &agreed.to_string()));
         let root = root_cause(&all_failures);

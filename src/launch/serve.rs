@@ -23,6 +23,7 @@ use crate::serve::setup::{Dirs, Step};
 use crate::serve::spec::{Run, shown};
 use crate::serve::{Go, Link, Scope, api, files, wait_go, wait_key};
 use crate::store::Dial;
+use crate::supervise::carry::Carry;
 use crate::supervise::output::LineTap;
 use crate::supervise::policy::{JobEnd, Outcome};
 use crate::supervise::report::{Failure, Report};
@@ -204,9 +205,9 @@ impl Served {
     /// What round `round` does: run the current run, or wait for one.
     pub async fn work(
         &mut self,
-        session: &Session,
-        round: &Round,
+        (session, round): (&Session, &Round),
         events: &mut UnboundedReceiver<SysEvent>,
+        carry: &mut Carry,
         plan: &Plan,
     ) -> Work {
         if self.board.is_some() {
@@ -272,7 +273,7 @@ impl Served {
                 match self.link.ended(&token, sc, run.seq, &run.id).await {
                     Ok(None) => {
                         if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq || !c.ready)
-                            && let Some(stopped) = self.begin(run, plan, (events, session, round)).await
+                            && let Some(stopped) = self.begin(run, plan, carry, (events, session, round)).await
                         {
                             return stopped;
                         }
@@ -282,7 +283,7 @@ impl Served {
                         // A marker that is not the control API's does not end a run.
                         self.refuse("an end marker", &why);
                         if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq || !c.ready)
-                            && let Some(stopped) = self.begin(run, plan, (events, session, round)).await
+                            && let Some(stopped) = self.begin(run, plan, carry, (events, session, round)).await
                         {
                             return stopped;
                         }
@@ -381,8 +382,13 @@ impl Served {
         &mut self,
         run: Run,
         plan: &Plan,
+        carry: &mut Carry,
         (events, session, round): (&mut UnboundedReceiver<SysEvent>, &Session, &Round),
     ) -> Option<Work> {
+        // Nothing of an earlier run may rewrite this one's files once they
+        // are checked: its kept workers and what they started are gone.
+        carry.keep_only(run.seq);
+        crate::process::sweep::between_rounds("before a run's files land");
         // Begun before and cut short in its setup: its files and shipper stay.
         let (dir, unstartable, shipper) = match self.current.take().filter(|c| c.run.seq == run.seq) {
             Some(c) => (c.dir, c.unstartable, c.shipper),

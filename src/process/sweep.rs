@@ -142,6 +142,15 @@ fn from_stats(found: &[sys::ProcStat], own_group: i32) -> Scan {
 }
 
 /// Send `sig` to every group and process of `scan`.
+/// SIGKILL every descendant of `pid` and their process groups: what a
+/// worker started, `setsid()` daemons included, while they are still below
+/// it (once it is gone they are re-parented out of its subtree).
+pub fn kill_below(pid: i32) {
+    if let Ok(root) = u32::try_from(pid) {
+        signal(&scan(root, &[]), libc::SIGKILL);
+    }
+}
+
 fn signal(scan: &Scan, sig: i32) {
     for &g in &scan.groups {
         sys::signal_group(g, sig);
@@ -252,6 +261,19 @@ pub fn terminate_all(grace: Duration, limit: Duration) -> Swept {
     let mut swept = kill_all(limit);
     swept.killed = swept.killed.max(first.live.len());
     swept
+}
+
+/// Longest a sweep between two rounds goes on.
+const BETWEEN_ROUNDS_LIMIT: Duration = Duration::from_secs(5);
+
+/// Between two rounds (no round's workers run): kill every descendant of
+/// the agent but its helpers and the workers kept for the next round. A
+/// kept worker that exited on SIGTERM, or an earlier run's process that
+/// double-forked, left its daemons to the agent. On the runtime's
+/// multi-thread scheduler (the agent's).
+pub fn between_rounds(when: &str) {
+    let swept = tokio::task::block_in_place(|| kill_all(BETWEEN_ROUNDS_LIMIT));
+    log(&swept, when);
 }
 
 /// Log a sweep's result: one line, never one per process (a re-forking

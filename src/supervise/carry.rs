@@ -53,8 +53,12 @@ impl Kept {
         self.alive() && sys::proc_stat(self.pid).is_some_and(|s| s.state != 'Z' && s.state != 'X')
     }
 
-    /// SIGKILL its process group (what it left there goes too).
+    /// SIGKILL what it started (its `setsid()` daemons too) and its
+    /// process group.
     pub fn kill(&self) {
+        if self.alive() {
+            sweep::kill_below(self.pid);
+        }
         self.signal(libc::SIGKILL);
     }
 
@@ -125,8 +129,15 @@ impl Carry {
         }
         tracing::info!(pids = ?self.pids(), why, "killing the workers kept for the next round");
         for k in std::mem::take(&mut self.kept) {
-            k.signal(libc::SIGKILL);
+            k.kill();
             sweep::release(k.pid);
+        }
+    }
+
+    /// Kill what is held for a run other than `seq`.
+    pub fn keep_only(&mut self, seq: u64) {
+        if self.seq != seq {
+            self.kill("a new run begins");
         }
     }
 

@@ -313,29 +313,36 @@ fn survivors_go_on_in_a_world_that_shrinks() {
 
 /// Survivors mode: pod 1 is lost and pod 0 keeps its workers while it
 /// waits for a replacement (the job is not elastic). Closing the actor
-/// then stops them at once, not when a round forms at last.
+/// then stops them at once, not when a round forms at last, and with them
+/// the `setsid()` children they started (which would otherwise rewrite the
+/// next run's files after their check: issue 40, finding 4).
 #[test]
 fn survivors_kept_while_the_pods_wait_are_stopped_when_the_actor_is_closed() {
     let mut s = start(2, &["--heartbeat-timeout", "3"]);
-    let first = survivors_phase(&s, &["first"]);
-    let pids = field(&ranks_of(&first, "after_death"), "pid");
+    let first = survivors_phase(&s, &["first", "plant"]);
+    let mut pids = field(&ranks_of(&first, "after_death"), "pid");
+    let planted: Vec<u64> =
+        first["planted"]["pids"].as_array().expect("planted").iter().filter_map(|p| p.as_u64()).collect();
+    assert_eq!(planted.len(), 2, "ranks 0 and 1 each started one: {}", first["planted"]);
+    pids.truncate(2);
+    pids.extend(&planted);
     s.pods[1].signal(nix::sys::signal::Signal::SIGKILL);
     let _ = s.pods[1].child.wait();
     s.pods[0].wait_for_stderr("declaring them dead", Duration::from_secs(30));
     s.pods[0].wait_for_stderr("verdict=regroup dead=true", Duration::from_secs(10));
     let alive = |pid: u64| std::path::Path::new(&format!("/proc/{pid}")).exists();
-    assert!(pids[..2].iter().all(|&p| alive(p)), "pod 0's workers are kept: {pids:?}\n{}", s.pods[0].stderr());
+    assert!(pids.iter().all(|&p| alive(p)), "pod 0's workers are kept: {pids:?}\n{}", s.pods[0].stderr());
     let id = first["trained"]["id"].as_str().expect("id").to_string();
     let token = crate::serve::TOKEN;
     let (status, body) = crate::serve::http(&s.url, "DELETE", &format!("/v1/actors/{id}"), Some(token), "");
     assert!(status < 300, "{status} {body}");
     let until = std::time::Instant::now() + Duration::from_secs(20);
-    while pids[..2].iter().any(|&p| alive(p)) && std::time::Instant::now() < until {
+    while pids.iter().any(|&p| alive(p)) && std::time::Instant::now() < until {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(
-        !pids[..2].iter().any(|&p| alive(p)),
-        "the closed actor's kept workers are gone: {pids:?}\n{}",
+        !pids.iter().any(|&p| alive(p)),
+        "the closed actor's kept workers and the setsid() children they started are gone: {pids:?}\n{}",
         s.pods[0].stderr()
     );
 }

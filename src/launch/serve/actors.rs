@@ -78,6 +78,7 @@ pub(in crate::launch) async fn kept_until<F: std::future::Future>(
             () = tokio::time::sleep(KEPT_POLL) => {
                 if sv.current_over().await {
                     carry.stop(grace).await;
+                    crate::process::sweep::between_rounds("after a closed run's kept workers stopped");
                 }
             }
         }
