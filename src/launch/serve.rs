@@ -19,7 +19,7 @@ use crate::process::spawn::Spawner;
 use crate::rendezvous::{Round, Session};
 use crate::serve::board::{Board, RankExit, State, World};
 use crate::serve::logs::Shipper;
-use crate::serve::setup::{Dirs, Step};
+use crate::serve::setup::{Applied, Dirs, Step};
 use crate::serve::spec::{Run, shown};
 use crate::serve::{Go, Link, Scope, api, files, wait_go, wait_key};
 use crate::store::Dial;
@@ -81,6 +81,8 @@ pub(super) struct Served {
     spawner: Spawner,
     /// The setup steps this pod applied for the current run.
     steps: Vec<Step>,
+    /// What this agent applied, and the digest of what the steps left.
+    applied: Applied,
     /// The run that was not over when this pod's idle round ended (its
     /// workers may have ended the round elsewhere): the round is judged
     /// by its restarts, as the pods that ran it judge it.
@@ -191,6 +193,7 @@ impl Served {
             refusing: false,
             spawner: spawner.clone(),
             steps: Vec::new(),
+            applied: Applied::default(),
             judged: None,
         }))
     }
@@ -466,7 +469,7 @@ impl Served {
                 return Err(super::setup::Stop::Failed(why));
             }
         };
-        super::setup::apply(&self.steps, &Dirs::new(&self.conf.dir), pod, round).await
+        super::setup::apply(&self.steps, (&Dirs::new(&self.conf.dir), &mut self.applied), pod, round).await
     }
 
     /// The plan of the current run: its command, variables, directory,

@@ -1,6 +1,7 @@
 //! Serve mode's setup steps on this pod (`crate::serve::setup`): applied in
-//! order, from the first one this pod has not applied, before its next run
-//! or actor starts; each step's lines go to the console and to that run's
+//! order, from the first one this pod's agent has not applied (all of them,
+//! in fresh directories, when a run changed what they left), before its
+//! next run or actor starts; each step's lines go to the console and to that run's
 //! log, as `[setup]` lines. A failed step stops there: the run cannot
 //! start on this pod, and says which step failed where.
 
@@ -9,7 +10,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::config::Plan;
 use crate::process::signals::SysEvent;
 use crate::process::spawn::{Spawner, WorkerSpec};
-use crate::serve::setup::{Dirs, Step, chain, first_to_apply};
+use crate::serve::setup::{Applied, Dirs, Step, chain, first_to_apply};
 use crate::supervise::output::{self, LineTap, Sink};
 use crate::sys::{self, Exit};
 
@@ -37,16 +38,52 @@ pub(super) struct Pod<'a> {
     pub tap: Option<LineTap>,
 }
 
-/// Apply `steps` from the first this pod has not applied.
+/// Apply `steps` from the first this pod has not applied (`applied`, kept
+/// by the agent), in fresh directories when what the steps left there
+/// changed since (a run wrote there) or this agent has not applied any.
 pub(super) async fn apply(
     steps: &[Step],
-    dirs: &Dirs,
+    (dirs, applied): (&Dirs, &mut Applied),
+    pod: &Pod<'_>,
+    round: (&mut UnboundedReceiver<SysEvent>, &mut RoundEnd),
+) -> Result<(), Stop> {
+    let host = &pod.plan.output.host;
+    let now = dirs.digest();
+    if applied.left.is_none() || applied.left != now.as_ref().ok().cloned() {
+        match (&applied.left, &now) {
+            (None, _) => {
+                tracing::info!(dir = %dirs.root.display(), "the setup steps' directories start fresh with this agent (its predecessor's runs could write there)")
+            }
+            (Some(_), Ok(_)) => {
+                tracing::warn!(dir = %dirs.root.display(), "the setup steps' directories changed since the steps wrote them (a run wrote there): applying every step again in fresh ones")
+            }
+            (Some(_), Err(e)) => {
+                tracing::warn!(dir = %dirs.root.display(), error = %e, "cannot check the setup steps' directories: applying every step again in fresh ones")
+            }
+        }
+        dirs.wipe().map_err(|e| {
+            Stop::Failed(format!(
+                "cannot clear the setup steps' directories under {} on pod {host}: {e}",
+                dirs.root.display()
+            ))
+        })?;
+        applied.chain.clear();
+    }
+    let out = apply_from(steps, (dirs, &mut applied.chain), pod, round).await;
+    // What the steps left, to be found unchanged before the next run.
+    applied.left = dirs.digest().ok();
+    out
+}
+
+/// Apply `steps` from the first not in `applied`, recording each there.
+async fn apply_from(
+    steps: &[Step],
+    (dirs, applied): (&Dirs, &mut Vec<String>),
     pod: &Pod<'_>,
     (events, end): (&mut UnboundedReceiver<SysEvent>, &mut RoundEnd),
 ) -> Result<(), Stop> {
-    let applied = dirs.applied();
-    let from = first_to_apply(steps, &applied.chain);
-    if (0..steps.len()).all(|i| !applied.runs(steps, from, i)) {
+    let from = first_to_apply(steps, applied);
+    if from == steps.len() {
         return Ok(());
     }
     let host = &pod.plan.output.host;
@@ -58,7 +95,7 @@ pub(super) async fn apply(
     let python = pod.plan.entry.python.clone().unwrap_or_else(|| "python3".into());
     let path = std::env::var("PATH").unwrap_or_default();
     let pythonpath = std::env::var("PYTHONPATH").unwrap_or_default();
-    for (i, step) in steps.iter().enumerate().filter(|(i, _)| applied.runs(steps, from, *i)) {
+    for (i, step) in steps.iter().enumerate().skip(from) {
         let what = step.describe();
         tracing::info!(step = i + 1, of = steps.len(), what = %what, "applying a setup step");
         let started = std::time::Instant::now();
@@ -101,12 +138,7 @@ pub(super) async fn apply(
                 )));
             }
         }
-        dirs.record(&digests[..=i.max(from.saturating_sub(1))]).map_err(|e| {
-            Stop::Failed(format!(
-                "cannot record the setup steps applied on pod {host} under {}: {e}",
-                dirs.root.display()
-            ))
-        })?;
+        *applied = digests[..=i].to_vec();
         tracing::info!(step = i + 1, took_s = started.elapsed().as_secs_f64(), "setup step applied");
     }
     Ok(())

@@ -3,10 +3,19 @@
 //! actor (`POST /v1/setup`). They are recorded in the agents' store
 //! (`serve/setup`, sealed), so that a pod that joins later (a replacement,
 //! an elastic scale-up) replays them first; declaring them again replays
-//! only from the first changed step. Each pod remembers what it applied in
-//! `<serve dir>/setup/applied.json`; pip installs go to
+//! only from the first changed step. pip installs go to
 //! `<serve dir>/setup/site`, which every worker's `PYTHONPATH` (and its
-//! `bin` the `PATH`) starts with. Pure but for that file and the store's key.
+//! `bin` the `PATH`) starts with; bash steps run in `<serve dir>/setup/work`.
+//!
+//! Only the steps may write what later runs import. Runs can write the
+//! serve directory (they run as the agent's user), so what a pod applied
+//! is kept in its agent's memory ([`Applied`]), with a digest of the two
+//! directories as the steps left them ([`Dirs::digest`]: every entry's
+//! name, type, mode, size, inode and change time, which no write, rename
+//! or chmod leaves unchanged). Before each run the pod takes the digest
+//! again; a difference (a run wrote there), or a new agent process (its
+//! predecessor's runs may have), means fresh directories and every step
+//! applied again. Pure but for those directories and the store's key.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -144,31 +153,22 @@ pub fn first_to_apply(steps: &[Step], applied: &[String]) -> usize {
     chain(steps).iter().zip(applied).take_while(|(a, b)| a == b).count()
 }
 
-/// What this pod applied, as `applied.json` records it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// What this agent applied on its pod: in memory only, since runs can
+/// write the serve directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Applied {
     /// The chain of the steps applied.
     pub chain: Vec<String>,
-    /// The agent process that applied them ([`agent`]).
-    pub agent: String,
+    /// [`Dirs::digest`] as the steps left the directories (None: never
+    /// taken by this agent).
+    pub left: Option<String>,
 }
 
-impl Applied {
-    /// Does step `i` of `steps` run again, the first `from` being recorded?
-    /// Every step from `from` on; before it, a bash step when another agent
-    /// process applied it: the container it ran in (its packages, its home
-    /// directory) may be gone with that process, while the serve directory,
-    /// and the pip installs in it, stayed.
-    pub fn runs(&self, steps: &[Step], from: usize, i: usize) -> bool {
-        i >= from || (matches!(steps.get(i), Some(Step::Bash(_))) && self.agent != agent())
-    }
-}
-
-/// This agent process, among every agent that used the serve directory.
-pub fn agent() -> &'static str {
-    static AGENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    AGENT.get_or_init(|| format!("{}-{:016x}", std::process::id(), crate::sys::random_u64()))
-}
+/// Most entries [`Dirs::digest`] reads (a pip install of torch is about
+/// 20,000): more, and the directories are taken as changed.
+const MAX_ENTRIES: usize = 1_000_000;
+/// Most entries of one directory it reads (the names are held to be sorted).
+const MAX_DIR_ENTRIES: usize = 100_000;
 
 /// Where a pod keeps its setup.
 #[derive(Debug, Clone)]
@@ -198,27 +198,72 @@ impl Dirs {
         self.root.join("work")
     }
 
-    fn applied_file(&self) -> PathBuf {
-        self.root.join("applied.json")
-    }
-
-    /// What this pod applied (nothing when the record is missing or not
-    /// this version's: everything is applied again). Nothing either when
-    /// the site directory is gone: the pip installs went with it.
-    pub fn applied(&self) -> Applied {
-        let read = std::fs::read(self.applied_file()).ok().and_then(|b| serde_json::from_slice(&b).ok());
-        match read {
-            Some(a) if self.site().is_dir() => a,
-            _ => Applied::default(),
+    /// A digest of the site and work directories: every entry's path,
+    /// type, mode, size, inode and change time, in name order. Err when
+    /// one cannot be read or there are more than the bounds allow.
+    pub fn digest(&self) -> std::io::Result<String> {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::MetadataExt;
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        let mut seen = 0usize;
+        for top in [self.site(), self.work()] {
+            let mut todo = vec![top];
+            while let Some(dir) = todo.pop() {
+                let meta = match std::fs::symlink_metadata(&dir) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        ctx.update(b"absent\0");
+                        ctx.update(dir.as_os_str().as_bytes());
+                        continue;
+                    }
+                    m => m?,
+                };
+                let mut entries = Vec::new();
+                let line = |path: &Path, m: &std::fs::Metadata| {
+                    format!(
+                        "{}\0{:o} {} {} {}.{}\n",
+                        path.display(),
+                        m.mode(),
+                        m.size(),
+                        m.ino(),
+                        m.ctime(),
+                        m.ctime_nsec()
+                    )
+                };
+                ctx.update(line(&dir, &meta).as_bytes());
+                if !meta.is_dir() {
+                    continue;
+                }
+                for e in std::fs::read_dir(&dir)? {
+                    entries.push(e?.file_name());
+                    if entries.len() > MAX_DIR_ENTRIES {
+                        return Err(std::io::Error::other(format!(
+                            "{} holds over {MAX_DIR_ENTRIES} entries",
+                            dir.display()
+                        )));
+                    }
+                }
+                seen += entries.len();
+                if seen > MAX_ENTRIES {
+                    return Err(std::io::Error::other(format!("over {MAX_ENTRIES} entries")));
+                }
+                entries.sort();
+                for name in entries.into_iter().rev() {
+                    todo.push(dir.join(name));
+                }
+            }
         }
+        Ok(data_encoding::HEXLOWER.encode(ctx.finish().as_ref()))
     }
 
-    /// Record the chain of the steps applied, by this agent.
-    pub fn record(&self, chain: &[String]) -> std::io::Result<()> {
-        let tmp = self.root.join(format!("applied.json.tmp{}", std::process::id()));
-        let applied = Applied { chain: chain.to_vec(), agent: agent().to_string() };
-        std::fs::write(&tmp, serde_json::to_vec(&applied).unwrap_or_default())?;
-        std::fs::rename(tmp, self.applied_file())
+    /// Remove the site and work directories (what the steps wrote).
+    pub fn wipe(&self) -> std::io::Result<()> {
+        for d in [self.site(), self.work()] {
+            match std::fs::remove_dir_all(&d) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// The variables every worker (and every step) gets from `steps`:
@@ -256,18 +301,47 @@ mod tests {
         assert_eq!(first_to_apply(&[a.clone(), b.clone(), c.clone()], &applied), 2, "only the added step");
         assert_eq!(first_to_apply(&[a.clone(), c.clone(), b.clone()], &applied), 1, "from the changed one on");
         assert_eq!(first_to_apply(&[b.clone(), a.clone()], &applied), 0);
-        assert_eq!(first_to_apply(&[a.clone(), b.clone()], &[]), 0, "a new pod applies all");
-        let steps = [a, b, c.clone()];
-        let mine = Applied { chain: applied.clone(), agent: agent().into() };
-        assert!(!mine.runs(&steps, 2, 0) && !mine.runs(&steps, 2, 1) && mine.runs(&steps, 2, 2));
-        let other = Applied { chain: applied, agent: "1-0".into() };
-        assert!(!other.runs(&steps, 2, 0), "pip's packages stayed in the serve directory");
-        assert!(other.runs(&steps, 2, 1), "another agent's bash step is applied again");
+        assert_eq!(first_to_apply(&[a, b], &[]), 0, "a new pod applies all");
         let d = Dirs::new(Path::new("/s"));
         let env = d.env(&[c], "/usr/bin", "");
         assert_eq!(env[0], ("PYTHONPATH".into(), "/s/setup/site".into()));
         assert_eq!(env[1], ("PATH".into(), "/s/setup/site/bin:/usr/bin".into()));
         assert_eq!(env[2], ("HF_HOME".into(), "/cache".into()));
+    }
+
+    #[test]
+    fn any_write_to_the_steps_directories_changes_their_digest() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let d = Dirs::new(tmp.path());
+        let empty = d.digest().expect("digest");
+        std::fs::create_dir_all(d.site().join("pkg")).expect("site");
+        std::fs::create_dir_all(d.work()).expect("work");
+        std::fs::write(d.site().join("pkg/__init__.py"), "x = 1\n").expect("write");
+        let made = d.digest().expect("digest");
+        assert_ne!(empty, made);
+        assert_eq!(made, d.digest().expect("digest"), "nothing changed, the same digest");
+        let changes: [&dyn Fn(); 4] = [
+            &|| std::fs::write(d.site().join("pkg/__init__.py"), "x = 2\n").expect("rewrite, same size"),
+            &|| std::fs::write(d.site().join("sitecustomize.py"), "").expect("a new file"),
+            &|| std::fs::write(d.work().join("helper.sh"), "").expect("a file in work"),
+            &|| {
+                use std::os::unix::fs::PermissionsExt;
+                let p = d.site().join("pkg");
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+            },
+        ];
+        let mut last = made;
+        for change in changes {
+            // File times tick with the kernel's coarse clock (4 ms at HZ=250):
+            // a run's write comes long after the steps' last one; here, wait.
+            std::thread::sleep(std::time::Duration::from_millis(15));
+            change();
+            let now = d.digest().expect("digest");
+            assert_ne!(now, last, "a change went unseen");
+            last = now;
+        }
+        d.wipe().expect("wipe");
+        assert_eq!(d.digest().expect("digest"), empty, "wiped: as before any step");
     }
 
     #[test]

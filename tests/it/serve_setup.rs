@@ -1,9 +1,9 @@
-//! Serve mode's setup steps against the pods' phases (issue 40, findings
-//! 1-3): a run that fails on one pod while another is still in a setup
-//! step leaves every pod serving, a step of any accepted size runs, and a
-//! new agent process replays the bash steps its container lost.
-//! Simulated pods (one trainlet per 127.0.0.N); the steps are real bash.
-
+//! Serve mode's setup steps (issue 40, findings 1-3 and 5): a run that
+//! fails on one pod while another is still in a setup step leaves every
+//! pod serving, a step of any accepted size runs, a run cannot plant code
+//! for the next in the setup's directories, and a new agent process
+//! applies the steps its container lost. Simulated pods (one trainlet per
+//! 127.0.0.N); the steps are real bash.
 use std::time::Duration;
 
 use crate::serve::{Served, TOKEN, http, json, start, start_pod};
@@ -66,30 +66,51 @@ fn a_run_that_fails_while_another_pod_is_in_a_setup_step_keeps_every_pod() {
     assert_serving(&mut s);
 }
 
-/// Finding 3. A container restarted in place keeps its serve directory but
-/// not what a bash step did outside it: the new agent process applies the
-/// bash steps again (3 times on 2 pods, not 2), and a pip step whose
-/// packages are intact in the serve directory is not repeated.
+/// A run that writes `sitecustomize.py` first on every worker's
+/// `PYTHONPATH` (the setup's site directory).
+const PLANT: &str = r#"{"command": ["python", "-c", "import os; d = os.environ['PYTHONPATH'].split(':')[0]; os.makedirs(d, exist_ok=True); open(os.path.join(d, 'sitecustomize.py'), 'w').write('print(\\'PLANTED\\')')"], "nproc_per_node": 1}"#;
+
+/// Findings 3 and 5. Only the setup steps write what later runs import: a
+/// run that plants `sitecustomize.py` in the setup's site directory (with
+/// no steps declared, and again with steps) does not reach the next run,
+/// which finds the directories changed and applies the steps again in
+/// fresh ones. A container restarted in place keeps its serve directory
+/// but not what a bash step did outside it: the new agent process applies
+/// the steps again, on that pod only.
 #[test]
-fn a_new_agent_process_replays_the_bash_steps_its_container_lost() {
+fn only_the_setup_steps_write_what_runs_import_and_a_new_agent_applies_them_again() {
     let mut s = start(2, &[]);
     let marks = s.dir.path().join("marks");
     std::fs::create_dir_all(&marks).expect("marks");
+    let count = |n: u32| std::fs::read_to_string(marks.join(format!("pod-{n}"))).unwrap_or_default().lines().count();
+    let clean = |s: &Served, what: &str| {
+        let id = submit(s, PRINT_OK);
+        assert_eq!(wait_over(s, &id), "succeeded", "{}", s.pods[0].stderr());
+        let out = logs(s, &id);
+        assert!(out.contains("ran-ok") && !out.contains("PLANTED"), "{what}: {out}");
+    };
+    let planted = |s: &Served| assert_eq!(wait_over(s, &submit(s, PLANT)), "succeeded", "{}", s.pods[0].stderr());
+
+    planted(&s);
     let step = format!("echo applied >> {}/pod-$PET_NODE_RANK", marks.display());
     declare(&s, &serde_json::json!([{ "env": { "A_SETUP_VAR": "1" } }, { "bash": step }]));
-    let id = submit(&s, PRINT_OK);
-    assert_eq!(wait_over(&s, &id), "succeeded", "{}", s.pods[0].stderr());
-    // The same agents take the next run without applying anything again.
-    let id = submit(&s, PRINT_OK);
-    assert_eq!(wait_over(&s, &id), "succeeded");
+    clean(&s, "planted with no steps declared");
+    assert_eq!((count(0), count(1)), (1, 1));
+    planted(&s);
+    clean(&s, "planted after the steps");
+    assert_eq!((count(0), count(1)), (2, 2), "applied again in fresh directories");
+    for p in &mut s.pods {
+        p.wait_for_stderr("changed since the steps wrote them", Duration::from_secs(5));
+    }
+    clean(&s, "nothing planted");
+    assert_eq!((count(0), count(1)), (2, 2), "the same agents apply nothing again");
+
     s.pods[1].signal(nix::sys::signal::Signal::SIGKILL);
     let _ = s.pods[1].child.wait();
     let control: u16 = s.url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
     s.pods[1] = start_pod(&s, (control, 2), 1, &[]);
     s.pods[0].wait_for_stderr("the idle round ended", Duration::from_secs(60));
-    let id = submit(&s, PRINT_OK);
-    assert_eq!(wait_over(&s, &id), "succeeded", "{}", s.pods[1].stderr());
-    let count = |n: u32| std::fs::read_to_string(marks.join(format!("pod-{n}"))).unwrap_or_default().lines().count();
-    assert_eq!((count(0), count(1)), (1, 2), "the bash step ran again in the restarted container only");
+    clean(&s, "after a new agent on pod 1");
+    assert_eq!((count(0), count(1)), (2, 3), "the bash step ran again in the restarted container only");
     assert_serving(&mut s);
 }
