@@ -219,19 +219,19 @@ pub async fn closed<R: AsyncRead + Unpin>(conn: &mut R) {
 
 pub use crate::lobby::{Lobby, Ticket};
 
-/// The next connection of `listener`, or None once `cancel` fires. An
+/// The next connection of `listener` and its peer, or None once `cancel` fires. An
 /// accept error (EMFILE, a connection reset before it was taken) is logged
 /// at debug level for `what` and retried after a pause.
 pub async fn accept(
     listener: &tokio::net::TcpListener,
     cancel: &CancellationToken,
     what: &str,
-) -> Option<tokio::net::TcpStream> {
+) -> Option<(tokio::net::TcpStream, std::net::SocketAddr)> {
     loop {
         tokio::select! {
             () = cancel.cancelled() => return None,
             accepted = listener.accept() => match accepted {
-                Ok((conn, _)) => return Some(conn),
+                Ok(conn) => return Some(conn),
                 Err(e) => {
                     tracing::debug!(error = %e, "{what} accept failed");
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;

@@ -27,10 +27,13 @@
 //!   10 s of the accept) before its body is read: a request without it is
 //!   answered 401 and closed, its body never buffered (what it still sends
 //!   is dropped for up to 5 s, so that it sees the 401 rather than a reset).
-//! - Connections that have not shown the token wait in a lobby of 256; a
-//!   new one evicts the oldest (reset). Idle, trickling or flooding clients
-//!   thus only ever evict each other, while a client that sends its head at
-//!   once is judged long before 256 newer connections come.
+//! - Connections that have not shown the token wait in a lobby of 256; when
+//!   it is full a new one evicts the oldest of the source (an IPv4 address,
+//!   an IPv6 /64) holding the most places (reset). Idle, trickling or
+//!   flooding clients thus only ever evict each other, a client that sends
+//!   its head at once is judged long before 256 newer connections come,
+//!   and a flood from one source (or a few) never evicts a client from
+//!   another, however slowly its head arrives ([`crate::lobby`]).
 //! - With the token, 64 requests at once (a body of up to 72 MiB within
 //!   30 s), and 64 log followers apart: one more of either is answered 503,
 //!   so followers never take a request's place. A follower watches its read
@@ -156,10 +159,10 @@ pub async fn serve(conf: Conf, board: Arc<Board>, cancel: CancellationToken) -> 
     }
     tokio::spawn(async move {
         loop {
-            let Some(conn) = crate::http::accept(&listener, &cancel, "control API").await else { return };
+            let Some((conn, peer)) = crate::http::accept(&listener, &cancel, "control API").await else { return };
             // Every connection is taken; the lobby bounds those without
-            // the token, evicting the oldest.
-            let ticket = slots.lobby.enter();
+            // the token, evicting the oldest of the source holding most.
+            let ticket = slots.lobby.enter(peer.ip());
             let (api, slots) = (Arc::clone(&api), Arc::clone(&slots));
             let stop = cancel.child_token();
             tokio::spawn(async move {

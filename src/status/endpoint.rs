@@ -133,7 +133,7 @@ pub async fn serve(board: Arc<Board>, token: String, cancel: CancellationToken) 
     let token: Arc<str> = token.into();
     tokio::spawn(async move {
         loop {
-            let Some(conn) = crate::http::accept(&listener, &cancel, "status endpoint").await else { return };
+            let Some((conn, _)) = crate::http::accept(&listener, &cancel, "status endpoint").await else { return };
             // Over the limit, a connection is closed at once.
             let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else { continue };
             let (board, token) = (Arc::clone(&board), Arc::clone(&token));

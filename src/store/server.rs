@@ -187,7 +187,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, guard: Option<Gua
                 backoff = Duration::from_millis(5);
                 counters().connections.inc();
                 // TCP_NODELAY comes from the listener (see `sys::tune_listener`).
-                let gate = guard.clone().map(|g| (Gate::Hello(g), lobby.enter()));
+                let gate = guard.clone().map(|g| (Gate::Hello(g), lobby.enter(peer.ip())));
                 conns.spawn(serve_conn(stream, peer, Arc::clone(&state), gate, Arc::clone(&warnings), cancel.clone()));
             }
             Err(e) => {
