@@ -28,6 +28,8 @@ use crate::supervise::output::{self, Sink};
 const START_LIMIT: Duration = Duration::from_secs(120);
 /// How long a tracker gets to end by itself after a successful round.
 const END_WAIT: Duration = Duration::from_secs(3);
+/// How long a killed tracker gets to die before it is no longer spared.
+const DEATH_WAIT: Duration = Duration::from_secs(2);
 /// What the tracker prints once it listens.
 const READY: &[u8] = b"trainlet-tracker-ready";
 /// The tracker: task ids sort the ranks, so DMLC_TASK_ID is the rank.
@@ -59,6 +61,12 @@ impl Tracker {
         if self.running() {
             // Its own process group (the spawner's), so nothing it started survives it.
             crate::sys::signal_group(self.pid, libc::SIGKILL);
+            // Spared until it is dead: released while SIGKILL is still on
+            // its way, a sweep would take it for a worker's leftover.
+            let killed = tokio::time::Instant::now();
+            while self.running() && killed.elapsed() < DEATH_WAIT {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             tracing::info!(round = self.round, pid = self.pid, "stopped the round's XGBoost tracker");
         } else {
             tracing::debug!(round = self.round, pid = self.pid, "the XGBoost tracker ended with its round");

@@ -87,6 +87,7 @@ fn xgboost_workers_train_the_reference_model_and_a_failure_restarts_with_a_new_t
     }
     let host = pods[0].stderr();
     assert_eq!(host.matches("XGBoost tracker listening").count(), 2, "one tracker per round:\n{host}");
+    assert!(!host.contains("killed leftover processes"), "the killed tracker is not a worker's leftover:\n{host}");
     let other = pods[1].stderr();
     assert!(other.contains("waiting for the XGBoost tracker on the store host"), "{other}");
 }
