@@ -87,6 +87,9 @@ struct Entry {
     wake: Arc<tokio::sync::Notify>,
     /// Bytes of its answer, once over.
     size: usize,
+    /// The cancel operations published for it (one per round it ran in),
+    /// removed from the store with its own once it is answered.
+    cancels: Vec<(u64, u64)>,
 }
 
 #[derive(Debug, Default)]
@@ -241,7 +244,17 @@ impl Desk {
             }
             a.next_call += 1;
             let id = a.next_call;
-            a.calls.insert(id, Entry { done: rx.clone(), at: None, cancelled: false, wake: Arc::default(), size: 0 });
+            a.calls.insert(
+                id,
+                Entry {
+                    done: rx.clone(),
+                    at: None,
+                    cancelled: false,
+                    wake: Arc::default(),
+                    size: 0,
+                    cancels: Vec::new(),
+                },
+            );
             while a.calls.len() > KEEP_DONE + MAX_OPEN {
                 let Some(old) = a.calls.iter().find(|(_, e)| e.done.borrow().is_some()).map(|(k, _)| *k) else { break };
                 a.calls.remove(&old);
@@ -268,20 +281,38 @@ impl Desk {
         let Some(id) = n.parse::<u64>().ok() else {
             return fail(Status::NOT_FOUND, &format!("no call {}", shown(n)));
         };
-        let Some((over, at)) = self.entry(run.seq, id, |e| {
+        let Some((over, at, sent)) = self.entry(run.seq, id, |e| {
             e.cancelled = true;
             e.wake.notify_one();
-            (e.done.borrow().is_some(), e.at)
+            (e.done.borrow().is_some(), e.at, e.cancels.clone())
         }) else {
             return fail(Status::NOT_FOUND, &format!("no call {id} of actor {}", run.id));
         };
         if over {
             return (Status::OK, serde_json::json!({ "call": id, "state": "over" }).to_string());
         }
-        if let Some((op, round)) = at
-            && let Err(e) = self.publish(run.seq, round, What::Cancel { call: op }).await
-        {
-            return fail(Status::UNAVAILABLE, &format!("cannot cancel call {id}: {}", crate::error::error_chain(&e)));
+        // One cancel per operation: asking again adds nothing to the store.
+        if let Some((op, round)) = at.filter(|(op, _)| !sent.iter().any(|(c, _)| c == op)) {
+            match self.publish(run.seq, round, What::Cancel { call: op }).await {
+                Ok(n) => {
+                    // Answered meanwhile (or no longer kept): its ops are
+                    // gone already, so this one goes now.
+                    let kept = self.entry(run.seq, id, |e| {
+                        let open = e.done.borrow().is_none();
+                        if open {
+                            e.cancels.push((op, n));
+                        }
+                        open
+                    });
+                    if kept != Some(true) {
+                        self.forget(run.seq, n, &[]).await;
+                    }
+                }
+                Err(e) => {
+                    let why = format!("cannot cancel call {id}: {}", crate::error::error_chain(&e));
+                    return fail(Status::UNAVAILABLE, &why);
+                }
+            }
         }
         tracing::info!(actor = %run.id, call = id, "cancelling an actor call on request");
         (Status(202, "Accepted"), serde_json::json!({ "call": id, "state": "cancelling" }).to_string())
@@ -402,8 +433,11 @@ impl Desk {
         let text = render(id, &spec, &answer);
         self.entry(seq, id, |e| e.size = text.len());
         let _ = done.send(Some(Arc::new(text)));
+        // After the answer: a cancel published from now on removes its own.
+        let cancels = self.entry(seq, id, |e| std::mem::take(&mut e.cancels));
         self.trim();
-        for (n, ranks) in spent {
+        let cancels = cancels.unwrap_or_default().into_iter().map(|(_, n)| (n, Vec::new()));
+        for (n, ranks) in spent.into_iter().chain(cancels) {
             self.forget(seq, n, &ranks).await;
         }
     }
@@ -624,7 +658,10 @@ mod tests {
             for id in 1..=5 {
                 let (_, rx) = watch::channel(None);
                 let size = if id == 5 { 0 } else { KEEP_BYTES / 3 + 1 };
-                a.calls.insert(id, Entry { done: rx, at: None, cancelled: false, wake: Arc::default(), size });
+                a.calls.insert(
+                    id,
+                    Entry { done: rx, at: None, cancelled: false, wake: Arc::default(), size, cancels: Vec::new() },
+                );
             }
             a.next_call = 5;
         }

@@ -112,6 +112,14 @@ impl Raw {
         self.read_exact(8).map(|b| b == 1i64.to_le_bytes())
     }
 
+    /// GETNUMKEYS.
+    fn num_keys(&mut self) -> Option<i64> {
+        if !self.send(&[7u8]) {
+            return None;
+        }
+        Some(i64::from_le_bytes(self.read_exact(8)?.try_into().ok()?))
+    }
+
     /// The connection was closed by the store (reads EOF or a reset).
     fn closed(&mut self) -> bool {
         let mut b = [0u8; 1];
@@ -431,4 +439,51 @@ fn a_success_end_written_while_workers_run_does_not_wedge_the_pods() {
     assert_eq!(wait_over(&s, &id), "succeeded", "{}", s.pods[0].stderr());
     let next = submit(&s, r#"{"command": ["python", "-c", "print('next')"]}"#);
     assert_eq!(wait_over(&s, &next), "succeeded", "{}", s.pods[0].stderr());
+}
+
+/// An actor whose one method sleeps in short steps (a cancel ends it).
+const SLEEPER: &str = "import time\nclass S:\n    def nap(self, s):\n        print('napping', s, flush=True)\n        end = time.time() + s\n        while time.time() < end:\n            time.sleep(0.05)\n        return s\n";
+
+/// 300 DELETEs of one call waiting in its method publish one cancel, and
+/// once the call is answered none of its operations is left in the store
+/// (3,000 had left 3,002 keys: issue 40, minor).
+#[test]
+fn cancelling_a_call_again_and_again_leaves_nothing_in_the_store() {
+    let s = start(1, &[]);
+    let files = serde_json::json!({ "sleeper.py": data_encoding::BASE64.encode(SLEEPER.as_bytes()) });
+    let body = serde_json::json!({ "files": files, "actor": { "target": "sleeper:S" }, "nproc_per_node": 1 });
+    let (status, reply) = http(&s.url, "POST", "/v1/actors", Some(TOKEN), &body.to_string());
+    assert_eq!(status, 201, "{reply}");
+    let calls = format!("/v1/actors/{}/calls", json(&reply)["id"].as_str().expect("id"));
+    let nap = |secs: f64, wait: u32| {
+        let body = serde_json::json!({ "method": "nap", "args": [secs] }).to_string();
+        http(&s.url, "POST", &format!("{calls}?wait={wait}"), Some(TOKEN), &body)
+    };
+    let (status, reply) = nap(0.0, 120);
+    assert_eq!(status, 200, "the actor is up: {reply}\n{}", s.pods[0].stderr());
+    let mut raw = Raw::with_token(s.store_port, TOKEN);
+    let before = raw.num_keys().expect("keys");
+    let (status, reply) = nap(120.0, 0);
+    assert_eq!(status, 202, "{reply}");
+    let n = json(&reply)["call"].as_u64().expect("call");
+    // Until it runs, a cancel has no operation to publish.
+    let logs = calls.replace("/calls", "/logs");
+    wait_until(
+        "the call in its method",
+        Duration::from_secs(60),
+        || http(&s.url, "GET", &logs, Some(TOKEN), "").1.contains("napping 120"),
+        || s.pods[0].stderr(),
+    );
+    let cancel = || http(&s.url, "DELETE", &format!("{calls}/{n}"), Some(TOKEN), "");
+    let mut states = BTreeSet::new();
+    for _ in 0..300 {
+        let (status, reply) = cancel();
+        assert!(status == 202 || status == 200, "{status}: {reply}");
+        states.insert(json(&reply)["state"].as_str().unwrap_or_default().to_string());
+    }
+    let (status, reply) = http(&s.url, "GET", &format!("{calls}/{n}?wait=60"), Some(TOKEN), "");
+    assert_eq!(status, 200, "the call was answered: {reply}");
+    assert!(reply.contains("Cancelled"), "{reply}");
+    let after = raw.num_keys().expect("keys");
+    assert!(after - before < 10, "{before} keys before the call, {after} after 300 cancels ({states:?})");
 }
