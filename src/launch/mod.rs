@@ -430,7 +430,9 @@ async fn run_job(
         // Kept workers go on only into a restart or regroup of their run.
         if !matches!(agreed, Verdict::Restart(_) | Verdict::Regroup) || end.starts_with("stop:") {
             carry.stop(plan.grace).await;
-            crate::process::sweep::between_rounds("after the run's kept workers stopped");
+            if served.is_some() {
+                crate::process::sweep::between_rounds("after the run's kept workers stopped");
+            }
         }
         rounds.push(record(&round, &end, &agreed.to_string()));
         let root = root_cause(&all_failures);

@@ -27,13 +27,9 @@
 //!   10 s of the accept) before its body is read: a request without it is
 //!   answered 401 and closed, its body never buffered (what it still sends
 //!   is dropped for up to 5 s, so that it sees the 401 rather than a reset).
-//! - Connections that have not shown the token wait in a lobby of 256; when
-//!   it is full a new one evicts the oldest of the source (an IPv4 address,
-//!   an IPv6 /64) holding the most places (reset). Idle, trickling or
-//!   flooding clients thus only ever evict each other, a client that sends
-//!   its head at once is judged long before 256 newer connections come,
-//!   and a flood from one source (or a few) never evicts a client from
-//!   another, however slowly its head arrives ([`crate::lobby`]).
+//! - Connections that have not shown the token wait in a lobby of 256
+//!   shared by source ([`crate::lobby`]): a flood from one address only
+//!   evicts its own connections, never a slow client from another.
 //! - With the token, 64 requests at once (a body of up to 72 MiB within
 //!   30 s), and 64 log followers apart: one more of either is answered 503,
 //!   so followers never take a request's place. A follower watches its read
