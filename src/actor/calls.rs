@@ -19,9 +19,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use serde::Deserialize;
 use tokio::sync::watch;
 
+use super::intake::{Open, Share, Spec};
 use super::{Encoding, Keys, OP_KIND, Op, Outcome, What, fault};
 use crate::http::{Request, Status, error_body};
 use crate::serve::api::{Answer, BoxFuture, Calls};
@@ -42,11 +42,6 @@ const KEEP_DONE: usize = 1024;
 const KEEP_BYTES: usize = 64 * 1024 * 1024;
 /// Time the ranks of a round that ended get to answer for themselves.
 pub const SETTLE: Duration = Duration::from_secs(5);
-/// Most bytes of a call's encoded arguments (the store takes values of
-/// 8 MiB at most, the operation's envelope included).
-const MAX_ARGS: usize = 7 * 1024 * 1024;
-/// Most ranks a call may name.
-const MAX_RANKS: usize = 65_536;
 
 /// What the desk needs of the job.
 #[derive(Debug, Clone)]
@@ -59,21 +54,6 @@ pub struct Conf {
     pub token_file: PathBuf,
     /// The serving session operations are sealed for.
     pub scope: Scope,
-}
-
-/// A call as a driver sends it.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Body {
-    method: String,
-    #[serde(default)]
-    args: Vec<serde_json::Value>,
-    #[serde(default)]
-    kwargs: serde_json::Map<String, serde_json::Value>,
-    #[serde(default)]
-    pickle: Option<String>,
-    #[serde(default)]
-    ranks: Option<Vec<u32>>,
 }
 
 /// One call: its answer when over, and where it runs.
@@ -108,6 +88,8 @@ pub struct Desk {
     publisher: tokio::sync::Mutex<Publisher>,
     /// Store connections not in use (each proved the token once).
     idle: Mutex<Vec<Client>>,
+    /// The bytes the calls not over hold.
+    open: Open,
 }
 
 /// Idle store connections kept.
@@ -135,6 +117,7 @@ impl Desk {
             actors: Mutex::new(HashMap::new()),
             publisher: tokio::sync::Mutex::new(Publisher { link, next: HashMap::new() }),
             idle: Mutex::new(Vec::new()),
+            open: Open::new(),
         })
     }
 
@@ -187,48 +170,20 @@ impl Desk {
         if run.state.is_final() || run.state == crate::serve::board::State::Stopping {
             return fail(Status::CONFLICT, &format!("actor {} is {}; deploy it again", run.id, run.state.word()));
         }
-        let body: Body = match serde_json::from_slice(&req.body) {
-            Ok(b) => b,
-            Err(e) => return fail(Status::BAD, &format!("the body is not a valid call: {e}")),
+        // Taken before the body is parsed, from its length (what the call
+        // holds until it is over is less: its arguments, method and ranks),
+        // and given back when it is over.
+        let share = match self.open.take(run.seq, super::intake::held_by(&req.body)) {
+            Ok(share) => share,
+            Err(why) => return fail(Status::UNAVAILABLE, &why),
         };
-        let method_ok = !body.method.is_empty()
-            && body.method.len() <= 256
-            && body.method.chars().all(|c| c.is_alphanumeric() || c == '_')
-            && (!body.method.starts_with('_') || body.method == "__call__");
-        if !method_ok {
-            return fail(Status::BAD, &format!("method: {} is not the name of a public method", shown(&body.method)));
-        }
-        let (encoding, args) = match body.pickle {
-            Some(p) if body.args.is_empty() && body.kwargs.is_empty() => {
-                if let Err(e) = data_encoding::BASE64.decode(p.as_bytes()) {
-                    return fail(Status::BAD, &format!("pickle: not base64 ({e})"));
-                }
-                (Encoding::Pickle, p)
-            }
-            Some(_) => return fail(Status::BAD, "give either pickle or args/kwargs, not both"),
-            None => (Encoding::Json, serde_json::json!({ "args": body.args, "kwargs": body.kwargs }).to_string()),
+        let spec = match super::intake::parse(&req.body) {
+            Ok(spec) => spec,
+            Err((status, why)) => return fail(status, &why),
         };
-        if args.len() > MAX_ARGS {
-            return fail(
-                Status::TOO_LARGE,
-                &format!("the arguments are {} bytes encoded, at most {MAX_ARGS}", args.len()),
-            );
-        }
-        if let Some(r) = &body.ranks
-            && (r.is_empty() || r.len() > MAX_RANKS)
-        {
-            return fail(
-                Status::BAD,
-                &format!("ranks: {} ranks; give 1 to {MAX_RANKS}, or none for every rank", r.len()),
-            );
-        }
-        let ranks = body.ranks.map(|mut r| {
-            r.sort_unstable();
-            r.dedup();
-            r
-        });
         let world = self.board.running(run.seq).map(|(_, nnodes, nproc)| nnodes.saturating_mul(nproc));
-        if let (Some(w), Some(bad)) = (world, ranks.as_ref().and_then(|r| r.iter().find(|r| **r >= world.unwrap_or(0))))
+        if let (Some(w), Some(bad)) =
+            (world, spec.ranks.as_ref().and_then(|r| r.iter().find(|r| **r >= world.unwrap_or(0))))
         {
             return fail(
                 Status::BAD,
@@ -261,9 +216,8 @@ impl Desk {
             }
             id
         };
-        let spec = Spec { method: body.method, encoding, args, ranks };
         tracing::debug!(actor = %run.id, call = id, method = %spec.method, "actor call");
-        tokio::spawn(Arc::clone(self).drive(run.seq, id, spec, tx));
+        tokio::spawn(Arc::clone(self).drive(run.seq, id, (spec, share), tx));
         wait_answer(id, rx, wait_of(req)).await
     }
 
@@ -374,7 +328,13 @@ impl Desk {
     }
 
     /// Run one call to its answer.
-    async fn drive(self: Arc<Self>, seq: u64, id: u64, spec: Spec, done: watch::Sender<Option<Arc<String>>>) {
+    async fn drive(
+        self: Arc<Self>,
+        seq: u64,
+        id: u64,
+        (spec, share): (Spec, Share),
+        done: watch::Sender<Option<Arc<String>>>,
+    ) {
         let mut last: Vec<(u32, Outcome)> = Vec::new();
         // The operations published, removed from the store once answered.
         let mut spent: Vec<(u64, Vec<u32>)> = Vec::new();
@@ -431,6 +391,8 @@ impl Desk {
             tracing::debug!(call = id, round, "no rank ran the call before its round ended; publishing it again");
         };
         let text = render(id, &spec, &answer);
+        // Over: its arguments no longer count against the open calls' bounds.
+        drop(share);
         self.entry(seq, id, |e| e.size = text.len());
         let _ = done.send(Some(Arc::new(text)));
         // After the answer: a cancel published from now on removes its own.
@@ -526,15 +488,6 @@ impl Desk {
             self.put_back(c);
         }
     }
-}
-
-/// A call's content.
-#[derive(Debug)]
-struct Spec {
-    method: String,
-    encoding: Encoding,
-    args: String,
-    ranks: Option<Vec<u32>>,
 }
 
 fn ranks_of(spec: &Spec, world: u32) -> Vec<u32> {

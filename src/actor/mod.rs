@@ -13,6 +13,8 @@
 //! - [`calls`], on the store host, beside the control API: `POST
 //!   /v1/actors/{id}/calls` publishes a call in the agents' store and
 //!   gathers every rank's result.
+//! - [`intake`]: a call's body parsed within bounds, and the bytes the
+//!   calls not over may hold.
 //! - [`bridge`], in every pod's agent: reads the calls from the store,
 //!   hands them to its workers over a Unix socket, writes their results,
 //!   and answers for a worker that died with what killed it.
@@ -43,6 +45,7 @@
 
 pub mod bridge;
 pub mod calls;
+mod intake;
 mod reader;
 mod socket;
 pub mod wire;

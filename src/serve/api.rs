@@ -30,9 +30,12 @@
 //! - Connections that have not shown the token wait in a lobby of 256
 //!   shared by source ([`crate::lobby`]): a flood from one address only
 //!   evicts its own connections, never a slow client from another.
-//! - With the token, 64 requests at once (a body of up to 72 MiB within
-//!   30 s), and 64 log followers apart: one more of either is answered 503,
-//!   so followers never take a request's place. A follower watches its read
+//! - With the token, 64 requests at once, and 64 log followers apart: one
+//!   more of either is answered 503, so followers never take a request's
+//!   place. A body is bounded before it is read ([`super::intake`]): by
+//!   its endpoint's limit (72 MiB for a run's files, 8 MiB for a call or a
+//!   setup, 64 KiB else; 413 past it), sent within 30 s, and by what all
+//!   bodies held at once may take together (256 MiB; 503 past it). A follower watches its read
 //!   side and ends as soon as its client hangs up (EOF or reset), though the
 //!   run be silent; any reply chunk the client does not take within 30 s
 //!   ends its connection.
@@ -49,9 +52,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::board::{Board, Record, State};
 use super::spec::{Run, check, check_archive, shown};
-use super::{Link, Scope, files, kind, logs};
-use crate::http::{Limits, Lobby, Request, Status, Ticket, admit, error_body, read_body, respond, same};
+use super::{Link, Scope, files, intake, kind, logs};
+use crate::http::{Limits, Lobby, Request, Status, Ticket, admit, error_body, respond, same};
 use crate::store::Dial;
+
+pub use super::make_token;
 
 /// Connections the kernel queues before they are accepted.
 const BACKLOG: u32 = 1024;
@@ -63,13 +68,13 @@ const MAX_WAITING: usize = 256;
 const MAX_REQUESTS: usize = 64;
 /// Log followers (`?follow=true`) at once; one more is answered 503.
 const MAX_FOLLOWERS: usize = 64;
-/// A request's head, and its body (a run's files, base64).
-const LIMITS: Limits = Limits { head: 16 * 1024, body: 72 * 1024 * 1024 };
+/// A request's head (its body's limit is its endpoint's, [`intake::limit`]).
+const LIMITS: Limits = Limits { head: intake::HEAD, body: 0 };
 /// Time from a connection's accept to the end of its request's head
 /// (where the token is): an idle or trickling client is cut off after it.
 const HEAD_TIME: Duration = Duration::from_secs(10);
-/// Time a client with the token gets to send its body (up to 72 MiB), or
-/// to take one chunk of a reply.
+/// Time a client with the token gets to send its body, or to take one
+/// chunk of a reply.
 const REQUEST_TIME: Duration = Duration::from_secs(30);
 /// How often a log follower looks for new lines.
 const FOLLOW_EVERY: Duration = Duration::from_millis(100);
@@ -132,6 +137,7 @@ struct Slots {
     lobby: Arc<Lobby>,
     requests: Semaphore,
     followers: Semaphore,
+    bodies: intake::Bodies,
 }
 
 /// Bind the control API and serve it until `cancel`; the bound address.
@@ -147,6 +153,7 @@ pub async fn serve(conf: Conf, board: Arc<Board>, cancel: CancellationToken) -> 
         lobby: Lobby::new(MAX_WAITING),
         requests: Semaphore::new(MAX_REQUESTS),
         followers: Semaphore::new(MAX_FOLLOWERS),
+        bodies: intake::Bodies::default(),
     });
     let link = tokio::sync::Mutex::new(Link::new(conf.dial.clone(), &conf.base));
     let api = Arc::new(Api { conf, board, link, submit: tokio::sync::Mutex::new(()) });
@@ -202,15 +209,22 @@ async fn connection(api: &Api, slots: &Slots, mut conn: TcpStream, ticket: Ticke
         .await;
         return;
     };
-    let refused = match tokio::time::timeout(REQUEST_TIME, read_body(&mut conn, &mut req, LIMITS)).await {
-        Ok(Ok(())) => None,
-        Ok(Err(status)) => Some((status, "malformed or oversized request body")),
-        Err(_) => Some((Status::TIMEOUT, "request body not sent in time")),
+    // Held until the answer is sent: the body lives as long as the request.
+    let _body = match intake::read(&mut conn, &mut req, &slots.bodies, REQUEST_TIME).await {
+        Ok(held) => held,
+        Err((status, message)) => {
+            // What the client still sends is dropped (its place kept), so
+            // that it sees the refusal rather than a reset.
+            let refuse = async {
+                if respond(&mut conn, status, &error_body(status, &message)).await.is_ok() && status != Status::TIMEOUT
+                {
+                    crate::http::closed(&mut conn).await;
+                }
+            };
+            let _ = tokio::time::timeout(crate::http::LINGER, refuse).await;
+            return;
+        }
     };
-    if let Some((status, message)) = refused {
-        let _ = tokio::time::timeout(REQUEST_TIME, respond(&mut conn, status, &error_body(status, message))).await;
-        return;
-    }
     let parts: Vec<&str> = req.path.trim_matches('/').split('/').collect();
     let (status, body) = match (req.method.as_str(), parts.as_slice()) {
         (_, ["v1", "actors", id, "calls", rest @ ..]) => match (api.board.get(id), &api.conf.calls) {
@@ -582,18 +596,4 @@ async fn idle_watch(api: Arc<Api>, limit: Duration, cancel: CancellationToken) {
         }
         return;
     }
-}
-
-/// A random token in `dir/control-token` (mode 0600), for a control API
-/// started without `--control-token-file`.
-pub fn make_token(dir: &std::path::Path) -> std::io::Result<PathBuf> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::create_dir_all(dir)?;
-    let path = dir.join("control-token");
-    let token = format!("{:016x}{:016x}", crate::sys::random_u64(), crate::sys::random_u64());
-    let _ = std::fs::remove_file(&path);
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
-    f.write_all(token.as_bytes())?;
-    Ok(path)
 }

@@ -39,8 +39,10 @@
 
 pub mod api;
 pub mod board;
+pub mod bounded;
 pub mod cache;
 pub mod files;
+pub mod intake;
 pub mod logs;
 pub mod setup;
 pub mod spec;
@@ -381,6 +383,20 @@ pub fn unseal<'a>(token: &str, scope: &Scope, kind: &str, seq: u64, value: &'a [
 /// The run in a value [`seal`]ed with `token` for `scope`, or why it is refused.
 pub fn open(token: &str, scope: &Scope, value: &[u8]) -> Result<spec::Run, String> {
     serde_json::from_slice(unseal(token, scope, kind::RUN, 0, value)?).map_err(|e| format!("not a run: {e}"))
+}
+
+/// A random token in `dir/control-token` (mode 0600), for a control API
+/// started without `--control-token-file`.
+pub fn make_token(dir: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("control-token");
+    let token = format!("{:016x}{:016x}", crate::sys::random_u64(), crate::sys::random_u64());
+    let _ = std::fs::remove_file(&path);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+    f.write_all(token.as_bytes())?;
+    Ok(path)
 }
 
 /// The token in `file` (trimmed; an empty file is an error).

@@ -33,16 +33,33 @@ pub const MAX_STEP: usize = 256 * 1024;
 /// (MAX_ARG_STRLEN, 32 pages, with its NUL byte).
 const MAX_ARG: usize = 128 * 1024 - 1;
 
+/// Most words of a pip step, and most variables of an env step (counted
+/// while the body is parsed, so that a long list of short words cannot
+/// grow to many times the body's size).
+const MAX_STEP_WORDS: usize = 1024;
+
 /// One setup step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase", deny_unknown_fields)]
 pub enum Step {
     /// `python -m pip install --target <site> --upgrade <args>`.
-    Pip(Vec<String>),
+    Pip(#[serde(deserialize_with = "pip_words")] Vec<String>),
     /// `bash <file>`, the file holding the script.
     Bash(String),
     /// Variables for every later step and every worker.
-    Env(BTreeMap<String, String>),
+    Env(#[serde(deserialize_with = "env_vars")] BTreeMap<String, String>),
+}
+
+fn pip_words<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    super::bounded::seq(d, MAX_STEP_WORDS, "words in a pip step")
+}
+
+fn env_vars<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    super::bounded::map(d, MAX_STEP_WORDS, "variables in an env step")
+}
+
+fn steps<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Step>, D::Error> {
+    super::bounded::seq(d, MAX_STEPS, "steps")
 }
 
 impl Step {
@@ -61,6 +78,7 @@ impl Step {
 #[serde(deny_unknown_fields)]
 pub struct Submit {
     /// The steps, in order.
+    #[serde(deserialize_with = "steps")]
     pub steps: Vec<Step>,
 }
 

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 /// Most files in one run.
 pub const MAX_FILES: usize = 10_000;
@@ -39,19 +40,21 @@ const RESERVED: &[&str] = &[
 /// Prefixes of variables trainlet owns.
 const RESERVED_PREFIXES: &[&str] = &["TORCHELASTIC_", "TRAINLET_", "KUBEFLOW_TRAINER_SERVER_"];
 
-/// `POST /v1/runs`'s JSON body.
+/// `POST /v1/runs`'s JSON body. Every list and map stops at its cap while
+/// it is parsed ([`super::bounded`]), and an actor's arguments stay text:
+/// what a body parses into is bounded by those caps and its own bytes.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Submit {
     /// The program and its first arguments, e.g. `["python", "train.py"]`
     /// (none for an actor: trainlet's actor runtime is the program).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "words")]
     pub command: Vec<String>,
     /// More arguments.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "words")]
     pub args: Vec<String>,
     /// Variables for the workers.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "variables")]
     pub env: BTreeMap<String, String>,
     /// Workers per pod (default: the pod's).
     #[serde(default)]
@@ -60,7 +63,7 @@ pub struct Submit {
     #[serde(default)]
     pub max_restarts: Option<u32>,
     /// Relative path -> base64 content.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "file_map")]
     pub files: BTreeMap<String, String>,
     /// Stop a running run and start this one instead (else 409).
     #[serde(default)]
@@ -70,6 +73,18 @@ pub struct Submit {
     pub actor: Option<ActorSubmit>,
 }
 
+fn words<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    super::bounded::seq(d, MAX_WORDS, "words")
+}
+
+fn variables<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    super::bounded::map(d, MAX_WORDS, "variables")
+}
+
+fn file_map<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    super::bounded::map(d, MAX_FILES, "files")
+}
+
 /// `POST /v1/actors`'s `actor`: what every worker instantiates.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -77,12 +92,12 @@ pub struct ActorSubmit {
     /// `package.module:Name`: a class (instantiated once per worker) or a
     /// function (a one-method actor, called as `__call__`).
     pub target: String,
-    /// Positional arguments of `Name(...)`, JSON.
+    /// Positional arguments of `Name(...)`, a JSON list, kept as sent.
     #[serde(default)]
-    pub args: Vec<serde_json::Value>,
-    /// Keyword arguments, JSON.
+    pub args: Option<Box<RawValue>>,
+    /// Keyword arguments, a JSON object, kept as sent.
     #[serde(default)]
-    pub kwargs: serde_json::Map<String, serde_json::Value>,
+    pub kwargs: Option<Box<RawValue>>,
     /// `(args, kwargs)` pickled and base64-encoded, instead of `args` and
     /// `kwargs` (the workers unpickle it: only for drivers they trust).
     #[serde(default)]
@@ -206,13 +221,16 @@ pub fn check_archive(json: &str, body: &[u8]) -> Result<Checked, String> {
 
 /// Parse and check a JSON submission.
 pub fn check(body: &[u8]) -> Result<Checked, String> {
-    let s: Submit = serde_json::from_slice(body).map_err(|e| format!("the body is not a valid run: {e}"))?;
+    let mut s: Submit = serde_json::from_slice(body).map_err(|e| format!("the body is not a valid run: {e}"))?;
     let mut files = Vec::new();
-    for (path, b64) in &s.files {
+    // Each file's base64 is dropped once decoded: the body, its text and
+    // its bytes are never all held at once.
+    for (path, b64) in std::mem::take(&mut s.files) {
         let data = data_encoding::BASE64
             .decode(b64.as_bytes())
-            .map_err(|e| format!("files[{}]: not base64 ({e})", shown(path)))?;
-        files.push((path.clone(), data));
+            .map_err(|e| format!("files[{}]: not base64 ({e})", shown(&path)))?;
+        drop(b64);
+        files.push((path, data));
     }
     checked(s, files)
 }
@@ -292,17 +310,20 @@ pub fn check_actor(a: ActorSubmit) -> Result<Actor, String> {
             shown(&a.target)
         ));
     }
+    let (args, kwargs) = (a.args.as_deref(), a.kwargs.as_deref());
+    // Refused for its size before the arguments are copied.
+    let size = a.pickle.as_ref().map_or_else(|| super::bounded::encoded_len(args, kwargs), String::len);
+    if size > MAX_INIT {
+        return Err(format!("actor: the init arguments are {size} bytes encoded, at most {MAX_INIT}"));
+    }
     let (encoding, init) = match a.pickle {
-        Some(p) if a.args.is_empty() && a.kwargs.is_empty() => {
+        Some(p) if super::bounded::empty(args) && super::bounded::empty(kwargs) => {
             data_encoding::BASE64.decode(p.as_bytes()).map_err(|e| format!("actor.pickle: not base64 ({e})"))?;
             (Encoding::Pickle, p)
         }
         Some(_) => return Err("actor: give either pickle or args/kwargs, not both".into()),
-        None => (Encoding::Json, serde_json::json!({ "args": a.args, "kwargs": a.kwargs }).to_string()),
+        None => (Encoding::Json, super::bounded::arguments(args, kwargs, "actor.")?),
     };
-    if init.len() > MAX_INIT {
-        return Err(format!("actor: the init arguments are {} bytes encoded, at most {MAX_INIT}", init.len()));
-    }
     Ok(Actor { target: a.target, encoding, init, restart: a.restart })
 }
 

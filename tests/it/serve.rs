@@ -48,26 +48,50 @@ fn pod_args(s: &Served, control: u16, node: u32, extra: &[&str]) -> Vec<String> 
 }
 
 pub(crate) fn start(n: u32, extra: &[&str]) -> Served {
+    start_some(n, n, extra, None)
+}
+
+/// A served job of `n` pods of which only the first `up` are started, pod
+/// 0 inside `cg` when one is given.
+pub(crate) fn start_some(n: u32, up: u32, extra: &[&str], cg: Option<&crate::memcg::MemCgroup>) -> Served {
     let dir = tempfile::tempdir().expect("tmp");
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token");
     let control = free_port();
     let store_port = free_port();
     let mut s = Served { pods: Vec::new(), url: format!("http://127.0.0.1:{control}"), token_file, dir, store_port };
-    for node in 0..n {
-        s.pods.push(start_pod(&s, (control, n), node, extra));
+    for node in 0..up {
+        s.pods.push(start_pod_in(&s, (control, n), node, extra, cg.filter(|_| node == 0)));
     }
     s.pods[0].wait_for_stderr("control API listening", Duration::from_secs(30));
     s
 }
 
 pub(crate) fn start_pod(s: &Served, (control, n): (u16, u32), node: u32, extra: &[&str]) -> Pod {
+    start_pod_in(s, (control, n), node, extra, None)
+}
+
+/// Pod `node`, inside `cg` when one is given.
+fn start_pod_in(
+    s: &Served,
+    (control, n): (u16, u32),
+    node: u32,
+    extra: &[&str],
+    cg: Option<&crate::memcg::MemCgroup>,
+) -> Pod {
     let args = pod_args(s, control, node, extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut env = pod_env(n, s.store_port, node);
     env.push(("PET_LOCAL_ADDR".into(), format!("127.0.0.{}", node + 1)));
     let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    Pod::start(&args, &pairs)
+    match cg {
+        Some(cg) => {
+            let argv = cg.wrap(&bin(), &args);
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            Pod::start_as(std::path::Path::new("/bin/sh"), &argv, &pairs)
+        }
+        None => Pod::start(&args, &pairs),
+    }
 }
 
 /// One HTTP/1.1 request; (status, body) with a chunked body decoded.
