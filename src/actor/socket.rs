@@ -2,20 +2,44 @@
 //! workers dial (each connection's hello, then its frames as
 //! [`Event`]s for the bridge's core), and the writer of outcomes to the
 //! agents' store, in order, on a connection of its own.
+//!
+//! Whatever runs in a worker can dial the socket (the actor's own code
+//! included), so what a connection can make the agent hold is bounded:
+//! connections that have not said hello wait in a lobby of
+//! [`MAX_WAITING`] (a new one evicts the oldest) and may send a frame of
+//! [`HELLO_FRAME`] at most; after its hello a connection lives only while
+//! the core keeps it as its rank's worker (one per local rank: a refused
+//! or replaced one is closed); and every frame waits for its share of
+//! [`IN_FLIGHT`] bytes, over all the connections, before its bytes are
+//! read, which must come within [`FRAME_TIME`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::AsyncRead;
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 use tokio_util::sync::CancellationToken;
 
 use super::Outcome;
 use super::bridge::Event;
-use super::wire::{self, FromWorker, ToWorker};
+use super::wire::{self, FrameError, FromWorker, ToWorker};
+use crate::lobby::{Lobby, Ticket};
 use crate::serve::Link;
 
 /// How long a worker has to say who it is.
 const HELLO_TIME: Duration = Duration::from_secs(30);
+/// Connections that have not said hello; a new one evicts the oldest (a
+/// worker says hello as soon as it connects, long before 64 newer ones).
+const MAX_WAITING: usize = 64;
+/// Largest frame before a connection's hello (a hello is under 100 bytes).
+const HELLO_FRAME: usize = 64 * 1024;
+/// Bytes of frames being read at once, over every connection of the
+/// actor on this pod: a frame waits for its share (the largest fits).
+const IN_FLIGHT: usize = wire::MAX_FRAME;
+/// Time a frame's bytes get to come once its length is in.
+const FRAME_TIME: Duration = Duration::from_secs(30);
 
 /// Write outcomes in order, on a connection of their own.
 pub(super) fn writer(mut link: Link, cancel: CancellationToken) -> UnboundedSender<(String, Vec<u8>)> {
@@ -42,6 +66,8 @@ pub(super) fn writer(mut link: Link, cancel: CancellationToken) -> UnboundedSend
 
 /// Every worker connection: its hello, then its frames as events.
 pub(super) async fn accept(listener: UnixListener, tx: UnboundedSender<Event>, cancel: CancellationToken) {
+    let lobby = Lobby::new(MAX_WAITING);
+    let flight = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut next = 0u64;
     loop {
         let conn = tokio::select! {
@@ -57,13 +83,44 @@ pub(super) async fn accept(listener: UnixListener, tx: UnboundedSender<Event>, c
             }
         };
         next += 1;
-        tokio::spawn(worker(stream, next, tx.clone(), cancel.child_token()));
+        let door = (lobby.enter(), Arc::clone(&flight));
+        tokio::spawn(worker(stream, next, door, tx.clone(), cancel.child_token()));
     }
 }
 
-async fn worker(stream: UnixStream, conn: u64, tx: UnboundedSender<Event>, cancel: CancellationToken) {
+/// One frame of at most `max` bytes: its length, then its share of
+/// `flight` (held until it is decoded), then its bytes within
+/// [`FRAME_TIME`].
+async fn frame<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    max: usize,
+    flight: &Semaphore,
+) -> Result<Option<FromWorker>, FrameError> {
+    let Some(n) = wire::length(rd, max).await? else { return Ok(None) };
+    // Never closed, and n is at most IN_FLIGHT: the share comes.
+    let Ok(_share) = flight.acquire_many(u32::try_from(n).unwrap_or(u32::MAX)).await else { return Ok(None) };
+    let body = tokio::time::timeout(FRAME_TIME, wire::body(rd, n))
+        .await
+        .map_err(|_| FrameError::Io(std::io::ErrorKind::TimedOut.into()))??;
+    wire::decode(&body)
+}
+
+async fn worker(
+    stream: UnixStream,
+    conn: u64,
+    (ticket, flight): (Ticket, Arc<Semaphore>),
+    tx: UnboundedSender<Event>,
+    cancel: CancellationToken,
+) {
     let (mut rd, mut wr) = stream.into_split();
-    let hello = tokio::time::timeout(HELLO_TIME, wire::read(&mut rd)).await;
+    let hello = tokio::select! {
+        biased;
+        hello = tokio::time::timeout(HELLO_TIME, frame(&mut rd, HELLO_FRAME, &flight)) => hello,
+        () = ticket.evicted() => {
+            return tracing::debug!("an actor connection was evicted by newer ones before its hello; closed");
+        }
+    };
+    drop(ticket);
     let (rank, pid) = match hello {
         Ok(Ok(Some(FromWorker::Hello { rank, pid, .. }))) => (rank, pid),
         Ok(Ok(_)) => return tracing::warn!("an actor connection did not begin with hello; closed"),
@@ -84,7 +141,7 @@ async fn worker(stream: UnixStream, conn: u64, tx: UnboundedSender<Event>, cance
     };
     let recv = async {
         loop {
-            let ev = match wire::read(&mut rd).await {
+            let ev = match frame(&mut rd, wire::MAX_FRAME, &flight).await {
                 Ok(Some(FromWorker::Ready)) => Event::Ready { conn },
                 Ok(Some(FromWorker::InitFailed { error })) => Event::InitFailed { conn, error },
                 Ok(Some(FromWorker::Result { id, ok, value, error })) => {

@@ -1,7 +1,7 @@
 //! The frames between a pod's agent and its actor workers, over the Unix
 //! socket in `TRAINLET_ACTOR_SOCKET`: a 4-byte big-endian length, then a
-//! JSON object of that many bytes (at most [`MAX_FRAME`]; either side
-//! closes the connection on a larger one).
+//! JSON object of that many bytes (at most [`MAX_FRAME`], 64 KiB before
+//! the hello; either side closes the connection on a larger one).
 //!
 //! | from | frame | meaning |
 //! |---|---|---|
@@ -106,16 +106,17 @@ pub enum FrameError {
     /// The connection.
     #[error("the worker's connection")]
     Io(#[from] std::io::Error),
-    /// Longer than [`MAX_FRAME`].
-    #[error("a frame of {0} bytes, more than {MAX_FRAME}")]
-    TooLong(usize),
+    /// Longer than its limit ([`MAX_FRAME`], or less before a hello).
+    #[error("a frame of {0} bytes, more than {1}")]
+    TooLong(usize, usize),
     /// Not a frame of this protocol.
     #[error("not a frame of the actor protocol: {0}")]
     Bad(String),
 }
 
-/// Read one frame; None at a clean end of the stream.
-pub async fn read<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<FromWorker>, FrameError> {
+/// The length of the next frame, refused past `max` before a byte of it
+/// is read; None at a clean end of the stream.
+pub async fn length<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<Option<usize>, FrameError> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len).await {
         Ok(_) => {}
@@ -123,21 +124,31 @@ pub async fn read<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<FromWorker>,
         Err(e) => return Err(e.into()),
     }
     let n = u32::from_be_bytes(len) as usize;
-    if n > MAX_FRAME {
-        return Err(FrameError::TooLong(n));
+    if n > max.min(MAX_FRAME) {
+        return Err(FrameError::TooLong(n, max.min(MAX_FRAME)));
     }
+    Ok(Some(n))
+}
+
+/// A frame's `n` bytes, once [`length`] has let them through.
+pub async fn body<R: AsyncRead + Unpin>(r: &mut R, n: usize) -> Result<Vec<u8>, FrameError> {
     let mut buf = vec![0u8; n];
     r.read_exact(&mut buf).await?;
-    serde_json::from_slice(&buf).map(Some).map_err(|e| FrameError::Bad(e.to_string()))
+    Ok(buf)
+}
+
+/// A frame's bytes as what it says.
+pub fn decode(body: &[u8]) -> Result<Option<FromWorker>, FrameError> {
+    serde_json::from_slice(body).map(Some).map_err(|e| FrameError::Bad(e.to_string()))
 }
 
 /// Write one frame.
 pub async fn write<W: AsyncWrite + Unpin>(w: &mut W, frame: &ToWorker) -> Result<(), FrameError> {
     let body = serde_json::to_vec(frame).map_err(|e| FrameError::Bad(e.to_string()))?;
     if body.len() > MAX_FRAME {
-        return Err(FrameError::TooLong(body.len()));
+        return Err(FrameError::TooLong(body.len(), MAX_FRAME));
     }
-    let len = u32::try_from(body.len()).map_err(|_| FrameError::TooLong(body.len()))?;
+    let len = u32::try_from(body.len()).map_err(|_| FrameError::TooLong(body.len(), MAX_FRAME))?;
     let mut out = Vec::with_capacity(4 + body.len());
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(&body);
@@ -149,6 +160,12 @@ pub async fn write<W: AsyncWrite + Unpin>(w: &mut W, frame: &ToWorker) -> Result
 mod tests {
     use super::*;
 
+    /// One frame of at most [`MAX_FRAME`]; None at a clean end.
+    async fn read<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<FromWorker>, FrameError> {
+        let Some(n) = length(r, MAX_FRAME).await? else { return Ok(None) };
+        decode(&body(r, n).await?)
+    }
+
     #[tokio::test]
     async fn frames_round_trip_and_oversized_ones_are_refused() {
         let f = FromWorker::Result { id: 4, ok: true, value: Some("[1, 2]".into()), error: None };
@@ -159,7 +176,9 @@ mod tests {
         assert_eq!(read(&mut r).await.expect("read"), Some(f));
         assert!(read(&mut r).await.expect("eof").is_none());
         let mut big = &(u32::try_from(MAX_FRAME).expect("fits") + 1).to_be_bytes()[..];
-        assert!(matches!(read(&mut big).await, Err(FrameError::TooLong(_))));
+        assert!(matches!(read(&mut big).await, Err(FrameError::TooLong(..))));
+        let mut hello = &[&1025u32.to_be_bytes()[..], &[b' '; 1025]].concat()[..];
+        assert!(matches!(length(&mut hello, 1024).await, Err(FrameError::TooLong(1025, 1024))));
         let hello: FromWorker =
             serde_json::from_str(r#"{"op":"hello","rank":3,"local_rank":1,"pid":42}"#).expect("hello");
         assert_eq!(hello, FromWorker::Hello { rank: 3, local_rank: 1, pid: 42 });

@@ -210,6 +210,20 @@ fn deploy(s: &Served) -> String {
     json(&reply)["id"].as_str().expect("id").to_string()
 }
 
+/// POST a call (`body`) to the actor; (status, reply).
+fn call(s: &Served, id: &str, body: &serde_json::Value, wait: u32) -> (u16, String) {
+    let path = format!("/v1/actors/{id}/calls?wait={wait}");
+    send(&s.url, &path, body.to_string().as_bytes(), Duration::from_millis(0))
+}
+
+/// Rank 0's value of a call that ended.
+fn value(status: u16, reply: &str) -> serde_json::Value {
+    assert_eq!(status, 200, "{reply}");
+    let v = json(reply);
+    assert_eq!(v["ok"], true, "{reply}");
+    v["results"][0]["value"].clone()
+}
+
 /// Calls not over used to hold their arguments without a bound in bytes
 /// (1,024 calls of 7 MiB): 160 of 7 MiB to an actor still starting get
 /// what the actor's bound holds, the rest a 503 that names it.
@@ -236,4 +250,33 @@ fn calls_not_over_are_bounded_in_bytes() {
     assert!(open == 9 && open + bound == 160, "{:?}", replies.iter().map(|(st, _)| st).collect::<Vec<_>>());
     let (status, reply) = http(&s.url, "GET", &format!("/v1/actors/{id}/calls/1?wait=0"), Some(TOKEN), "");
     assert_eq!((status, json(&reply)["done"].as_bool()), (202, Some(false)), "a call taken waits: {reply}");
+}
+
+/// The actor's own code attacks its agent's socket: 40 connections each
+/// sending a 64 MiB frame before their hello (the agent used to take each
+/// one whole), 40 more after a hello for a rank already served, and 200
+/// idle ones; the agent closes them all, and the actor still answers.
+#[test]
+fn actor_code_cannot_flood_its_agents_socket() {
+    let cg = MemCgroup::new("socket", LIMIT);
+    let mut s = start_some(1, 1, &["--standalone"], Some(&cg));
+    let id = deploy(&s);
+    let (status, reply) = call(&s, &id, &serde_json::json!({ "method": "ping" }), 120);
+    assert!(value(status, &reply).is_u64(), "{reply}\n{}", s.pods[0].stderr());
+    cg.reset_peak();
+    let rank0 = |method: &str, args: serde_json::Value| {
+        call(&s, &id, &serde_json::json!({ "method": method, "args": args, "ranks": [0] }), 120)
+    };
+    let replies = [
+        rank0("flood", serde_json::json!([40, 64 * MIB, false])),
+        rank0("flood", serde_json::json!([40, 64 * MIB, true])),
+        rank0("idle", serde_json::json!([200, 2])),
+        rank0("ping", serde_json::json!([])),
+    ];
+    still_serving(&mut s, &cg, "the actor's code flooding its agent's socket");
+    let [pre, post, idle, ping] = replies.map(|(status, reply)| value(status, &reply));
+    assert_eq!((pre, post), (serde_json::json!(40), serde_json::json!(40)), "frames refused before and after a hello");
+    let evicted = idle.as_u64().expect("count");
+    assert!(evicted >= 200 - 64, "at most 64 connections wait for their hello: {evicted} closed");
+    assert!(ping.is_u64(), "the actor answers after the attacks: {ping}");
 }
