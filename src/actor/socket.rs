@@ -9,8 +9,8 @@
 //! [`MAX_WAITING`] (a new one evicts the oldest) and may send a frame of
 //! [`HELLO_FRAME`] at most; after its hello a connection lives only while
 //! the core keeps it as its rank's worker (one per local rank: a refused
-//! or replaced one is closed); and every frame waits for its share of
-//! [`IN_FLIGHT`] bytes, over all the connections, before its bytes are
+//! or replaced one is closed); and every later frame waits for its share
+//! of [`IN_FLIGHT`] bytes, over all the connections, before its bytes are
 //! read, which must come within [`FRAME_TIME`].
 
 use std::sync::Arc;
@@ -89,16 +89,22 @@ pub(super) async fn accept(listener: UnixListener, tx: UnboundedSender<Event>, c
 }
 
 /// One frame of at most `max` bytes: its length, then its share of
-/// `flight` (held until it is decoded), then its bytes within
-/// [`FRAME_TIME`].
+/// `flight` when one is given (held until it is decoded), then its bytes
+/// within [`FRAME_TIME`].
 async fn frame<R: AsyncRead + Unpin>(
     rd: &mut R,
     max: usize,
-    flight: &Semaphore,
+    flight: Option<&Semaphore>,
 ) -> Result<Option<FromWorker>, FrameError> {
     let Some(n) = wire::length(rd, max).await? else { return Ok(None) };
-    // Never closed, and n is at most IN_FLIGHT: the share comes.
-    let Ok(_share) = flight.acquire_many(u32::try_from(n).unwrap_or(u32::MAX)).await else { return Ok(None) };
+    let _share = match flight {
+        // Never closed, and n is at most IN_FLIGHT: the share comes.
+        Some(f) => match f.acquire_many(u32::try_from(n).unwrap_or(u32::MAX)).await {
+            Ok(share) => Some(share),
+            Err(_) => return Ok(None),
+        },
+        None => None,
+    };
     let body = tokio::time::timeout(FRAME_TIME, wire::body(rd, n))
         .await
         .map_err(|_| FrameError::Io(std::io::ErrorKind::TimedOut.into()))??;
@@ -115,7 +121,9 @@ async fn worker(
     let (mut rd, mut wr) = stream.into_split();
     let hello = tokio::select! {
         biased;
-        hello = tokio::time::timeout(HELLO_TIME, frame(&mut rd, HELLO_FRAME, &flight)) => hello,
+        // No share of the frames in flight: hellos are bounded by the lobby
+        // (64 of 64 KiB), and never wait behind a worker's large frame.
+        hello = tokio::time::timeout(HELLO_TIME, frame(&mut rd, HELLO_FRAME, None)) => hello,
         () = ticket.evicted() => {
             return tracing::debug!("an actor connection was evicted by newer ones before its hello; closed");
         }
@@ -141,7 +149,7 @@ async fn worker(
     };
     let recv = async {
         loop {
-            let ev = match frame(&mut rd, wire::MAX_FRAME, &flight).await {
+            let ev = match frame(&mut rd, wire::MAX_FRAME, Some(&flight)).await {
                 Ok(Some(FromWorker::Ready)) => Event::Ready { conn },
                 Ok(Some(FromWorker::InitFailed { error })) => Event::InitFailed { conn, error },
                 Ok(Some(FromWorker::Result { id, ok, value, error })) => {
