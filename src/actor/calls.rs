@@ -30,9 +30,6 @@ use crate::serve::spec::shown;
 use crate::serve::{Link, Scope};
 use crate::store::{Client, ClientError, Dial};
 
-/// Default and longest wait of a call request.
-const WAIT_DEFAULT: f64 = 30.0;
-const WAIT_MAX: f64 = 300.0;
 /// Calls of one actor not over at once; one more is answered 503.
 const MAX_OPEN: usize = 1024;
 /// Calls over whose answers are kept, per actor.
@@ -218,7 +215,7 @@ impl Desk {
         };
         tracing::debug!(actor = %run.id, call = id, method = %spec.method, "actor call");
         tokio::spawn(Arc::clone(self).drive(run.seq, id, (spec, share), tx));
-        wait_answer(id, rx, wait_of(req)).await
+        wait_answer(id, rx, super::intake::wait_of(req)).await
     }
 
     async fn get(&self, run: &Record, n: &str, req: &Request) -> Answer {
@@ -228,7 +225,7 @@ impl Desk {
                 &format!("no call {} of actor {} (or it is no longer kept)", shown(n), run.id),
             );
         };
-        wait_answer(n.parse().unwrap_or(0), rx, wait_of(req)).await
+        wait_answer(n.parse().unwrap_or(0), rx, super::intake::wait_of(req)).await
     }
 
     async fn cancel(&self, run: &Record, n: &str) -> Answer {
@@ -523,18 +520,6 @@ fn render(id: u64, spec: &Spec, outcomes: &[(u32, Outcome)]) -> String {
         .collect();
     let ok = !results.is_empty() && results.iter().all(|r| r["ok"] == true);
     serde_json::json!({ "call": id, "done": true, "ok": ok, "results": results }).to_string()
-}
-
-/// `?wait=S`, bounded.
-fn wait_of(req: &Request) -> Duration {
-    let s = req
-        .query
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("wait="))
-        .and_then(|v| v.parse::<f64>().ok())
-        .filter(|v| v.is_finite() && *v >= 0.0)
-        .unwrap_or(WAIT_DEFAULT);
-    Duration::from_secs_f64(s.min(WAIT_MAX))
 }
 
 async fn wait_answer(id: u64, mut rx: watch::Receiver<Option<Arc<String>>>, wait: Duration) -> Answer {

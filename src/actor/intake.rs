@@ -1,5 +1,6 @@
 //! A call as a driver sends it (`POST /v1/actors/{id}/calls`), parsed
-//! within bounds, and the bytes that the calls not over may hold.
+//! within bounds (its body, and the wait it asks for), and the bytes that
+//! the calls not over may hold.
 //!
 //! The body's arguments are kept as the text they came as and its ranks
 //! are capped while they are read ([`crate::serve::bounded`]): a call's
@@ -15,16 +16,20 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::Encoding;
-use crate::http::Status;
+use crate::http::{Request, Status};
 use crate::serve::bounded;
 use crate::serve::spec::shown;
 
+/// Default and longest wait of a call request.
+const WAIT_DEFAULT: f64 = 30.0;
+const WAIT_MAX: f64 = 300.0;
 /// Most bytes of a call's encoded arguments (the store takes values of
 /// 8 MiB at most, the operation's envelope included).
 pub(super) const MAX_ARGS: usize = 7 * 1024 * 1024;
@@ -114,6 +119,18 @@ pub(super) fn parse(body: &[u8]) -> Result<Spec, (Status, String)> {
         r
     });
     Ok(Spec { method: body.method, encoding, args, ranks })
+}
+
+/// `?wait=S`, bounded.
+pub(super) fn wait_of(req: &Request) -> Duration {
+    let s = req
+        .query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("wait="))
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .unwrap_or(WAIT_DEFAULT);
+    Duration::from_secs_f64(s.min(WAIT_MAX))
 }
 
 /// The bytes of the calls not over: per actor, and for the job.

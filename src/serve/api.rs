@@ -212,18 +212,8 @@ async fn connection(api: &Api, slots: &Slots, mut conn: TcpStream, ticket: Ticke
     // Held until the answer is sent: the body lives as long as the request.
     let _body = match intake::read(&mut conn, &mut req, &slots.bodies, REQUEST_TIME).await {
         Ok(held) => held,
-        Err((status, message)) => {
-            // What the client still sends is dropped (its place kept), so
-            // that it sees the refusal rather than a reset.
-            let refuse = async {
-                if respond(&mut conn, status, &error_body(status, &message)).await.is_ok() && status != Status::TIMEOUT
-                {
-                    crate::http::closed(&mut conn).await;
-                }
-            };
-            let _ = tokio::time::timeout(crate::http::LINGER, refuse).await;
-            return;
-        }
+        // Its place kept while what it still sends is dropped.
+        Err((status, message)) => return intake::refuse(&mut conn, status, &message).await,
     };
     let parts: Vec<&str> = req.path.trim_matches('/').split('/').collect();
     let (status, body) = match (req.method.as_str(), parts.as_slice()) {

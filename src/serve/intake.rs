@@ -13,10 +13,10 @@
 
 use std::time::Duration;
 
-use tokio::io::AsyncRead;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::http::{Limits, Request, Status, read_body};
+use crate::http::{LINGER, Limits, Request, Status, closed, error_body, read_body, respond};
 
 /// A request's head.
 pub const HEAD: usize = 16 * 1024;
@@ -82,6 +82,17 @@ pub async fn read<'a, C: AsyncRead + Unpin>(
         Ok(Err(status)) => Err((status, "malformed or oversized request body".into())),
         Err(_) => Err((Status::TIMEOUT, "request body not sent in time".into())),
     }
+}
+
+/// Answer a request refused here; what its client still sends is dropped
+/// for up to [`LINGER`], so that it sees the answer rather than a reset.
+pub async fn refuse<C: AsyncRead + AsyncWrite + Unpin>(conn: &mut C, status: Status, message: &str) {
+    let refuse = async {
+        if respond(conn, status, &error_body(status, message)).await.is_ok() && status != Status::TIMEOUT {
+            closed(conn).await;
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, refuse).await;
 }
 
 #[cfg(test)]
