@@ -35,10 +35,10 @@
 //!   place. A body is bounded before it is read ([`super::intake`]): by
 //!   its endpoint's limit (72 MiB for a run's files, 8 MiB for a call or a
 //!   setup, 64 KiB else; 413 past it), sent within 30 s, and by what all
-//!   bodies held at once may take together (256 MiB; 503 past it). A follower watches its read
-//!   side and ends as soon as its client hangs up (EOF or reset), though the
-//!   run be silent; any reply chunk the client does not take within 30 s
-//!   ends its connection.
+//!   bodies held at once may take together (256 MiB; 503 past it). A
+//!   follower watches its read side and ends as soon as its client hangs
+//!   up (EOF or reset), though the run be silent; any reply chunk the
+//!   client does not take within 30 s ends its connection.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
