@@ -6,7 +6,8 @@
 //! connections holds at most `cap` descriptors, never locks out a client
 //! that proves itself at once, and from one source (or a few) never
 //! evicts a client from another, however long its head takes to arrive
-//! (a client behind a port-forward over a WAN). Like OpenSSH's
+//! (a client behind a port-forward over a WAN). A Unix socket's peers are
+//! told apart by their process ([`Source::process`]). Like OpenSSH's
 //! `PerSourceMaxStartups`, without refusing anyone outright.
 
 use std::collections::{HashMap, VecDeque};
@@ -18,6 +19,14 @@ use tokio_util::sync::CancellationToken;
 /// address, or an IPv6 address's /64 (what one host can hold).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Source(u128);
+
+impl Source {
+    /// A local process (a Unix socket's peer, by its pid): never equal to
+    /// an address.
+    pub fn process(pid: i32) -> Self {
+        Source((1 << 127) | u128::from(pid.unsigned_abs()))
+    }
+}
 
 impl From<IpAddr> for Source {
     fn from(ip: IpAddr) -> Self {
@@ -95,8 +104,8 @@ impl Lobby {
     }
 
     /// A place for a new connection from `from`, evicting when full.
-    pub fn enter(self: &std::sync::Arc<Self>, from: IpAddr) -> Ticket {
-        let from = Source::from(from);
+    pub fn enter(self: &std::sync::Arc<Self>, from: impl Into<Source>) -> Ticket {
+        let from = from.into();
         let evicted = CancellationToken::new();
         let mut w = self.waiting();
         while w.queue.len() >= self.cap.max(1) {

@@ -83,7 +83,9 @@ pub(super) async fn accept(listener: UnixListener, tx: UnboundedSender<Event>, c
             }
         };
         next += 1;
-        let door = (lobby.enter(), Arc::clone(&flight));
+        // Shared by process: a worker flooding the socket evicts its own.
+        let peer = stream.peer_cred().ok().and_then(|c| c.pid()).unwrap_or(0);
+        let door = (lobby.enter(crate::lobby::Source::process(peer)), Arc::clone(&flight));
         tokio::spawn(worker(stream, next, door, tx.clone(), cancel.child_token()));
     }
 }

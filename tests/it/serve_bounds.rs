@@ -288,3 +288,55 @@ fn actor_code_cannot_flood_its_agents_socket() {
     assert!(evicted >= 200 - 64, "at most 64 connections wait for their hello: {evicted} closed");
     assert!(ping.is_u64(), "the actor answers after the attacks: {ping}");
 }
+
+/// Finding 9: a run that fills the pod's cache (`TRAINLET_CACHE_DIR`)
+/// with 40,000 directories under a 3.8 KB path does not grow the agent
+/// that walks it to measure its use: the walk holds one open directory per
+/// level and one path, not a queue of 40,000 paths (150,000 took the agent
+/// to 1.1 GB). The pod runs in a cgroup of 192 MiB, where the old walk
+/// was OOM-killed.
+#[test]
+fn the_cache_walk_does_not_grow_with_the_tree() {
+    let cg = MemCgroup::new("cache", 192 << 20);
+    let mut s = start_some(1, 1, &["--standalone"], Some(&cg));
+    // 30 levels of 127 bytes, then 40,000 directories side by side.
+    let mut deep = s.dir.path().join("pod0/cache");
+    for i in 0..30 {
+        deep.push(format!("{i:02}{}", "d".repeat(125)));
+    }
+    std::fs::create_dir_all(&deep).expect("the long path");
+    for i in 0..40_000 {
+        std::fs::create_dir(deep.join(format!("{i}"))).expect("a directory");
+    }
+    std::fs::write(deep.join("last"), b"x").expect("a file");
+    // A round's end measures the cache at once.
+    let (status, reply) = http(&s.url, "POST", "/v1/runs", Some(TOKEN), r#"{"command": ["true"]}"#);
+    assert_eq!(status, 201, "{reply}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let (_, body) = http(&s.url, "GET", "/v1/status", Some(TOKEN), "");
+        let cache = json(&body)["cache"].clone();
+        if cache.as_array().is_some_and(|c| c.iter().any(|u| u["files"].as_u64() >= Some(1))) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the walk never counted the file: {body}\n{}",
+            s.pods[0].stderr()
+        );
+        assert!(
+            s.pods[0].child.try_wait().expect("try_wait").is_none(),
+            "the walk killed the pod:\n{}",
+            s.pods[0].stderr()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let hwm = vm_hwm(s.pods[0].pid());
+    eprintln!(
+        "cache walk of 40,000 directories: trainlet VmHWM {} MiB, cgroup peak {} MiB",
+        hwm >> 20,
+        cg.peak() >> 20
+    );
+    assert_eq!(cg.oom_kills(), 0);
+    assert!(hwm < 64 << 20, "the agent reached {} MiB walking the cache", hwm >> 20);
+}
