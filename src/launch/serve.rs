@@ -82,7 +82,7 @@ pub(super) struct Served {
     spawner: Spawner,
     /// The setup steps this pod applied for the current run.
     steps: Vec<Step>,
-    /// What this agent applied, and the digest of what the steps left.
+    /// What this agent applied, and the manifest of what the steps left.
     applied: Applied,
     /// The run that was not over when this pod's idle round ended (its
     /// workers may have ended the round elsewhere): the round is judged

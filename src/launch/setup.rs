@@ -48,19 +48,22 @@ pub(super) async fn apply(
     round: (&mut UnboundedReceiver<SysEvent>, &mut RoundEnd),
 ) -> Result<(), Stop> {
     let host = &pod.plan.output.host;
-    let now = dirs.digest();
-    if applied.left.is_none() || applied.left != now.as_ref().ok().cloned() {
-        match (&applied.left, &now) {
-            (None, _) => {
-                tracing::info!(dir = %dirs.root.display(), "the setup steps' directories start fresh with this agent (its predecessor's runs could write there)")
-            }
-            (Some(_), Ok(_)) => {
-                tracing::warn!(dir = %dirs.root.display(), "the setup steps' directories changed since the steps wrote them (a run wrote there): applying every step again in fresh ones")
-            }
-            (Some(_), Err(e)) => {
-                tracing::warn!(dir = %dirs.root.display(), error = %e, "cannot check the setup steps' directories: applying every step again in fresh ones")
-            }
+    let changed = match (&applied.left, dirs.manifest(applied.left.as_ref())) {
+        (None, _) => {
+            tracing::info!(dir = %dirs.root.display(), "the setup steps' directories start fresh with this agent (its predecessor's runs could write there)");
+            true
         }
+        (Some(_), Ok((_, named))) if named.is_empty() => false,
+        (Some(_), Ok((_, named))) => {
+            tracing::warn!(dir = %dirs.root.display(), changes = %named.join(", "), "the setup steps' directories changed since the steps wrote them (a run wrote there): applying every step again in fresh ones");
+            true
+        }
+        (Some(_), Err(e)) => {
+            tracing::warn!(dir = %dirs.root.display(), error = %e, "cannot check the setup steps' directories: applying every step again in fresh ones");
+            true
+        }
+    };
+    if changed {
         dirs.wipe().map_err(|e| {
             Stop::Failed(format!(
                 "cannot clear the setup steps' directories under {} on pod {host}: {e}",
@@ -71,7 +74,7 @@ pub(super) async fn apply(
     }
     let out = apply_from(steps, (dirs, &mut applied.chain), pod, round).await;
     // What the steps left, to be found unchanged before the next run.
-    applied.left = dirs.digest().ok();
+    applied.left = dirs.manifest(None).ok().map(|(m, _)| m);
     out
 }
 

@@ -44,6 +44,7 @@ pub mod cache;
 pub mod files;
 pub mod intake;
 pub mod logs;
+pub mod manifest;
 pub mod setup;
 pub mod spec;
 pub mod tar;

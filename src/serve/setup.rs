@@ -9,19 +9,20 @@
 //!
 //! Only the steps may write what later runs import. Runs can write the
 //! serve directory (they run as the agent's user), so what a pod applied
-//! is kept in its agent's memory ([`Applied`]), with a digest of the two
-//! directories as the steps left them ([`Dirs::digest`]: every entry's
-//! name, type, mode, size, inode and change time, which no write, rename
-//! or chmod leaves unchanged). Before each run the pod takes the digest
-//! again; a difference (a run wrote there), or a new agent process (its
-//! predecessor's runs may have), means fresh directories and every step
-//! applied again. Pure but for those directories and the store's key.
+//! is kept in its agent's memory ([`Applied`]), with the manifest of the
+//! two directories as the steps left them ([`super::manifest`]). Before
+//! each run the pod takes it again; a difference (a run wrote there), or a
+//! new agent process (its predecessor's runs may have), means fresh
+//! directories and every step applied again. Pure but for those
+//! directories and the store's key.
 
 use std::collections::BTreeMap;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::manifest::Manifest;
 use super::spec::{env_name_refused, sha256_hex, shown};
 
 /// Most steps.
@@ -177,16 +178,10 @@ pub fn first_to_apply(steps: &[Step], applied: &[String]) -> usize {
 pub struct Applied {
     /// The chain of the steps applied.
     pub chain: Vec<String>,
-    /// [`Dirs::digest`] as the steps left the directories (None: never
-    /// taken by this agent).
-    pub left: Option<String>,
+    /// What the steps left in their directories (None: never taken by
+    /// this agent).
+    pub left: Option<Manifest>,
 }
-
-/// Most entries [`Dirs::digest`] reads (a pip install of torch is about
-/// 20,000): more, and the directories are taken as changed.
-const MAX_ENTRIES: usize = 1_000_000;
-/// Most entries of one directory it reads (the names are held to be sorted).
-const MAX_DIR_ENTRIES: usize = 100_000;
 
 /// Where a pod keeps its setup.
 #[derive(Debug, Clone)]
@@ -216,69 +211,35 @@ impl Dirs {
         self.root.join("work")
     }
 
-    /// A digest of the site and work directories: every entry's path,
-    /// type, mode, size, inode and change time, in name order. Err when
-    /// one cannot be read or there are more than the bounds allow.
-    pub fn digest(&self) -> std::io::Result<String> {
-        use std::os::unix::ffi::OsStrExt;
-        use std::os::unix::fs::MetadataExt;
-        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-        let mut seen = 0usize;
-        for top in [self.site(), self.work()] {
-            let mut todo = vec![top];
-            while let Some(dir) = todo.pop() {
-                let meta = match std::fs::symlink_metadata(&dir) {
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                        ctx.update(b"absent\0");
-                        ctx.update(dir.as_os_str().as_bytes());
-                        continue;
-                    }
-                    m => m?,
-                };
-                let mut entries = Vec::new();
-                let line = |path: &Path, m: &std::fs::Metadata| {
-                    format!(
-                        "{}\0{:o} {} {} {}.{}\n",
-                        path.display(),
-                        m.mode(),
-                        m.size(),
-                        m.ino(),
-                        m.ctime(),
-                        m.ctime_nsec()
-                    )
-                };
-                ctx.update(line(&dir, &meta).as_bytes());
-                if !meta.is_dir() {
-                    continue;
-                }
-                for e in std::fs::read_dir(&dir)? {
-                    entries.push(e?.file_name());
-                    if entries.len() > MAX_DIR_ENTRIES {
-                        return Err(std::io::Error::other(format!(
-                            "{} holds over {MAX_DIR_ENTRIES} entries",
-                            dir.display()
-                        )));
-                    }
-                }
-                seen += entries.len();
-                if seen > MAX_ENTRIES {
-                    return Err(std::io::Error::other(format!("over {MAX_ENTRIES} entries")));
-                }
-                entries.sort();
-                for name in entries.into_iter().rev() {
-                    todo.push(dir.join(name));
-                }
-            }
-        }
-        Ok(data_encoding::HEXLOWER.encode(ctx.finish().as_ref()))
+    /// What is in the site and work directories now ([`Manifest`]), and
+    /// what differs from `was`.
+    pub fn manifest(&self, was: Option<&Manifest>) -> std::io::Result<(Manifest, Vec<String>)> {
+        Manifest::take(&self.root, &[self.site(), self.work()], was)
     }
 
-    /// Remove the site and work directories (what the steps wrote).
+    /// Start the site and work directories afresh: moved aside (whatever
+    /// a run did to what is inside, a rename of each works), then removed
+    /// with every earlier leftover, as far as they can be (what cannot is
+    /// logged). `root` is made a plain directory again if a run made it
+    /// something else (a symbolic link to elsewhere).
     pub fn wipe(&self) -> std::io::Result<()> {
+        match std::fs::symlink_metadata(&self.root) {
+            Ok(m) if !m.is_dir() => std::fs::remove_file(&self.root)?,
+            _ => {}
+        }
+        std::fs::create_dir_all(&self.root)?;
         for d in [self.site(), self.work()] {
-            match std::fs::remove_dir_all(&d) {
+            let aside = self.root.join(format!("old-{:016x}", crate::sys::random_u64()));
+            match std::fs::rename(&d, &aside) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
                 _ => {}
+            }
+        }
+        for e in std::fs::read_dir(&self.root)?.flatten() {
+            if e.file_name().as_bytes().starts_with(b"old-")
+                && let Err(err) = std::fs::remove_dir_all(e.path())
+            {
+                tracing::warn!(dir = %e.path().display(), error = %err, "cannot remove the setup steps' old directories");
             }
         }
         Ok(())
@@ -328,38 +289,23 @@ mod tests {
     }
 
     #[test]
-    fn any_write_to_the_steps_directories_changes_their_digest() {
+    fn a_wipe_starts_afresh_whatever_a_run_did_to_the_directories() {
+        use std::os::unix::fs::PermissionsExt;
         let tmp = tempfile::tempdir().expect("tmp");
         let d = Dirs::new(tmp.path());
-        let empty = d.digest().expect("digest");
-        std::fs::create_dir_all(d.site().join("pkg")).expect("site");
+        let (empty, _) = d.manifest(None).expect("manifest");
+        std::fs::create_dir_all(d.site().join("locked/inner")).expect("site");
         std::fs::create_dir_all(d.work()).expect("work");
-        std::fs::write(d.site().join("pkg/__init__.py"), "x = 1\n").expect("write");
-        let made = d.digest().expect("digest");
-        assert_ne!(empty, made);
-        assert_eq!(made, d.digest().expect("digest"), "nothing changed, the same digest");
-        let changes: [&dyn Fn(); 4] = [
-            &|| std::fs::write(d.site().join("pkg/__init__.py"), "x = 2\n").expect("rewrite, same size"),
-            &|| std::fs::write(d.site().join("sitecustomize.py"), "").expect("a new file"),
-            &|| std::fs::write(d.work().join("helper.sh"), "").expect("a file in work"),
-            &|| {
-                use std::os::unix::fs::PermissionsExt;
-                let p = d.site().join("pkg");
-                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-            },
-        ];
-        let mut last = made;
-        for change in changes {
-            // File times tick with the kernel's coarse clock (4 ms at HZ=250):
-            // a run's write comes long after the steps' last one; here, wait.
-            std::thread::sleep(std::time::Duration::from_millis(15));
-            change();
-            let now = d.digest().expect("digest");
-            assert_ne!(now, last, "a change went unseen");
-            last = now;
-        }
+        std::fs::set_permissions(d.site().join("locked"), std::fs::Permissions::from_mode(0o000)).expect("chmod");
         d.wipe().expect("wipe");
-        assert_eq!(d.digest().expect("digest"), empty, "wiped: as before any step");
+        assert_eq!(d.manifest(None).expect("manifest").0, empty, "as before any step");
+        // The root made a link to elsewhere: a plain directory again.
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir_all(&elsewhere).expect("elsewhere");
+        std::fs::remove_dir_all(&d.root).expect("rm");
+        std::os::unix::fs::symlink(&elsewhere, &d.root).expect("link");
+        d.wipe().expect("wipe");
+        assert!(std::fs::symlink_metadata(&d.root).expect("root").is_dir());
     }
 
     #[test]

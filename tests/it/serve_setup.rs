@@ -101,6 +101,7 @@ fn only_the_setup_steps_write_what_runs_import_and_a_new_agent_applies_them_agai
     assert_eq!((count(0), count(1)), (2, 2), "applied again in fresh directories");
     for p in &mut s.pods {
         p.wait_for_stderr("changed since the steps wrote them", Duration::from_secs(5));
+        assert!(p.stderr().contains("added \"site/sitecustomize.py\""), "the change is named:\n{}", p.stderr());
     }
     clean(&s, "nothing planted");
     assert_eq!((count(0), count(1)), (2, 2), "the same agents apply nothing again");
