@@ -72,16 +72,14 @@ impl Waiting {
         Some(token)
     }
 
-    /// The oldest place of the source holding the most (`from`'s own
-    /// among the largest: a source evicts itself before another).
+    /// The oldest place of the source holding the most: `from`'s own when
+    /// it is among the largest (a source evicts itself before another),
+    /// else the oldest place of any of them.
     fn to_evict(&self, from: Source) -> Option<usize> {
         let most = self.held.values().copied().max()?;
-        let victim = if self.held.get(&from) == Some(&most) {
-            from
-        } else {
-            *self.held.iter().find(|(_, n)| **n == most).map(|(s, _)| s)?
-        };
-        self.queue.iter().position(|(_, s, _)| *s == victim)
+        let victim =
+            |s: &Source| if self.held.get(&from) == Some(&most) { *s == from } else { self.held.get(s) == Some(&most) };
+        self.queue.iter().position(|(_, s, _)| victim(s))
     }
 }
 
@@ -181,5 +179,16 @@ mod tests {
         assert_ne!(Source::from(ip("::a00:1")), Source::from(ip("10.0.0.1")), "v6 never meets v4");
         drop((client, flood, other));
         assert!(lobby.waiting().queue.is_empty() && lobby.waiting().held.is_empty());
+    }
+
+    #[tokio::test]
+    async fn of_the_sources_holding_the_most_the_oldest_place_goes() {
+        let lobby = Lobby::new(4);
+        let (a, b) = (ip("10.0.1.1"), ip("10.0.1.2"));
+        let (a1, b1, a2, b2) = (lobby.enter(a), lobby.enter(b), lobby.enter(a), lobby.enter(b));
+        let c = lobby.enter(ip("10.0.1.3"));
+        let d = lobby.enter(ip("10.0.1.4"));
+        let gone: Vec<bool> = [&a1, &b1, &a2, &b2, &c, &d].iter().map(|t| t.evicted.is_cancelled()).collect();
+        assert_eq!(gone, [true, true, false, false, false, false], "a1, then b1 (B held the most)");
     }
 }

@@ -242,7 +242,9 @@ impl Desk {
         if over {
             return (Status::OK, serde_json::json!({ "call": id, "state": "over" }).to_string());
         }
-        // One cancel per operation: asking again adds nothing to the store.
+        // Asking again once its cancel is published adds nothing to the
+        // store (two asked at one moment may both publish; both are removed
+        // with the call).
         if let Some((op, round)) = at.filter(|(op, _)| !sent.iter().any(|(c, _)| c == op)) {
             match self.publish(run.seq, round, What::Cancel { call: op }).await {
                 Ok(n) => {

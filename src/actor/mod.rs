@@ -57,14 +57,10 @@ pub use crate::serve::spec::Encoding;
 /// The worker-side runtime: imports the target, instantiates it, serves calls.
 pub const RUNTIME: &str = include_str!("runtime.py");
 
-/// Write [`RUNTIME`] at `path` (replacing what is there).
+/// Write [`RUNTIME`] at `path`, replacing whatever a run left at that
+/// name (a changed copy, a link, a FIFO), never read or written through.
 pub fn write_runtime(path: &std::path::Path) -> std::io::Result<()> {
-    if std::fs::read(path).is_ok_and(|b| b == RUNTIME.as_bytes()) {
-        return Ok(());
-    }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, RUNTIME)?;
-    std::fs::rename(&tmp, path)
+    crate::serve::files::write_new(path, RUNTIME.as_bytes())
 }
 
 /// Why an actor operation failed on the trainlet side.

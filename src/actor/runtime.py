@@ -72,19 +72,45 @@ User code may ``import trainlet_actor`` for ``Cancelled`` and
 Standard library only; Python 3.9+.
 """
 
-import base64
-import ctypes
-import importlib
-import json
-import os
-import pickle
-import socket
-import struct
+import posix  # built in, like sys: found nowhere on sys.path
 import sys
-import threading
-import time
-import traceback
-import types
+
+
+def _forget_own_dir():
+    """Drop this file's directory (the pod's serve directory, which runs
+    can write) from sys.path before anything else is imported: a module
+    an earlier run left there (json.py) is never imported in its place."""
+    here = globals().get("__file__", "").rpartition("/")[0] or "."
+    try:
+        mine = posix.stat(here)
+    except OSError:
+        return
+    kept = []
+    for p in sys.path:
+        try:
+            st = posix.stat(p or ".")
+            if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                continue
+        except OSError:
+            pass
+        kept.append(p)
+    sys.path[:] = kept
+
+
+_forget_own_dir()
+
+import base64  # noqa: E402
+import ctypes  # noqa: E402
+import importlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import pickle  # noqa: E402
+import socket  # noqa: E402
+import struct  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+import types  # noqa: E402
 
 MAX_FRAME = 64 * 1024 * 1024
 RECONFIGURE_DRAIN = 1.0

@@ -48,7 +48,13 @@ pub(super) async fn apply(
     round: (&mut UnboundedReceiver<SysEvent>, &mut RoundEnd),
 ) -> Result<(), Stop> {
     let host = &pod.plan.output.host;
-    let changed = match (&applied.left, dirs.manifest(applied.left.as_ref())) {
+    // Off the runtime's threads: the walk is bounded, but a run decides
+    // how slow each entry is to read.
+    let (d, was) = (dirs.clone(), applied.left.clone());
+    let now = tokio::task::spawn_blocking(move || d.manifest(was.as_ref()))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+    let changed = match (&applied.left, now) {
         (None, _) => {
             tracing::info!(dir = %dirs.root.display(), "the setup steps' directories start fresh with this agent (its predecessor's runs could write there)");
             true
@@ -64,7 +70,11 @@ pub(super) async fn apply(
         }
     };
     if changed {
-        dirs.wipe().map_err(|e| {
+        let d = dirs.clone();
+        let wiped = tokio::task::spawn_blocking(move || d.wipe())
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        wiped.map_err(|e| {
             Stop::Failed(format!(
                 "cannot clear the setup steps' directories under {} on pod {host}: {e}",
                 dirs.root.display()
@@ -74,7 +84,17 @@ pub(super) async fn apply(
     }
     let out = apply_from(steps, (dirs, &mut applied.chain), pod, round).await;
     // What the steps left, to be found unchanged before the next run.
-    applied.left = dirs.manifest(None).ok().map(|(m, _)| m);
+    let d = dirs.clone();
+    let left = tokio::task::spawn_blocking(move || d.manifest(None))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+    applied.left = match left {
+        Ok((m, _)) => Some(m),
+        Err(e) => {
+            tracing::warn!(dir = %dirs.root.display(), error = %e, "cannot take the manifest of what the setup steps left: every step is applied again before the next run");
+            None
+        }
+    };
     out
 }
 
@@ -118,7 +138,8 @@ async fn apply_from(
             // (MAX_ARG_STRLEN), a step up to `serve::setup::MAX_STEP`.
             Step::Bash(s) => {
                 let file = dirs.script();
-                std::fs::write(&file, s).map_err(|e| {
+                // Replacing whatever a run left at that name (a link, a FIFO).
+                crate::serve::files::write_new(&file, s.as_bytes()).map_err(|e| {
                     Stop::Failed(format!("cannot write setup step {} to {} on pod {host}: {e}", i + 1, file.display()))
                 })?;
                 (Some("bash".to_string()), vec![file.display().to_string()])

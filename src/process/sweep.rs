@@ -74,12 +74,17 @@ pub struct Scan {
 /// Descendants of `root`, without the subtrees of `spare`: walked down the
 /// kernel's children lists (only our subtree is read, so a process and its
 /// stat are read microseconds apart), else from the whole process table.
+/// The groups of `spare` (each leads its own) are never among those to
+/// signal: a worker's descendant may have joined one (`setpgid` within the
+/// session), and is signalled by its pid instead.
 pub fn scan(root: u32, spare: &[i32]) -> Scan {
     let own_group = sys::own_group();
-    match walk_children(root, spare) {
+    let mut found = match walk_children(root, spare) {
         Some(found) => from_stats(&found, own_group),
         None => scan_in(&sys::process_table(), root, spare, own_group),
-    }
+    };
+    found.groups.retain(|g| !spare.contains(g));
+    found
 }
 
 /// Every descendant of `root` outside `spare`'s subtrees, with its stat,
@@ -141,16 +146,18 @@ fn from_stats(found: &[sys::ProcStat], own_group: i32) -> Scan {
     out
 }
 
-/// Send `sig` to every group and process of `scan`.
-/// SIGKILL every descendant of `pid` and their process groups: what a
-/// worker started, `setsid()` daemons included, while they are still below
-/// it (once it is gone they are re-parented out of its subtree).
+/// SIGKILL every descendant of `pid` and their process groups (not the
+/// helpers'): what a worker started, `setsid()` daemons included, while
+/// they are still below it (once it is gone they are re-parented out of
+/// its subtree).
 pub fn kill_below(pid: i32) {
     if let Ok(root) = u32::try_from(pid) {
-        signal(&scan(root, &[]), libc::SIGKILL);
+        let spare = helpers();
+        signal(&scan(root, &spare), libc::SIGKILL);
     }
 }
 
+/// Send `sig` to every group and process of `scan`.
 fn signal(scan: &Scan, sig: i32) {
     for &g in &scan.groups {
         sys::signal_group(g, sig);

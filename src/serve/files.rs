@@ -247,8 +247,8 @@ fn remove(path: &Path) -> std::io::Result<()> {
 
 /// Write `data` to a new file at `path`, replacing what was there by name:
 /// created with `O_EXCL|O_NOFOLLOW`, so a link made in between is an error,
-/// never written through.
-fn write_new(path: &Path, data: &[u8]) -> std::io::Result<()> {
+/// never written through (nor a FIFO opened: it is removed first).
+pub fn write_new(path: &Path, data: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     remove(path)?;
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).open(path)?;

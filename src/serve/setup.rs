@@ -223,11 +223,14 @@ impl Dirs {
     /// logged). `root` is made a plain directory again if a run made it
     /// something else (a symbolic link to elsewhere).
     pub fn wipe(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
         match std::fs::symlink_metadata(&self.root) {
             Ok(m) if !m.is_dir() => std::fs::remove_file(&self.root)?,
             _ => {}
         }
         std::fs::create_dir_all(&self.root)?;
+        // A run's chmod of the root would stop the renames below.
+        std::fs::set_permissions(&self.root, std::fs::Permissions::from_mode(0o700))?;
         for d in [self.site(), self.work()] {
             let aside = self.root.join(format!("old-{:016x}", crate::sys::random_u64()));
             match std::fs::rename(&d, &aside) {
@@ -235,13 +238,20 @@ impl Dirs {
                 _ => {}
             }
         }
-        for e in std::fs::read_dir(&self.root)?.flatten() {
-            if e.file_name().as_bytes().starts_with(b"old-")
-                && let Err(err) = std::fs::remove_dir_all(e.path())
-            {
-                tracing::warn!(dir = %e.path().display(), error = %err, "cannot remove the setup steps' old directories");
+        // Removed beside what follows: a run may have left millions of
+        // entries there, and nothing waits on their removal.
+        let old: Vec<PathBuf> = std::fs::read_dir(&self.root)?
+            .flatten()
+            .filter(|e| e.file_name().as_bytes().starts_with(b"old-"))
+            .map(|e| e.path())
+            .collect();
+        std::thread::spawn(move || {
+            for dir in old {
+                if let Err(err) = std::fs::remove_dir_all(&dir) {
+                    tracing::warn!(dir = %dir.display(), error = %err, "cannot remove the setup steps' old directories");
+                }
             }
-        }
+        });
         Ok(())
     }
 

@@ -67,8 +67,25 @@ fn a_run_that_fails_while_another_pod_is_in_a_setup_step_keeps_every_pod() {
 }
 
 /// A run that writes `sitecustomize.py` first on every worker's
-/// `PYTHONPATH` (the setup's site directory).
-const PLANT: &str = r#"{"command": ["python", "-c", "import os; d = os.environ['PYTHONPATH'].split(':')[0]; os.makedirs(d, exist_ok=True); open(os.path.join(d, 'sitecustomize.py'), 'w').write('print(\\'PLANTED\\')')"], "nproc_per_node": 1}"#;
+/// `PYTHONPATH` (the setup's site directory), and leaves a FIFO where the
+/// agent writes the next bash step (its open would block for ever) and the
+/// setup directory read-only.
+const PLANT_PY: &str = r#"
+import os
+site = os.environ['PYTHONPATH'].split(':')[0]
+setup = os.path.dirname(site)
+os.makedirs(site, exist_ok=True)
+open(os.path.join(site, 'sitecustomize.py'), 'w').write("print('PLANTED')")
+step = os.path.join(setup, 'step.sh')
+if os.path.lexists(step):
+    os.remove(step)
+os.mkfifo(step)
+os.chmod(setup, 0o500)
+"#;
+
+fn plant() -> String {
+    serde_json::json!({ "command": ["python", "-c", PLANT_PY], "nproc_per_node": 1 }).to_string()
+}
 
 /// Findings 3 and 5. Only the setup steps write what later runs import: a
 /// run that plants `sitecustomize.py` in the setup's site directory (with
@@ -89,7 +106,7 @@ fn only_the_setup_steps_write_what_runs_import_and_a_new_agent_applies_them_agai
         let out = logs(s, &id);
         assert!(out.contains("ran-ok") && !out.contains("PLANTED"), "{what}: {out}");
     };
-    let planted = |s: &Served| assert_eq!(wait_over(s, &submit(s, PLANT)), "succeeded", "{}", s.pods[0].stderr());
+    let planted = |s: &Served| assert_eq!(wait_over(s, &submit(s, &plant())), "succeeded", "{}", s.pods[0].stderr());
 
     planted(&s);
     let step = format!("echo applied >> {}/pod-$PET_NODE_RANK", marks.display());

@@ -446,10 +446,15 @@ const SLEEPER: &str = "import time\nclass S:\n    def nap(self, s):\n        pri
 
 /// 300 DELETEs of one call waiting in its method publish one cancel, and
 /// once the call is answered none of its operations is left in the store
-/// (3,000 had left 3,002 keys: issue 40, minor).
+/// (3,000 had left 3,002 keys: issue 40, minor). The actor comes up though
+/// a run left a `json.py` beside its runtime.
 #[test]
 fn cancelling_a_call_again_and_again_leaves_nothing_in_the_store() {
     let s = start(1, &[]);
+    // A run leaves json.py in the serve directory, beside the actor runtime
+    // (issue 40: its directory was first on the runtime's sys.path).
+    let plant = r#"{"command": ["python", "-c", "open('../../json.py', 'w').write('raise SystemExit(\\'planted json.py imported\\')')"]}"#;
+    assert_eq!(wait_over(&s, &submit(&s, plant)), "succeeded", "{}", s.pods[0].stderr());
     let files = serde_json::json!({ "sleeper.py": data_encoding::BASE64.encode(SLEEPER.as_bytes()) });
     let body = serde_json::json!({ "files": files, "actor": { "target": "sleeper:S" }, "nproc_per_node": 1 });
     let (status, reply) = http(&s.url, "POST", "/v1/actors", Some(TOKEN), &body.to_string());
