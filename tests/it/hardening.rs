@@ -52,11 +52,7 @@ impl PidsCgroup {
 
     /// `trainlet ARGS` started inside this cgroup.
     fn start(&self, args: &[&str], env: &[(&str, &str)]) -> Pod {
-        let script = format!("echo $$ > {} && exec \"$0\" \"$@\"", self.procs());
-        let trainlet = bin();
-        let mut argv = vec!["-c", script.as_str(), trainlet.to_str().expect("utf-8 path")];
-        argv.extend_from_slice(args);
-        let argv: Vec<String> = argv.into_iter().map(str::to_string).collect();
+        let argv = crate::util::cgroup_argv(&self.procs(), &bin(), args);
         let refs: Vec<&str> = argv.iter().map(String::as_str).collect();
         Pod::start_as(Path::new("/bin/sh"), &refs, env)
     }
@@ -65,17 +61,7 @@ impl PidsCgroup {
 impl Drop for PidsCgroup {
     fn drop(&mut self) {
         self.set_max("max");
-        for pid in std::fs::read_to_string(self.procs()).unwrap_or_default().lines() {
-            if let Ok(pid) = pid.parse::<i32>() {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-            }
-        }
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.dir).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        crate::util::remove_cgroup(&self.dir);
     }
 }
 

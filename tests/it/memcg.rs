@@ -6,7 +6,6 @@
 //! killed and the cgroup removed when it is dropped.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 /// A memory cgroup of the tests.
 pub(crate) struct MemCgroup {
@@ -70,10 +69,7 @@ impl MemCgroup {
     /// `program args` as `/bin/sh` arguments that move the shell into this
     /// cgroup first, then exec it (the pid stays the program's).
     pub(crate) fn wrap(&self, program: &Path, args: &[&str]) -> Vec<String> {
-        let script = format!("echo $$ > {} && exec \"$0\" \"$@\"", self.procs());
-        let mut argv = vec!["-c".to_string(), script, program.display().to_string()];
-        argv.extend(args.iter().map(|a| a.to_string()));
-        argv
+        crate::util::cgroup_argv(&self.procs(), program, args)
     }
 }
 
@@ -95,16 +91,6 @@ pub(crate) fn vm_hwm(pid: i32) -> u64 {
 
 impl Drop for MemCgroup {
     fn drop(&mut self) {
-        for pid in std::fs::read_to_string(self.procs()).unwrap_or_default().lines() {
-            if let Ok(pid) = pid.parse::<i32>() {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-            }
-        }
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.dir).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        crate::util::remove_cgroup(&self.dir);
     }
 }

@@ -231,3 +231,29 @@ pub fn scrape(addr: &str) -> String {
     let _ = s.read_to_string(&mut text);
     text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
 }
+
+/// `program args` as `/bin/sh` arguments that move the shell into the
+/// cgroup whose `cgroup.procs` is `procs`, then exec the program (its pid
+/// stays the shell's).
+pub fn cgroup_argv(procs: &str, program: &Path, args: &[&str]) -> Vec<String> {
+    let script = format!("echo $$ > {procs} && exec \"$0\" \"$@\"");
+    let mut argv = vec!["-c".to_string(), script, program.display().to_string()];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    argv
+}
+
+/// Kill what is left in the cgroup `dir` and remove it (retried while the
+/// killed processes go).
+pub fn remove_cgroup(dir: &Path) {
+    for pid in std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default().lines() {
+        if let Ok(pid) = pid.parse::<i32>() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+    for _ in 0..50 {
+        if std::fs::remove_dir(dir).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
