@@ -28,7 +28,7 @@ use super::spec::{env_name_refused, sha256_hex, shown};
 /// Most steps.
 const MAX_STEPS: usize = 256;
 /// Most bytes of one step (a script, the pip arguments, the variables).
-pub const MAX_STEP: usize = 256 * 1024;
+const MAX_STEP: usize = 256 * 1024;
 /// Most bytes of one pip argument or one variable (`NAME=value`): what the
 /// kernel lets one string of a command line or environment hold
 /// (MAX_ARG_STRLEN, 32 pages, with its NUL byte).
