@@ -8,12 +8,15 @@
 #     image (a CUDA devel base) can;
 #   - trainlet's own release binary (TRAINLET_BINARY=prebuilt), so no
 #     builder image is pulled;
+#   - for the MPICH image, MPICH's libraries from the test venv's PyPI wheel
+#     (MPICH=prebuilt), so nothing is fetched inside the build;
 #   - tags localhost/trainlet/<image>:test.
 # Podman 4.3 on these VMs needs runc (crun fails on the hybrid cgroup
 # layout) and explicit default_ulimits (runc cannot raise rlimits without
 # CAP_SYS_RESOURCE): this script writes target/containers/containers.conf
 # with both and prints `export CONTAINERS_CONF=...` for the caller.
-# Needs: podman, mmdebstrap, runc (Debian packages; tests/setup.sh installs them).
+# Needs: podman, mmdebstrap, runc (Debian packages; tests/setup.sh installs them)
+# and .venv-mpich-pypi (tests/mpi_venvs.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for tool in podman mmdebstrap runc; do
@@ -67,12 +70,23 @@ if [ ! -x "$binary" ] || [ -n "$(find src initializers Cargo.toml Cargo.lock -ne
   # clippy-driver as the workspace's compiler: not here).
   env -u RUSTC_WORKSPACE_WRAPPER cargo build --release --locked --quiet
 fi
+# The MPICH image's libraries: the wheel's, from the test venv
+# (tests/mpi_venvs.sh), not fetched again inside the build.
+mpich=.venv-mpich-pypi/lib
+[ -f "$mpich/libmpi.so.12" ] || {
+  echo "error: $mpich/libmpi.so.12 is missing: bash tests/mpi_venvs.sh (bash tests/setup.sh does)" >&2
+  exit 1
+}
+rm -rf "$conf_dir/mpich"
+mkdir -p "$conf_dir/mpich"
+cp -a "$mpich/libmpi.so.12" "$mpich/mpich" "$conf_dir/mpich/"
+cp -a .venv-mpich-pypi/lib/python3*/site-packages/mpich-5.0.2.dist-info/licenses "$conf_dir/mpich/"
 for dockerfile in images/*.Dockerfile; do
   name=$(basename "$dockerfile" .Dockerfile)
   from=$base
   [ "$name" = deepspeed-runtime ] && from=$build_base
   podman build --quiet --network host -f "$dockerfile" \
-    --build-arg TRAINLET_BINARY=prebuilt --build-arg BASE_IMAGE="$from" \
+    --build-arg TRAINLET_BINARY=prebuilt --build-arg MPICH=prebuilt --build-arg BASE_IMAGE="$from" \
     -t "localhost/trainlet/$name:test" . >/dev/null
   echo "built localhost/trainlet/$name:test" >&2
 done

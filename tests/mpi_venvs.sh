@@ -3,7 +3,8 @@
 # tests: Open MPI 5 (with PRRTE) in .venv-ompi5 and Intel MPI in
 # .venv-impi, each with mpi4py (its wheels load whichever MPI is there).
 # .venv-mpich has the same mpi4py on Debian's MPICH, with mpi4py's own test
-# suite, for tests/it/pmi_suite.rs.
+# suite, for tests/it/pmi_suite.rs; .venv-mpich-pypi has MPICH 5.0.2 from
+# PyPI for the MPICH image (tests/images.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -27,6 +28,10 @@ make_venv .venv-impi "import os, mpi4py; assert os.path.exists('.venv-impi/bin/h
 # Debian names it libmpich.so.12, so a directory on LD_LIBRARY_PATH gives it
 # that name. unittest-xml-reporting writes the suite's per-rank JUnit XML.
 make_venv .venv-mpich "import mpi4py, xmlrunner" mpi4py==4.1.2 unittest-xml-reporting==4.0.0
+# MPICH 5.0.2 from its PyPI wheel: the MPICH of images/mpich-pmi-runtime
+# (tests/images.sh copies its libraries into the image's build context; the
+# Dockerfile says why not Debian's 4.0.2).
+make_venv .venv-mpich-pypi "import os; assert os.path.exists('.venv-mpich-pypi/lib/mpich/libucp.so.0')" mpich==5.0.2
 mkdir -p .venv-mpich/libmpi
 ln -sfn /usr/lib/x86_64-linux-gnu/libmpich.so.12 .venv-mpich/libmpi/libmpi.so.12
 # mpi4py's own tests are only in its sdist (not in the wheel). `pip download
