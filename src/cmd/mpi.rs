@@ -105,8 +105,25 @@ async fn stop_workers(targets: &[Target]) {
     }
 }
 
-/// Run `trainlet mpi`: mpirun's code, a signal's, or the hosts' verdict.
-async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8, Error> {
+/// What `trainlet mpi` starts from: the SSH identity's directory and
+/// agent link, the hostfiles (when trainlet wrote them) and the hosts to
+/// reach over SSH.
+struct Hosts {
+    key_dir: std::path::PathBuf,
+    agent: std::path::PathBuf,
+    /// Where the hostfiles are (removed at the end).
+    work: std::path::PathBuf,
+    /// The hostfiles in both forms, unless the command names its hosts.
+    files: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// The hosts other than this pod.
+    targets: Vec<Target>,
+    /// Where the hosts came from, for the log.
+    from: String,
+}
+
+/// Find the identity, the hosts and their SSH settings; a usage error
+/// names what is missing.
+fn hosts(args: &MpiArgs) -> Result<Hosts, Error> {
     let fail = |msg: String| Err(Error::Usage(msg));
     let key_dir = keys::key_dir(args.ssh_dir.as_deref(), std::env::var("HOME").ok().as_deref());
     let identities: Vec<_> = match keys::default_identities(&key_dir).iter().map(|p| keys::load_private(p)).collect() {
@@ -120,7 +137,7 @@ async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Cancell
             names::TRAINLET_SSH_DIR
         ));
     }
-    let source = find_hosts(&args)?;
+    let source = find_hosts(args)?;
     let agent = match crate::ssh::local::agent_link() {
         Ok(a) => a,
         Err(e) => {
@@ -165,8 +182,14 @@ async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Cancell
             check,
         })
         .collect();
-    tracing::info!(hosts = targets.len(), from = %source.what, port = args.port, "waiting for the MPI hosts' SSH servers");
+    Ok(Hosts { key_dir, agent, work, files, targets, from: source.what.to_string() })
+}
 
+/// Run `trainlet mpi`: mpirun's code, a signal's, or the hosts' verdict.
+async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8, Error> {
+    let h = hosts(&args)?;
+    let targets = &h.targets;
+    tracing::info!(hosts = targets.len(), from = %h.from, port = args.port, "waiting for the MPI hosts' SSH servers");
     let (reaper, mut signals) = Reaper::start(events);
     let deadline = Instant::now() + args.wait_timeout;
     let stop_signal = async {
@@ -179,7 +202,7 @@ async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Cancell
         }
     };
     let failures = tokio::select! {
-        f = wait_ready(&targets, deadline) => f,
+        f = wait_ready(targets, deadline) => f,
         s = stop_signal => {
             tracing::info!(signal = %sys::signal_name(s), "stopped while waiting for the hosts");
             return Ok(exit::for_signal(s));
@@ -202,14 +225,8 @@ async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Cancell
     }
 
     let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let env = mpi_env(
-        &agent,
-        &key_dir,
-        args.port,
-        args.tree_spawn,
-        files.as_ref().map(|(a, b)| (a.as_path(), b.as_path())),
-        &get,
-    );
+    let files = h.files.as_ref().map(|(a, b)| (a.as_path(), b.as_path()));
+    let env = mpi_env(&h.agent, &h.key_dir, args.port, args.tree_spawn, files, &get);
     let spawner = Spawner::start().map_err(|source| Error::Thread { what: "spawner", source })?;
     let program = launcher_program(&args.command[0])?;
     if program != args.command[0] {
@@ -229,9 +246,33 @@ async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Cancell
         pass_fd: None,
     };
     let sp = spawner.spawn(spec).await?;
-    let (pid, forked) = (sp.pid, sp.forked);
-    tracing::info!(pid, command = %program, tree_spawn = args.tree_spawn, "mpirun started");
-    let exited = reaper.watch(pid, forked);
+    tracing::info!(pid = sp.pid, command = %program, tree_spawn = args.tree_spawn, "mpirun started");
+    let (status, stopped_by) = supervise(sp.pid, reaper.watch(sp.pid, sp.forked), &mut signals, args.grace).await;
+    tracing::info!(%status, "mpirun exited");
+    let _ = std::fs::remove_dir_all(&h.work);
+    let stop = match args.stop_workers {
+        StopWorkers::Always => true,
+        StopWorkers::Success => status.success() && stopped_by.is_none(),
+        StopWorkers::Never => false,
+    };
+    if stop {
+        stop_workers(targets).await;
+    }
+    Ok(match stopped_by {
+        Some(s) => exit::for_signal(s),
+        None => exit::for_worker(status),
+    })
+}
+
+/// Supervise mpirun (`pid`) until it `exited`: a stop signal sends it
+/// SIGTERM, then SIGKILL after `grace` or at a second stop; SIGUSR1/2 are
+/// passed on. Its exit, and the stop signal, if one came.
+async fn supervise(
+    pid: i32,
+    exited: tokio::sync::oneshot::Receiver<Exit>,
+    signals: &mut UnboundedReceiver<i32>,
+    grace: Duration,
+) -> (Exit, Option<i32>) {
     tokio::pin!(exited);
     let mut stopped_by: Option<i32> = None;
     let mut kill_at: Option<Instant> = None;
@@ -255,10 +296,10 @@ async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Cancell
                         tracing::warn!("second stop signal: SIGKILL to mpirun");
                         sys::signal_group(pid, libc::SIGKILL);
                     } else {
-                        tracing::info!(signal = %sys::signal_name(s), grace = ?args.grace, "stopping mpirun");
+                        tracing::info!(signal = %sys::signal_name(s), grace = ?grace, "stopping mpirun");
                         stopped_by = Some(s);
                         sys::signal_group(pid, libc::SIGTERM);
-                        kill_at = Some(Instant::now() + args.grace);
+                        kill_at = Some(Instant::now() + grace);
                     }
                 } else if [libc::SIGUSR1, libc::SIGUSR2].contains(&s) {
                     sys::signal_process(pid, s);
@@ -271,20 +312,7 @@ async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Cancell
             }
         }
     };
-    tracing::info!(%status, "mpirun exited");
-    let _ = std::fs::remove_dir_all(&work);
-    let stop = match args.stop_workers {
-        StopWorkers::Always => true,
-        StopWorkers::Success => status.success() && stopped_by.is_none(),
-        StopWorkers::Never => false,
-    };
-    if stop {
-        stop_workers(&targets).await;
-    }
-    Ok(match stopped_by {
-        Some(s) => exit::for_signal(s),
-        None => exit::for_worker(status),
-    })
+    (status, stopped_by)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! `--in-place-restart`: the launch flow as its pod's JobSet in-place
+//! `--in-place-restart`: the launch flow beside its pod's JobSet in-place
 //! restart agent (`crate::inplace`). The agent's stop joins the signals in
 //! one stream of events, the barrier comes before the rendezvous, and a
 //! restart asked by the JobSet ends with the agent's exit code.
@@ -8,7 +8,9 @@ use tokio_util::sync::CancellationToken;
 
 use std::time::Duration;
 
-use super::{Result, reconnect, run_job, until_stop};
+use super::Result;
+use super::round::reconnect;
+use super::wait::until_stop;
 use crate::config::{InPlace, Plan};
 use crate::exit;
 use crate::inplace::InPlaceAgent;
@@ -16,15 +18,15 @@ use crate::process::signals::SysEvent;
 use crate::rendezvous::Session;
 use crate::supervise::policy::Verdict;
 
-/// `launch::run` with the agent beside the job.
-pub(super) async fn run(
-    cfg: InPlace,
-    plan: Plan,
+/// Start the pod's in-place restart agent: its stop joins the signals in
+/// the one stream of events the job reads (returned).
+pub(super) async fn start(
+    cfg: &InPlace,
     events: UnboundedReceiver<SysEvent>,
-    cancel: CancellationToken,
-) -> Result<u8> {
+    cancel: &CancellationToken,
+) -> Result<(InPlaceAgent, UnboundedReceiver<SysEvent>)> {
     let (tx, merged) = tokio::sync::mpsc::unbounded_channel();
-    let mut agent = crate::inplace::start(&cfg, tx.clone(), &cancel).await?;
+    let agent = crate::inplace::start(cfg, tx.clone(), cancel).await?;
     tokio::spawn(async move {
         let mut events = events;
         while let Some(ev) = events.recv().await {
@@ -33,9 +35,13 @@ pub(super) async fn run(
             }
         }
     });
-    let out = run_job(plan, merged, Some(&mut agent), cancel).await;
-    // The agent's code replaces a stop or a lost peer, never an outcome of
-    // the job's own: success, or a failure the runtime routes to FailJob.
+    Ok((agent, merged))
+}
+
+/// The job's outcome `out` as the pod's exit: the agent's code replaces a
+/// stop or a lost peer, never an outcome of the job's own (success, or a
+/// failure the runtime routes to FailJob).
+pub(super) fn finish(agent: &mut InPlaceAgent, out: Result<u8>) -> Result<u8> {
     match (agent.finish(), out) {
         (Some(code), Ok(c))
             if ![exit::SUCCESS, exit::CONFIG, exit::FAILED_BY_POLICY, exit::GPU_MISMATCH].contains(&c) =>

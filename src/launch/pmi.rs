@@ -4,15 +4,43 @@
 //! node-rank order). What the service tells about the ranks is the
 //! attempt's (`crate::supervise::mpi`).
 
-use crate::config::Plan;
+use crate::config::{Framework, Plan};
 use crate::pmi::fence::StoreFence;
 use crate::pmi::node::Job;
 use crate::pmi::round::{Link, kvsname};
 use crate::rendezvous::{Round, Session};
 
+/// The PMI service as a feature of the job's rounds (`--framework mpi`):
+/// one per round, given to its ranks, stopped when the round ends.
+#[derive(Debug, Default)]
+pub(super) struct Pmi {
+    /// The round's service, or why this pod cannot start its ranks.
+    link: Option<Result<Link, String>>,
+}
+
+impl super::feature::Feature for Pmi {
+    fn round_starts<'a>(&'a mut self, at: super::feature::Starting<'a>) -> super::feature::Hook<'a, Result<(), i32>> {
+        self.link = (at.plan.framework == Framework::Mpi).then(|| start(at.session, at.round, at.plan));
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn gives<'a>(&'a self, gifts: &mut super::feature::Gifts<'a>) {
+        match &self.link {
+            Some(Ok(link)) => gifts.pmi = Some(link),
+            Some(Err(why)) => gifts.unstartable = gifts.unstartable.or(Some(why.as_str())),
+            None => {}
+        }
+    }
+
+    fn round_ends(&mut self, _succeeded: bool) -> super::feature::Hook<'_, ()> {
+        self.link = None;
+        Box::pin(std::future::ready(()))
+    }
+}
+
 /// Start the round's service: its link, or why this pod cannot start its
 /// ranks (no descriptors left), which the attempt records for each rank.
-pub(super) fn start(session: &Session, round: &Round, plan: &Plan) -> Result<Link, String> {
+fn start(session: &Session, round: &Round, plan: &Plan) -> Result<Link, String> {
     let job = Job {
         kvsname: kvsname(&plan.run_id, round.number),
         size: round.nnodes * plan.nproc,

@@ -73,14 +73,9 @@ impl Progress {
         me
     }
 
-    /// The endpoint for the workers, if served.
-    pub(super) fn link(&self) -> Option<&StatusLink> {
-        self.link.as_ref()
-    }
-
     /// A round starts: the last round's reports no longer speak for the
     /// job, and this pod's local rank 0 is global rank `group_rank x nproc`.
-    pub(super) fn round(&self, round: &Round, nproc: u32) {
+    fn round(&self, round: &Round, nproc: u32) {
         if let Some(link) = &self.link {
             link.board.begin_round(round.number, round.group_rank.saturating_mul(nproc));
         }
@@ -92,25 +87,46 @@ impl Progress {
     }
 
     /// This pod's workers are gone: pass their last report on now.
-    pub(super) async fn flush(&self) {
+    async fn flush(&self) {
         if let Some(r) = &self.relay {
             r.flush().await;
         }
     }
 
     /// A round ended with `root` as its first failure.
-    pub(super) fn failed(&self, root: Option<&Failure>) {
+    fn failed(&self, root: Option<&Failure>) {
         if let Some(r) = root {
             let why = if r.no_progress { "no progress".to_string() } else { r.exit().to_string() };
             self.facts.send_modify(|f| f.last_failure = Some(format!("rank {} {why}", r.rank)));
         }
     }
+}
 
-    /// Pass on the last report, then stop (bounded).
-    pub(super) async fn finish(self) {
-        if let Some(r) = self.relay {
-            r.finish().await;
-        }
+impl super::feature::Feature for Progress {
+    fn round_starts<'a>(&'a mut self, at: super::feature::Starting<'a>) -> super::feature::Hook<'a, Result<(), i32>> {
+        self.round(at.round, at.plan.nproc);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn gives<'a>(&'a self, gifts: &mut super::feature::Gifts<'a>) {
+        gifts.status = self.link.as_ref();
+    }
+
+    fn round_ends(&mut self, _succeeded: bool) -> super::feature::Hook<'_, ()> {
+        Box::pin(self.flush())
+    }
+
+    fn decided(&mut self, root: Option<&Failure>) {
+        self.failed(root);
+    }
+
+    fn leaving<'a>(&'a mut self, _at: super::feature::Leaving<'a>) -> super::feature::Hook<'a, Result<(), i32>> {
+        Box::pin(async move {
+            if let Some(r) = self.relay.take() {
+                r.finish().await;
+            }
+            Ok(())
+        })
     }
 }
 

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Lighthouse, Plan, RunLighthouse};
-use crate::process::signals::SysEvent;
+use crate::process::signals::{Heard, SysEvent};
 use crate::process::spawn::{Spawner, WorkerSpec};
 use crate::rendezvous::{self, job_base};
 use crate::store::{Dial, Endpoint};
@@ -48,30 +48,110 @@ fn job_key(plan: &Plan, rest: &str) -> String {
 }
 
 /// The Lighthouse this agent runs, until [`Supervised::stop`].
-pub(super) struct Supervised {
+struct Supervised {
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Supervised {
     /// Stop the Lighthouse (SIGTERM, then SIGKILL) and its supervision.
-    pub(super) async fn stop(self) {
+    async fn stop(self) {
         self.cancel.cancel();
         let _ = tokio::time::timeout(STOP_GRACE + Duration::from_secs(2), self.task).await;
     }
 }
 
-/// Stop the Lighthouse, if this pod runs one.
-pub(super) async fn stop(lighthouse: Option<Supervised>) {
-    if let Some(l) = lighthouse {
-        l.stop().await;
+/// Replica groups as a feature of the job's rounds: the Lighthouse this
+/// pod runs, its address for the workers, this pod's registration each
+/// round, and the store host outlasting the other groups at the end.
+pub(super) struct Replicas {
+    /// The Lighthouse this pod runs (the store host's, when it runs one).
+    lighthouse: Option<Supervised>,
+    /// The Lighthouse's address, once known.
+    url: Option<String>,
+    /// The job's store as this pod reaches it (after the join).
+    dial: Option<Dial>,
+    /// The store host's own dial of its store.
+    host_dial: Option<Dial>,
+}
+
+impl Replicas {
+    /// Start the Lighthouse when this pod runs it, before the pod joins
+    /// (`host_dial`: the store host's dial of its own store).
+    pub(super) fn start(plan: &Plan, spawner: &Spawner, host_dial: Option<Dial>, cancel: &CancellationToken) -> Self {
+        let lighthouse = host_dial.clone().and_then(|d| start(plan, spawner, d, cancel));
+        Replicas { lighthouse, url: None, dial: None, host_dial }
+    }
+
+    /// The pod joined: wait for the Lighthouse's address. Err(Ok(exit
+    /// code)) when a stop signal came first, Err(Err(error)) when it never
+    /// came.
+    pub(super) async fn joined(
+        &mut self,
+        plan: &Plan,
+        (dial, endpoint): (&Dial, &Endpoint),
+        events: &mut UnboundedReceiver<SysEvent>,
+    ) -> Result<(), super::Result<u8>> {
+        self.dial = Some(dial.clone());
+        match address(plan, (dial, endpoint), plan.join_timeout, events).await {
+            Ok(url) => {
+                self.url = url;
+                Ok(())
+            }
+            Err(Ok(e)) => Err(Err(e.into())),
+            Err(Err(sig)) => Err(Ok(crate::exit::for_signal(sig))),
+        }
+    }
+
+    /// Stop the Lighthouse, if this pod runs one.
+    pub(super) async fn stop(&mut self) {
+        if let Some(l) = self.lighthouse.take() {
+            l.stop().await;
+        }
+    }
+}
+
+impl super::feature::Feature for Replicas {
+    fn round_starts<'a>(&'a mut self, at: super::feature::Starting<'a>) -> super::feature::Hook<'a, Result<(), i32>> {
+        Box::pin(async move {
+            if let Some(dial) = &self.dial {
+                register(at.plan, dial, &at.session.heartbeat_key()).await;
+                refresh(at.plan, dial, &mut self.url).await;
+            }
+            Ok(())
+        })
+    }
+
+    fn gives<'a>(&'a self, gifts: &mut super::feature::Gifts<'a>) {
+        gifts.lighthouse = self.url.as_deref();
+    }
+
+    fn stopping<'a>(&'a mut self, plan: &'a Plan, why: &'a str) -> super::feature::Hook<'a, ()> {
+        Box::pin(async move {
+            if let Some(dial) = &self.dial {
+                announce_leaving(plan, dial, why).await;
+            }
+        })
+    }
+
+    fn leaving<'a>(&'a mut self, at: super::feature::Leaving<'a>) -> super::feature::Hook<'a, Result<(), i32>> {
+        Box::pin(async move {
+            // The store host of replica groups outlasts the other groups'
+            // pods, unless it is being stopped.
+            let out = match &self.host_dial {
+                Some(d) if !at.stopped => outlast_other_groups(at.plan, d, at.events).await,
+                _ => Ok(()),
+            };
+            self.stop().await;
+            out
+        })
     }
 }
 
 /// Start the Lighthouse when this pod runs it (the store host of a job
 /// with replica groups and no `TORCHFT_LIGHTHOUSE`); it publishes its
 /// address in the store at `dial` once it listens.
-pub(super) fn start(plan: &Plan, spawner: &Spawner, dial: Dial, cancel: &CancellationToken) -> Option<Supervised> {
+fn start(plan: &Plan, spawner: &Spawner, dial: Dial, cancel: &CancellationToken) -> Option<Supervised> {
     let g = plan.groups.as_ref()?;
     let Lighthouse::Run(run) = &g.lighthouse else { return None };
     let program = run.program.clone().filter(|_| plan.serve_store)?;
@@ -253,7 +333,7 @@ async fn publish(job: &Job) -> bool {
 
 /// The Lighthouse address the workers get: the user's, or the one the
 /// store host published (waited for up to `limit`). None without groups.
-pub(super) async fn address(
+async fn address(
     plan: &Plan,
     (dial, endpoint): (&Dial, &Endpoint),
     limit: Duration,
@@ -265,7 +345,7 @@ pub(super) async fn address(
     }
     let key = job_key(plan, "lighthouse");
     tracing::info!(limit_s = limit.as_secs_f64(), "waiting for the TorchFT Lighthouse's address from the store host");
-    match super::until_stop(events, plan, tokio::time::timeout(limit, read_when_set(dial, &key))).await {
+    match super::wait::until_stop(events, plan, tokio::time::timeout(limit, read_when_set(dial, &key))).await {
         Ok(Ok(Ok(v))) => {
             let url = String::from_utf8_lossy(&v).into_owned();
             tracing::info!(%url, group = g.group, groups = g.count, "the TorchFT Lighthouse's address");
@@ -287,7 +367,7 @@ pub(super) async fn address(
 /// Read the Lighthouse's address again before a round: the store host
 /// may have restarted it elsewhere (a free port) meanwhile. Best effort,
 /// bounded: the address known so far stays otherwise.
-pub(super) async fn refresh(plan: &Plan, dial: &Dial, url: &mut Option<String>) {
+async fn refresh(plan: &Plan, dial: &Dial, url: &mut Option<String>) {
     let Some(Lighthouse::Run(_)) = plan.groups.as_ref().map(|g| &g.lighthouse) else { return };
     let key = job_key(plan, "lighthouse");
     if let Ok(Ok(v)) = tokio::time::timeout(Duration::from_secs(5), read_when_set(dial, &key)).await {
@@ -301,7 +381,7 @@ pub(super) async fn refresh(plan: &Plan, dial: &Dial, url: &mut Option<String>) 
 
 /// The store host is stopped: tell the other groups' pods too (each group
 /// watches its own keys), so that they wait for it as for a clean leave.
-pub(super) async fn announce_leaving(plan: &Plan, dial: &Dial, why: &str) {
+async fn announce_leaving(plan: &Plan, dial: &Dial, why: &str) {
     let Some(g) = plan.groups.as_ref().filter(|g| plan.serve_store && g.count > 1) else { return };
     let tell = async {
         let mut c = dial.connect().await?;
@@ -316,7 +396,7 @@ pub(super) async fn announce_leaving(plan: &Plan, dial: &Dial, why: &str) {
 
 /// Say which key this pod's agent heartbeats, so that the store host
 /// knows it is still there (best effort: a lost store shows elsewhere).
-pub(super) async fn register(plan: &Plan, dial: &Dial, heartbeat_key: &str) {
+async fn register(plan: &Plan, dial: &Dial, heartbeat_key: &str) {
     let Some(g) = &plan.groups else { return };
     let key = job_key(plan, &format!("pod/{}", g.job_node_rank));
     let told = async {
@@ -337,11 +417,7 @@ pub(super) async fn register(plan: &Plan, dial: &Dial, heartbeat_key: &str) {
 /// heartbeat says `bye`), or has been silent or absent for the join
 /// timeout: the time a pod gets to come back (a container restarting).
 /// Err(signal) when a stop signal came.
-pub(super) async fn outlast_other_groups(
-    plan: &Plan,
-    dial: &Dial,
-    events: &mut UnboundedReceiver<SysEvent>,
-) -> Result<(), i32> {
+async fn outlast_other_groups(plan: &Plan, dial: &Dial, events: &mut UnboundedReceiver<SysEvent>) -> Result<(), i32> {
     let Some(g) = plan.groups.as_ref().filter(|g| g.count > 1 && plan.serve_store) else { return Ok(()) };
     let others: Vec<u32> = (0..g.job_nnodes).filter(|r| *r != g.job_node_rank).collect();
     let start = Instant::now();
@@ -353,13 +429,12 @@ pub(super) async fn outlast_other_groups(
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            ev = events.recv() => match ev {
-                Some(SysEvent::Signal(s) | SysEvent::StopAsked(s)) if plan.stop_signals.contains(&s) => {
-                    tracing::warn!(signal = %sys::signal_name(s), "stop signal while other replica groups still train; this pod's store stops");
-                    return Err(s);
+            ev = events.recv() => match Heard::of(ev, &plan.stop_signals) {
+                Heard::Stop { signal, .. } => {
+                    tracing::warn!(signal = %sys::signal_name(signal), "stop signal while other replica groups still train; this pod's store stops");
+                    return Err(signal);
                 }
-                None => return Err(libc::SIGTERM),
-                Some(_) => continue,
+                Heard::Exited { .. } | Heard::Other(_) => continue,
             },
         }
         if client.is_none() {

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actor::bridge::Bridge;
 use crate::config::{Plan, Serve};
-use crate::process::signals::SysEvent;
+use crate::process::signals::{Heard, SysEvent};
 use crate::process::spawn::Spawner;
 use crate::rendezvous::{Round, Session};
 use crate::serve::board::{Board, RankExit, State, World};
@@ -155,7 +155,7 @@ impl Served {
                 base: base.clone(),
                 scope: scope.clone(),
                 max_restarts: plan.max_restarts,
-                stop_limit: plan.checkpoint_timeout + plan.grace + plan.kill_timeout + super::STOP_SYNC_MARGIN,
+                stop_limit: plan.checkpoint_timeout + plan.grace + plan.kill_timeout + super::round::STOP_SYNC_MARGIN,
                 idle_timeout: conf.idle_timeout,
                 calls: Some(Arc::new(crate::actor::calls::Desk::new(
                     crate::actor::calls::Conf {
@@ -275,26 +275,20 @@ impl Served {
             }
             if let (Some(run), Some(sc)) = (newest.filter(|r| r.seq > self.ended), &scope) {
                 match self.link.ended(&token, sc, run.seq, &run.id).await {
-                    Ok(None) => {
-                        if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq || !c.ready)
-                            && let Some(stopped) = self.begin(run, plan, carry, (events, session, round)).await
-                        {
-                            return stopped;
-                        }
-                        return Work::Run;
-                    }
-                    Ok(Some(Err(why))) => {
-                        // A marker that is not the control API's does not end a run.
-                        self.refuse("an end marker", &why);
-                        if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq || !c.ready)
-                            && let Some(stopped) = self.begin(run, plan, carry, (events, session, round)).await
-                        {
-                            return stopped;
-                        }
-                        return Work::Run;
-                    }
                     Ok(Some(Ok(_))) => self.over(run.seq, State::Stopped, Vec::new(), None),
                     Err(_) => return Work::Idle(Outcome::Lost),
+                    unended => {
+                        if let Ok(Some(Err(why))) = unended {
+                            // A marker that is not the control API's does not end a run.
+                            self.refuse("an end marker", &why);
+                        }
+                        if self.current.as_ref().is_none_or(|c| c.run.seq != run.seq || !c.ready)
+                            && let Some(stopped) = self.begin(run, plan, carry, (events, session, round)).await
+                        {
+                            return stopped;
+                        }
+                        return Work::Run;
+                    }
                 }
             }
             self.current = None;
@@ -303,62 +297,76 @@ impl Served {
                 nnodes = round.nnodes,
                 "serving: waiting for a run from the control API"
             );
-            // A go signal with no valid run behind it (forged in the store):
-            // poll for the real one instead of waiting on the same key.
-            let poll = fired == Some(self.next_go);
-            let (dial, keys, seq) = (self.dial.clone(), self.link.keys.clone(), self.next_go);
-            let go = async move {
-                if poll {
-                    tokio::time::sleep(POLL_FORGED).await;
-                    return Ok(Go::Run);
-                }
-                match scope {
-                    Some(sc) => wait_go(&dial, &keys, seq, &token, &sc).await,
-                    // Not published yet (the store host is starting serve mode).
-                    None => wait_key(&dial, &keys.session()).await.map(|_| Go::Run),
-                }
-            };
-            let end = session.watch_end(round.number);
-            tokio::pin!(go, end);
-            let out = loop {
-                tokio::select! {
-                    g = &mut go => break match g {
-                        Ok(Go::Run) => {
-                            fired = Some(seq);
-                            None
-                        }
-                        Ok(Go::Forged) => {
-                            self.refuse("a go signal", "not `run`, and not a shutdown sealed for this job, session and run");
-                            fired = Some(seq);
-                            None
-                        }
-                        Ok(Go::Shutdown) => Some(Work::Shutdown),
-                        Err(e) => {
-                            tracing::error!(error = %crate::error::error_chain(&e), "lost the store while waiting for a run");
-                            Some(Work::Idle(Outcome::Lost))
-                        }
-                    },
-                    (e, text) = &mut end => {
-                        tracing::info!(round = round.number, end = %text, "the idle round ended");
-                        break Some(Work::Idle(if e == JobEnd::Lost { Outcome::Lost } else { Outcome::Regroup }));
-                    }
-                    ev = events.recv() => match ev {
-                        Some(SysEvent::Signal(s)) if plan.stop_signals.contains(&s) => {
-                            tracing::warn!(signal = %sys::signal_name(s), "stop signal while serving; exiting");
-                            break Some(Work::Idle(Outcome::Stopped(s)));
-                        }
-                        Some(SysEvent::StopAsked(s)) => break Some(Work::Idle(Outcome::Stopped(s))),
-                        Some(SysEvent::Exited { pid, exit, .. }) => tracing::debug!(pid, %exit, "reaped orphan"),
-                        Some(SysEvent::Signal(_)) => {}
-                        None => break Some(Work::Idle(Outcome::Stopped(libc::SIGTERM))),
-                    },
-                }
-            };
-            if let Some(w) = out {
+            if let Some(w) = self.wait_idle((session, round), events, plan, (scope, token), &mut fired).await {
                 if matches!(w, Work::Idle(Outcome::Regroup)) {
                     self.judged = self.unended().await;
                 }
                 return w;
+            }
+        }
+    }
+
+    /// Wait, idle, for the next go signal of `scope` (or its publication),
+    /// the round's end or a stop signal; None when a go signal came (look
+    /// for its run), else what the round does. `fired`: the go signal that
+    /// last woke this pod.
+    async fn wait_idle(
+        &mut self,
+        (session, round): (&Session, &Round),
+        events: &mut UnboundedReceiver<SysEvent>,
+        plan: &Plan,
+        (scope, token): (Option<Scope>, String),
+        fired: &mut Option<u64>,
+    ) -> Option<Work> {
+        // A go signal with no valid run behind it (forged in the store):
+        // poll for the real one instead of waiting on the same key.
+        let poll = *fired == Some(self.next_go);
+        let (dial, keys, seq) = (self.dial.clone(), self.link.keys.clone(), self.next_go);
+        let go = async move {
+            if poll {
+                tokio::time::sleep(POLL_FORGED).await;
+                return Ok(Go::Run);
+            }
+            match scope {
+                Some(sc) => wait_go(&dial, &keys, seq, &token, &sc).await,
+                // Not published yet (the store host is starting serve mode).
+                None => wait_key(&dial, &keys.session()).await.map(|_| Go::Run),
+            }
+        };
+        let end = session.watch_end(round.number);
+        tokio::pin!(go, end);
+        loop {
+            tokio::select! {
+                g = &mut go => break match g {
+                    Ok(Go::Run) => {
+                        *fired = Some(seq);
+                        None
+                    }
+                    Ok(Go::Forged) => {
+                        self.refuse("a go signal", "not `run`, and not a shutdown sealed for this job, session and run");
+                        *fired = Some(seq);
+                        None
+                    }
+                    Ok(Go::Shutdown) => Some(Work::Shutdown),
+                    Err(e) => {
+                        tracing::error!(error = %crate::error::error_chain(&e), "lost the store while waiting for a run");
+                        Some(Work::Idle(Outcome::Lost))
+                    }
+                },
+                (e, text) = &mut end => {
+                    tracing::info!(round = round.number, end = %text, "the idle round ended");
+                    break Some(Work::Idle(if e == JobEnd::Lost { Outcome::Lost } else { Outcome::Regroup }));
+                }
+                ev = events.recv() => match Heard::of(ev, &plan.stop_signals) {
+                    Heard::Stop { signal, asked } => {
+                        if !asked {
+                            tracing::warn!(signal = %sys::signal_name(signal), "stop signal while serving; exiting");
+                        }
+                        break Some(Work::Idle(Outcome::Stopped(signal)));
+                    }
+                    Heard::Exited { pid, exit, .. } => tracing::debug!(pid, %exit, "reaped orphan"),
+                    Heard::Other(_) => {}
+                },
             }
         }
     }

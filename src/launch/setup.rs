@@ -8,7 +8,7 @@
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::config::Plan;
-use crate::process::signals::SysEvent;
+use crate::process::signals::{Heard, SysEvent};
 use crate::process::spawn::{Spawner, WorkerSpec};
 use crate::serve::setup::{Applied, Dirs, Step, chain, first_to_apply};
 use crate::supervise::output::{self, LineTap, Sink};
@@ -202,20 +202,20 @@ async fn run(
                 continue;
             }
         };
-        match ev {
-            Some(SysEvent::Exited { pid, exit, .. }) if pid == sp.pid => break exit,
-            Some(SysEvent::Exited { pid, exit, .. }) => tracing::debug!(pid, %exit, "reaped orphan"),
-            Some(SysEvent::Signal(s) | SysEvent::StopAsked(s)) if pod.plan.stop_signals.contains(&s) => {
-                tracing::warn!(signal = %sys::signal_name(s), "stop signal during a setup step; ending it");
+        // The events gone (the agent is ending): no exit will come to wait for.
+        let closed = ev.is_none();
+        match Heard::of(ev, &pod.plan.stop_signals) {
+            Heard::Exited { pid, exit, .. } if pid == sp.pid => break exit,
+            Heard::Exited { pid, exit, .. } => tracing::debug!(pid, %exit, "reaped orphan"),
+            Heard::Stop { signal, .. } => {
+                tracing::warn!(signal = %sys::signal_name(signal), "stop signal during a setup step; ending it");
                 sys::signal_group(sp.pid, libc::SIGKILL);
-                stopped = Some(s);
+                stopped = Some(signal);
+                if closed {
+                    break Exit::Signal(libc::SIGKILL);
+                }
             }
-            Some(SysEvent::Signal(_) | SysEvent::StopAsked(_)) => {}
-            None => {
-                sys::signal_group(sp.pid, libc::SIGKILL);
-                stopped = Some(libc::SIGTERM);
-                break Exit::Signal(libc::SIGKILL);
-            }
+            Heard::Other(_) => {}
         }
     };
     // What the step left running in its group goes with it.

@@ -43,7 +43,7 @@ t.wait_for()
 
 /// The round's tracker process, on the store host.
 #[derive(Debug)]
-pub(super) struct Tracker {
+struct Tracker {
     pid: i32,
     round: u64,
 }
@@ -52,7 +52,7 @@ impl Tracker {
     /// The round is over and its workers are gone: end the tracker.
     /// `succeeded`: every worker exited 0, so the tracker is ending by
     /// itself and gets [`END_WAIT`] to do so; otherwise it is killed now.
-    pub(super) async fn stop(self, succeeded: bool) {
+    async fn stop(self, succeeded: bool) {
         let started = tokio::time::Instant::now();
         let wait = if succeeded { END_WAIT } else { Duration::ZERO };
         while self.running() && started.elapsed() < wait {
@@ -82,11 +82,41 @@ impl Tracker {
     }
 }
 
+/// The XGBoost tracker as a feature of the job's rounds
+/// (`--framework xgboost`): made ready before the workers start, stopped
+/// once they are gone.
+#[derive(Debug, Default)]
+pub(super) struct Xgboost {
+    /// The round's tracker, on the store host.
+    tracker: Option<Tracker>,
+}
+
+impl super::feature::Feature for Xgboost {
+    fn round_starts<'a>(&'a mut self, at: super::feature::Starting<'a>) -> super::feature::Hook<'a, Result<(), i32>> {
+        Box::pin(async move {
+            if at.plan.framework != crate::config::Framework::Xgboost {
+                return Ok(());
+            }
+            let ready = prepare(at.session, at.round, at.plan, at.spawner);
+            self.tracker = super::wait::until_stop(at.events, at.plan, ready).await?;
+            Ok(())
+        })
+    }
+
+    fn round_ends(&mut self, succeeded: bool) -> super::feature::Hook<'_, ()> {
+        Box::pin(async move {
+            if let Some(t) = self.tracker.take() {
+                t.stop(succeeded).await;
+            }
+        })
+    }
+}
+
 /// Make the round's tracker ready before this pod's workers start: start
 /// it on the store host (its [`Tracker`] is returned, to be stopped after
 /// the round), wait for it elsewhere. Never fails the round by itself; a
 /// store that is gone shows in the attempt that follows.
-pub(super) async fn prepare(session: &mut Session, round: &Round, plan: &Plan, spawner: &Spawner) -> Option<Tracker> {
+async fn prepare(session: &mut Session, round: &Round, plan: &Plan, spawner: &Spawner) -> Option<Tracker> {
     let workers = round.nnodes * plan.nproc;
     if plan.serve_store {
         let state = start(plan, workers, round.aux_port, spawner).await;

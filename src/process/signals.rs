@@ -41,6 +41,47 @@ pub enum SysEvent {
     },
 }
 
+/// What a loop waiting on the events makes of the next one: the one rule
+/// for "is this a stop, and as by which signal", shared by every loop of
+/// the agent that waits on [`SysEvent`]s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heard {
+    /// Stop as by `signal`: one of the plan's stop signals
+    /// (`--signals-to-handle`), or trainlet's own ask (`asked`, whatever
+    /// its signal), or the end of the events (the signal thread gone:
+    /// SIGTERM).
+    Stop {
+        /// The signal the stop is as by (its exit code is 128 + it).
+        signal: i32,
+        /// trainlet asked for it (an in-place restart), no signal came.
+        asked: bool,
+    },
+    /// A child was reaped.
+    Exited {
+        /// Its pid.
+        pid: i32,
+        /// How it ended.
+        exit: Exit,
+        /// Wall-clock microseconds when it was reaped.
+        at_us: u64,
+    },
+    /// A signal that is not a stop (forwarded or ignored by the caller).
+    Other(i32),
+}
+
+impl Heard {
+    /// Read `event` (None: the channel closed) against `stop_signals`.
+    pub fn of(event: Option<SysEvent>, stop_signals: &[i32]) -> Heard {
+        match event {
+            Some(SysEvent::Signal(s)) if stop_signals.contains(&s) => Heard::Stop { signal: s, asked: false },
+            Some(SysEvent::Signal(s)) => Heard::Other(s),
+            Some(SysEvent::StopAsked(s)) => Heard::Stop { signal: s, asked: true },
+            Some(SysEvent::Exited { pid, exit, at_us, .. }) => Heard::Exited { pid, exit, at_us },
+            None => Heard::Stop { signal: libc::SIGTERM, asked: false },
+        }
+    }
+}
+
 /// Wall-clock microseconds since the epoch.
 pub fn now_us() -> u64 {
     crate::clock::now_us()
@@ -164,6 +205,26 @@ fn run(tx: &UnboundedSender<SysEvent>) {
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn heard_reads_stops_exits_and_other_signals_one_way() {
+        let stops = [libc::SIGTERM, libc::SIGINT];
+        let reaped = Instant::now();
+        let cases = [
+            (Some(SysEvent::Signal(libc::SIGINT)), Heard::Stop { signal: libc::SIGINT, asked: false }),
+            (Some(SysEvent::Signal(libc::SIGUSR1)), Heard::Other(libc::SIGUSR1)),
+            // trainlet's own ask is a stop whatever the plan's list says.
+            (Some(SysEvent::StopAsked(libc::SIGHUP)), Heard::Stop { signal: libc::SIGHUP, asked: true }),
+            (
+                Some(SysEvent::Exited { pid: 7, exit: Exit::Code(3), at_us: 9, reaped }),
+                Heard::Exited { pid: 7, exit: Exit::Code(3), at_us: 9 },
+            ),
+            (None, Heard::Stop { signal: libc::SIGTERM, asked: false }),
+        ];
+        for (event, want) in cases {
+            assert_eq!(Heard::of(event, &stops), want, "{event:?}");
+        }
+    }
 
     // Pids far from any real one: the table is process-wide.
     #[test]

@@ -4,7 +4,9 @@
 //! (spawner, signals, reaper) are `crate::process`'s.
 //!
 //! # Design
-//! `attempt::run_attempt` `select!`s over `process::signals::SysEvent`s
+//! `attempt::run_attempt` starts the workers (`crew`: each one's
+//! environment, placement, output and failure record), then its loop
+//! `select!`s over `process::signals::SysEvent`s
 //! (signals and reaped pids from the one signals thread), the round's end
 //! (through `attempt::Job`), the stop timers and the hung-worker check,
 //! turns each into a [`policy::Event`], and executes the [`policy::Action`]s
@@ -22,6 +24,7 @@
 
 pub(crate) mod attempt;
 pub(crate) mod carry;
+mod crew;
 pub(crate) mod mpi;
 pub(crate) mod output;
 pub mod policy;
