@@ -27,14 +27,15 @@
 #   BASE_IMAGE       a Debian bookworm image (default docker.io/library/debian:bookworm-slim)
 #   RUST_IMAGE       the builder (default docker.io/library/rust:1-bookworm)
 #   TRAINLET_BINARY  `build` (default) or `prebuilt` (the release binary from the context)
-#   MPICH            `pypi` (default: the wheel, fetched and checked against
-#                    its sha256) or `prebuilt` (target/containers/mpich from
-#                    the context: the same wheel's libraries, which
-#                    tests/images.sh puts there from the test venv)
+#   MPICH_LIBS       `mpich-pypi` (default: the wheel, fetched and checked
+#                    against its sha256) or `mpich-prebuilt`
+#                    (target/containers/mpich from the context: the same
+#                    wheel's libraries, which tests/images.sh puts there
+#                    from the test venv)
 ARG BASE_IMAGE=docker.io/library/debian:bookworm-slim
 ARG RUST_IMAGE=docker.io/library/rust:1-bookworm
 ARG TRAINLET_BINARY=build
-ARG MPICH=pypi
+ARG MPICH_LIBS=mpich-pypi
 
 FROM ${RUST_IMAGE} AS build
 WORKDIR /src
@@ -61,7 +62,7 @@ RUN apt-get update \
 FROM scratch AS mpich-prebuilt
 COPY target/containers/mpich /mpich
 
-FROM mpich-${MPICH} AS mpich
+FROM ${MPICH_LIBS} AS mpich
 
 FROM ${BASE_IMAGE}
 # mpi4py's wheel loads libmpi.so.12 (MPICH's ABI) when MPI4PY_MPIABI=mpich;

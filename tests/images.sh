@@ -9,7 +9,7 @@
 #   - trainlet's own release binary (TRAINLET_BINARY=prebuilt), so no
 #     builder image is pulled;
 #   - for the MPICH image, MPICH's libraries from the test venv's PyPI wheel
-#     (MPICH=prebuilt), so nothing is fetched inside the build;
+#     (MPICH_LIBS=mpich-prebuilt), so nothing is fetched inside the build;
 #   - tags localhost/trainlet/<image>:test.
 # Podman 4.3 on these VMs needs runc (crun fails on the hybrid cgroup
 # layout) and explicit default_ulimits (runc cannot raise rlimits without
@@ -86,7 +86,7 @@ for dockerfile in images/*.Dockerfile; do
   from=$base
   [ "$name" = deepspeed-runtime ] && from=$build_base
   podman build --quiet --network host -f "$dockerfile" \
-    --build-arg TRAINLET_BINARY=prebuilt --build-arg MPICH=prebuilt --build-arg BASE_IMAGE="$from" \
+    --build-arg TRAINLET_BINARY=prebuilt --build-arg MPICH_LIBS=mpich-prebuilt --build-arg BASE_IMAGE="$from" \
     -t "localhost/trainlet/$name:test" . >/dev/null
   echo "built localhost/trainlet/$name:test" >&2
 done

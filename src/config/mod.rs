@@ -8,6 +8,7 @@
 //! One file per concern: nodes, rendezvous, timeouts, output, entry, gpu, groups,
 //! over one lookup helper (`setting.rs`).
 
+mod defaults;
 mod entry;
 mod framework;
 mod gpu;

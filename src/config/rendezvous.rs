@@ -5,12 +5,12 @@
 
 use std::time::Duration;
 
+use super::defaults::{
+    DEFAULT_HEARTBEAT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_JOIN_TIMEOUT, DEFAULT_LAST_CALL, DEFAULT_PORT,
+};
 use super::framework::Framework;
 use super::machine::Machine;
 use super::nodes::Nodes;
-use super::resolve::{
-    DEFAULT_HEARTBEAT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_JOIN_TIMEOUT, DEFAULT_LAST_CALL, DEFAULT_PORT,
-};
 use super::setting::{Settings, flag_or_env, invalid, lookup, parse_secs};
 use super::setting::{parse_port, store_memory};
 use super::{Error, Source};

@@ -3,30 +3,10 @@
 //! [`super::output`], [`super::entry`], [`super::gpu`]) in order, each
 //! recording where its values came from.
 
-use std::time::Duration;
-
 use super::machine::Machine;
 use super::{Error, Plan};
 use crate::cli::RunArgs;
 use crate::env::Env;
-
-/// Default store port (torchrun's `--master-port`, Trainer's PET_MASTER_PORT).
-pub const DEFAULT_PORT: u16 = 29500;
-/// Default join deadline (torchrun's c10d `join_timeout`).
-pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(600);
-/// Default grace before SIGKILL: with the kill timeout it fits inside
-/// Kubernetes' default terminationGracePeriodSeconds of 30 s.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(25);
-/// Default bound on waiting for workers after SIGKILL.
-pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(3);
-/// Default time workers get to checkpoint (capped below the grace period).
-pub const DEFAULT_CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(15);
-/// Default elastic last-call window (torch's `last_call_timeout`).
-pub const DEFAULT_LAST_CALL: Duration = Duration::from_secs(30);
-/// Default heartbeat period.
-pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
-/// Default silence after which a pod is dead.
-pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Plan {
     /// Resolve `args` against `env` on this machine. `need_command` is
@@ -129,6 +109,8 @@ impl Plan {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::cli::TorchrunCli;
     use crate::config::Framework;

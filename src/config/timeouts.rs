@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::resolve::{DEFAULT_CHECKPOINT_TIMEOUT, DEFAULT_GRACE, DEFAULT_KILL_TIMEOUT};
+use super::defaults::{DEFAULT_CHECKPOINT_TIMEOUT, DEFAULT_GRACE, DEFAULT_KILL_TIMEOUT};
 use super::setting::{Settings, invalid, lookup, parse_secs};
 use super::{Error, Source};
 use crate::cli::RunArgs;

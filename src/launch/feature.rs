@@ -1,5 +1,5 @@
 //! The one interface through which a feature takes part in the job's
-//! rounds ([`Feature`]), and the one place they are listed ([`list`]).
+//! rounds ([`Feature`]); they are listed in one place, `super::features`.
 //! A feature hears when a round starts on this pod (and may give its
 //! workers part of their world), when the round's workers ended, what the
 //! pods decided, that the pod is being stopped, and that the job leaves
@@ -11,14 +11,12 @@ use std::future::Future;
 use std::pin::Pin;
 
 use tokio::sync::mpsc::UnboundedReceiver;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::Plan;
 use crate::pmi::round::Link;
 use crate::process::signals::SysEvent;
 use crate::process::spawn::Spawner;
 use crate::rendezvous::{Round, Session};
-use crate::store::Dial;
 use crate::supervise::report::Failure;
 use crate::supervise::worker::StatusLink;
 
@@ -100,27 +98,4 @@ pub(super) trait Feature: Send {
         let _ = at;
         Box::pin(std::future::ready(Ok(())))
     }
-}
-
-/// What a feature may use when the job starts it.
-pub(super) struct Setup<'a> {
-    /// The job's plan.
-    pub plan: &'a Plan,
-    /// The job's store, as this pod reaches it.
-    pub dial: Dial,
-    /// Where the worker logs and the status token go.
-    pub log_root: &'a std::path::Path,
-    /// The job's cancellation.
-    pub cancel: &'a CancellationToken,
-}
-
-/// Every feature of the job, in the order the job calls them. A new
-/// feature is one file implementing [`Feature`] and one line here.
-pub(super) async fn list(setup: Setup<'_>, replicas: super::replicas::Replicas) -> Vec<Box<dyn Feature>> {
-    vec![
-        Box::new(super::progress::Progress::start(setup.plan, setup.log_root, setup.dial, setup.cancel).await),
-        Box::new(replicas),
-        Box::new(super::pmi::Pmi::default()),
-        Box::new(super::tracker::Xgboost::default()),
-    ]
 }

@@ -3,7 +3,7 @@
 //! store, joining), then for each round [`Job::next_round`],
 //! [`Job::run_round`] and [`Job::settle`], and at the end
 //! [`Job::finish`]. [`run`] drives them. The features
-//! (`super::feature::list`) hear of each round's start and end and of the
+//! (`super::features::list`) hear of each round's start and end and of the
 //! job's end; serve mode (`super::serve`) is the loop's mode: it decides
 //! what each round runs and keeps the pod past a run's verdict.
 
@@ -14,7 +14,8 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::feature::{Feature, Gifts, Leaving, Setup, Starting};
+use super::feature::{Feature, Gifts, Leaving, Starting};
+use super::features::Setup;
 use super::finish::{fail_code, forget_logs, record, report};
 use super::round::{RoundJob, reconnect, stop_sync};
 use super::wait::until_stop;
@@ -208,7 +209,7 @@ impl Job {
             return out.map(Err);
         }
         let setup = Setup { plan: &plan, dial: session.dial(), log_root: &log_root, cancel: &cancel };
-        let features = super::feature::list(setup, replicas).await;
+        let features = super::features::list(setup, replicas).await;
         let served = serve::Served::start(&plan, (session.dial(), &spawner), token_file, &cancel).await?;
         Ok(Ok(Job {
             env: Env::from_process(),

@@ -9,8 +9,8 @@
 //! is `config`) nor decide policy (that is `supervise::policy`).
 //!
 //! [`run`] owns the JobSet in-place restart agent, when there is one; the
-//! job itself is `job` (its phases), the features that plug into its
-//! rounds are listed in `feature`.
+//! job itself is `job` (its phases); the features that plug into its
+//! rounds implement `feature::Feature` and are listed in `features`.
 
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
@@ -19,6 +19,7 @@ use crate::config::Plan;
 use crate::process::signals::SysEvent;
 
 mod feature;
+mod features;
 mod finish;
 mod hosting;
 mod inplace;
