@@ -33,10 +33,11 @@ use crate::Control;
 use crate::config::Config;
 use crate::error::InitError;
 use crate::progress::Progress;
-use crate::remote::{Client, Failure, Remote, RemoteFile, check_rel, escaped};
+use crate::remote::{Client, Failure, RemoteFile, check_rel, escaped};
 use crate::resume::{Header, Journaled, preallocate, read_journal, resumed, split, state_name};
+use crate::sources::Remote;
 use crate::verify::{Digest, Hashing, verify};
-use crate::volume::{Fetched, FileEntry, JOURNAL, partial_name};
+use crate::volume::{Fetched, FileEntry, JOURNAL, partial_name, saturating_sum};
 
 /// Bytes gathered from the network before one positioned write.
 pub const FLUSH: usize = 1 << 20;
@@ -208,11 +209,6 @@ async fn run(
             Err(e)
         }
     }
-}
-
-/// Sum of sizes a source listed, u64::MAX when it would wrap.
-pub(crate) fn saturating_sum(sizes: impl IntoIterator<Item = u64>) -> u64 {
-    sizes.into_iter().fold(0u64, u64::saturating_add)
 }
 
 async fn fetch(

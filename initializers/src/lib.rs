@@ -25,6 +25,7 @@ pub mod progress;
 pub mod remote;
 mod resume;
 pub mod s3;
+pub mod sources;
 mod verify;
 pub mod volume;
 

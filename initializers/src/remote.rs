@@ -1,8 +1,9 @@
 //! What every remote source gives the fetch engine: a listing of files
 //! (relative path, size, what to verify them against) and ranged reads of
-//! each, as a stream of byte chunks. The sources: [`crate::hub`] (Hugging
-//! Face Hub REST API over reqwest), [`crate::s3`] (OpenDAL's S3 service)
-//! and [`crate::http`] (one URL over reqwest).
+//! each, as a stream of byte chunks. The sources, each in a file of its
+//! own that imports this one, are picked in [`crate::sources`]:
+//! [`crate::hub`] (Hugging Face Hub REST API over reqwest), [`crate::s3`]
+//! (OpenDAL's S3 service) and [`crate::http`] (one URL over reqwest).
 //!
 //! Failures carry a verdict: [`Failure::Retry`] (connection dropped, 5xx,
 //! 429, timeout: the engine retries the rest of the range with backoff) or
@@ -14,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 
-use crate::config::{Config, Secret, Source};
+use crate::config::Secret;
 use crate::error::InitError;
 
 /// What a file is checked against before it is published.
@@ -126,47 +127,6 @@ impl Body {
         tokio::time::timeout(timeout, next)
             .await
             .map_err(|_| Failure::Retry(format!("no data for {}s", timeout.as_secs_f64())))?
-    }
-}
-
-/// A source, connected.
-#[derive(Debug)]
-pub enum Remote {
-    /// `hf://`.
-    Hub(crate::hub::Hub),
-    /// `s3://`.
-    S3(crate::s3::S3),
-    /// `http(s)://`.
-    Http(crate::http::Http),
-}
-
-impl Remote {
-    /// For `cfg`'s source (`file://` is not remote).
-    pub fn new(cfg: &Config, client: &Client) -> Result<Self, InitError> {
-        match &cfg.source {
-            Source::Hf { repo, revision } => Ok(Remote::Hub(crate::hub::Hub::new(cfg, client, repo, revision))),
-            Source::S3 { bucket, prefix } => Ok(Remote::S3(crate::s3::S3::new(cfg, client, bucket, prefix)?)),
-            Source::Http(url) => Ok(Remote::Http(crate::http::Http::new(cfg, client, url))),
-            Source::File(_) => Err(InitError::Config(format!("{}: file:// is not a remote source", cfg.uri))),
-        }
-    }
-
-    /// The files, with sizes and checks.
-    pub async fn list(&self) -> Result<Listing, InitError> {
-        match self {
-            Remote::Hub(h) => h.list().await,
-            Remote::S3(s) => s.list().await,
-            Remote::Http(h) => h.list().await,
-        }
-    }
-
-    /// Read `range` of `file`.
-    pub async fn open(&self, file: &RemoteFile, range: Range<u64>) -> Result<Body, Failure> {
-        match self {
-            Remote::Hub(h) => h.open(file, range).await,
-            Remote::S3(s) => s.open(file, range).await,
-            Remote::Http(h) => h.open(file, range).await,
-        }
     }
 }
 

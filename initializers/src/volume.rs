@@ -249,7 +249,7 @@ pub fn exactly_once(
     if lock.lost.load(Ordering::SeqCst) || !owns(&lock.path, &lock.me) {
         return Err(InitError::LockLost { output: cfg.output.clone() });
     }
-    let bytes = crate::fetch::saturating_sum(files.iter().map(|f| f.size));
+    let bytes = saturating_sum(files.iter().map(|f| f.size));
     let marker = Marker { uri: cfg.uri.clone(), revision: cfg.revision().map(str::to_string), commit, verified, files };
     let text = serde_json::to_vec_pretty(&marker).map_err(|e| InitError::Config(e.to_string()))?;
     write_atomic(&cfg.output.join(MARKER), &text)?;
@@ -282,4 +282,9 @@ pub enum Outcome {
     },
     /// The marker was already there, for this URI.
     AlreadyDone,
+}
+
+/// Sum of sizes a source listed, u64::MAX when it would wrap.
+pub(crate) fn saturating_sum(sizes: impl IntoIterator<Item = u64>) -> u64 {
+    sizes.into_iter().fold(0u64, u64::saturating_add)
 }

@@ -28,31 +28,19 @@ use tokio::net::UnixListener;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::sync::CancellationToken;
 
+use super::event::Event;
+pub use super::event::Place;
 use super::socket::{accept, writer};
 use super::wire::ToWorker;
 use super::{Error, Fault, Keys, Op, Outcome, What, fault};
+use crate::serve::Link;
 use crate::serve::spec::Actor;
-use crate::serve::{Link, Scope};
-use crate::store::Dial;
 use crate::supervise::report::{Failure, root_cause};
 
 /// Most bytes of one rank's encoded outcome (the store takes 8 MiB values).
 const MAX_OUTCOME: usize = 7 * 1024 * 1024;
 /// Longest a Unix socket path may be (`sun_path`, less its NUL).
 const MAX_SOCKET_PATH: usize = 107;
-
-/// What the round loop tells the bridge.
-pub(super) enum Event {
-    Op(Op),
-    Hello { conn: u64, rank: u32, pid: i32, tx: UnboundedSender<ToWorker> },
-    Ready { conn: u64 },
-    InitFailed { conn: u64, error: Fault },
-    Result { conn: u64, id: u64, outcome: Outcome },
-    Gone { conn: u64 },
-    RoundStarted { round: u64, ranks: Vec<u32> },
-    RoundOver { round: u64, failures: Vec<Failure>, why: String },
-    Rejoin { pid: i32, start: u64, rank: u32, env: BTreeMap<String, String> },
-}
 
 /// The pids of the workers that are connected and ready.
 type ReadySet = Arc<Mutex<HashSet<i32>>>;
@@ -70,19 +58,6 @@ pub struct Bridge {
     seq: u64,
     survivors: bool,
     ready: ReadySet,
-}
-
-/// Where the bridge reads and writes the actor's keys.
-#[derive(Debug, Clone)]
-pub struct Place {
-    /// The agents' store.
-    pub dial: Dial,
-    /// The job's key prefix.
-    pub base: String,
-    /// The control token's file (operations are sealed with it).
-    pub token_file: PathBuf,
-    /// The serving session operations are sealed for.
-    pub scope: Scope,
 }
 
 impl Bridge {

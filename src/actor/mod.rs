@@ -45,6 +45,7 @@
 
 pub mod bridge;
 pub mod calls;
+mod event;
 mod intake;
 mod reader;
 mod socket;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
-use super::bridge::{Event, Place};
+use super::event::{Event, Place};
 use super::{Keys, OP_KIND, Op};
 use crate::serve::Link;
 

@@ -23,7 +23,7 @@ use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 use tokio_util::sync::CancellationToken;
 
 use super::Outcome;
-use super::bridge::Event;
+use super::event::Event;
 use super::wire::{self, FrameError, FromWorker, ToWorker};
 use crate::lobby::{Lobby, Ticket};
 use crate::serve::Link;

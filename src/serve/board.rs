@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -137,7 +137,7 @@ struct Inner {
     next_seq: u64,
     world: World,
     /// The pods' cache use, as last gathered.
-    cache: Vec<super::cache::Usage>,
+    cache: Vec<Usage>,
     last_use: Instant,
     shutting_down: bool,
 }
@@ -320,12 +320,12 @@ impl Board {
     }
 
     /// The pods' cache use, as gathered from the store.
-    pub fn set_cache(&self, cache: Vec<super::cache::Usage>) {
+    pub fn set_cache(&self, cache: Vec<Usage>) {
         self.lock().cache = cache;
     }
 
     /// The pods' cache use.
-    pub fn cache(&self) -> Vec<super::cache::Usage> {
+    pub fn cache(&self) -> Vec<Usage> {
         self.lock().cache.clone()
     }
 
@@ -345,6 +345,23 @@ impl Board {
     pub fn is_shut(&self) -> bool {
         self.lock().shutting_down
     }
+}
+
+/// One pod's cache, as measured.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// The pod (its host name).
+    pub pod: String,
+    /// The directory.
+    pub dir: String,
+    /// Bytes in its files.
+    pub bytes: u64,
+    /// Its files (anything but a directory).
+    pub files: u64,
+    /// The walk stopped at [`super::cache::MAX_ENTRIES`], or left out what lies below
+    /// [`super::cache::MAX_DEPTH`] or could not be read: the counts are lower bounds.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
 
 #[cfg(test)]

@@ -20,12 +20,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::Link;
-use super::board::Board;
+use super::board::{Board, Usage};
 use crate::store::Dial;
 
 /// How often a pod measures its cache between rounds.
@@ -38,23 +37,6 @@ pub const MAX_ENTRIES: u64 = 200_000;
 pub const MAX_DEPTH: usize = 64;
 /// Most bytes of an entry the control API takes.
 const MAX_ENTRY: usize = 4096;
-
-/// One pod's cache, as measured.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    /// The pod (its host name).
-    pub pod: String,
-    /// The directory.
-    pub dir: String,
-    /// Bytes in its files.
-    pub bytes: u64,
-    /// Its files (anything but a directory).
-    pub files: u64,
-    /// The walk stopped at [`MAX_ENTRIES`], or left out what lies below
-    /// [`MAX_DEPTH`] or could not be read: the counts are lower bounds.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub truncated: bool,
-}
 
 /// Walk `dir` (see the module doc); `pod` names the result.
 pub fn measure(pod: &str, dir: &Path) -> Usage {

@@ -45,6 +45,7 @@ pub mod files;
 pub mod intake;
 pub mod logs;
 pub mod manifest;
+pub mod paths;
 pub mod setup;
 pub mod spec;
 pub mod tar;

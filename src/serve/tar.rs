@@ -4,13 +4,13 @@
 //! Read: POSIX ustar (name + prefix), pax extended headers (`path`, and
 //! `size` for the next entry), GNU long names (`L`). Directories are
 //! skipped (made as files need them); links, devices and FIFOs are
-//! refused by name, as is any path [`super::spec::check_path`] refuses.
+//! refused by name, as is any path [`super::paths::check_path`] refuses.
 //! Everything is bounded: the inflated size, the number of entries, a
 //! pax header's length.
 
 use std::io::Read;
 
-use super::spec::{MAX_FILES, MAX_FILES_BYTES, check_path, shown};
+use super::paths::{MAX_FILES, MAX_FILES_BYTES, check_path, shown};
 
 const BLOCK: usize = 512;
 /// The largest archive (inflated) taken: the files' limit plus headers.

@@ -1,5 +1,5 @@
 //! One SSH connection of the embedded server: authentication, the
-//! session channels, `exec` (through [`super::server::Processes`]), the
+//! session channels, `exec` (through [`super::session::Processes`]), the
 //! stdio pumps and every refusal ([`super::server`] has the policy).
 
 use std::collections::HashMap;
@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::keys::fingerprint;
 use crate::sys::{self, Exit};
 
-use super::server::{
+use super::session::{
     DRAIN, ENV_ALLOWED, ExecRequest, JOB_DONE, NOT_INHERITED, Pending, Processes, Shared, lock, terminate_group,
 };
 

@@ -20,6 +20,7 @@ pub(crate) mod keygen;
 pub(crate) mod keys;
 pub(crate) mod local;
 pub mod server;
+mod session;
 pub(crate) mod sshd_config;
 
 pub use keys::KeyError;

@@ -309,3 +309,141 @@ fn no_function_is_over_150_lines() {
         .collect();
     assert!(long.is_empty(), "functions over {MAX_FN_LINES} lines: {long:#?}");
 }
+
+/// The sibling modules that `code` (a file of folder module `folder`,
+/// `""` for a crate's root) names: `super::x`, `super::{x, y::z}`,
+/// `crate::folder::x`, `crate::folder::{x, ...}` (`crate::x` at the root).
+fn sibling_refs(code: &str, folder: &str) -> BTreeSet<String> {
+    let prefixes = if folder.is_empty() {
+        vec!["crate::".to_string()]
+    } else {
+        vec!["super::".to_string(), format!("crate::{folder}::")]
+    };
+    let mut out = BTreeSet::new();
+    for prefix in &prefixes {
+        let mut rest = code;
+        while let Some(i) = rest.find(prefix.as_str()) {
+            // `super::super::` climbs out of the folder.
+            let before = &rest[..i];
+            rest = &rest[i + prefix.len()..];
+            if rest.starts_with("super::") {
+                rest = rest.trim_start_matches("super::");
+                continue;
+            }
+            if before.ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            let names: Vec<&str> = match rest.strip_prefix('{') {
+                Some(group) => {
+                    let end = group.find('}').unwrap_or(group.len());
+                    group[..end].split(',').collect()
+                }
+                None => vec![rest],
+            };
+            for n in names {
+                let id: String = n.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                if !id.is_empty() {
+                    out.insert(id);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The circles of files that import each other inside one folder of
+/// `root` (a crate's src): each as the folder and its files.
+fn folder_circles(root: &Path) -> Vec<String> {
+    let mut folders = vec![root.to_path_buf()];
+    let mut out = Vec::new();
+    while let Some(dir) = folders.pop() {
+        let mut modules: BTreeMap<String, Option<std::path::PathBuf>> = BTreeMap::new();
+        for e in std::fs::read_dir(&dir).expect("read_dir").flatten() {
+            let p = e.path();
+            let name = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+            if p.is_dir() {
+                folders.push(p.clone());
+                modules.entry(name).or_insert(None);
+            } else if p.extension().is_some_and(|x| x == "rs") && !["mod", "lib", "main"].contains(&name.as_str()) {
+                modules.insert(name, Some(p));
+            }
+        }
+        let folder = dir.strip_prefix(root).expect("inside").to_string_lossy().replace('/', "::");
+        let edges: BTreeMap<&str, BTreeSet<String>> = modules
+            .iter()
+            .filter_map(|(m, file)| {
+                let text = std::fs::read_to_string(file.as_ref()?).expect("read");
+                let refs = sibling_refs(&code(&text), &folder);
+                Some((m.as_str(), refs.into_iter().filter(|r| r != m && modules.contains_key(r)).collect()))
+            })
+            .collect();
+        // Depth-first search for a back edge; report each circle once.
+        let mut done: BTreeSet<&str> = BTreeSet::new();
+        for start in edges.keys() {
+            let mut path: Vec<&str> = Vec::new();
+            visit(start, &edges, &mut path, &mut done, &mut |circle| {
+                out.push(format!("{}: {}", dir.display(), circle.join(" -> ")));
+            });
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn visit<'a>(
+    m: &'a str,
+    edges: &'a BTreeMap<&'a str, BTreeSet<String>>,
+    path: &mut Vec<&'a str>,
+    done: &mut BTreeSet<&'a str>,
+    found: &mut impl FnMut(Vec<&str>),
+) {
+    if let Some(i) = path.iter().position(|p| *p == m) {
+        let mut circle = path[i..].to_vec();
+        circle.push(m);
+        found(circle);
+        return;
+    }
+    if done.contains(m) {
+        return;
+    }
+    path.push(m);
+    for next in edges.get(m).into_iter().flatten() {
+        if let Some((key, _)) = edges.get_key_value(next.as_str()) {
+            visit(key, edges, path, done, found);
+        }
+    }
+    path.pop();
+    done.insert(m);
+}
+
+#[test]
+fn the_folder_reader_sees_sibling_imports_and_circles() {
+    let code = "use super::{a, b::C};\nuse super::super::far;\nfn f() { crate::net::d::x(); crate::netx::e(); super::c::y(); }";
+    let want: BTreeSet<String> = ["a", "b", "c", "d"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(sibling_refs(code, "net"), want);
+    let root: BTreeSet<String> = ["x"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(sibling_refs("use crate::{x};\nuse super::y;", ""), root);
+    let dir = tempfile::tempdir().expect("tmp");
+    let net = dir.path().join("net");
+    std::fs::create_dir(&net).expect("mkdir");
+    std::fs::write(net.join("mod.rs"), "mod a;\nmod b;\nmod c;\n").expect("write");
+    std::fs::write(net.join("a.rs"), "use super::b::B;\n").expect("write");
+    std::fs::write(net.join("b.rs"), "use crate::net::c::C;\n").expect("write");
+    std::fs::write(net.join("c.rs"), "// use super::a;\npub struct C;\n").expect("write");
+    assert!(folder_circles(dir.path()).is_empty(), "a comment is not an import");
+    std::fs::write(net.join("c.rs"), "use super::a::A;\n").expect("write");
+    let circles = folder_circles(dir.path());
+    assert_eq!(circles.len(), 1, "{circles:?}");
+    assert!(circles[0].ends_with("a -> b -> c -> a"), "{circles:?}");
+}
+
+/// No files inside one folder import each other in a circle (a type both
+/// need lives where both can import it without importing each other),
+/// in the crate and in the initializers.
+#[test]
+fn no_files_of_a_folder_import_each_other_in_a_circle() {
+    let mut circles = folder_circles(&crate::util::repo().join("src"));
+    circles.extend(folder_circles(&crate::util::repo().join("initializers/src")));
+    assert!(circles.is_empty(), "circles of imports inside a folder: {circles:#?}");
+}
