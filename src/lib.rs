@@ -13,7 +13,7 @@
 //! | layer | modules | what they own |
 //! |---|---|---|
 //! | 0 | `sys` | every unsafe block and raw syscall, each with its SAFETY note |
-//! | 1 | `exit`, `env`, `error`, `ratelimit`, `progress`, `clock`, `lobby` | exit codes (public API), every env var name, error text, log rate limits, "waiting for" lines, UTC time formats, the bounded waiting room of connections without a credential |
+//! | 1 | `exit`, `env`, `error`, `ratelimit`, `waiting`, `clock`, `lobby` | exit codes (public API), every env var name, error text, log rate limits, "waiting for" lines, UTC time formats, the bounded waiting room of connections without a credential |
 //! | 2 | `process` | the one signal/reaper thread, the spawner thread, sweeps of leftovers, the frame of every mode that owns processes |
 //! | 3 | `gpu`, `store`, `ssh`, `http`, `pmi` | the pod's GPUs and placement; the c10d TCPStore wire, server and client; SSH keys, server, client, hostfiles; the bounded HTTP/1.1 requests of trainlet's endpoints; the PMI-1/PMI-2 server of MPI ranks started without mpirun |
 //! | 4 | `cli`, `config`, `metrics`, `mpi`, `status` | clap definitions; CLI + env -> `config::Plan` (with the failure rules); Prometheus families; MPI hosts and environment; workers' progress, relayed to Trainer's status endpoint |
@@ -44,7 +44,6 @@ pub(crate) mod metrics;
 pub mod mpi;
 pub(crate) mod pmi;
 pub(crate) mod process;
-pub(crate) mod progress;
 pub(crate) mod ratelimit;
 pub mod rendezvous;
 pub(crate) mod serve;
@@ -53,3 +52,4 @@ pub(crate) mod status;
 pub mod store;
 pub mod supervise;
 pub mod sys;
+pub(crate) mod waiting;

@@ -5,7 +5,7 @@
 use super::Error;
 use crate::cli::RunArgs;
 use crate::exit;
-use crate::gpu::{preflight, setup};
+use crate::gpu::{preflight, prepare};
 
 /// Print the plan and the checks; 0, or the first failing check's code.
 pub fn main(args: &RunArgs) -> Result<u8, Error> {
@@ -13,8 +13,8 @@ pub fn main(args: &RunArgs) -> Result<u8, Error> {
     print!("{}", plan.describe());
     let spawner =
         crate::process::spawn::Spawner::start().map_err(|source| Error::Thread { what: "spawner", source })?;
-    let (verdicts, report) = setup::preflight(&plan.gpu, &spawner);
-    let (placed, topo) = setup::placements(&plan.gpu, plan.nproc);
-    print!("{}", setup::describe(&plan.gpu, &placed, topo.as_ref(), &verdicts, &report));
+    let (verdicts, report) = prepare::preflight(&plan.gpu, &spawner);
+    let (placed, topo) = prepare::placements(&plan.gpu, plan.nproc);
+    print!("{}", prepare::describe(&plan.gpu, &placed, topo.as_ref(), &verdicts, &report));
     Ok(preflight::first_failure(&verdicts).map_or(exit::SUCCESS, |(code, _)| code))
 }

@@ -14,7 +14,7 @@
 pub(crate) mod nvml;
 pub(crate) mod plan;
 pub(crate) mod preflight;
-pub(crate) mod setup;
+pub(crate) mod prepare;
 pub mod sysfs;
 pub(crate) mod visible;
 
@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 pub use crate::process::CpuSet;
 pub use plan::{PinMode, Topology, Visibility};
-pub use setup::GpuPlan;
+pub use prepare::GpuPlan;
 
 use crate::env::{self, Env};
 

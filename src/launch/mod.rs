@@ -29,7 +29,6 @@ mod progress;
 mod replicas;
 mod round;
 mod serve;
-mod setup;
 mod start;
 mod tracker;
 mod wait;

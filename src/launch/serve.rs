@@ -31,6 +31,7 @@ use crate::sys;
 
 mod actors;
 mod begin;
+mod setup;
 pub(super) use actors::kept_until;
 
 /// How often a pod looks for the real run after a forged go signal.

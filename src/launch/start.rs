@@ -25,10 +25,10 @@ pub(super) async fn preflight(plan: &mut Plan, spawner: &Spawner) -> Option<u8> 
         return None;
     }
     let (g, sp) = (plan.gpu.clone(), spawner.clone());
-    let verdicts = match tokio::task::spawn_blocking(move || crate::gpu::setup::preflight(&g, &sp)).await {
+    let verdicts = match tokio::task::spawn_blocking(move || crate::gpu::prepare::preflight(&g, &sp)).await {
         Ok((v, report)) => {
             if let Ok(r) = &report {
-                crate::gpu::setup::enrich(&mut plan.gpu.gpus, r);
+                crate::gpu::prepare::enrich(&mut plan.gpu.gpus, r);
             }
             v
         }

@@ -9,9 +9,9 @@ use tokio::time::Instant;
 use super::Error;
 use super::join::MISSING_SHOWN;
 use super::session::{Round, Session, Stopped, progress_tick, wait_get, wait_on};
-use crate::progress::Progress;
 use crate::supervise::policy::{JobEnd, Verdict};
 use crate::supervise::report::Failure;
+use crate::waiting::Waiting;
 
 impl Session {
     async fn end(&mut self, r: u64, value: &str) -> Result<(), Error> {
@@ -80,7 +80,7 @@ impl Session {
         let dead_w = wait_on(self.dial.clone(), std::slice::from_ref(&dead), limit);
         tokio::pin!(all_w, dead_w);
         let what = format!("the other pods of round {r} to stop their workers");
-        let mut progress = Progress::new(what, Some(Instant::now() + limit));
+        let mut waiting = Waiting::new(what, Some(Instant::now() + limit));
         let mut tick = progress_tick();
         let keys: Vec<String> = (0..round.nnodes).map(|n| self.rkey(r, &format!("failures/{n}"))).collect();
         loop {
@@ -96,7 +96,7 @@ impl Session {
                         .map(|(n, _)| n.to_string())
                         .take(MISSING_SHOWN)
                         .collect();
-                    progress.report(&format!("group ranks [{}] have not reported", running.join(", ")));
+                    waiting.report(&format!("group ranks [{}] have not reported", running.join(", ")));
                 }
             }
         }

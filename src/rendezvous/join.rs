@@ -8,12 +8,12 @@ use tokio::time::Instant;
 
 use super::Error;
 use super::member::{Assignment, Member, assign};
-use crate::progress::Progress;
 use crate::supervise::policy::Verdict;
+use crate::waiting::Waiting;
 
 use super::session::{Joined, Known, Round, Session, Try, parse_u64, progress_tick, wait_on};
 
-/// Missing node ranks named in a progress line.
+/// Missing node ranks named in a waiting line.
 pub(super) const MISSING_SHOWN: usize = 32;
 
 impl Session {
@@ -72,7 +72,7 @@ impl Session {
         tokio::pin!(closed_w, next_w, quorum_w);
         let mut quorum_seen = !elastic;
         let mut last_call: Option<Instant> = None;
-        let mut progress = Progress::new(format!("pods to join round {r} at {}", self.endpoint), Some(deadline));
+        let mut waiting = Waiting::new(format!("pods to join round {r} at {}", self.endpoint), Some(deadline));
         let mut seen: Vec<Option<Member>> = Vec::new();
         let mut tick = progress_tick();
         loop {
@@ -97,7 +97,7 @@ impl Session {
                     tracing::info!(round = r, min, last_call_s = self.timing.last_call.as_secs_f64(), "enough pods for a round; last call");
                     last_call = Some(Instant::now() + self.timing.last_call);
                 }
-                () = crate::progress::sleep_until(last_call) => {
+                () = crate::waiting::sleep_until(last_call) => {
                     let count = u64::try_from(self.client.add(&self.rkey(r, "join"), 0).await.map_err(|e| self.lost(e))?).unwrap_or(0);
                     let v = format!("{}:{slot}", count.min(max));
                     self.client.compare_set(&closed, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
@@ -105,7 +105,7 @@ impl Session {
                 }
                 _ = tick.tick() => {
                     let state = self.join_state(r, &mut seen, last_call).await?;
-                    progress.report(&state);
+                    waiting.report(&state);
                 }
             }
         }
@@ -166,7 +166,7 @@ impl Session {
         }))
     }
 
-    /// Who has joined round `r` so far, for the wait's progress line.
+    /// Who has joined round `r` so far, for the waiting line.
     /// Member records already read stay in `seen` (a slot is written once),
     /// so each record is read once per round; slots past MAX are spares
     /// and are only counted.
@@ -282,7 +282,7 @@ impl Session {
         let next_w = wait_on(self.dial.clone(), std::slice::from_ref(&next), day);
         let verdict_w = wait_on(self.dial.clone(), std::slice::from_ref(&verdict), day);
         tokio::pin!(next_w, verdict_w);
-        let mut progress = Progress::new(format!("room in the job at {} (a spare)", self.endpoint), None);
+        let mut waiting = Waiting::new(format!("room in the job at {} (a spare)", self.endpoint), None);
         let mut tick = progress_tick();
         loop {
             tokio::select! {
@@ -312,7 +312,7 @@ impl Session {
                     }
                 }
                 _ = tick.tick() => {
-                    progress.report(&format!("round {r} runs with {size} of at most {} pods", self.me.max_nodes));
+                    waiting.report(&format!("round {r} runs with {size} of at most {} pods", self.me.max_nodes));
                 }
             }
         }
@@ -340,7 +340,7 @@ impl Session {
     }
 }
 
-/// The progress line of a round that has not formed: how many pods are
+/// The waiting line of a round that has not formed: how many pods are
 /// in and, for static jobs, which node ranks are missing (the first
 /// [`MISSING_SHOWN`] of them).
 fn describe_join(me: &Member, present: &[&Member], joined: usize, last_call: Option<Duration>) -> String {

@@ -328,7 +328,7 @@ async fn connect_retrying(
     report: bool,
 ) -> Result<Client, ClientError> {
     let started = Instant::now();
-    let mut progress = crate::progress::Progress::new(format!("the rendezvous store at {endpoint}"), Some(deadline));
+    let mut waiting = crate::waiting::Waiting::new(format!("the rendezvous store at {endpoint}"), Some(deadline));
     let mut backoff = Duration::from_millis(20);
     let mut tries = 0u32;
     loop {
@@ -366,7 +366,7 @@ async fn connect_retrying(
         }
         tracing::debug!(%endpoint, tries, error = %last, "store not reachable yet; retrying");
         if report {
-            progress.report(&format!("not reachable yet; last error: {last}"));
+            waiting.report(&format!("not reachable yet; last error: {last}"));
         }
         tokio::select! {
             () = cancel.cancelled() => return Err(ClientError::Cancelled),

@@ -131,7 +131,7 @@ async fn supervise(
                     }
                     Event::Job(end)
                 }
-                () = crate::progress::sleep_until(next_timer.map(|(_, at)| at)) => {
+                () = crate::waiting::sleep_until(next_timer.map(|(_, at)| at)) => {
                     let Some((t, _)) = next_timer else { continue };
                     timers.remove(&t);
                     match t {

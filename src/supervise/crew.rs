@@ -88,7 +88,7 @@ pub(super) async fn spawn_all(
         early: Vec::new(),
         silent_for: HashMap::new(),
     };
-    let (placed, _) = crate::gpu::setup::placements(&plan.gpu, plan.nproc);
+    let (placed, _) = crate::gpu::prepare::placements(&plan.gpu, plan.nproc);
     let nics = if plan.gpu.nic_hint { crate::gpu::sysfs::Sysfs::new(&plan.gpu.root).nics() } else { Vec::new() };
     let oom_adj = crate::process::oom::worker_adj(Path::new("/"));
 

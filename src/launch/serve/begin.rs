@@ -42,20 +42,20 @@ impl Served {
             }
         };
         let spawner = self.spawner.clone();
-        let pod = crate::launch::setup::Pod { plan, spawner: &spawner, tap: Some(shipper.tap()) };
+        let pod = super::setup::Pod { plan, spawner: &spawner, tap: Some(shipper.tap()) };
         let end = session.watch_end(round.number);
-        let mut end: crate::launch::setup::RoundEnd = Box::pin(async move { end.await.1 });
+        let mut end: super::setup::RoundEnd = Box::pin(async move { end.await.1 });
         let unstartable = match self.setup(&pod, (events, &mut end)).await {
-            Err(crate::launch::setup::Stop::Signal(s)) => return Some(Work::Idle(Outcome::Stopped(s))),
+            Err(super::setup::Stop::Signal(s)) => return Some(Work::Idle(Outcome::Stopped(s))),
             // Not ready: the next round begins it again, if it is not over.
             // It stays current, so that this pod judges the round by the
             // run's restarts like the pods whose workers ran.
-            Err(crate::launch::setup::Stop::Ended(why)) => {
+            Err(super::setup::Stop::Ended(why)) => {
                 tracing::info!(run = %run.id, end = %why, "the run's setup was cut short by the end of the round");
                 self.current = Some(Current { run, dir, unstartable, shipper, bridge: None, ready: false });
                 return Some(Work::Idle(Outcome::Regroup));
             }
-            Err(crate::launch::setup::Stop::Failed(why)) => {
+            Err(super::setup::Stop::Failed(why)) => {
                 tracing::error!(run = %run.id, "{why}");
                 unstartable.or(Some(why))
             }
@@ -91,9 +91,9 @@ impl Served {
     /// Apply the declared setup steps this pod has not applied.
     async fn setup(
         &mut self,
-        pod: &crate::launch::setup::Pod<'_>,
-        round: (&mut UnboundedReceiver<SysEvent>, &mut crate::launch::setup::RoundEnd),
-    ) -> Result<(), crate::launch::setup::Stop> {
+        pod: &super::setup::Pod<'_>,
+        round: (&mut UnboundedReceiver<SysEvent>, &mut super::setup::RoundEnd),
+    ) -> Result<(), super::setup::Stop> {
         let Some(scope) = &self.scope else { return Ok(()) };
         let token = crate::serve::read_token(&self.token_file).unwrap_or_default();
         self.steps = match self.link.setup(&token, scope).await {
@@ -105,9 +105,9 @@ impl Served {
             }
             Err(e) => {
                 let why = format!("cannot read the setup steps from the store: {}", crate::error::error_chain(&e));
-                return Err(crate::launch::setup::Stop::Failed(why));
+                return Err(super::setup::Stop::Failed(why));
             }
         };
-        crate::launch::setup::apply(&self.steps, (&Dirs::new(&self.conf.dir), &mut self.applied), pod, round).await
+        super::setup::apply(&self.steps, (&Dirs::new(&self.conf.dir), &mut self.applied), pod, round).await
     }
 }

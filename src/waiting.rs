@@ -1,7 +1,7 @@
 //! Waits that say what they wait for.
 //!
 //! A pod that waits (for the store, for its peers, for a spare's room)
-//! must never be silent at info level: [`Progress`] logs one line when what
+//! must never be silent at info level: [`Waiting`] logs one line when what
 //! it waits for changes, and again every [`EVERY`] while nothing changes,
 //! with how long it has waited and how long it has left. Waits that
 //! usually end at once stay quiet for [`QUIET`] first, so a healthy
@@ -24,7 +24,7 @@ const SLACK: Duration = Duration::from_millis(250);
 
 /// One wait's reporter.
 #[derive(Debug)]
-pub struct Progress {
+pub struct Waiting {
     what: String,
     started: Instant,
     deadline: Option<Instant>,
@@ -33,7 +33,7 @@ pub struct Progress {
     last: Option<String>,
 }
 
-impl Progress {
+impl Waiting {
     /// A wait for `what` that gives up at `deadline` (None: unbounded).
     pub fn new(what: impl Into<String>, deadline: Option<Instant>) -> Self {
         let started = Instant::now();
@@ -83,7 +83,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn quiet_at_first_then_on_change_and_every_period() {
-        let mut p = Progress::new("pods", Some(Instant::now() + Duration::from_secs(60)));
+        let mut p = Waiting::new("pods", Some(Instant::now() + Duration::from_secs(60)));
         assert!(!p.report("1 of 2"), "a wait that ends at once is quiet");
         tokio::time::advance(QUIET).await;
         assert!(p.report("1 of 2"));
@@ -97,7 +97,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn unbounded_waits_back_off_until_something_changes() {
-        let mut p = Progress::new("room", None);
+        let mut p = Waiting::new("room", None);
         tokio::time::advance(QUIET).await;
         assert!(p.report("full"));
         let mut gaps = Vec::new();
