@@ -15,8 +15,8 @@
 //! | 0 | `sys` | every unsafe block and raw syscall, each with its SAFETY note |
 //! | 1 | `exit`, `env`, `error`, `ratelimit`, `waiting`, `clock`, `lobby` | exit codes (public API), every env var name, error text, log rate limits, "waiting for" lines, UTC time formats, the bounded waiting room of connections without a credential |
 //! | 2 | `process` | the one signal/reaper thread, the spawner thread, sweeps of leftovers, the frame of every mode that owns processes |
-//! | 3 | `gpu`, `store`, `ssh`, `http`, `pmi` | the pod's GPUs and placement; the c10d TCPStore wire, server and client; SSH keys, server, client, hostfiles; the bounded HTTP/1.1 requests of trainlet's endpoints; the PMI-1/PMI-2 server of MPI ranks started without mpirun |
-//! | 4 | `cli`, `config`, `metrics`, `mpi`, `status` | clap definitions; CLI + env -> `config::Plan` (with the failure rules); Prometheus families; MPI hosts and environment; workers' progress, relayed to Trainer's status endpoint |
+//! | 3 | `gpu`, `store`, `ssh`, `http` | the pod's GPUs and placement; the c10d TCPStore wire, server and client; SSH keys, server, client, hostfiles; the bounded HTTP/1.1 requests of trainlet's endpoints |
+//! | 4 | `cli`, `config`, `metrics`, `mpi`, `status` | clap definitions; CLI + env -> `config::Plan` (with the failure rules); Prometheus families; MPI in one tree: the launcher role over SSH (hosts, environment, `trainlet mpi`'s flow) and the PMI-1/PMI-2 server of ranks started without mpirun; workers' progress, relayed to Trainer's status endpoint |
 //! | 5 | `supervise`, `rendezvous`, `serve`, `inplace` | the pure policy core, worker environment, output and reports; rounds of the agents over the store; served runs, their files and lines, and the control API; JobSet's in-place restart protocol (watch, attempt, barrier) |
 //! | 6 | `actor` | actors on served pods: the control API's calls, each pod's bridge to its workers, the worker runtime |
 //! | 7 | `launch` | the round loop of `trainlet run` |
@@ -42,7 +42,6 @@ pub(crate) mod launch;
 pub(crate) mod lobby;
 pub(crate) mod metrics;
 pub mod mpi;
-pub(crate) mod pmi;
 pub(crate) mod process;
 pub(crate) mod ratelimit;
 pub mod rendezvous;

@@ -52,7 +52,7 @@ fn main_exec() -> u8 {
     let parsed = if name == "mpirun" || name == "mpiexec" {
         // Through a link named mpirun/mpiexec before the real one on PATH, a
         // TrainJob's own `mpirun ...` runs as `trainlet mpi -- mpirun ...`.
-        let Some(real) = trainlet::mpi::real_launcher(&name) else {
+        let Some(real) = trainlet::mpi::hosts::real_launcher(&name) else {
             let why = format!("no real {name} on PATH besides trainlet (set TRAINLET_MPIRUN)");
             return finish("trainlet", Err(cmd::Error::Usage(why)));
         };

@@ -99,12 +99,8 @@ impl From<initializers::InitError> for Error {
 impl From<&Error> for u8 {
     fn from(e: &Error) -> u8 {
         match e {
-            Error::Config(_)
-            | Error::Usage(_)
-            | Error::Listen { .. }
-            | Error::Bind(_)
-            | Error::Mpi(_)
-            | Error::Sshd(_) => exit::CONFIG,
+            Error::Config(_) | Error::Usage(_) | Error::Listen { .. } | Error::Bind(_) | Error::Sshd(_) => exit::CONFIG,
+            Error::Mpi(m) => m.exit_code(),
             Error::Start(_) | Error::Thread { .. } | Error::Keygen(_) | Error::Serve(_) => exit::INTERNAL,
             Error::Launch(l) => match l.as_ref() {
                 launch::Error::Config(_) | launch::Error::Store(_) => exit::CONFIG,

@@ -25,7 +25,7 @@ pub enum Framework {
     Xgboost,
     /// MPI ranks without mpirun or SSH: each pod's agent starts its ranks
     /// and serves them PMI-1/PMI-2 on a pre-connected `PMI_FD`
-    /// (`crate::pmi`); the key-value space is the job's store. Pod counts
+    /// (`crate::mpi::pmi`); the key-value space is the job's store. Pod counts
     /// and the store endpoint come from torch's names (Trainer's torch
     /// policy, which a runtime without a launcher uses): `PET_*`.
     Mpi,

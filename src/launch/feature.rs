@@ -13,7 +13,7 @@ use std::pin::Pin;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::config::Plan;
-use crate::pmi::round::Link;
+use crate::mpi::pmi::round::Link;
 use crate::process::signals::SysEvent;
 use crate::process::spawn::Spawner;
 use crate::rendezvous::{Round, Session};

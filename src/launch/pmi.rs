@@ -5,9 +5,9 @@
 //! attempt's (`crate::supervise::mpi`).
 
 use crate::config::{Framework, Plan};
-use crate::pmi::fence::StoreFence;
-use crate::pmi::node::Job;
-use crate::pmi::round::{Link, kvsname};
+use crate::mpi::pmi::fence::StoreFence;
+use crate::mpi::pmi::node::Job;
+use crate::mpi::pmi::round::{Link, kvsname};
 use crate::rendezvous::{Round, Session};
 
 /// The PMI service as a feature of the job's rounds (`--framework mpi`):

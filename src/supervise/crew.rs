@@ -84,7 +84,7 @@ pub(super) async fn spawn_all(
     let mut crew = Crew {
         workers: HashMap::new(),
         by_pid: HashMap::new(),
-        mpi: Ranks::new(world.pmi.and_then(crate::pmi::round::Link::take_notes)),
+        mpi: Ranks::new(world.pmi.and_then(crate::mpi::pmi::round::Link::take_notes)),
         early: Vec::new(),
         silent_for: HashMap::new(),
     };

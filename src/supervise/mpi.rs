@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::pmi::server::Note;
+use crate::mpi::pmi::server::Note;
 use crate::supervise::policy::Event;
 use crate::sys::Exit;
 

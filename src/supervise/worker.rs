@@ -40,7 +40,7 @@ pub struct WorldView<'a> {
     /// TorchFT's Lighthouse (`--replica-groups`): its address.
     pub lighthouse: Option<&'a str>,
     /// The round's PMI service (`--framework mpi`).
-    pub pmi: Option<&'a crate::pmi::round::Link>,
+    pub pmi: Option<&'a crate::mpi::pmi::round::Link>,
 }
 
 /// How kept workers rejoin a round (an actor's bridge in survivors mode;
@@ -172,9 +172,9 @@ pub fn framework_env(w: &WorldView<'_>, local_rank: u32, gpu: Option<usize>) -> 
             (names::DMLC_TASK_ID, rank),
             (names::DMLC_NUM_WORKER, world),
         ],
-        // The rank's PMI socket is its fd 3 (`crate::pmi::round`).
+        // The rank's PMI socket is its fd 3 (`crate::mpi::pmi::round`).
         Framework::Mpi => vec![
-            (names::PMI_FD, crate::pmi::round::RANK_FD.to_string()),
+            (names::PMI_FD, crate::mpi::pmi::round::RANK_FD.to_string()),
             (names::PMI_RANK, rank.clone()),
             (names::PMI_ID, rank),
             (names::PMI_SIZE, world),

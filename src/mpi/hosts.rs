@@ -1,8 +1,7 @@
-//! What the MPI launcher role needs to know, apart from its flow
-//! (`trainlet mpi`, in `cmd/mpi.rs`): where the hosts are (hostfiles,
-//! mpirun's own arguments, the Trainer torch env), which of them is this
-//! pod, which `mpirun` is the real one, and the environment that points
-//! every MPI family at trainlet's ssh client.
+//! Where the MPI hosts are (hostfiles, mpirun's own arguments, the
+//! Trainer torch env), which of them is this pod, which `mpirun` is the
+//! real one, and the environment that points every MPI family at
+//! trainlet's ssh client.
 //!
 //! mpirun's environment gets the remote-shell settings of every MPI family
 //! at once, since they are namespaced and each reads only its own
