@@ -17,17 +17,15 @@
 //! | 2 | `process` | the one signal/reaper thread, the spawner thread, sweeps of leftovers, the frame of every mode that owns processes |
 //! | 3 | `gpu`, `store`, `ssh`, `http` | the pod's GPUs and placement; the c10d TCPStore wire, server and client; SSH keys, server, client, hostfiles; the bounded HTTP/1.1 requests of trainlet's endpoints |
 //! | 4 | `cli`, `config`, `metrics`, `mpi`, `status` | clap definitions; CLI + env -> `config::Plan` (with the failure rules); Prometheus families; MPI in one tree: the launcher role over SSH (hosts, environment, `trainlet mpi`'s flow) and the PMI-1/PMI-2 server of ranks started without mpirun; workers' progress, relayed to Trainer's status endpoint |
-//! | 5 | `supervise`, `rendezvous`, `serve`, `inplace` | the pure policy core, worker environment, output and reports; rounds of the agents over the store; served runs, their files and lines, and the control API; JobSet's in-place restart protocol (watch, attempt, barrier) |
-//! | 6 | `actor` | actors on served pods: the control API's calls, each pod's bridge to its workers, the worker runtime |
-//! | 7 | `launch` | the round loop of `trainlet run` |
-//! | 8 | `cmd` | one file per mode and the one error-to-exit-code mapping |
+//! | 5 | `supervise`, `rendezvous`, `serve`, `inplace` | the pure policy core, worker environment, output and reports; rounds of the agents over the store; serve mode in one tree: served runs, their files and lines, the control API, setup steps, the cache, actors (`serve::actor`: the calls, each pod's bridge to its workers, the worker runtime) and each pod's part of serve mode in the round loop (`serve::pod`); JobSet's in-place restart protocol (watch, attempt, barrier) |
+//! | 6 | `launch` | the round loop of `trainlet run` |
+//! | 7 | `cmd` | one file per mode and the one error-to-exit-code mapping |
 //!
 //! `main.rs` sits above them all: `argv[0]` dispatch and the exit code.
 //! `config` is above `gpu` and `store` because a `config::Plan` carries
 //! their types (`gpu::GpuPlan`, `store::Endpoint`); env var names,
 //! which every layer reads, are the foundation `env`.
 
-pub(crate) mod actor;
 pub mod cli;
 pub(crate) mod clock;
 pub mod cmd;

@@ -4,7 +4,7 @@
 //! [`Job::run_round`] and [`Job::settle`], and at the end
 //! [`Job::finish`]. [`run`] drives them. The features
 //! (`super::features::list`) hear of each round's start and end and of the
-//! job's end; serve mode (`super::serve`) is the loop's mode: it decides
+//! job's end; serve mode (`crate::serve::pod`) is the loop's mode: it decides
 //! what each round runs and keeps the pod past a run's verdict.
 
 use std::path::PathBuf;
@@ -19,13 +19,14 @@ use super::features::Setup;
 use super::finish::{fail_code, forget_logs, record, report};
 use super::round::{RoundJob, reconnect, stop_sync};
 use super::wait::until_stop;
-use super::{Error, Result, hosting, inplace, replicas, serve, start};
+use super::{Error, Result, hosting, inplace, replicas, start};
 use crate::config::{Env, Plan};
 use crate::exit;
 use crate::process::signals::SysEvent;
 use crate::process::spawn::Spawner;
 use crate::rendezvous::{self, Joined, Known, Round, Session, Timing};
 use crate::serve::board::State as RunState;
+use crate::serve::pod;
 use crate::supervise::attempt::run_attempt;
 use crate::supervise::carry::Carry;
 use crate::supervise::policy::{Outcome, Verdict, backoff, verdict};
@@ -135,7 +136,7 @@ struct Job {
     session: Session,
     known: Known,
     features: Vec<Box<dyn Feature>>,
-    served: Option<serve::Served>,
+    served: Option<pod::Served>,
     history: Vec<Failure>,
     rounds: Vec<RoundRecord>,
     /// An actor's workers kept from one round to the next (survivors mode).
@@ -183,7 +184,7 @@ impl Job {
             return Ok(Err(code));
         }
         // Serve mode's agents' store asks every connection for the control token.
-        let token_file = serve::token_file(&plan)?;
+        let token_file = pod::token_file(&plan)?;
         let guard = token_file.as_deref().map(crate::store::Guard::new);
         let timing =
             Timing { last_call: plan.last_call, heartbeat: plan.heartbeat, heartbeat_timeout: plan.heartbeat_timeout };
@@ -210,7 +211,7 @@ impl Job {
         }
         let setup = Setup { plan: &plan, dial: session.dial(), log_root: &log_root, cancel: &cancel };
         let features = super::features::list(setup, replicas).await;
-        let served = serve::Served::start(&plan, (session.dial(), &spawner), token_file, &cancel).await?;
+        let served = pod::Served::start(&plan, (session.dial(), &spawner), token_file, &cancel).await?;
         Ok(Ok(Job {
             env: Env::from_process(),
             plan,
@@ -241,7 +242,7 @@ impl Job {
         let deadline = Instant::now() + self.plan.join_timeout;
         let waited = Instant::now();
         let next = self.session.next_round(&mut self.known, deadline);
-        let next = serve::kept_until(next, &mut self.carry, self.served.as_mut(), self.plan.grace);
+        let next = pod::kept_until(next, &mut self.carry, self.served.as_mut(), self.plan.grace);
         match until_stop(&mut self.events, &self.plan, next).await {
             Ok(Ok(Joined::Round(r))) => {
                 crate::metrics::global().rendezvous.observe(waited.elapsed().as_secs_f64());
@@ -319,9 +320,9 @@ impl Job {
     async fn run_round(&mut self, round: &Round) -> Flow<Ran> {
         let (plan, idle) = match self.served.as_mut() {
             Some(sv) => match sv.work((&self.session, round), &mut self.events, &mut self.carry, &self.plan).await {
-                serve::Work::Run => (sv.plan_for(&self.plan), None),
-                serve::Work::Idle(o) => (sv.idle_plan(&self.plan), Some(o)),
-                serve::Work::Shutdown => {
+                pod::Work::Run => (sv.plan_for(&self.plan), None),
+                pod::Work::Idle(o) => (sv.idle_plan(&self.plan), Some(o)),
+                pod::Work::Shutdown => {
                     let _ = self.session.leave(round, self.plan.serve_store, LEAVE_WAIT).await;
                     self.session.bye().await;
                     return Flow::Exit(exit::SUCCESS);
@@ -329,7 +330,7 @@ impl Job {
             },
             None => (self.plan.clone(), None),
         };
-        let base_restarts = self.served.as_ref().map_or(0, serve::Served::base_restarts);
+        let base_restarts = self.served.as_ref().map_or(0, pod::Served::base_restarts);
         let restarts = round.restarts.saturating_sub(base_restarts);
         let (outcome, failures) = match idle {
             Some(o) => {
@@ -387,10 +388,10 @@ impl Job {
             aux_port: round.aux_port,
             restarts,
             status: gifts.status,
-            tap: served.and_then(serve::Served::tap),
-            unstartable: served.and_then(serve::Served::unstartable).or(gifts.unstartable),
+            tap: served.and_then(pod::Served::tap),
+            unstartable: served.and_then(pod::Served::unstartable).or(gifts.unstartable),
             zygote: self.zygote.as_ref(),
-            survivors: served.and_then(serve::Served::survivors),
+            survivors: served.and_then(pod::Served::survivors),
             lighthouse: gifts.lighthouse,
             pmi: gifts.pmi,
             group_rank: round.group_rank,

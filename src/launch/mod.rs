@@ -28,7 +28,6 @@ mod pmi;
 mod progress;
 mod replicas;
 mod round;
-mod serve;
 mod start;
 mod tracker;
 mod wait;

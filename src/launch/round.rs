@@ -11,7 +11,7 @@ use crate::config::Plan;
 use crate::config::rules::RuleAction;
 use crate::exit;
 use crate::process::signals::SysEvent;
-use crate::rendezvous::{self, Round, Session};
+use crate::rendezvous::{self, Round, STOP_SYNC_MARGIN, Session};
 use crate::supervise::attempt::Job;
 use crate::supervise::policy::{JobEnd, RoundFacts};
 use crate::supervise::report::Failure;
@@ -19,8 +19,6 @@ use crate::supervise::report::Failure;
 /// Longest the loss of the store waits for the watch of the store host's
 /// "leaving" announcement to settle (it ends as the connection does).
 const HOST_LEFT_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
-/// Extra time, beyond grace and kill timeout, for other pods to report stopped.
-pub(super) const STOP_SYNC_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Report our workers gone, wait for the others (or a death verdict), and
 /// gather what every pod needs to decide the same way.

@@ -49,6 +49,10 @@ mod service;
 mod session;
 
 pub use end::parse_end;
+
+/// Extra time, beyond the grace period and the kill timeout, for the other
+/// pods to report their workers stopped.
+pub const STOP_SYNC_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
 pub use member::{Assignment, Member, assign};
 pub use session::{Joined, Known, Round, Session, Stopped, Timing, job_base};
 

@@ -10,9 +10,9 @@
 //! | `GET /v1/runs/{id}/logs[?follow=true]` | every rank's prefixed lines, chunked; with follow, until the run is over |
 //! | `DELETE /v1/runs/{id}` | 202 `stopping` (checkpoint signal and grace, as for preemption), or 200 when it is over |
 //! | `GET /v1/status` | the world, the runs, and each pod's cache use ([`super::cache`]) |
-//! | `POST /v1/actors` | as a run, with `"actor": {"target", "args", "kwargs"}` and no command (`crate::actor`) |
+//! | `POST /v1/actors` | as a run, with `"actor": {"target", "args", "kwargs"}` and no command (`crate::serve::actor`) |
 //! | `GET`, `DELETE /v1/actors/{id}`, `.../logs` | as for runs |
-//! | `/v1/actors/{id}/calls[/{n}]` | answered by [`Calls`] (`crate::actor::calls`) |
+//! | `/v1/actors/{id}/calls[/{n}]` | answered by [`Calls`] (`crate::serve::actor::calls`) |
 //! | `POST /v1/setup`, `GET /v1/setup` | record or show the setup steps every pod applies ([`super::setup`]) |
 //!
 //! A bad request gets a 4xx whose JSON `message` names what was wrong, and

@@ -5,7 +5,7 @@
 //! puts its files into the agents' store by content ([`files`]) and
 //! publishes the run; every pod's agent (the host's too) reads it at the
 //! start of a round, unpacks the files into a fresh directory and runs it
-//! as a job of its own (`crate::launch::serve`). Worker lines travel back
+//! as a job of its own (`pod`). Worker lines travel back
 //! through the store ([`logs`]); the host's [`board::Board`] keeps each
 //! run's state, exits and failure report.
 //!
@@ -37,6 +37,7 @@
 //! counts) are bounded before use, and a write the store refuses fails
 //! the request that needed it.
 
+pub mod actor;
 pub mod api;
 pub mod board;
 pub mod bounded;
@@ -46,6 +47,7 @@ pub mod intake;
 pub mod logs;
 pub mod manifest;
 pub mod paths;
+pub(crate) mod pod;
 pub mod setup;
 pub mod spec;
 pub mod tar;

@@ -1,6 +1,6 @@
-//! The actor runtime (`src/actor/runtime.py`) on its own: the test is the
+//! The actor runtime (`src/serve/actor/runtime.py`) on its own: the test is the
 //! agent, listening on a Unix socket and speaking the frames of
-//! `src/actor/wire.rs` by hand to one worker process.
+//! `src/serve/actor/wire.rs` by hand to one worker process.
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -201,7 +201,7 @@ impl Drop for Worker {
 }
 
 fn runtime_command(runpy: bool, cwd: &Path, stderr: &Path) -> Command {
-    let runtime = repo().join("src/actor/runtime.py").display().to_string();
+    let runtime = repo().join("src/serve/actor/runtime.py").display().to_string();
     let mut cmd = Command::new(python());
     if runpy {
         let code = "import runpy, sys; sys.argv = [sys.argv[1]]; runpy.run_path(sys.argv[0], run_name='__main__')";

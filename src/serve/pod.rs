@@ -12,11 +12,11 @@ use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
-use crate::actor::bridge::Bridge;
 use crate::config::{Plan, Serve};
 use crate::process::signals::{Heard, SysEvent};
 use crate::process::spawn::Spawner;
 use crate::rendezvous::{Round, Session};
+use crate::serve::actor::bridge::Bridge;
 use crate::serve::board::{Board, RankExit, State, World};
 use crate::serve::logs::Shipper;
 use crate::serve::setup::{Applied, Dirs, Step};
@@ -32,14 +32,14 @@ use crate::sys;
 mod actors;
 mod begin;
 mod setup;
-pub(super) use actors::kept_until;
+pub(crate) use actors::kept_until;
 
 /// How often a pod looks for the real run after a forged go signal.
 const POLL_FORGED: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// What a round does in serve mode.
 #[derive(Debug)]
-pub(super) enum Work {
+pub(crate) enum Work {
     /// Run the current run.
     Run,
     /// The idle round ended this way.
@@ -62,7 +62,7 @@ struct Current {
 }
 
 /// This pod's part of serve mode.
-pub(super) struct Served {
+pub(crate) struct Served {
     conf: Serve,
     base: String,
     link: Link,
@@ -102,7 +102,7 @@ impl std::fmt::Debug for Served {
 /// The control token's file of a served job (None without `--serve`):
 /// `--control-token-file`, or on a single standalone pod a fresh one.
 /// Every pod needs it before it dials the agents' store, which asks for it.
-pub(super) fn token_file(plan: &Plan) -> Result<Option<PathBuf>, crate::config::Error> {
+pub(crate) fn token_file(plan: &Plan) -> Result<Option<PathBuf>, crate::config::Error> {
     let Some(conf) = &plan.serve else { return Ok(None) };
     let usage = crate::config::Error::Usage;
     match &conf.token_file {
@@ -156,10 +156,13 @@ impl Served {
                 base: base.clone(),
                 scope: scope.clone(),
                 max_restarts: plan.max_restarts,
-                stop_limit: plan.checkpoint_timeout + plan.grace + plan.kill_timeout + super::round::STOP_SYNC_MARGIN,
+                stop_limit: plan.checkpoint_timeout
+                    + plan.grace
+                    + plan.kill_timeout
+                    + crate::rendezvous::STOP_SYNC_MARGIN,
                 idle_timeout: conf.idle_timeout,
-                calls: Some(Arc::new(crate::actor::calls::Desk::new(
-                    crate::actor::calls::Conf {
+                calls: Some(Arc::new(crate::serve::actor::calls::Desk::new(
+                    crate::serve::actor::calls::Conf {
                         dial: dial.clone(),
                         base: base.clone(),
                         token_file: token_file.clone(),

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::Served;
-use crate::actor::bridge::{Bridge, Place};
+use crate::serve::actor::bridge::{Bridge, Place};
 use crate::serve::spec::Run;
 use crate::supervise::carry::Carry;
 
@@ -18,7 +18,7 @@ impl Served {
     pub(super) fn bridge(&self, run: &Run) -> Result<Option<Bridge>, String> {
         let (Some(actor), Some(scope)) = (&run.actor, &self.scope) else { return Ok(None) };
         let runtime = self.runtime();
-        crate::actor::write_runtime(&runtime)
+        crate::serve::actor::write_runtime(&runtime)
             .map_err(|e| format!("cannot write the actor runtime {}: {e}", runtime.display()))?;
         let place = Place {
             dial: self.dial.clone(),
@@ -61,7 +61,7 @@ const KEPT_POLL: Duration = Duration::from_secs(2);
 /// `next` (the next round), while the workers kept for the next round of
 /// the current run are stopped as soon as that run is over (closed or
 /// replaced): the round that would end them can be long in coming.
-pub(in crate::launch) async fn kept_until<F: std::future::Future>(
+pub(crate) async fn kept_until<F: std::future::Future>(
     next: F,
     carry: &mut Carry,
     served: Option<&mut Served>,
