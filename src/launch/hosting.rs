@@ -13,11 +13,39 @@ use crate::rendezvous::{self, Timing};
 use crate::store::{Endpoint, StoreLoop};
 use crate::sys;
 
+/// The store as this pod reaches it, and what it serves when it hosts it.
+pub(super) struct Hosted {
+    /// Serve mode's control token file (None without `--serve`).
+    pub token_file: Option<std::path::PathBuf>,
+    /// What every connection to the agents' store must prove (serve mode).
+    pub guard: Option<crate::store::Guard>,
+    /// The agents' store, when this pod hosts it.
+    pub control: Option<crate::store::StoreServer>,
+    /// The endpoint this pod dials.
+    pub endpoint: Endpoint,
+    /// The store host's own dial of its store (loopback).
+    pub host_dial: Option<crate::store::Dial>,
+}
+
+/// The store of the job: serve mode's control token (the agents' store
+/// asks every connection for it), and, when this pod hosts it, the
+/// agents' store with the rounds' worker stores and liveness monitor.
+pub(super) fn store(plan: &Plan, timing: Timing, cancel: &CancellationToken) -> Result<Hosted> {
+    let token_file = crate::serve::pod::token_file(plan)?;
+    let guard = token_file.as_deref().map(crate::store::Guard::new);
+    let (control, endpoint) = host_store(plan, guard.as_ref(), timing, cancel)?;
+    let host_dial = control.as_ref().map(|_| crate::store::Dial {
+        addr: std::net::SocketAddr::from(([127, 0, 0, 1], endpoint.port)),
+        guard: guard.clone(),
+    });
+    Ok(Hosted { token_file, guard, control, endpoint, host_dial })
+}
+
 /// Serve the agents' store when this pod hosts it, with the rounds' worker
 /// stores and liveness monitor; the server, and the endpoint this pod
 /// dials (the host dials its own store on loopback: its own DNS record may
 /// not be published yet, as headless services publish late).
-pub(super) fn host_store(
+fn host_store(
     plan: &Plan,
     guard: Option<&crate::store::Guard>,
     timing: Timing,

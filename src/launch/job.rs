@@ -183,18 +183,12 @@ impl Job {
         if let Some(code) = inplace::barrier(in_place, &mut events, &plan).await? {
             return Ok(Err(code));
         }
-        // Serve mode's agents' store asks every connection for the control token.
-        let token_file = pod::token_file(&plan)?;
-        let guard = token_file.as_deref().map(crate::store::Guard::new);
         let timing =
             Timing { last_call: plan.last_call, heartbeat: plan.heartbeat, heartbeat_timeout: plan.heartbeat_timeout };
-        // The agents' store (and the rounds' worker stores), when this pod hosts it.
-        let (control, endpoint) = hosting::host_store(&plan, guard.as_ref(), timing, &cancel)?;
-        // The store host's own dial of its store (loopback).
-        let host_dial = control.as_ref().map(|_| crate::store::Dial {
-            addr: std::net::SocketAddr::from(([127, 0, 0, 1], endpoint.port)),
-            guard: guard.clone(),
-        });
+        // Serve mode's control token; the agents' store (and the rounds'
+        // worker stores), when this pod hosts it.
+        let hosting::Hosted { token_file, guard, control, endpoint, host_dial } =
+            hosting::store(&plan, timing, &cancel)?;
         let mut replicas = replicas::Replicas::start(&plan, &spawner, host_dial, &cancel);
         let master_addr = if plan.standalone { endpoint.host.clone() } else { plan.endpoint.host.clone() };
         let mut session = match start::join(&plan, (&endpoint, guard), timing, &mut events, &cancel).await {

@@ -56,14 +56,21 @@ pub enum Error {
 /// Result of the launch flow.
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// Run the job described by `plan`; returns trainlet's exit code.
+/// Run the job described by `plan`; returns trainlet's exit code. With
+/// `--in-place-restart`, the pod's JobSet in-place restart agent runs
+/// beside the job: its stop joins the job's events, and its code may
+/// replace the job's (`inplace::finish`).
 pub async fn run(plan: Plan, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8> {
-    match plan.in_place.clone() {
+    let (mut agent, events) = match plan.in_place.clone() {
         Some(cfg) => {
-            let (mut agent, events) = inplace::start(&cfg, events, &cancel).await?;
-            let out = job::run(plan, events, Some(&mut agent), cancel).await;
-            inplace::finish(&mut agent, out)
+            let (agent, merged) = inplace::start(&cfg, events, &cancel).await?;
+            (Some(agent), merged)
         }
-        None => job::run(plan, events, None, cancel).await,
+        None => (None, events),
+    };
+    let out = job::run(plan, events, agent.as_mut(), cancel).await;
+    match agent.as_mut() {
+        Some(agent) => inplace::finish(agent, out),
+        None => out,
     }
 }
