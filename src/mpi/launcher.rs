@@ -259,19 +259,8 @@ pub async fn run(args: MpiArgs, events: UnboundedReceiver<SysEvent>, cancel: Can
     if program != args.command[0] {
         tracing::info!(link = %args.command[0], real = %program, "the launcher on PATH is trainlet's own link; running the real one");
     }
-    let spec = WorkerSpec {
-        program: program.clone(),
-        args: args.command[1..].to_vec(),
-        env,
-        unset: Vec::new(),
-        stdio: StdioMode::Inherit,
-        cwd: None,
-        cpus: None,
-        mem_node: None,
-        oom_score_adj: None,
-        helper: false,
-        pass_fd: None,
-    };
+    let spec =
+        WorkerSpec { stdio: StdioMode::Inherit, ..WorkerSpec::piped(program.clone(), args.command[1..].to_vec(), env) };
     let sp = spawner.spawn(spec).await?;
     tracing::info!(pid = sp.pid, command = %program, tree_spawn = args.tree_spawn, "mpirun started");
     let (status, stopped_by) = supervise(sp.pid, reaper.watch(sp.pid, sp.forked), &mut signals, args.grace).await;

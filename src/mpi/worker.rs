@@ -39,17 +39,10 @@ impl Spawning {
 impl Processes for Spawning {
     async fn start(&self, req: ExecRequest) -> std::io::Result<Started> {
         let spec = WorkerSpec {
-            program: req.shell.display().to_string(),
-            args: vec!["-c".into(), req.command],
-            env: req.env,
             unset: req.unset,
             stdio: StdioMode::AllPiped,
             cwd: Some(req.cwd),
-            cpus: None,
-            mem_node: None,
-            oom_score_adj: None,
-            helper: false,
-            pass_fd: None,
+            ..WorkerSpec::piped(req.shell.display().to_string(), vec!["-c".into(), req.command], req.env)
         };
         let sp = self.spawner.spawn(spec).await.map_err(|e| match e {
             SpawnError::Exec { source, .. }
