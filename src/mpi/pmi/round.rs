@@ -43,7 +43,13 @@ impl Link {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let kvsname = job.kvsname.clone();
-        let task = tokio::spawn(serve(Node::new(job), servers, fence, tx)).abort_handle();
+        let task = tokio::spawn(async move {
+            // The sockets stay open until the link is dropped, after the
+            // round's ranks are gone (`server::Held`).
+            let _held = serve(Node::new(job), servers, fence, tx).await;
+            std::future::pending::<()>().await;
+        })
+        .abort_handle();
         Ok(Link { fds: Mutex::new(fds), notes: Mutex::new(Some(rx)), task, kvsname })
     }
 

@@ -126,12 +126,25 @@ fn writer(mut write: OwnedWriteHalf) -> mpsc::Sender<Vec<u8>> {
     tx
 }
 
+/// The ranks' sockets, held open after the service ends (dropping this
+/// closes them). A rank waiting for a reply that will not come (its
+/// abort's, a refused command's, a failed fence's) must go on waiting
+/// until the supervisor stops it, not read the end of its socket: MPICH's
+/// `MPI_Abort` returns when `PMI_Abort` reads one, and the rank runs on
+/// into its next collective, which the others then complete with it.
+#[derive(Debug)]
+#[must_use = "dropping it closes every rank's socket"]
+pub struct Held {
+    _open: Vec<mpsc::Sender<Vec<u8>>>,
+}
+
 /// Serve `node`'s local ranks on `ranks` (local rank `l` on `ranks[l]`),
 /// telling `notes` what happens, until every socket is closed or the job
 /// ends here (an abort, a refusal, a failed fence: each the last note).
-/// A closed socket is not an end by itself: the rank's exit tells.
-pub async fn serve(mut node: Node, ranks: Vec<UnixStream>, mut fence: impl Fence, notes: mpsc::UnboundedSender<Note>) {
-    let (tx, mut rx) = mpsc::channel::<Read>(ranks.len().max(1));
+/// A closed socket is not an end by itself: the rank's exit tells. The
+/// sockets stay open in what it returns.
+pub async fn serve(node: Node, ranks: Vec<UnixStream>, fence: impl Fence, notes: mpsc::UnboundedSender<Note>) -> Held {
+    let (tx, rx) = mpsc::channel::<Read>(ranks.len().max(1));
     let mut writers: Vec<mpsc::Sender<Vec<u8>>> = Vec::with_capacity(ranks.len());
     for (local, stream) in ranks.into_iter().enumerate() {
         let (read, write) = stream.into_split();
@@ -153,10 +166,25 @@ pub async fn serve(mut node: Node, ranks: Vec<UnixStream>, mut fence: impl Fence
         });
     }
     drop(tx);
+    // The supervisor gone means the round is over: nothing to tell.
+    if let Some(last) = answer(node, rx, &writers, fence, &notes).await {
+        let _ = notes.send(last);
+    }
+    Held { _open: writers }
+}
+
+/// Answer the ranks' commands as they come, telling `notes` what happens,
+/// until every reader is done (`None`) or the job ends here (the last note).
+async fn answer(
+    mut node: Node,
+    mut rx: mpsc::Receiver<Read>,
+    writers: &[mpsc::Sender<Vec<u8>>],
+    mut fence: impl Fence,
+    notes: &mpsc::UnboundedSender<Note>,
+) -> Option<Note> {
     let mut started = vec![false; writers.len()];
     let mut seq = 0u64;
     let note = |n: Note| {
-        // The supervisor gone means the round is over: nothing to tell.
         let _ = notes.send(n);
     };
     while let Some(msg) = rx.recv().await {
@@ -165,11 +193,11 @@ pub async fn serve(mut node: Node, ranks: Vec<UnixStream>, mut fence: impl Fence
             // A rank gone: the fences it leaves waiting can never complete.
             Read::Eof(l) => {
                 if let Some(Effect::Refuse { local, why }) = node.closed(l).into_iter().next() {
-                    return note(Note::Refused { local, why });
+                    return Some(Note::Refused { local, why });
                 }
                 continue;
             }
-            Read::Bad(l, why) => return note(Note::Refused { local: l, why: format!("local rank {l}: {why}") }),
+            Read::Bad(l, why) => return Some(Note::Refused { local: l, why: format!("local rank {l}: {why}") }),
         };
         tracing::trace!(
             local,
@@ -195,24 +223,25 @@ pub async fn serve(mut node: Node, ranks: Vec<UnixStream>, mut fence: impl Fence
                         Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
                         Err(mpsc::error::TrySendError::Full(_)) => {
                             let why = format!("local rank {local} left {OUTBOX} PMI replies unread");
-                            return note(Note::Refused { local, why });
+                            return Some(Note::Refused { local, why });
                         }
                     },
-                    Effect::Abort { local, code, why } => return note(Note::Aborted { local, code, why }),
-                    Effect::Refuse { local, why } => return note(Note::Refused { local, why }),
+                    Effect::Abort { local, code, why } => return Some(Note::Aborted { local, code, why }),
+                    Effect::Refuse { local, why } => return Some(Note::Refused { local, why }),
                     Effect::Fence { puts } => match fence.fence(seq, puts).await {
                         Ok(all) => {
                             tracing::debug!(fence = seq, keys = all.len(), "PMI fence done");
                             seq += 1;
                             more.extend(node.fenced(all));
                         }
-                        Err(why) => return note(Note::Fence(why)),
+                        Err(why) => return Some(Note::Fence(why)),
                     },
                 }
             }
             effects = more;
         }
     }
+    None
 }
 
 #[cfg(test)]
@@ -254,7 +283,7 @@ mod tests {
     /// Serve to the end; every note, in order.
     async fn run(node: Node, ranks: Vec<UnixStream>, fence: impl Fence) -> Vec<Note> {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        serve(node, ranks, fence, tx).await;
+        drop(serve(node, ranks, fence, tx).await);
         let mut notes = Vec::new();
         while let Ok(n) = rx.try_recv() {
             notes.push(n);
@@ -376,11 +405,27 @@ mod tests {
         assert_eq!(notes, [Note::Started { local: 1, v2: false }, Note::Finalized(1)]);
         let (s0, mut c0) = pair();
         c0.write_all(b"cmd=abort exitcode=7 message=oops\n").expect("write");
-        let notes = run(Node::new(job(1)), vec![s0], Alone).await;
-        assert_eq!(
-            notes,
-            [Note::Started { local: 0, v2: false }, Note::Aborted { local: 0, code: 7, why: "oops".into() }]
-        );
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let held = serve(Node::new(job(1)), vec![s0], Alone, tx).await;
+        assert_eq!(rx.recv().await, Some(Note::Started { local: 0, v2: false }));
+        assert_eq!(rx.recv().await, Some(Note::Aborted { local: 0, code: 7, why: "oops".into() }));
+        // The aborting rank waits to be killed: no reply, and no end to read
+        // (MPICH's MPI_Abort would return on one and run on) until the
+        // sockets are let go.
+        let c0 = tokio::task::spawn_blocking(move || {
+            c0.set_read_timeout(Some(std::time::Duration::from_millis(300))).expect("timeout");
+            let mut byte = [0u8; 1];
+            let waited = std::io::Read::read(&mut c0, &mut byte).map_err(|e| e.kind());
+            (c0, waited)
+        });
+        let (mut c0, waited) = c0.await.expect("reader");
+        assert_eq!(waited, Err(std::io::ErrorKind::WouldBlock), "nothing to read while held");
+        drop(held);
+        let closed = tokio::task::spawn_blocking(move || {
+            c0.set_read_timeout(Some(std::time::Duration::from_secs(30))).expect("timeout");
+            std::io::Read::read(&mut c0, &mut [0u8; 1]).map_err(|e| e.kind())
+        });
+        assert_eq!(closed.await.expect("reader"), Ok(0), "the end, once let go");
         // An empty line is not a PMI-2 length: refused, not waited on.
         let (s0, mut c0) = pair();
         c0.write_all(b"\n").expect("write");
