@@ -14,10 +14,12 @@ cd "$(dirname "$0")/.."
 # initializers run). The other Trainer runtimes' frameworks (JAX, XGBoost,
 # DeepSpeed) and the progress reporters (transformers' KubeflowCallback,
 # the Kubeflow SDK). torchft: replica groups, with its torchft_lighthouse.
-packages="torch numpy pyyaml prometheus_client ssh-audit huggingface_hub moto[server] boto3 opendal jax[cpu] xgboost deepspeed transformers accelerate kubeflow torchft==0.2.0"
+# nbclient, nbformat and ipykernel: a real Jupyter kernel runs the notebook
+# whose classes become actors.
+packages="torch numpy pyyaml prometheus_client ssh-audit huggingface_hub moto[server] boto3 opendal jax[cpu] xgboost deepspeed transformers accelerate kubeflow torchft==0.2.0 nbclient nbformat ipykernel"
 # The module each package installs (moto[server]: flask_cors comes with the
 # extra; jax[cpu]: jaxlib).
-modules="torch numpy yaml prometheus_client ssh_audit huggingface_hub moto flask_cors boto3 opendal jax jaxlib xgboost deepspeed transformers accelerate kubeflow torchft"
+modules="torch numpy yaml prometheus_client ssh_audit huggingface_hub moto flask_cors boto3 opendal jax jaxlib xgboost deepspeed transformers accelerate kubeflow torchft nbclient nbformat ipykernel"
 complete() {
   [ -x .venv/bin/python ] && .venv/bin/python - $modules <<'EOF' 2>/dev/null
 import importlib.util, sys

@@ -1,7 +1,8 @@
 //! Actors on served pods: 2 simulated pods (127.0.0.1-2) x 2 workers, real
 //! torch (gloo, CPU), driven by the repository's Python client
-//! (`tests/fixtures/actor_driver_test.py`), which prints one JSON line per
-//! step; the assertions are here.
+//! (`tests/fixtures/actor_driver_test.py`, and a Jupyter notebook run by
+//! `tests/fixtures/notebook_actor_driver.py`), which print one JSON line
+//! per step; the assertions are here.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -345,4 +346,69 @@ fn survivors_kept_while_the_pods_wait_are_stopped_when_the_actor_is_closed() {
         "the closed actor's kept workers and the setsid() children they started are gone: {pids:?}\n{}",
         s.pods[0].stderr()
     );
+}
+
+/// Classes and functions from a notebook (issue 42): a real Jupyter kernel
+/// (ipykernel through nbclient, tests/fixtures/notebook_actor_driver.py)
+/// defines them in cells and passes them to the client as objects; they
+/// run as actors on 2 simulated pods x 2 workers with what they use from
+/// the notebook (a helper, a dict, a dataclass, a base class in another
+/// cell), a notebook dataclass goes in and comes back pickled, and what
+/// cannot travel is refused in the notebook with the reason.
+#[test]
+fn a_class_and_a_function_defined_in_notebook_cells_run_as_actors() {
+    let s = start(2, &[]);
+    let out = std::process::Command::new(python())
+        .arg(fixture("notebook_actor_driver.py"))
+        .args([s.url.as_str(), &s.token_file.display().to_string()])
+        .output()
+        .expect("driver");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let all = format!(
+        "driver: {}\n{stdout}\npod 0:\n{}\npod 1:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.pods[0].stderr(),
+        s.pods[1].stderr()
+    );
+    assert!(out.status.success(), "{all}");
+    let steps: HashMap<String, serde_json::Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(json)
+        .map(|v| (v["step"].as_str().unwrap_or("").to_string(), v))
+        .collect();
+    let step = |name: &str| steps.get(name).unwrap_or_else(|| panic!("no step {name}:\n{all}"));
+
+    let class = step("class");
+    assert!(class["target"].as_str().is_some_and(|t| t.starts_with("_trainlet_main_") && t.ends_with(":Counter")));
+    for (call, total) in [("first", 3), ("second", 9)] {
+        let ranks = class[call].as_array().expect("ranks");
+        let got: Vec<(u64, u64)> =
+            ranks.iter().map(|r| (r["rank"].as_u64().unwrap_or(99), r["total"].as_u64().unwrap_or(0))).collect();
+        assert_eq!(got, [(0, total), (1, total), (2, total), (3, total)], "scaled() and SCALE went along: {class}");
+    }
+    let pids: BTreeSet<u64> =
+        class["second"].as_array().expect("ranks").iter().filter_map(|r| r["pid"].as_u64()).collect();
+    assert_eq!(pids.len(), 4, "one worker per rank: {class}");
+
+    let pickled = step("pickled");
+    assert_eq!(pickled["is_cfg"], true, "the notebook's own Cfg came back: {pickled}");
+    assert_eq!(pickled["type"], "__main__.Cfg", "{pickled}");
+    assert_eq!((pickled["start"].as_u64(), pickled["label"].as_str()), (Some(13), Some("nb!")), "{pickled}");
+
+    let function = step("function");
+    assert_eq!(function["values"], serde_json::json!([48, 48]), "{function}");
+    assert_eq!(function["again"], true, "an unchanged class is the same module: {function}");
+
+    let refused = step("refused");
+    let errors = &refused["errors"];
+    for (case, words) in
+        [("lambda", ["pick", "lambda"]), ("socket", ["sock", "pickle"]), ("local", ["Inner", "inside a function"])]
+    {
+        let e = errors[case].as_str().unwrap_or_default();
+        assert!(words.iter().all(|w| e.contains(w)), "{case}: {e:?}\n{all}");
+    }
+    assert_eq!(refused["record"], "running", "a refusal deploys nothing and leaves the actor be: {refused}");
+    let laptop = step("laptop")["error"].as_str().unwrap_or_default().to_string();
+    assert!(laptop.contains("ModuleNotFoundError") && laptop.contains("laptop_only"), "{laptop}\n{all}");
 }

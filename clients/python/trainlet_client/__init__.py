@@ -233,9 +233,14 @@ class Trainlet:
     def actor(self, target, files=None, init_args=(), init_kwargs=None, nproc_per_node=None, env=None,
               max_restarts=None, replace=True, pickle=False, wait_ready=True, logs=None, ready_timeout=300.0,
               restart="all"):
-        """Deploy ``target`` (``"pkg.module:Name"``, importable from ``files``): every worker of
-        every pod instantiates ``Name(*init_args, **init_kwargs)`` once. Returns an :class:`Actor`
-        whose attributes are the remote methods (``a.train(steps=10)``).
+        """Deploy ``target`` (``"pkg.module:Name"``, importable from ``files``, or the class
+        itself): every worker of every pod instantiates ``Name(*init_args, **init_kwargs)`` once.
+        Returns an :class:`Actor` whose attributes are the remote methods (``a.train(steps=10)``).
+
+        A class defined in ``__main__`` (the script, a notebook cell) travels by value: its source
+        and what it uses from ``__main__`` (functions, classes, modules by name, other values
+        pickled) become a module sent with ``files`` (see :mod:`trainlet_client.ship`, which
+        says what cannot travel). A class of an importable module is imported by its name.
 
         ``replace`` stops an active run or actor first (else 409). ``pickle`` sends the init
         arguments and every call's arguments pickled, and gets the results pickled (only with pods
@@ -251,7 +256,8 @@ class Trainlet:
                              max_restarts, replace, pickle, wait_ready, logs, ready_timeout, restart)
 
     def function(self, target, files=None, **kw):
-        """Deploy a plain function ``"pkg.module:fn"`` as a one-method actor: ``f(...)`` calls it
+        """Deploy a plain function (``"pkg.module:fn"``, or the function itself, shipped as
+        :meth:`actor` ships a class) as a one-method actor: ``f(...)`` calls it
         on every rank (a list, rank order), ``f.rank0(...)`` returns rank 0's value. Same
         keywords as :meth:`actor`, without ``init_args``/``init_kwargs``."""
         return _actor.create(self, Function, target, files, **kw)

@@ -20,6 +20,8 @@ import threading
 import time
 import urllib.parse
 
+from . import ship as _ship
+
 __all__ = ["Actor", "Function", "Method", "Call", "CallFuture",
            "ActorError", "WorkerDied", "ActorRestarted", "ActorGone", "CallCancelled"]
 
@@ -142,7 +144,7 @@ def _decode(results):
     for r in sorted(results, key=lambda r: r["rank"]):
         r = dict(r)
         if r.get("ok") and "pickle" in r:
-            r["value"] = _pickle.loads(base64.b64decode(r.pop("pickle")))
+            r["value"] = _ship.loads(base64.b64decode(r.pop("pickle")))
         out.append(r)
     return out
 
@@ -438,12 +440,21 @@ def create(client, cls, target, files=None, init_args=(), init_kwargs=None, npro
     if restart not in ("all", "survivors"):
         raise ValueError("restart=%r: 'all' (every rank restarts) or 'survivors' (only the missing ones)"
                          % (restart,))
+    files = _collect(files)
+    if not isinstance(target, str):
+        # A class or function object: by name when importable, else its
+        # source and what it needs from __main__, as a module of its own.
+        target, extra = _ship.shipped(target)
+        clash = sorted(set(extra) & set(files))
+        if clash:
+            raise ValueError("files already hold %s, the module built for %s" % (clash[0], target))
+        files.update(extra)
     spec = {"target": target}
     if restart != "all":
         spec["restart"] = restart
     spec.update(_encode(init_args, init_kwargs or {}, pickle))
     body = {
-        "files": {k: base64.b64encode(v).decode() for k, v in _collect(files).items()},
+        "files": {k: base64.b64encode(v).decode() for k, v in files.items()},
         "env": dict(env or {}),
         "replace": bool(replace),
         "actor": spec,

@@ -102,6 +102,7 @@ _forget_own_dir()
 import base64  # noqa: E402
 import ctypes  # noqa: E402
 import importlib  # noqa: E402
+import io  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import pickle  # noqa: E402
@@ -147,6 +148,23 @@ def exit_now(code):
         except Exception:
             pass
     os._exit(code)
+
+
+def write_error_file(exc):
+    """Write ``exc`` to the worker's TORCHELASTIC_ERROR_FILE, as torch's
+    ``@record`` does, so that the failure report names it (its message and
+    traceback) rather than an exit code alone."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    doc = {"message": {"message": "%s: %s" % (type(exc).__name__, exc),
+                       "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(doc, f)
+    except OSError:
+        pass
 
 
 class Conn:
@@ -215,12 +233,27 @@ def fault(exc, kind=None, module=None, message=None):
     }
 
 
+# The module that stands for the driver's __main__: a class or function the
+# client shipped by value (trainlet_client.ship) is a module of its own whose
+# name starts with SHIPPED; pickled arguments that name the driver's
+# __main__ classes find them there.
+SHIPPED = "_trainlet_main_"
+_driver_main = None
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if module == "__main__" and _driver_main is not None:
+            return getattr(_driver_main, name)
+        return super().find_class(module, name)
+
+
 def decode_args(encoding, text):
     if encoding == "json":
         a = json.loads(text) if text else {}
         return list(a.get("args") or []), dict(a.get("kwargs") or {})
     if encoding == "pickle":
-        args, kwargs = pickle.loads(base64.b64decode(text, validate=True))
+        args, kwargs = _Unpickler(io.BytesIO(base64.b64decode(text, validate=True))).load()
         return list(args), dict(kwargs or {})
     raise ValueError("unknown encoding %r (json or pickle)" % (encoding,))
 
@@ -307,6 +340,9 @@ class Actor:
             if not module_name or not attr:
                 raise ValueError("target %r is not 'package.module:Name'" % frame["target"])
             obj = importlib.import_module(module_name)
+            if module_name.startswith(SHIPPED):
+                global _driver_main
+                _driver_main = obj
             for part in attr.split("."):
                 obj = getattr(obj, part)
             if isinstance(obj, type):
@@ -319,6 +355,7 @@ class Actor:
         except BaseException as e:  # SystemExit in an import is a failure too
             traceback.print_exc()
             print("trainlet actor: cannot instantiate %s" % frame.get("target"), file=sys.stderr)
+            write_error_file(e)
             self.conn.send({"op": "init_failed", "error": fault(e)})
             exit_now(1)
         self.conn.send({"op": "ready"})
