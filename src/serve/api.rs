@@ -196,7 +196,11 @@ async fn connection(api: &Api, slots: &Slots, mut conn: TcpStream, ticket: Ticke
     };
     drop(ticket);
     let Some(mut req) = admitted else { return };
-    api.board.touch();
+    // Status is not use: a monitor or a driver's `ls` polling it does not
+    // keep idle pods up.
+    if !(req.method == "GET" && req.path == "/v1/status") {
+        api.board.touch();
+    }
     let follow = req.query_has("follow", "true") || req.query_has("follow", "1");
     let follower = follow && req.method == "GET" && req.path.ends_with("/logs");
     let (places, what) = if follower { (&slots.followers, "log followers") } else { (&slots.requests, "requests") };
@@ -283,6 +287,7 @@ fn status(api: &Api) -> Answer {
         "active": api.board.active().map(|(_, id, _)| id),
         "accepting_runs": !api.board.is_shut(),
         "idle_timeout_seconds": api.conf.idle_timeout.map(|d| d.as_secs_f64()),
+        "idle_seconds": api.board.idle_for().map(|d| d.as_secs_f64()),
         "runs": runs,
         "cache": api.board.cache(),
     });

@@ -329,6 +329,13 @@ impl Board {
         self.lock().cache.clone()
     }
 
+    /// How long it has been idle (no run that is not over, no request
+    /// other than status), None while a run is not over.
+    pub fn idle_for(&self) -> Option<std::time::Duration> {
+        let b = self.lock();
+        b.runs.iter().all(|r| r.state.is_final()).then(|| b.last_use.elapsed())
+    }
+
     /// Idle for longer than `limit`: no run that is not over, no request.
     pub fn idle_past(&self, limit: std::time::Duration) -> bool {
         let b = self.lock();

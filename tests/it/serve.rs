@@ -96,19 +96,29 @@ fn start_pod_in(
 
 /// One HTTP/1.1 request; (status, body) with a chunked body decoded.
 pub fn http(url: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    try_http(url, method, path, token, body).unwrap_or_else(|e| panic!("{method} {url}{path}: {e}"))
+}
+
+/// [`http`], or the error when the server is not there (any more).
+pub fn try_http(
+    url: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> std::io::Result<(u16, String)> {
     let addr = url.trim_start_matches("http://");
-    let mut c = std::net::TcpStream::connect(addr).expect("connect");
-    c.set_read_timeout(Some(Duration::from_secs(120))).expect("timeout");
+    let mut c = std::net::TcpStream::connect(addr)?;
+    c.set_read_timeout(Some(Duration::from_secs(120)))?;
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    write!(c, "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {}\r\n\r\n{body}", body.len())
-        .expect("write");
+    write!(c, "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {}\r\n\r\n{body}", body.len())?;
     let mut raw = Vec::new();
-    c.read_to_end(&mut raw).expect("read");
+    c.read_to_end(&mut raw)?;
     let text = String::from_utf8_lossy(&raw).to_string();
     let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        return (status, rest.to_string());
+        return Ok((status, rest.to_string()));
     }
     let mut out = String::new();
     let mut rest = rest;
@@ -120,7 +130,7 @@ pub fn http(url: &str, method: &str, path: &str, token: Option<&str>, body: &str
         out.push_str(&tail[..n]);
         rest = &tail[n + 2..];
     }
-    (status, out)
+    Ok((status, out))
 }
 
 pub(crate) fn json(body: &str) -> serde_json::Value {
@@ -196,7 +206,20 @@ fn served_pods_take_new_code_and_outlive_a_failed_run() {
     for p in &mut s.pods {
         assert!(p.child.try_wait().expect("try_wait").is_none(), "the pods stayed up:\n{}", p.stderr());
     }
-    // Nothing submitted and nothing asked: the idle timeout ends the job.
+    // Nothing submitted, only the status asked (a monitor, a driver's
+    // `ls`), which is not use: the idle timeout ends the job, and the
+    // status says how long the pods have been idle.
+    let mut idle = Vec::new();
+    while s.pods[0].child.try_wait().expect("try_wait").is_none() && idle.len() < 120 {
+        // The pod may exit between the check and the request.
+        let Ok((status, body)) = try_http(&s.url, "GET", "/v1/status", Some(TOKEN), "") else { break };
+        if let Some(v) = (status == 200).then(|| json(&body)["idle_seconds"].as_f64()).flatten() {
+            idle.push(v);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(idle.windows(2).all(|w| w[0] <= w[1]), "asking the status does not reset the idle time: {idle:?}");
+    assert!(idle.last().is_some_and(|&v| v >= 2.0), "idle up to the timeout (4 s): {idle:?}");
     for p in &mut s.pods {
         assert_eq!(p.code(Duration::from_secs(60)), 0, "{}", p.stderr());
     }
