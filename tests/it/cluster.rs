@@ -39,6 +39,7 @@ use crate::support::cluster::{
 };
 use crate::util::repo;
 
+mod driver;
 mod inplace;
 mod torchft;
 

@@ -19,14 +19,19 @@ CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, CLIENT)
 from trainlet_client import ship  # noqa: E402
 
-PRELUDE = "import sys; sys.path.insert(0, %r)\nfrom trainlet_client import ship\n" % CLIENT
+PRELUDE = "import json, sys; sys.path.insert(0, %r)\nfrom trainlet_client import ship\n" % CLIENT
 
 
 def run(code, cwd):
     """Run ``code`` as ``__main__`` in ``cwd``; its stdout, or the failure."""
     script = os.path.join(cwd, "main.py")
+    code = textwrap.dedent(code)
+    future = ""
+    if code.startswith("from __future__"):
+        future, code = code.split("\n", 1)
+        future += "\n"
     with open(script, "w") as f:
-        f.write(PRELUDE + textwrap.dedent(code))
+        f.write(future + PRELUDE + code)
     p = subprocess.run([sys.executable, script], cwd=cwd, capture_output=True, text=True, timeout=60)
     if p.returncode != 0:
         raise AssertionError("script failed:\n%s" % p.stderr)
@@ -145,6 +150,49 @@ class Shipped(unittest.TestCase):
             """ % (TRAINER.replace("\n", "\n            "), out.strip())
         self.assertEqual(run(code, tempfile.mkdtemp()).split(), ["True", "1.0"])
 
+    def test_common_notebook_patterns_build_the_same_objects_there(self):
+        # (code, what is shipped, what the pods run, what they print)
+        cases = {
+            "two classes in one value (pickle's memo)":
+                ("class A: v=1\nclass B: v=2\nPAIR = (A(), B())\ndef go(): return PAIR[0].v + PAIR[1].v\n",
+                 "go", "print(obj())", "3"),
+            "a method reads a value of its own class":
+                ("class Config:\n    def __init__(self, v): self.v = v\n    @classmethod\n"
+                 "    def default(cls): return DEFAULT\nDEFAULT = Config(5)\n",
+                 "Config", "print(obj.default().v)", "5"),
+            "a partial of a function that reads it":
+                ("import functools\ndef f(n):\n    return n if n > 3 else g(n + 1)\ng = functools.partial(f)\n",
+                 "f", "print(obj(0))", "4"),
+            "a TypeVar and a generic class":
+                ("from typing import TypeVar, Generic\nT = TypeVar('T')\nclass Box(Generic[T]):\n"
+                 "    def __init__(self, x): self.x = x\n", "Box", "print(obj(3).x)", "3"),
+            "an alias is the same class":
+                ("class Cfg:\n    pass\nConfig = Cfg\nDEFAULT = Cfg()\nclass U:\n"
+                 "    def go(self): return [isinstance(DEFAULT, Config), isinstance(DEFAULT, Cfg)]\n",
+                 "U", "print(obj().go())", "[True, True]"),
+            "private names": ("class _Cfg:\n    v = 7\n_DEFAULT = _Cfg()\ndef go(): return _DEFAULT.v\n",
+                              "go", "print(obj())", "7"),
+            "from __future__ import annotations":
+                ("from __future__ import annotations\nclass Node:\n    def clone(self) -> Node: return Node()\n",
+                 "Node", "print(type(obj().clone()).__name__)", "Node"),
+            "a nested class": ("class Outer:\n    class Inner:\n        def go(self): return 'in'\n",
+                               "Outer.Inner", "print(obj().go())", "in"),
+            "random's functions are imported, not copied":
+                ("from random import randint\nimport random\ndef go():\n    random.seed(0); a = randint(0, 10**9)\n"
+                 "    random.seed(0); return a == randint(0, 10**9)\n", "go", "print(obj())", "True"),
+            "an attribute dict": ("class AttrDict(dict):\n    __getattr__ = dict.__getitem__\ncfg = AttrDict(a=1)\n"
+                                  "def go(): return cfg['a']\n", "go", "print(obj())", "1"),
+            "a namedtuple": ("from collections import namedtuple\nP = namedtuple('P', ['x', 'y'], defaults=[0])\n"
+                             "def go(): return P(1)\n", "go", "print(tuple(obj()))", "(1, 0)"),
+            "an enum, a staticmethod, a property":
+                ("import enum\nclass Color(enum.Enum):\n    RED = 1\nclass A:\n    @staticmethod\n"
+                 "    def s(): return helper()\n    @property\n    def p(self): return Color.RED.value\n"
+                 "def helper(): return 2\n", "A", "print(obj.s() + obj().p)", "3"),
+        }
+        for what, (code, name, use, want) in cases.items():
+            target, files = ship_in_script(code, name)
+            self.assertEqual(on_the_pods(target, files, use).strip(), want, what)
+
     def test_what_cannot_travel_is_refused_with_the_reason(self):
         cases = {
             "pick = lambda: 1\nclass A:\n    def go(self):\n        return pick()\n": ("A", "a lambda"),
@@ -156,6 +204,9 @@ class Shipped(unittest.TestCase):
                 ("A", "source cannot be found"),
             "import sys\nme = sys.modules[__name__]\nclass A:\n    def go(self):\n        return me\n":
                 ("A", "__main__ itself"),
+            "from trainlet_client import Trainlet\nt = Trainlet('http://127.0.0.1:1', 'secret')\n"
+            "class A:\n    def go(self):\n        return t\n": ("A", "control token"),
+            "BIG = b'x' * (17 << 20)\nclass A:\n    def go(self):\n        return BIG\n": ("A", "at most 16 MiB"),
         }
         for code, (name, words) in cases.items():
             tmp = tempfile.mkdtemp()

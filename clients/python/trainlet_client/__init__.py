@@ -24,7 +24,8 @@ import time
 import urllib.parse
 
 __all__ = ["Trainlet", "Result", "TrainletError", "Actor", "Function", "Method", "Call", "CallFuture",
-           "ActorError", "WorkerDied", "ActorRestarted", "ActorGone", "CallCancelled"]
+           "ActorError", "WorkerDied", "ActorRestarted", "ActorGone", "CallCancelled",
+           "up", "connect", "down", "ls", "Warm", "UpError"]
 
 FINAL = ("succeeded", "failed", "stopped")
 
@@ -301,3 +302,4 @@ class Trainlet:
 from . import actor as _actor  # noqa: E402  (actor.py imports names from here lazily)
 from .actor import (Actor, ActorError, ActorGone, ActorRestarted, Call, CallCancelled,  # noqa: E402
                     CallFuture, Function, Method, WorkerDied)
+from .cluster import UpError, Warm, connect, down, ls, up  # noqa: E402  (the kubernetes client is imported when used)

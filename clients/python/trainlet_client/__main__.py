@@ -1,7 +1,10 @@
-"""``trainlet-client run|status|stop|logs|get|call``: the control API from a shell.
+"""``trainlet-client run|status|stop|logs|get|call``: the control API from a shell;
+``trainlet-client up|connect|down|ls``: warm pods on a cluster (the ``k8s`` extra).
 
 The URL and token come from ``--url``/``--token-file`` or the variables
-``TRAINLET_URL`` and ``TRAINLET_TOKEN_FILE``.
+``TRAINLET_URL`` and ``TRAINLET_TOKEN_FILE``; with ``--job NAME`` (or
+``TRAINLET_JOB``) the commands reach warm pods brought up by ``up`` through the
+Kubernetes API instead.
 """
 
 import argparse
@@ -10,6 +13,7 @@ import os
 import sys
 
 from . import Trainlet, TrainletError
+from . import cluster as _cluster
 
 
 def main(argv=None):
@@ -37,11 +41,43 @@ def main(argv=None):
     c.add_argument("--json", default="[]", metavar="ARGS", help="the positional arguments, a JSON list")
     c.add_argument("--kwargs", default="{}", metavar="JSON", help="the keyword arguments, a JSON object")
     c.add_argument("--rank", type=int, action="append", help="call this rank only (repeatable)")
+    p.add_argument("--job", default=os.environ.get("TRAINLET_JOB"),
+                   help="warm pods brought up by `up` (reached through the Kubernetes API)")
+    p.add_argument("--namespace", "-n", help="the warm pods' namespace (default: the kubeconfig's)")
+    p.add_argument("--kubeconfig")
+    p.add_argument("--context", help="the kubeconfig's context (default: its current one)")
+    u = sub.add_parser("up", help="bring up warm pods (a TrainJob) and wait until they are ready")
+    u.add_argument("name")
+    u.add_argument("--nodes", type=int, default=1)
+    u.add_argument("--nproc-per-node", type=int, default=1)
+    u.add_argument("--runtime", default="trainlet-dev")
+    u.add_argument("--image")
+    u.add_argument("--gpus", type=int, help="nvidia.com/gpu per pod")
+    u.add_argument("--env", action="append", default=[], metavar="K=V")
+    u.add_argument("--ttl", type=int, help="seconds idle after which the pods end")
+    u.add_argument("--timeout", type=float, default=600.0)
+    sub.add_parser("connect", help="check that warm pods --job answer").add_argument("name")
+    sub.add_parser("down", help="delete warm pods: the TrainJob, its Secret, its pods").add_argument("name")
+    sub.add_parser("ls", help="list warm pods in the namespace")
     a = p.parse_args(argv)
-    if not a.token_file:
-        p.error("give --token-file or TRAINLET_TOKEN_FILE")
-    with open(a.token_file) as f:
-        t = Trainlet(a.url, f.read())
+    where = dict(namespace=a.namespace, kubeconfig=a.kubeconfig, context=a.context)
+    try:
+        if a.cmd in ("up", "connect", "down", "ls"):
+            return cluster_command(a, where)
+    except (_cluster.UpError, ImportError) as e:
+        print("trainlet-client: %s" % e, file=sys.stderr)
+        return 2
+    if a.job:
+        try:
+            t = _cluster.connect(a.job, progress=None, **where)
+        except (_cluster.UpError, ImportError) as e:
+            print("trainlet-client: %s" % e, file=sys.stderr)
+            return 2
+    else:
+        if not a.token_file:
+            p.error("give --token-file or TRAINLET_TOKEN_FILE (or --job NAME for warm pods on a cluster)")
+        with open(a.token_file) as f:
+            t = Trainlet(a.url, f.read())
     try:
         if a.cmd == "run":
             if not a.command:
@@ -76,6 +112,27 @@ def main(argv=None):
     except TrainletError as e:
         print("trainlet-client: %s" % e, file=sys.stderr)
         return 2
+
+
+def cluster_command(a, where):
+    if a.cmd == "up":
+        env = dict(kv.split("=", 1) for kv in a.env)
+        resources = {"limits": {"nvidia.com/gpu": a.gpus}} if a.gpus else None
+        t = _cluster.up(a.name, nodes=a.nodes, nproc_per_node=a.nproc_per_node, runtime=a.runtime,
+                        image=a.image, resources=resources, env=env, ttl=a.ttl, keep=True,
+                        timeout=a.timeout, **where)
+        t.close()
+        print(a.name)
+    elif a.cmd == "connect":
+        _cluster.connect(a.name, **where).close()
+        print(a.name)
+    elif a.cmd == "down":
+        _cluster.down(a.name, **where)
+    elif a.cmd == "ls":
+        for j in _cluster.ls(**where):
+            idle = "-" if j["idle_seconds"] is None else "%ds" % j["idle_seconds"]
+            print("%-24s %-10s %s/%s ready  idle %s" % (j["name"], j["state"], j["ready"], j["nodes"], idle))
+    return 0
 
 
 if __name__ == "__main__":

@@ -244,7 +244,14 @@ _driver_main = None
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if module == "__main__" and _driver_main is not None:
-            return getattr(_driver_main, name)
+            obj = _driver_main
+            for part in name.split("."):
+                if not hasattr(obj, part):
+                    raise AttributeError(
+                        "%s of the driver's __main__ did not travel with the actor: name it in the actor's "
+                        "code, or define it in a module sent with files=" % name)
+                obj = getattr(obj, part)
+            return obj
         return super().find_class(module, name)
 
 
