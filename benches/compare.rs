@@ -52,6 +52,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[path = "actor_bench.rs"]
 mod actor_bench;
+#[path = "driver_bench.rs"]
+mod driver_bench;
 #[path = "framework_bench.rs"]
 mod framework_bench;
 #[path = "gate.rs"]
@@ -842,7 +844,11 @@ fn main() -> std::process::ExitCode {
         torchft_bench::survivors(&mut rows);
         progress(&rows);
     }
-    // Only by name: it needs the cluster of tests/cluster.sh.
+    // Only by name: these need the cluster of tests/cluster.sh.
+    if wanted.iter().any(|w| w == "driver") {
+        driver_bench::start(&mut rows, 3);
+        progress(&rows);
+    }
     if wanted.iter().any(|w| w == "inplace") {
         inplace_bench::restarts(&mut rows, 3, true);
         progress(&rows);

@@ -143,6 +143,28 @@ pub fn mounts_patch(jobs: &[&str], mounts: &[(&str, &Path, &str, bool)]) -> Stri
     out
 }
 
+/// The `runtimePatches` entry of [`mounts_patch`] for the `node` job, with
+/// the venv's torch (`/opt/torch`) and the fixtures (`/fixtures`), as JSON:
+/// what a driver passes as `trainlet_client.up(..., patches=)`.
+pub fn mounts_patch_json() -> String {
+    let site = torch_site();
+    let fixtures = repo().join("tests/fixtures");
+    let mounts = [("torch", site.as_path(), "/opt/torch"), ("fixtures", fixtures.as_path(), "/fixtures")];
+    let container = serde_json::json!({
+        "name": "node",
+        "volumeMounts": mounts.iter().map(|(n, _, at)| serde_json::json!({"name": n, "mountPath": at, "readOnly": true})).collect::<Vec<_>>(),
+    });
+    let volumes: Vec<_> = mounts
+        .iter()
+        .map(|(n, host, _)| serde_json::json!({"name": n, "hostPath": {"path": host, "type": "Directory"}}))
+        .collect();
+    serde_json::json!([{
+        "manager": "trainlet.dev/tests",
+        "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"spec": {"containers": [container], "volumes": volumes}}}}}]}}},
+    }])
+    .to_string()
+}
+
 /// `kubectl get ARGS -o json`, parsed (panics when kubectl fails).
 pub fn get_json(args: &[&str]) -> serde_json::Value {
     let mut all = vec!["get"];

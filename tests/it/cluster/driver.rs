@@ -37,27 +37,6 @@ fn account(dir: &Path, ns: &str, name: &str, role: Option<&str>) -> String {
     token_kubeconfig(dir, name, token.trim())
 }
 
-/// The TrainJob `runtimePatches` entry that mounts the host venv's torch and
-/// the fixtures, as `job_on` does, in JSON for the client's `patches=`.
-fn mounts_json() -> String {
-    let site = crate::support::cluster::torch_site();
-    let fixtures = repo().join("tests/fixtures");
-    let mounts = [("torch", site.as_path(), "/opt/torch"), ("fixtures", fixtures.as_path(), "/fixtures")];
-    let container = serde_json::json!({
-        "name": "node",
-        "volumeMounts": mounts.iter().map(|(n, _, at)| serde_json::json!({"name": n, "mountPath": at, "readOnly": true})).collect::<Vec<_>>(),
-    });
-    let volumes: Vec<_> = mounts
-        .iter()
-        .map(|(n, host, _)| serde_json::json!({"name": n, "hostPath": {"path": host, "type": "Directory"}}))
-        .collect();
-    serde_json::json!([{
-        "manager": "trainlet.dev/tests",
-        "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"spec": {"containers": [container], "volumes": volumes}}}}}]}}},
-    }])
-    .to_string()
-}
-
 #[test]
 fn the_driver_brings_warm_pods_up_reaches_them_and_takes_them_down_from_python() {
     let up = up("driver", Take::Beside);
@@ -72,7 +51,13 @@ fn the_driver_brings_warm_pods_up_reaches_them_and_takes_them_down_from_python()
     let out = Command::new("timeout")
         .args(["1500", &crate::util::python()])
         .arg(repo().join("tests/fixtures/cluster_driver.py"))
-        .args([driver.as_str(), up.namespace.as_str(), admin.as_str(), &mounts_json(), nobody.as_str()])
+        .args([
+            driver.as_str(),
+            up.namespace.as_str(),
+            admin.as_str(),
+            &crate::support::cluster::mounts_patch_json(),
+            nobody.as_str(),
+        ])
         .output()
         .expect("driver");
     let stdout = String::from_utf8_lossy(&out.stdout);
