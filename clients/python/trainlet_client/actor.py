@@ -333,7 +333,8 @@ class Actor:
         return self._t._lines(self._path + "/logs", follow)
 
     def wait_ready(self, timeout=300.0, poll=0.2):
-        """Wait until the actor is ``running``; :class:`ActorGone` if it ended first
+        """Wait until the actor is ``running`` (its workers started; they may still be
+        instantiating it, and a call waits for them); :class:`ActorGone` if it ended first
         (its failure report in the message), TimeoutError after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while True:
