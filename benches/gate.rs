@@ -15,8 +15,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use super::{
-    Row, actor_bench, agent_rss, inplace_bench, launch_rows, pmi_bench, restart_gap, serve_bench, store_throughput,
-    torchft_bench,
+    Row, actor_bench, agent_rss, driver_bench, inplace_bench, launch_rows, pmi_bench, restart_gap, serve_bench,
+    store_throughput, torchft_bench,
 };
 
 /// One floor of `benches/floors.toml`.
@@ -107,6 +107,10 @@ fn measure() -> Vec<(&'static str, Row)> {
     let mut rows = Vec::new();
     inplace_bench::restarts(&mut rows, 1, false);
     take(&["inplace_preload_vs_cold_pod", "trainlet_restart_preload_vs_cold_pod", ""], rows);
+    // Warm pods from the driver on the cluster: up -> first call, connect -> first call.
+    let mut rows = Vec::new();
+    driver_bench::start(&mut rows, 1);
+    take(&["driver_up_first_call_vs_goal", "driver_reconnect_vs_goal"], rows);
     gated
 }
 

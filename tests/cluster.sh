@@ -422,6 +422,12 @@ network() {
     ip link show "$b" >/dev/null 2>&1 && die "bridge $b exists: another cluster on port base $BASE? run: bash tests/cluster.sh down"
     ip link add "$b" type bridge
     echo "$b" >>"$RUN/bridges"
+    # A MAC of its own: without one a bridge takes the lowest of its ports'
+    # and changes it as pods come and go, and the pods' entry for their
+    # gateway then names a MAC nobody has until it goes stale: their packets
+    # to the other nodes are lost for tens of seconds (seen: a pod's agent
+    # declared dead 3 s after a pod beside it was deleted).
+    ip link set "$b" address "$(printf '02:74:6c:%02x:%02x:%02x' $((BASE >> 8 & 255)) $((BASE & 255)) "$n")"
     ip addr add "$NET.$n.1/24" dev "$b"
     ip link set "$b" up
     # The API server for pods (in-cluster clients: KUBERNETES_SERVICE_HOST
