@@ -53,11 +53,10 @@ class UpError(RuntimeError):
 
 def _kubernetes():
     try:
-        import kubernetes  # noqa: F401
+        import kubernetes
     except ImportError:
         raise ImportError("trainlet_client.up/connect/down/ls talk to Kubernetes: "
                           "pip install 'trainlet-client[k8s]' (the official kubernetes client)") from None
-    import kubernetes
     return kubernetes
 
 
@@ -79,10 +78,9 @@ class _Cluster:
             try:
                 k.config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=conf)
                 if namespace is None:
-                    _, active = k.config.list_kube_config_contexts(config_file=kubeconfig)
+                    contexts, active = k.config.list_kube_config_contexts(config_file=kubeconfig)
                     if context is not None:
-                        active = next(c for c in k.config.list_kube_config_contexts(kubeconfig)[0]
-                                      if c["name"] == context)
+                        active = next(c for c in contexts if c["name"] == context)
                     namespace = (active.get("context") or {}).get("namespace")
             except (k.config.ConfigException, OSError, StopIteration) as e:
                 raise UpError("no Kubernetes configuration (%s): set KUBECONFIG, give kubeconfig=, or run in a "

@@ -33,7 +33,6 @@ import base64
 import builtins
 import dis
 import hashlib
-import importlib
 import inspect
 import io
 import linecache
