@@ -168,6 +168,10 @@ pub const TRAINLET_CONTROL_TOKEN_FILE: &str = "TRAINLET_CONTROL_TOKEN_FILE";
 pub const TRAINLET_SERVE_IDLE_TIMEOUT: &str = "TRAINLET_SERVE_IDLE_TIMEOUT";
 /// `--serve-dir`: where runs' files are unpacked and cached.
 pub const TRAINLET_SERVE_DIR: &str = "TRAINLET_SERVE_DIR";
+/// Internal: set by a serving pod's agent on the lane agent it starts for
+/// an actor beside the main run (`crate::serve::lane`), as JSON
+/// ([`crate::config::Lane`]). Never passed on to a worker.
+pub const TRAINLET_LANE: &str = "TRAINLET_LANE";
 /// The pod's IP (downward API), for `--control-bind pod`.
 pub const POD_IP: &str = "POD_IP";
 

@@ -35,7 +35,7 @@ pub use groups::{Groups, Lighthouse, RunLighthouse, replica_env};
 pub use inplace::InPlace;
 pub use output::{Output, Streams};
 pub use progress::{Progress, Upstream};
-pub use serve::{Preload, Serve};
+pub use serve::{LANE_FD, Lane, Preload, Serve, slots_gpus};
 pub use setting::{parse_port, store_memory};
 
 use crate::store::Endpoint;
@@ -119,6 +119,12 @@ pub fn group_rdzv_id(run_id: &str, group: u32) -> String {
     format!("{run_id}/g{group}")
 }
 
+/// The rendezvous id of serve mode's lane for run `seq`: its agents meet
+/// on keys of their own (`crate::serve::lane`).
+pub fn lane_rdzv_id(run_id: &str, seq: u64) -> String {
+    format!("{run_id}/lane{seq}")
+}
+
 /// Everything a launch needs, resolved and validated.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -197,9 +203,10 @@ impl Plan {
     /// The rendezvous's run id: the job's, or with replica groups this
     /// pod's group's (each group meets on its own keys).
     pub fn rdzv_id(&self) -> String {
-        match &self.groups {
-            Some(g) => group_rdzv_id(&self.run_id, g.group),
-            None => self.run_id.clone(),
+        match (&self.groups, self.serve.as_ref().and_then(|s| s.lane.as_ref())) {
+            (Some(g), _) => group_rdzv_id(&self.run_id, g.group),
+            (None, Some(lane)) => lane_rdzv_id(&self.run_id, lane.seq),
+            (None, None) => self.run_id.clone(),
         }
     }
 

@@ -68,7 +68,7 @@ impl Plan {
                 "--replica-groups restarts one group at a time, --in-place-restart every pod: choose one".into(),
             ));
         }
-        Ok(Plan {
+        let mut plan = Plan {
             framework,
             progress,
             gpu,
@@ -103,7 +103,9 @@ impl Plan {
             groups,
             omp_default,
             provenance: s.prov,
-        })
+        };
+        super::serve::into_lane(&mut plan);
+        Ok(plan)
     }
 }
 

@@ -25,7 +25,35 @@ pub struct Serve {
     pub idle_timeout: Option<Duration>,
     /// Runs' directories and the file cache.
     pub dir: PathBuf,
+    /// This agent is a lane agent (`TRAINLET_LANE`), not the pod's own.
+    pub lane: Option<Lane>,
 }
+
+/// A lane agent's place: the actor beside the pods' main run it serves,
+/// the slots it takes, and where it reaches the pod's agent and store. Set
+/// by the pod's agent as `TRAINLET_LANE` (JSON) on the lane agent it
+/// starts (`crate::serve::lane`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lane {
+    /// The run it serves.
+    pub seq: u64,
+    /// Its workers on this pod.
+    pub nproc: u32,
+    /// Its first worker slot on this pod (its GPUs are its slots').
+    pub first: u32,
+    /// The agents' store, as the pod's agent dials it.
+    pub store: SocketAddr,
+    /// The control token's file.
+    pub token_file: PathBuf,
+    /// It tells the store host's board how its run moves (through fd 3).
+    pub report: bool,
+    /// The pod's agent's serve directory (the cache is its `cache`).
+    pub main_dir: PathBuf,
+}
+
+/// The descriptor a lane agent reaches the pod's agent through.
+pub const LANE_FD: i32 = 3;
 
 /// The zygote: which interpreter, importing what.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +111,16 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, standalone: bool) ->
             .join("trainlet-serve"),
     };
     s.prov.push(("serve dir", dir.display().to_string(), l.source));
-    Ok(Some(Serve { control, token_file, idle_timeout, dir }))
+    let lane = match env.get(env::TRAINLET_LANE) {
+        Some(v) => Some(serde_json::from_str::<Lane>(v).map_err(|e| {
+            Error::Usage(format!(
+                "{}: {e}; it is set by trainlet for the agents it starts itself: unset it",
+                env::TRAINLET_LANE
+            ))
+        })?),
+        None => None,
+    };
+    Ok(Some(Serve { control, token_file, idle_timeout, dir, lane }))
 }
 
 /// `--preload MODULES` (None without it). `python` is the workers'
@@ -116,6 +153,42 @@ pub(super) fn resolve_preload(
     };
     s.prov.push(("preload", modules.join(","), l.source));
     Ok(Some(Preload { python, modules }))
+}
+
+/// The plan of a lane agent (`serve.lane`): it dials the pod's agent's
+/// store and hosts nothing (no store, control API or metrics), meets the
+/// lane's other agents on keys of its own, and runs its actor on its
+/// slots: `nproc` workers, the GPUs of its slots when the pod has one per
+/// slot. Its files go under a directory of its own; the cache is the pod's.
+pub(super) fn into_lane(plan: &mut super::Plan) {
+    let Some(serve) = plan.serve.as_mut() else { return };
+    let Some(lane) = serve.lane.clone() else { return };
+    serve.token_file = Some(lane.token_file.clone());
+    serve.idle_timeout = None;
+    serve.dir = lane.main_dir.join(format!("lane{}", lane.seq));
+    plan.serve_store = false;
+    plan.endpoint = crate::store::Endpoint { host: lane.store.ip().to_string(), port: lane.store.port() };
+    plan.nproc = lane.nproc;
+    plan.gpu.gpus = slots_gpus(&plan.gpu.gpus, lane.first, lane.nproc);
+    plan.gpu.metrics_addr = None;
+    plan.gpu.checks.clear();
+    plan.in_place = None;
+    plan.provenance.push((
+        "lane",
+        format!("run {} on slots {}..{}", lane.seq, lane.first, lane.first + lane.nproc),
+        super::Source::Env(env::TRAINLET_LANE),
+    ));
+}
+
+/// The GPUs of worker slots `first..first + n`: one per slot when the pod
+/// has at least that many, else all of them (the pod shares its GPUs
+/// among more workers than it has GPUs, and so do its runs).
+pub fn slots_gpus<T: Clone>(gpus: &[T], first: u32, n: u32) -> Vec<T> {
+    let (first, n) = (first as usize, n as usize);
+    match gpus.get(first..first.saturating_add(n)) {
+        Some(mine) if !mine.is_empty() => mine.to_vec(),
+        _ => gpus.to_vec(),
+    }
 }
 
 #[cfg(test)]

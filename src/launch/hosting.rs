@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Error, Result};
 use crate::config::Plan;
-use crate::rendezvous::host::{self, ServeFn};
+use crate::rendezvous::host;
 use crate::rendezvous::{self, Timing};
 use crate::store::{Endpoint, StoreLoop};
 use crate::sys;
@@ -25,6 +25,8 @@ pub(super) struct Hosted {
     pub endpoint: Endpoint,
     /// The store host's own dial of its store (loopback).
     pub host_dial: Option<crate::store::Dial>,
+    /// The round service for rendezvous opened later (serve mode's lanes), on the store host.
+    pub rounds: Option<host::Rounds>,
 }
 
 /// The store of the job: serve mode's control token (the agents' store
@@ -33,12 +35,12 @@ pub(super) struct Hosted {
 pub(super) fn store(plan: &Plan, timing: Timing, cancel: &CancellationToken) -> Result<Hosted> {
     let token_file = crate::serve::pod::token_file(plan)?;
     let guard = token_file.as_deref().map(crate::store::Guard::new);
-    let (control, endpoint) = host_store(plan, guard.as_ref(), timing, cancel)?;
+    let (control, endpoint, rounds) = host_store(plan, guard.as_ref(), timing, cancel)?;
     let host_dial = control.as_ref().map(|_| crate::store::Dial {
         addr: std::net::SocketAddr::from(([127, 0, 0, 1], endpoint.port)),
         guard: guard.clone(),
     });
-    Ok(Hosted { token_file, guard, control, endpoint, host_dial })
+    Ok(Hosted { token_file, guard, control, endpoint, host_dial, rounds })
 }
 
 /// Serve the agents' store when this pod hosts it, with the rounds' worker
@@ -50,9 +52,9 @@ fn host_store(
     guard: Option<&crate::store::Guard>,
     timing: Timing,
     cancel: &CancellationToken,
-) -> Result<(Option<crate::store::StoreServer>, Endpoint)> {
+) -> Result<(Option<crate::store::StoreServer>, Endpoint, Option<host::Rounds>)> {
     if !plan.serve_store {
-        return Ok((None, plan.endpoint.clone()));
+        return Ok((None, plan.endpoint.clone(), None));
     }
     let bind_ip: Option<IpAddr> = plan.standalone.then_some(IpAddr::from([127, 0, 0, 1]));
     let lp = Arc::new(StoreLoop::start().map_err(Error::Os)?);
@@ -68,16 +70,15 @@ fn host_store(
     let port = server.local_addr().port();
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let dial = crate::store::Dial { addr, guard: guard.cloned() };
+    let make: host::MakeStore = Arc::new(move |token| lp.serve(bind_ip, 0, Arc::clone(&budget), token));
+    let rounds = host::Rounds::new(dial, timing, make);
     // Replica groups each meet on their own keys; this pod serves them all.
     let ids: Vec<String> = match &plan.groups {
         Some(g) => (0..g.count).map(|i| crate::config::group_rdzv_id(&plan.run_id, i)).collect(),
         None => vec![plan.run_id.clone()],
     };
     for id in ids {
-        let (lp, budget, token) = (Arc::clone(&lp), Arc::clone(&budget), cancel.child_token());
-        let serve: ServeFn = Box::new(move || lp.serve(bind_ip, 0, Arc::clone(&budget), token.child_token()));
-        let base = rendezvous::job_base(&id, plan.jobset_attempt);
-        tokio::spawn(host::serve_rounds(dial.clone(), base, timing, serve, cancel.child_token()));
+        rounds.serve(rendezvous::job_base(&id, plan.jobset_attempt), cancel.child_token());
     }
-    Ok((Some(server), Endpoint { host: "127.0.0.1".into(), port }))
+    Ok((Some(server), Endpoint { host: "127.0.0.1".into(), port }, Some(rounds)))
 }

@@ -187,7 +187,7 @@ impl Job {
             Timing { last_call: plan.last_call, heartbeat: plan.heartbeat, heartbeat_timeout: plan.heartbeat_timeout };
         // Serve mode's control token; the agents' store (and the rounds'
         // worker stores), when this pod hosts it.
-        let hosting::Hosted { token_file, guard, control, endpoint, host_dial } =
+        let hosting::Hosted { token_file, guard, control, endpoint, host_dial, rounds } =
             hosting::store(&plan, timing, &cancel)?;
         let mut replicas = replicas::Replicas::start(&plan, &spawner, host_dial, &cancel);
         let master_addr = if plan.standalone { endpoint.host.clone() } else { plan.endpoint.host.clone() };
@@ -205,7 +205,7 @@ impl Job {
         }
         let setup = Setup { plan: &plan, dial: session.dial(), log_root: &log_root, cancel: &cancel };
         let features = super::features::list(setup, replicas).await;
-        let served = pod::Served::start(&plan, (session.dial(), &spawner), token_file, &cancel).await?;
+        let served = pod::Served::start(&plan, (session.dial(), &spawner), (token_file, rounds), &cancel).await?;
         Ok(Ok(Job {
             env: Env::from_process(),
             plan,
@@ -569,6 +569,9 @@ impl Job {
     /// other groups first), the store closes.
     async fn finish(mut self, code: u8) -> Result<u8> {
         self.carry.stop(self.plan.grace).await;
+        if let Some(s) = self.served.as_mut() {
+            s.finish().await;
+        }
         let mut code = code;
         let stopped = self.stop_sig.is_some();
         for f in &mut self.features {

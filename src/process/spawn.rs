@@ -91,6 +91,9 @@ impl SpawnError {
 pub struct WorkerSpec {
     /// Program to exec.
     pub program: String,
+    /// Its `argv[0]`, when not `program` (the agent starting itself again
+    /// under the name it was started by).
+    pub argv0: Option<String>,
     /// Its arguments.
     pub args: Vec<String>,
     /// Variables set on top of the agent's environment.
@@ -121,6 +124,7 @@ impl WorkerSpec {
     pub fn piped(program: String, args: Vec<String>, env: Vec<(String, String)>) -> Self {
         Self {
             program,
+            argv0: None,
             args,
             env,
             unset: Vec::new(),
@@ -289,7 +293,7 @@ fn exec_plan(spec: &WorkerSpec) -> std::io::Result<sys::ExecPlan> {
     let path = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone());
     let candidates =
         candidates(&spec.program, path.as_deref()).into_iter().map(|p| c(p.into_vec())).collect::<Result<_, _>>()?;
-    let mut argv = vec![c(spec.program.clone().into_bytes())?];
+    let mut argv = vec![c(spec.argv0.as_ref().unwrap_or(&spec.program).clone().into_bytes())?];
     for a in &spec.args {
         argv.push(c(a.clone().into_bytes())?);
     }
@@ -320,12 +324,13 @@ fn exec_plan(spec: &WorkerSpec) -> std::io::Result<sys::ExecPlan> {
     })
 }
 
-/// The agent's environment less `spec.unset`, with `spec.env` on top
-/// (later entries win), as `Command::envs` does.
+/// The agent's environment less `spec.unset` and less what only this
+/// agent may read (a lane agent's `TRAINLET_LANE`), with `spec.env` on
+/// top (later entries win), as `Command::envs` does.
 fn merged_env(spec: &WorkerSpec) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
     use std::ffi::{OsStr, OsString};
     let mut env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
-    env.retain(|(k, _)| !spec.unset.iter().any(|u| OsStr::new(u) == k));
+    env.retain(|(k, _)| k != OsStr::new(crate::env::TRAINLET_LANE) && !spec.unset.iter().any(|u| OsStr::new(u) == k));
     for (k, v) in &spec.env {
         env.retain(|(old, _)| old != OsStr::new(k));
         env.push((k.into(), v.into()));

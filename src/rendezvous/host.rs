@@ -27,6 +27,38 @@ use crate::store::{Client, ClientError, Dial, ServerError, StoreServer};
 /// Serves a fresh worker store; called once per round.
 pub type ServeFn = Box<dyn Fn() -> Result<StoreServer, ServerError> + Send + Sync>;
 
+/// Makes a fresh worker store that closes on the token it is given.
+pub type MakeStore = std::sync::Arc<dyn Fn(CancellationToken) -> Result<StoreServer, ServerError> + Send + Sync>;
+
+/// The store host's round service for rendezvous that open later, on the
+/// same store (serve mode's lanes, `crate::serve::lane`).
+#[derive(Clone)]
+pub struct Rounds {
+    dial: Dial,
+    timing: Timing,
+    make: MakeStore,
+}
+
+impl std::fmt::Debug for Rounds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rounds").field("store", &self.dial.addr).finish()
+    }
+}
+
+impl Rounds {
+    /// Round services on the store at `dial`, each round's worker store made by `make`.
+    pub fn new(dial: Dial, timing: Timing, make: MakeStore) -> Self {
+        Self { dial, timing, make }
+    }
+
+    /// Serve the rounds of the rendezvous under `base` until `cancel`.
+    pub fn serve(&self, base: String, cancel: CancellationToken) {
+        let (make, token) = (std::sync::Arc::clone(&self.make), cancel.clone());
+        let serve: ServeFn = Box::new(move || make(token.child_token()));
+        tokio::spawn(serve_rounds(self.dial.clone(), base, self.timing, serve, cancel));
+    }
+}
+
 /// Run until `cancel`: worker stores and liveness for every round of the
 /// job under `base` (`trainlet/<run_id>/j<attempt>`) on the store at `dial`.
 pub async fn serve_rounds(dial: Dial, base: String, timing: Timing, serve: ServeFn, cancel: CancellationToken) {

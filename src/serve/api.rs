@@ -5,12 +5,12 @@
 //! | request | answer |
 //! |---|---|
 //! | `POST /v1/runs` | 201 `{"id", "seq", "state"}`; 409 while a run is not over (unless `"replace": true`); the files base64 in the JSON, or a tar(.gz) body with the JSON in `X-Trainlet-Run` |
+//! | `POST /v1/actors` | as a run, with `"actor": {"target", "args", "kwargs"}` and no command (`crate::serve::actor`); beside the main run in a lane of its own when its workers fit in the pods' free slots (`super::lane`), else 409 naming what holds them |
 //! | `GET /v1/runs` | every kept run |
 //! | `GET /v1/runs/{id}` | its state, per-rank exits, failure report, timings |
 //! | `GET /v1/runs/{id}/logs[?follow=true]` | every rank's prefixed lines, chunked; with follow, until the run is over |
 //! | `DELETE /v1/runs/{id}` | 202 `stopping` (checkpoint signal and grace, as for preemption), or 200 when it is over |
 //! | `GET /v1/status` | the world, the runs, and each pod's cache use ([`super::cache`]) |
-//! | `POST /v1/actors` | as a run, with `"actor": {"target", "args", "kwargs"}` and no command (`crate::serve::actor`) |
 //! | `GET`, `DELETE /v1/actors/{id}`, `.../logs` | as for runs |
 //! | `/v1/actors/{id}/calls[/{n}]` | answered by [`Calls`] (`crate::serve::actor::calls`) |
 //! | `POST /v1/setup`, `GET /v1/setup` | record or show the setup steps every pod applies ([`super::setup`]) |
@@ -51,12 +51,15 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::board::{Board, Record, State};
-use super::spec::{Run, check, check_archive, shown};
-use super::{Link, Scope, files, intake, kind, logs};
+use super::lane::host::Lanes;
+use super::spec::shown;
+use super::{Link, Scope, intake, kind, logs};
 use crate::http::{Limits, Lobby, Request, Status, Ticket, admit, error_body, respond, same};
 use crate::store::Dial;
 
 pub use super::make_token;
+
+mod submit;
 
 /// Connections the kernel queues before they are accepted.
 const BACKLOG: u32 = 1024;
@@ -80,8 +83,8 @@ const REQUEST_TIME: Duration = Duration::from_secs(30);
 const FOLLOW_EVERY: Duration = Duration::from_millis(100);
 /// How often the idle timeout is checked.
 const IDLE_CHECK: Duration = Duration::from_millis(500);
-/// Runs whose lines stay in the store (older ones are removed).
-const KEEP_LOGS: u64 = 4;
+/// Runs whose lines stay in the store (older ones are removed once over).
+pub const KEEP_LOGS: u64 = 4;
 
 /// What the control API needs to know of the job.
 #[derive(Debug, Clone)]
@@ -104,6 +107,10 @@ pub struct Conf {
     pub idle_timeout: Option<Duration>,
     /// Actor calls, when actors are served.
     pub calls: Option<std::sync::Arc<dyn Calls>>,
+    /// Worker slots of every pod (its workers per pod).
+    pub pod_nproc: u32,
+    /// The lanes actors beside the main run take (None: none are opened).
+    pub lanes: Option<Arc<Lanes>>,
 }
 
 struct Api {
@@ -111,7 +118,7 @@ struct Api {
     board: Arc<Board>,
     link: tokio::sync::Mutex<Link>,
     /// One submission or stop at a time.
-    submit: tokio::sync::Mutex<()>,
+    submit: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A finished answer: status and JSON body.
@@ -156,7 +163,13 @@ pub async fn serve(conf: Conf, board: Arc<Board>, cancel: CancellationToken) -> 
         bodies: intake::Bodies::default(),
     });
     let link = tokio::sync::Mutex::new(Link::new(conf.dial.clone(), &conf.base));
-    let api = Arc::new(Api { conf, board, link, submit: tokio::sync::Mutex::new(()) });
+    let api = Arc::new(Api { conf, board, link, submit: Arc::new(tokio::sync::Mutex::new(())) });
+    if let Some(lanes) = &api.conf.lanes {
+        let c = &api.conf;
+        let place = (c.dial.clone(), c.base.clone(), c.token_file.clone(), c.scope.clone());
+        let (board, submit) = (Arc::clone(&api.board), Arc::clone(&api.submit));
+        tokio::spawn(super::lane::host::keep(Arc::clone(lanes), board, place, submit, cancel.child_token()));
+    }
     if let Some(limit) = api.conf.idle_timeout {
         tokio::spawn(idle_watch(Arc::clone(&api), limit, cancel.child_token()));
     }
@@ -230,9 +243,12 @@ async fn connection(api: &Api, slots: &Slots, mut conn: TcpStream, ticket: Ticke
             (None, _) => fail(Status::NOT_FOUND, &format!("no actor {}", shown(id))),
         },
         ("GET", ["v1", "runs" | "actors", id, "logs"]) => match api.board.get(id) {
-            Some(r) if r.seq + KEEP_LOGS < api.board.next_seq() => fail(
+            Some(r) if r.seq + KEEP_LOGS < api.board.next_seq() && r.state.is_final() => fail(
                 Status(410, "Gone"),
-                &format!("the lines of {} are no longer kept (only the last {KEEP_LOGS} runs')", r.id),
+                &format!(
+                    "the lines of {} are no longer kept (only those of the last {KEEP_LOGS} runs, and of runs not over)",
+                    r.id
+                ),
             ),
             Some(r) => {
                 let _ = stream_logs(api, &mut conn, &r.id, r.seq, follow).await;
@@ -240,8 +256,8 @@ async fn connection(api: &Api, slots: &Slots, mut conn: TcpStream, ticket: Ticke
             }
             None => fail(Status::NOT_FOUND, &format!("no run {}", shown(id))),
         },
-        ("POST", ["v1", "runs"]) => submit(api, &req, false).await,
-        ("POST", ["v1", "actors"]) => submit(api, &req, true).await,
+        ("POST", ["v1", "runs"]) => submit::submit(api, &req, false).await,
+        ("POST", ["v1", "actors"]) => submit::submit(api, &req, true).await,
         ("GET", ["v1", "runs"]) => (Status::OK, serde_json::json!({ "runs": api.board.list() }).to_string()),
         ("GET", ["v1", "runs" | "actors", id]) => match api.board.get(id) {
             Some(r) => (Status::OK, serde_json::to_string(&r).unwrap_or_default()),
@@ -294,126 +310,6 @@ fn status(api: &Api) -> Answer {
     (Status::OK, body.to_string())
 }
 
-async fn submit(api: &Api, req: &Request, actor: bool) -> Answer {
-    // JSON whatever the client called it (curl -d says form-urlencoded),
-    // or the files as a tar(.gz) body with the JSON in X-Trainlet-Run.
-    let kind = req.header("content-type").unwrap_or("");
-    let archive = kind.contains("gzip") || kind.contains("tar");
-    if kind.contains("multipart") {
-        return fail(Status::MEDIA, "send JSON, or a tar.gz body with the JSON in X-Trainlet-Run");
-    }
-    let checked = match (archive, req.header("x-trainlet-run")) {
-        (true, Some(json)) => check_archive(json, &req.body),
-        (true, None) => Err("a tar.gz body needs the run's JSON in the X-Trainlet-Run header".into()),
-        (false, _) => check(&req.body),
-    };
-    let checked = match checked {
-        Ok(c) if let Some(why) = super::spec::misrouted(&c, actor, api.conf.calls.is_some()) => {
-            return fail(Status::BAD, why);
-        }
-        Ok(c) => c,
-        Err(why) => return fail(Status::BAD, &why),
-    };
-    let _one = api.submit.lock().await;
-    if api.board.is_shut() {
-        return fail(Status::UNAVAILABLE, "the pods are shutting down (idle timeout); submit to a new job");
-    }
-    if let Some((seq, id, state)) = api.board.active() {
-        if !checked.replace {
-            return fail(
-                Status::CONFLICT,
-                &format!("run {id} is {}; pass \"replace\": true to stop it and start this one", state.word()),
-            );
-        }
-        if let Err(e) = stop(api, seq).await {
-            return fail(Status::UNAVAILABLE, &format!("cannot stop run {id}: {e}"));
-        }
-        if !wait_over(&api.board, seq, api.conf.stop_limit).await {
-            return fail(Status::UNAVAILABLE, &format!("run {id} is still stopping; try again"));
-        }
-    }
-    let token = match super::read_token(&api.conf.token_file) {
-        Ok(t) => t,
-        Err(e) => return fail(Status::UNAVAILABLE, &format!("cannot read the control token to sign the run: {e}")),
-    };
-    let seq = api.board.next_seq();
-    let id = format!("run-{seq}-{:06x}", crate::sys::random_u64() & 0xff_ffff);
-    let scope = &api.conf.scope;
-    let mut link = api.link.lock().await;
-    let mut visible = false;
-    let published: Result<(Run, u64, Option<Run>), super::Error> = async {
-        let base_restarts = std::str::from_utf8(&link.get(&format!("{}/restarts", api.conf.base)).await?)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0);
-        let sent = files::put(&mut link, &checked.blobs).await?;
-        let run = Run {
-            id: id.clone(),
-            seq,
-            command: checked.command,
-            env: checked.env,
-            nproc: checked.nproc,
-            max_restarts: checked.max_restarts.unwrap_or(api.conf.max_restarts),
-            base_restarts,
-            files: checked.files,
-            actor: checked.actor,
-        };
-        let previous = link.newest(&token, scope).await?.and_then(Result::ok);
-        let json = serde_json::to_vec(&run).map_err(|e| super::Error::Corrupt(e.to_string()))?;
-        let (run_key, go_key) = (link.keys.run(), link.keys.go(seq));
-        link.set(&run_key, &super::seal(&token, scope, kind::RUN, 0, &json)).await?;
-        visible = true;
-        link.set(&go_key, b"run").await?;
-        Ok((run, sent, previous))
-    }
-    .await;
-    match published {
-        Ok((run, sent, previous)) => {
-            api.board.submitted(&run, sent);
-            drop(link);
-            tracing::info!(run = %run.id, command = ?run.command, files = run.files.len(), sent_bytes = sent, "run submitted");
-            // What earlier runs left in the store and this one does not use,
-            // on a connection of its own: a submission never waits for it.
-            tokio::spawn(cleanup(api.conf.dial.clone(), api.conf.base.clone(), previous, run.clone()));
-            let body = serde_json::json!({ "id": run.id, "seq": run.seq, "state": State::Starting });
-            (Status::CREATED, body.to_string())
-        }
-        Err(e) => {
-            let why = crate::error::error_chain(&e);
-            tracing::error!(run = %id, error = %why, "cannot publish a run; nothing was started");
-            if visible {
-                // The run is in the store without its wake-up: take it back,
-                // so that no pod finds it in a later round.
-                let key = link.keys.run();
-                if let Err(e) = link.delete(&key).await {
-                    tracing::warn!(run = %id, error = %crate::error::error_chain(&e), "cannot take back a run the pods were not told of");
-                }
-            }
-            fail(Status::UNAVAILABLE, &format!("cannot publish the run to the pods: {why}"))
-        }
-    }
-}
-
-/// Remove what `previous` left in the store and `run` does not use: its
-/// files, and the lines of runs older than the last [`KEEP_LOGS`].
-async fn cleanup(dial: Dial, base: String, previous: Option<Run>, run: Run) {
-    let mut link = Link::new(dial, &base);
-    let done: Result<(), super::Error> = async {
-        if let Some(prev) = previous {
-            files::forget(&mut link, &prev.files, &run.files).await?;
-        }
-        if run.seq > KEEP_LOGS {
-            let keys = link.keys.clone();
-            logs::forget(&mut link, &keys, run.seq - KEEP_LOGS).await?;
-        }
-        Ok(())
-    }
-    .await;
-    if let Err(e) = done {
-        tracing::warn!(run = %run.id, error = %crate::error::error_chain(&e), "cannot remove earlier runs' files or lines from the store");
-    }
-}
-
 /// Record the setup steps every pod applies before its next run or actor.
 async fn declare_setup(api: &Api, req: &Request) -> Answer {
     let _one = api.submit.lock().await;
@@ -444,13 +340,18 @@ async fn stop(api: &Api, seq: u64) -> Result<(), super::Error> {
     if !api.board.stopping(seq) {
         return Ok(());
     }
+    // The rounds it runs in: the main run's, or its lane's.
+    let base = match (&api.conf.lanes, api.board.by_seq(seq).is_some_and(|r| r.lane)) {
+        (Some(lanes), true) => lanes.base(seq),
+        _ => api.conf.base.clone(),
+    };
     let mut link = api.link.lock().await;
     link.set_ended(&token, &api.conf.scope, seq, &id, State::Stopped.word()).await?;
-    let round = std::str::from_utf8(&link.get(&format!("{}/round", api.conf.base)).await?)
+    let round = std::str::from_utf8(&link.get(&format!("{base}/round")).await?)
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or(0);
-    link.compare_set(&format!("{}/r{round}/end", api.conf.base), b"", format!("stop:{seq}").as_bytes()).await?;
+    link.compare_set(&format!("{base}/r{round}/end"), b"", format!("stop:{seq}").as_bytes()).await?;
     tracing::info!(run = seq, round, "stopping a run on request");
     Ok(())
 }

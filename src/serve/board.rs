@@ -98,6 +98,10 @@ pub struct Record {
     /// The actor's target, when it is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub actor: Option<String>,
+    /// Its first worker slot on every pod.
+    pub first_slot: u32,
+    /// It runs in a lane of its own, beside the main run.
+    pub lane: bool,
     /// The round whose workers run it now (None between rounds).
     #[serde(skip)]
     pub round: Option<u64>,
@@ -189,9 +193,28 @@ impl Board {
         self.lock().next_seq
     }
 
-    /// The run that is not over yet: (seq, id, state).
+    /// The main run, when it is not over: (seq, id, state). Actors in
+    /// lanes of their own are not it.
     pub fn active(&self) -> Option<(u64, String, State)> {
-        self.lock().runs.iter().rev().find(|r| !r.state.is_final()).map(|r| (r.seq, r.id.clone(), r.state))
+        self.lock().runs.iter().rev().find(|r| !r.state.is_final() && !r.lane).map(|r| (r.seq, r.id.clone(), r.state))
+    }
+
+    /// What the runs not over hold of the pods' worker slots (`pod_nproc`
+    /// per pod: a run that did not say takes them all).
+    pub fn held(&self, pod_nproc: u32) -> Vec<super::lane::Held> {
+        self.lock()
+            .runs
+            .iter()
+            .filter(|r| !r.state.is_final())
+            .map(|r| super::lane::Held {
+                id: r.id.clone(),
+                actor: r.actor.clone(),
+                first: r.first_slot,
+                nproc: r.nproc_per_node.unwrap_or(pod_nproc),
+                lane: r.lane,
+                stopping: r.state == State::Stopping,
+            })
+            .collect()
     }
 
     /// A run was published.
@@ -217,6 +240,8 @@ impl Board {
             files: run.files.len(),
             files_sent_bytes,
             actor: run.actor.as_ref().map(|a| a.target.clone()),
+            first_slot: run.first_slot,
+            lane: run.lane,
             round: None,
         });
         while b.runs.len() > KEEP_RUNS {
@@ -386,6 +411,8 @@ mod tests {
             base_restarts: 0,
             files: Vec::new(),
             actor: None,
+            first_slot: 0,
+            lane: false,
         }
     }
 

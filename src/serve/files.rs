@@ -342,6 +342,8 @@ mod tests {
             base_restarts: 0,
             files: Vec::new(),
             actor: None,
+            first_slot: 0,
+            lane: false,
         };
         let runs = dir.path().join("runs");
         plain_dir(&runs).expect("runs");

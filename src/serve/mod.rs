@@ -44,6 +44,7 @@ pub mod bounded;
 pub mod cache;
 pub mod files;
 pub mod intake;
+pub mod lane;
 pub mod logs;
 pub mod manifest;
 pub mod paths;
@@ -114,6 +115,8 @@ pub mod kind {
     pub const ENDED: &str = "ended";
     /// `serve/setup`.
     pub const SETUP: &str = "setup";
+    /// `serve/lanes`.
+    pub const LANES: &str = "lanes";
 }
 
 /// Most bytes of a session id read from the store.
@@ -123,12 +126,34 @@ const MAX_SESSION: usize = 64;
 #[derive(Debug, Clone)]
 pub struct Keys {
     base: String,
+    /// A lane agent's run (`lane::`): its run is the lane's.
+    lane: Option<u64>,
 }
 
 impl Keys {
     /// Keys under `base` (the job's prefix).
     pub fn new(base: &str) -> Self {
-        Self { base: format!("{base}/serve") }
+        Self { base: format!("{base}/serve"), lane: None }
+    }
+
+    /// The keys of lane `seq`'s agents: the same, but their run is the lane's.
+    pub fn for_lane(base: &str, seq: u64) -> Self {
+        Self { lane: Some(seq), ..Self::new(base) }
+    }
+
+    /// The open lanes.
+    pub fn lanes(&self) -> String {
+        format!("{}/lanes", self.base)
+    }
+
+    /// Version `version` of the lanes record is out.
+    pub fn lanes_wake(&self, version: u64) -> String {
+        format!("{}/lanes/v/{version}", self.base)
+    }
+
+    /// Lane `seq`'s run.
+    pub fn lane_run(&self, seq: u64) -> String {
+        format!("{}/lane/{seq}/run", self.base)
     }
 
     /// The serving session.
@@ -141,9 +166,12 @@ impl Keys {
         format!("{}/setup", self.base)
     }
 
-    /// The newest run.
+    /// The newest run (a lane agent's: its lane's).
     pub fn run(&self) -> String {
-        format!("{}/run", self.base)
+        match self.lane {
+            Some(seq) => self.lane_run(seq),
+            None => format!("{}/run", self.base),
+        }
     }
 
     /// The go signal of run `seq`.
@@ -192,6 +220,11 @@ impl Link {
     /// A link to the store at `dial` for the job under `base` (connects on first use).
     pub fn new(dial: Dial, base: &str) -> Self {
         Self { dial, client: None, keys: Keys::new(base), job: base.to_string() }
+    }
+
+    /// A link of lane `seq`'s agent: its run is the lane's.
+    pub fn for_lane(dial: Dial, base: &str, seq: u64) -> Self {
+        Self { keys: Keys::for_lane(base, seq), ..Self::new(dial, base) }
     }
 
     /// The connected client, connecting first if needed.
@@ -455,6 +488,8 @@ mod tests {
             base_restarts: 0,
             files: Vec::new(),
             actor: None,
+            first_slot: 0,
+            lane: false,
         };
         let scope = Scope { job: "trainlet/none/j0".into(), session: "ab12".into() };
         let json = serde_json::to_vec(&run).expect("json");

@@ -10,7 +10,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedReceiver;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::{Plan, Serve};
 use crate::process::signals::{Heard, SysEvent};
@@ -18,10 +17,11 @@ use crate::process::spawn::Spawner;
 use crate::rendezvous::{Round, Session};
 use crate::serve::actor::bridge::Bridge;
 use crate::serve::board::{Board, RankExit, State, World};
+use crate::serve::lane::relay::{self, Note};
 use crate::serve::logs::Shipper;
 use crate::serve::setup::{Applied, Dirs, Step};
 use crate::serve::spec::Run;
-use crate::serve::{Go, Link, Scope, api, wait_go, wait_key};
+use crate::serve::{Go, Link, Scope, wait_go, wait_key};
 use crate::store::Dial;
 use crate::supervise::carry::Carry;
 use crate::supervise::output::LineTap;
@@ -32,7 +32,9 @@ use crate::sys;
 mod actors;
 mod begin;
 mod setup;
+mod start;
 pub(crate) use actors::kept_until;
+pub(crate) use start::token_file;
 
 /// How often a pod looks for the real run after a forged go signal.
 const POLL_FORGED: std::time::Duration = std::time::Duration::from_millis(500);
@@ -91,6 +93,12 @@ pub(crate) struct Served {
     judged: Option<Run>,
     /// Wakes the measure of the cache's use (a round ended).
     cache_poke: Arc<tokio::sync::Notify>,
+    /// This is a lane agent: it serves that lane's run, then exits.
+    lane: Option<crate::config::Lane>,
+    /// A lane agent's notes to the store host's board.
+    relay: Option<relay::Sender>,
+    /// The pod's lane agents (the pod's own agent).
+    lanes: Option<crate::serve::lane::agents::Agents>,
 }
 
 impl std::fmt::Debug for Served {
@@ -99,110 +107,7 @@ impl std::fmt::Debug for Served {
     }
 }
 
-/// The control token's file of a served job (None without `--serve`):
-/// `--control-token-file`, or on a single standalone pod a fresh one.
-/// Every pod needs it before it dials the agents' store, which asks for it.
-pub(crate) fn token_file(plan: &Plan) -> Result<Option<PathBuf>, crate::config::Error> {
-    let Some(conf) = &plan.serve else { return Ok(None) };
-    let usage = crate::config::Error::Usage;
-    match &conf.token_file {
-        Some(f) => {
-            crate::serve::read_token(f).map_err(|e| {
-                usage(format!("--control-token-file {}: {e}; mount the control Secret there", f.display()))
-            })?;
-            Ok(Some(f.clone()))
-        }
-        None if plan.serve_store && plan.nnodes == 1 => api::make_token(&conf.dir).map(Some).map_err(|e| {
-            usage(format!("cannot write the control API's token under {} ({e}); give --control-token-file or a writable --serve-dir", conf.dir.display()))
-        }),
-        None => Err(usage(
-            "--serve on more than one pod needs --control-token-file on every pod (the same Secret): the agents' store asks every pod for it, and each pod checks that a run was sealed with it".into(),
-        )),
-    }
-}
-
 impl Served {
-    /// Serve mode for `plan` (None without `--serve`) with the control
-    /// token in `token_file`; the store host publishes a new serving
-    /// session and starts the control API.
-    pub async fn start(
-        plan: &Plan,
-        (dial, spawner): (Dial, &Spawner),
-        token_file: Option<PathBuf>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Self>, crate::config::Error> {
-        let (Some(conf), Some(token_file)) = (plan.serve.clone(), token_file) else { return Ok(None) };
-        let cache = conf.dir.join("cache");
-        if let Err(e) = std::fs::create_dir_all(&cache) {
-            tracing::warn!(dir = %cache.display(), error = %e, "cannot make the pod's cache directory (TRAINLET_CACHE_DIR)");
-        }
-        let base = crate::rendezvous::job_base(&plan.run_id, plan.jobset_attempt);
-        let usage = crate::config::Error::Usage;
-        let mut link = Link::new(dial.clone(), &base);
-        let board = if plan.serve_store {
-            let board = Arc::new(Board::default());
-            let token = crate::serve::read_token(&token_file)
-                .map_err(|e| usage(format!("--control-token-file {}: {e}", token_file.display())))?;
-            let scope = link.new_session(&token).await.map_err(|e| {
-                usage(format!(
-                    "cannot publish the serving session in the agents' store: {}",
-                    crate::error::error_chain(&e)
-                ))
-            })?;
-            let api_conf = api::Conf {
-                listen: conf.control,
-                token_file: token_file.clone(),
-                dial: dial.clone(),
-                base: base.clone(),
-                scope: scope.clone(),
-                max_restarts: plan.max_restarts,
-                stop_limit: plan.checkpoint_timeout
-                    + plan.grace
-                    + plan.kill_timeout
-                    + crate::rendezvous::STOP_SYNC_MARGIN,
-                idle_timeout: conf.idle_timeout,
-                calls: Some(Arc::new(crate::serve::actor::calls::Desk::new(
-                    crate::serve::actor::calls::Conf {
-                        dial: dial.clone(),
-                        base: base.clone(),
-                        token_file: token_file.clone(),
-                        scope: scope.clone(),
-                    },
-                    Arc::clone(&board),
-                ))),
-            };
-            let addr = api::serve(api_conf, Arc::clone(&board), cancel.child_token()).await.map_err(|e| {
-                usage(format!("--control-port: cannot listen on {} ({e}); choose a free port or address", conf.control))
-            })?;
-            crate::serve::cache::gather(dial.clone(), base.clone(), Arc::clone(&board), cancel.child_token());
-            tracing::info!(%addr, token_file = %token_file.display(), idle_timeout_s = conf.idle_timeout.map(|d| d.as_secs_f64()), "control API listening");
-            Some(board)
-        } else {
-            None
-        };
-        let cache_poke = Arc::new(tokio::sync::Notify::new());
-        let pod = (plan.output.host.clone(), cache);
-        crate::serve::cache::publish(dial.clone(), base.clone(), pod, Arc::clone(&cache_poke), cancel.child_token());
-        Ok(Some(Self {
-            cache_poke,
-            link,
-            base,
-            conf,
-            token_file,
-            dial,
-            board,
-            scope: None,
-            current: None,
-            ended: 0,
-            next_go: 1,
-            refusing: false,
-            spawner: spawner.clone(),
-            steps: Vec::new(),
-            applied: Applied::default(),
-            judged: None,
-        }))
-    }
-
     /// Log a refusal of something in the store once, until a valid run is seen.
     fn refuse(&mut self, what: &str, why: &str) {
         if !std::mem::replace(&mut self.refusing, true) {
@@ -296,6 +201,10 @@ impl Served {
                 }
             }
             self.current = None;
+            if let Some(l) = &self.lane {
+                tracing::info!(run = l.seq, "the lane's run is over; its agent exits");
+                return Work::Shutdown;
+            }
             tracing::info!(
                 round = round.number,
                 nnodes = round.nnodes,
@@ -424,6 +333,10 @@ impl Served {
         if !p.entry.env.iter().any(|(k, _)| k == "PYTHONUNBUFFERED") {
             p.entry.env.push(("PYTHONUNBUFFERED".into(), "1".into()));
         }
+        if self.lane.is_none() {
+            // The run's slots' GPUs (a lane agent's plan has its slots' already).
+            p.gpu.gpus = crate::config::slots_gpus(&base.gpu.gpus, c.run.first_slot, c.run.nproc.unwrap_or(base.nproc));
+        }
         if let Some(n) = c.run.nproc {
             p.nproc = n;
             p.omp_default = (n > 1 && std::env::var_os(crate::env::OMP_NUM_THREADS).is_none()).then(|| "1".into());
@@ -475,6 +388,7 @@ impl Served {
         if let Some(b) = &self.board {
             b.started(c.run.seq, round.number, restarts, round.nnodes, nproc);
         }
+        self.note(Note::Started { seq: c.run.seq, round: round.number, restarts, nnodes: round.nnodes, nproc });
     }
 
     /// The current run's `round` is over on every pod (`failures`: the
@@ -485,15 +399,33 @@ impl Served {
         if let Some(b) = &self.board {
             b.round_over(c.run.seq);
         }
+        self.note(Note::RoundOver { seq: c.run.seq });
         if let Some(b) = &c.bridge {
             b.round_over(round, failures, why);
         }
     }
 
     /// The pod-local directory runs and actors keep their downloads in
-    /// (`TRAINLET_CACHE_DIR`), until the serving job ends.
+    /// (`TRAINLET_CACHE_DIR`), until the serving job ends: the pod's, in
+    /// a lane too.
     pub fn cache_dir(&self) -> PathBuf {
-        self.conf.dir.join("cache")
+        self.lane.as_ref().map_or(&self.conf.dir, |l| &l.main_dir).join("cache")
+    }
+
+    /// Tell the store host's board (a lane agent on the store host's pod).
+    fn note(&self, note: Note) {
+        if let (Some(r), Some(l)) = (&self.relay, &self.lane)
+            && l.report
+        {
+            r.send(note);
+        }
+    }
+
+    /// The job leaves this pod: the pod's lane agents stop first.
+    pub async fn finish(&mut self) {
+        if let Some(lanes) = self.lanes.take() {
+            lanes.stop().await;
+        }
     }
 
     /// Ship every line of the current run so far.
@@ -540,6 +472,8 @@ impl Served {
     }
 
     fn over(&mut self, seq: u64, state: State, ranks: Vec<RankExit>, report: Option<serde_json::Value>) {
+        let ranks_sent = ranks.iter().map(relay::Rank::from).collect();
+        self.note(Note::Ended { seq, state: state.word().into(), ranks: ranks_sent, report: report.clone() });
         if let Some(b) = &self.board {
             b.ended(seq, state, ranks, report);
         }

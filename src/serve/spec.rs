@@ -175,6 +175,14 @@ pub struct Run {
     /// The actor it serves, when it is one (`command` is then only shown).
     #[serde(default)]
     pub actor: Option<Actor>,
+    /// Its first worker slot on every pod (its workers take the pod's
+    /// slots `first_slot..first_slot + nproc`, and the GPUs of those slots).
+    #[serde(default)]
+    pub first_slot: u32,
+    /// It runs in a lane of its own beside the pods' main run
+    /// (`crate::serve::lane`): its own agents, rounds and process group.
+    #[serde(default)]
+    pub lane: bool,
 }
 
 /// A checked submission: the run less its identity, and the blobs to store.

@@ -407,6 +407,30 @@ pub fn nvml_remapped_rows(
     Ok((corr, unc, pending != 0, failed != 0))
 }
 
+/// Taken once: [`take_inherited_socket`] never owns a descriptor twice.
+static INHERITED_TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Take the socket the parent left open as descriptor `fd` (a lane
+/// agent's link to the pod's agent), once per process: None when `fd` is
+/// not an open socket, or was taken already. It is made close-on-exec, so
+/// that no child inherits it.
+pub fn take_inherited_socket(fd: i32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    if INHERITED_TAKEN.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return None;
+    }
+    let stat = nix::sys::stat::fstat(fd).ok()?;
+    if stat.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return None;
+    }
+    // SAFETY: `fd` is open (fstat succeeded) and was inherited across
+    // exec: nothing in this process opened it, so nothing else owns or
+    // closes it; the flag above makes this the only owner ever made.
+    let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC)).ok()?;
+    Some(owned)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

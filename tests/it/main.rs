@@ -18,6 +18,7 @@ mod hang;
 mod hardening;
 mod init;
 mod init_remote;
+mod lanes;
 mod layout;
 mod memcg;
 mod mpi;

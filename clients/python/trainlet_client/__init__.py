@@ -179,6 +179,10 @@ class Trainlet:
         """Pods, world and runs."""
         return self._request("GET", "/v1/status")
 
+    def runs(self):
+        """Every run and actor the control API keeps (the newest 64), each as a dict."""
+        return self._request("GET", "/v1/runs")["runs"]
+
     def logs(self, run_id, follow=False):
         """Yield the run's lines (every rank's, prefixed); with ``follow``, until it ends."""
         return self._lines("/v1/runs/%s/logs" % urllib.parse.quote(run_id), follow)
@@ -233,7 +237,7 @@ class Trainlet:
 
     def actor(self, target, files=None, init_args=(), init_kwargs=None, nproc_per_node=None, env=None,
               max_restarts=None, replace=True, pickle=False, wait_ready=True, logs=None, ready_timeout=300.0,
-              restart="all"):
+              restart="all", beside=False):
         """Deploy ``target`` (``"pkg.module:Name"``, importable from ``files``, or the class
         itself): every worker of every pod instantiates ``Name(*init_args, **init_kwargs)`` once.
         Returns an :class:`Actor` whose attributes are the remote methods (``a.train(steps=10)``).
@@ -243,7 +247,11 @@ class Trainlet:
         pickled) become a module sent with ``files`` (see :mod:`trainlet_client.ship`, which
         says what cannot travel). A class of an importable module is imported by its name.
 
-        ``replace`` stops an active run or actor first (else 409). ``pickle`` sends the init
+        ``replace`` stops the pods' main run or actor first (else 409). ``beside=True`` runs it
+        beside what runs instead (``replace`` is then ignored): its ``nproc_per_node`` workers
+        on every pod in slots nobody holds, its own process group and GPUs, its calls
+        independent of the others'; 409 naming what holds the slots when they are taken.
+        ``pickle`` sends the init
         arguments and every call's arguments pickled, and gets the results pickled (only with pods
         you trust; JSON by default). ``wait_ready`` waits (up to ``ready_timeout`` s) until it is
         running. ``logs``: a file object (``sys.stdout``) every rank's lines are copied to, by a
@@ -254,7 +262,8 @@ class Trainlet:
         workers keep their process and state, join the new process group, and have their
         ``reconfigure(rank, world_size)`` method called, where DDP is wrapped again)."""
         return _actor.create(self, Actor, target, files, init_args, init_kwargs, nproc_per_node, env,
-                             max_restarts, replace, pickle, wait_ready, logs, ready_timeout, restart)
+                             max_restarts, replace and not beside, pickle, wait_ready, logs, ready_timeout,
+                             restart)
 
     def function(self, target, files=None, **kw):
         """Deploy a plain function (``"pkg.module:fn"``, or the function itself, shipped as
