@@ -108,5 +108,6 @@ pub(super) fn resolve(
         nvml_timeout,
         nic_hint,
         metrics_addr,
+        narrowed: false,
     })
 }

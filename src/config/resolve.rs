@@ -159,6 +159,31 @@ mod tests {
         assert_eq!((p.nproc, p.gpu.pin, p.gpu.expect.assign), (1, crate::gpu::PinMode::None, false));
     }
 
+    #[test]
+    fn a_lane_agent_dials_the_pods_store_and_takes_its_slots_and_their_gpus() {
+        let d = tempfile::tempdir().expect("tmp");
+        crate::gpu::sysfs::fake::dgx(d.path()).expect("tree");
+        let root = d.path().to_str().expect("utf-8");
+        let lane = r#"{"seq":7,"nproc":2,"first":4,"store":"10.0.0.5:29500","token_file":"/etc/t/token","report":true,"main_dir":"/srv/serve"}"#;
+        let env = [("TRAINLET_SYSFS_ROOT", root), ("TRAINLET_LANE", lane), ("TRAINLET_METRICS_ADDR", "127.0.0.1:0")];
+        let p = plan(&["--serve", "--nproc-per-node", "gpu", "--nnodes", "2"], &env).expect("plan");
+        assert!(!p.serve_store, "a lane agent hosts no store");
+        assert_eq!((p.endpoint.host.as_str(), p.endpoint.port), ("10.0.0.5", 29500));
+        assert_eq!(p.nproc, 2);
+        let buses: Vec<&str> = p.gpu.gpus.iter().map(|g| g.bus_id.as_str()).collect();
+        let all = plan(&["--serve", "--nproc-per-node", "gpu", "--nnodes", "2"], &env[..1]).expect("plan");
+        assert_eq!(buses, [all.gpu.gpus[4].bus_id.as_str(), all.gpu.gpus[5].bus_id.as_str()], "slots 4 and 5");
+        assert!(p.gpu.narrowed && !all.gpu.narrowed);
+        assert!(p.gpu.metrics_addr.is_none() && p.gpu.checks.is_empty());
+        let serve = p.serve.as_ref().expect("serve");
+        assert_eq!(serve.token_file.as_deref(), Some(std::path::Path::new("/etc/t/token")));
+        assert_eq!(serve.dir, std::path::Path::new("/srv/serve/lane7"));
+        assert!(serve.idle_timeout.is_none());
+        assert_eq!(p.rdzv_id(), format!("{}/lane7", p.run_id), "its own rendezvous");
+        let bad = err(&["--serve"], &[("TRAINLET_LANE", "{\"seq\": 1}")]);
+        assert!(bad.contains("TRAINLET_LANE") && bad.contains("unset it"), "{bad}");
+    }
+
     /// A machine as resolution sees it: `gpus` GPUs, `cpus` CPUs, a host name.
     fn machine(gpus: u32, cpus: usize) -> Machine {
         let gpu = |ordinal: u32| crate::gpu::Gpu {

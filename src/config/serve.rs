@@ -169,7 +169,9 @@ pub(super) fn into_lane(plan: &mut super::Plan) {
     plan.serve_store = false;
     plan.endpoint = crate::store::Endpoint { host: lane.store.ip().to_string(), port: lane.store.port() };
     plan.nproc = lane.nproc;
-    plan.gpu.gpus = slots_gpus(&plan.gpu.gpus, lane.first, lane.nproc);
+    let mine = slots_gpus(&plan.gpu.gpus, lane.first, lane.nproc);
+    plan.gpu.narrowed = mine.len() < plan.gpu.gpus.len();
+    plan.gpu.gpus = mine;
     plan.gpu.metrics_addr = None;
     plan.gpu.checks.clear();
     plan.in_place = None;

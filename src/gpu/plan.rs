@@ -83,17 +83,31 @@ impl std::fmt::Display for Visibility {
 
 /// Variables a worker gets for its placement: CUDA_DEVICE_ORDER=PCI_BUS_ID
 /// so CUDA ordinals follow bus order (unless the user chose an order), and
-/// with [`Visibility::Single`] its own GPU and LOCAL_RANK 0.
-pub fn rank_env(p: &RankPlacement, gpus: &[Gpu], vis: Visibility, user_order: bool) -> Vec<(String, String)> {
+/// with [`Visibility::Single`] its own GPU and LOCAL_RANK 0. `narrowed`:
+/// `gpus` are some of the pod's GPUs (a run on some of its worker slots,
+/// `crate::serve::lane`): with [`Visibility::All`] the worker sees those
+/// alone, in order, so that LOCAL_RANK picks its own among them.
+pub fn rank_env(
+    p: &RankPlacement,
+    gpus: &[Gpu],
+    vis: Visibility,
+    (user_order, narrowed): (bool, bool),
+) -> Vec<(String, String)> {
     let Some(gpu) = p.gpu.and_then(|i| gpus.get(i)) else { return Vec::new() };
+    let id = |g: &Gpu| g.uuid.clone().unwrap_or_else(|| g.ordinal.to_string());
     let mut env = Vec::new();
     if !user_order {
         env.push(("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string()));
     }
-    if vis == Visibility::Single {
-        let id = gpu.uuid.clone().unwrap_or_else(|| gpu.ordinal.to_string());
-        env.push(("CUDA_VISIBLE_DEVICES".to_string(), id));
-        env.push(("LOCAL_RANK".to_string(), "0".to_string()));
+    match vis {
+        Visibility::Single => {
+            env.push(("CUDA_VISIBLE_DEVICES".to_string(), id(gpu)));
+            env.push(("LOCAL_RANK".to_string(), "0".to_string()));
+        }
+        Visibility::All if narrowed => {
+            env.push(("CUDA_VISIBLE_DEVICES".to_string(), gpus.iter().map(id).collect::<Vec<_>>().join(",")));
+        }
+        Visibility::All => {}
     }
     env
 }
@@ -233,6 +247,28 @@ fn split_shared(placements: &mut [RankPlacement], topo: &Topology) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_narrowed_run_sees_its_slots_gpus_alone_in_order() {
+        let gpu = |ordinal: u32| Gpu {
+            bus_id: format!("0000:{:02x}:00.0", ordinal),
+            uuid: Some(format!("GPU-{ordinal}")),
+            model: None,
+            minor: Some(ordinal),
+            ordinal,
+            numa_node: None,
+            local_cpus: crate::process::CpuSet::default(),
+        };
+        let gpus = [gpu(2), gpu(3)];
+        let at = |gpu| RankPlacement { local_rank: 1, gpu, cpus: None, mem_node: None, fell_back: false };
+        let env = |vis, narrowed| rank_env(&at(Some(1)), &gpus, vis, (false, narrowed));
+        let cuda =
+            |env: Vec<(String, String)>| env.into_iter().find(|(k, _)| k == "CUDA_VISIBLE_DEVICES").map(|(_, v)| v);
+        assert_eq!(cuda(env(Visibility::All, true)).as_deref(), Some("GPU-2,GPU-3"), "LOCAL_RANK 1 is GPU-3");
+        assert_eq!(cuda(env(Visibility::All, false)), None, "a run alone sees the pod's GPUs");
+        assert_eq!(cuda(env(Visibility::Single, true)).as_deref(), Some("GPU-3"));
+        assert!(rank_env(&at(None), &gpus, Visibility::All, (false, true)).is_empty(), "no GPU, nothing");
+    }
+
     use super::*;
     use crate::gpu::Inventory;
     use crate::gpu::sysfs::{Sysfs, fake};

@@ -35,6 +35,9 @@ pub struct GpuPlan {
     pub nic_hint: bool,
     /// `--metrics-addr`.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// `gpus` are some of the pod's, the GPUs of a run's worker slots
+    /// (`crate::serve::lane`): its workers see those alone.
+    pub narrowed: bool,
 }
 
 /// Pre-flight checks of `g`, with the NVML report they used (or why there

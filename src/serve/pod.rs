@@ -336,6 +336,8 @@ impl Served {
         if self.lane.is_none() {
             // The run's slots' GPUs (a lane agent's plan has its slots' already).
             p.gpu.gpus = crate::config::slots_gpus(&base.gpu.gpus, c.run.first_slot, c.run.nproc.unwrap_or(base.nproc));
+            // From slot 0 it sees every GPU, as a run alone always did.
+            p.gpu.narrowed = c.run.first_slot > 0 && p.gpu.gpus.len() < base.gpu.gpus.len();
         }
         if let Some(n) = c.run.nproc {
             p.nproc = n;

@@ -119,7 +119,8 @@ pub(super) async fn spawn_all(
         wenv.extend(framework_env(world, local_rank, place.and_then(|p| p.gpu)));
         if let Some(p) = place {
             // Later entries win: LOCAL_RANK 0 with --gpu-visibility single.
-            wenv.extend(crate::gpu::plan::rank_env(p, &plan.gpu.gpus, plan.gpu.visibility, plan.gpu.user_order));
+            let order = (plan.gpu.user_order, plan.gpu.narrowed);
+            wenv.extend(crate::gpu::plan::rank_env(p, &plan.gpu.gpus, plan.gpu.visibility, order));
             wenv.extend(crate::gpu::plan::nic_env(p, &plan.gpu.gpus, &nics, |v| env.get(v).is_some()));
         }
         let w =

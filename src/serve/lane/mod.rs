@@ -141,9 +141,12 @@ pub fn place(slots: u32, held: &[Held], want: u32, actor: bool) -> Result<Place,
     if held.is_empty() {
         return Ok(Place::Main(0));
     }
-    let taken = |s: u32| held.iter().any(|h| s >= h.first && s < h.first.saturating_add(h.nproc));
-    let free = (0..slots)
-        .find(|&first| first.checked_add(want).is_some_and(|end| end <= slots) && !(first..first + want).any(taken));
+    // The lowest free run of `want` slots starts at 0 or where a holder's ends.
+    let overlaps = |first: u32, end: u32| held.iter().any(|h| first < h.first.saturating_add(h.nproc) && h.first < end);
+    let free = std::iter::once(0)
+        .chain(held.iter().map(|h| h.first.saturating_add(h.nproc)))
+        .filter(|&first| first.checked_add(want).is_some_and(|end| end <= slots && !overlaps(first, end)))
+        .min();
     match free {
         Some(first) if main.is_some() => Ok(Place::Lane(first)),
         Some(first) => Ok(Place::Main(first)),
