@@ -76,7 +76,8 @@ pub(super) async fn submit(api: &Api, req: &Request, actor: bool) -> Answer {
             env: checked.env,
             nproc: if lane.is_some() { Some(want) } else { checked.nproc },
             max_restarts: checked.max_restarts.unwrap_or(api.conf.max_restarts),
-            base_restarts,
+            // A lane counts its restarts in rounds of its own, from 0.
+            base_restarts: if lane.is_some() { 0 } else { base_restarts },
             files: checked.files,
             actor: checked.actor,
             first_slot,
