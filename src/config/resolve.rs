@@ -164,7 +164,7 @@ mod tests {
         let d = tempfile::tempdir().expect("tmp");
         crate::gpu::sysfs::fake::dgx(d.path()).expect("tree");
         let root = d.path().to_str().expect("utf-8");
-        let lane = r#"{"seq":7,"nproc":2,"first":4,"store":"10.0.0.5:29500","token_file":"/etc/t/token","report":true,"main_dir":"/srv/serve"}"#;
+        let lane = r#"{"seq":7,"nproc":2,"first":4,"store":"10.0.0.5:29500","token_file":"/etc/t/token","report":true,"main_dir":"/srv/serve","run_id":"job-a","attempt":3}"#;
         let env = [("TRAINLET_SYSFS_ROOT", root), ("TRAINLET_LANE", lane), ("TRAINLET_METRICS_ADDR", "127.0.0.1:0")];
         let p = plan(&["--serve", "--nproc-per-node", "gpu", "--nnodes", "2"], &env).expect("plan");
         assert!(!p.serve_store, "a lane agent hosts no store");
@@ -179,7 +179,8 @@ mod tests {
         assert_eq!(serve.token_file.as_deref(), Some(std::path::Path::new("/etc/t/token")));
         assert_eq!(serve.dir, std::path::Path::new("/srv/serve/lane7"));
         assert!(serve.idle_timeout.is_none());
-        assert_eq!(p.rdzv_id(), format!("{}/lane7", p.run_id), "its own rendezvous");
+        assert_eq!((p.run_id.as_str(), p.jobset_attempt), ("job-a", 3), "the pod's agent's, not drawn again");
+        assert_eq!(p.rdzv_id(), "job-a/lane7", "its own rendezvous");
         let bad = err(&["--serve"], &[("TRAINLET_LANE", "{\"seq\": 1}")]);
         assert!(bad.contains("TRAINLET_LANE") && bad.contains("unset it"), "{bad}");
     }

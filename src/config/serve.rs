@@ -50,6 +50,11 @@ pub struct Lane {
     pub report: bool,
     /// The pod's agent's serve directory (the cache is its `cache`).
     pub main_dir: PathBuf,
+    /// The job's run id and JobSet attempt, as the pod's agent has them
+    /// (a standalone agent draws its run id at random).
+    pub run_id: String,
+    /// The JobSet restart attempt.
+    pub attempt: u64,
 }
 
 /// The descriptor a lane agent reaches the pod's agent through.
@@ -167,6 +172,8 @@ pub(super) fn into_lane(plan: &mut super::Plan) {
     serve.idle_timeout = None;
     serve.dir = lane.main_dir.join(format!("lane{}", lane.seq));
     plan.serve_store = false;
+    plan.run_id = lane.run_id.clone();
+    plan.jobset_attempt = lane.attempt;
     plan.endpoint = crate::store::Endpoint { host: lane.store.ip().to_string(), port: lane.store.port() };
     plan.nproc = lane.nproc;
     let mine = slots_gpus(&plan.gpu.gpus, lane.first, lane.nproc);
@@ -177,7 +184,7 @@ pub(super) fn into_lane(plan: &mut super::Plan) {
     plan.in_place = None;
     plan.provenance.push((
         "lane",
-        format!("run {} on slots {}..{}", lane.seq, lane.first, lane.first + lane.nproc),
+        format!("run {} on slots {}..{}", lane.seq, lane.first, lane.first.saturating_add(lane.nproc)),
         super::Source::Env(env::TRAINLET_LANE),
     ));
 }

@@ -93,7 +93,7 @@ pub fn rank_env(
     vis: Visibility,
     (user_order, narrowed): (bool, bool),
 ) -> Vec<(String, String)> {
-    let Some(gpu) = p.gpu.and_then(|i| gpus.get(i)) else { return Vec::new() };
+    let Some(gpu) = p.gpu.and_then(|i| gpus.get(i)) else { return narrowed_env(gpus, vis, narrowed) };
     let id = |g: &Gpu| g.uuid.clone().unwrap_or_else(|| g.ordinal.to_string());
     let mut env = Vec::new();
     if !user_order {
@@ -104,12 +104,19 @@ pub fn rank_env(
             env.push(("CUDA_VISIBLE_DEVICES".to_string(), id(gpu)));
             env.push(("LOCAL_RANK".to_string(), "0".to_string()));
         }
-        Visibility::All if narrowed => {
-            env.push(("CUDA_VISIBLE_DEVICES".to_string(), gpus.iter().map(id).collect::<Vec<_>>().join(",")));
-        }
-        Visibility::All => {}
+        Visibility::All => env.extend(narrowed_env(gpus, vis, narrowed)),
     }
     env
+}
+
+/// A narrowed run's worker sees its run's GPUs alone, placed or not
+/// (`--pin none` places nobody): CUDA_VISIBLE_DEVICES names them.
+pub fn narrowed_env(gpus: &[Gpu], vis: Visibility, narrowed: bool) -> Vec<(String, String)> {
+    if !narrowed || vis != Visibility::All || gpus.is_empty() {
+        return Vec::new();
+    }
+    let ids: Vec<String> = gpus.iter().map(|g| g.uuid.clone().unwrap_or_else(|| g.ordinal.to_string())).collect();
+    vec![("CUDA_VISIBLE_DEVICES".to_string(), ids.join(","))]
 }
 
 /// NCCL's NIC selection for a rank (`--nic-hint`): the HCAs
@@ -266,7 +273,9 @@ mod tests {
         assert_eq!(cuda(env(Visibility::All, true)).as_deref(), Some("GPU-2,GPU-3"), "LOCAL_RANK 1 is GPU-3");
         assert_eq!(cuda(env(Visibility::All, false)), None, "a run alone sees the pod's GPUs");
         assert_eq!(cuda(env(Visibility::Single, true)).as_deref(), Some("GPU-3"));
-        assert!(rank_env(&at(None), &gpus, Visibility::All, (false, true)).is_empty(), "no GPU, nothing");
+        assert_eq!(cuda(rank_env(&at(None), &gpus, Visibility::All, (false, true))).as_deref(), Some("GPU-2,GPU-3"));
+        assert!(rank_env(&at(None), &gpus, Visibility::All, (false, false)).is_empty(), "no GPU, nothing");
+        assert_eq!(cuda(narrowed_env(&gpus, Visibility::All, true)).as_deref(), Some("GPU-2,GPU-3"), "unplaced");
     }
 
     use super::*;

@@ -568,6 +568,9 @@ impl Job {
     /// feature ends (the store host of replica groups may outlast the
     /// other groups first), the store closes.
     async fn finish(mut self, code: u8) -> Result<u8> {
+        if let Some(s) = &self.served {
+            s.leaving();
+        }
         self.carry.stop(self.plan.grace).await;
         if let Some(s) = self.served.as_mut() {
             s.finish().await;

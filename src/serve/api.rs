@@ -243,7 +243,7 @@ async fn connection(api: &Api, slots: &Slots, mut conn: TcpStream, ticket: Ticke
             (None, _) => fail(Status::NOT_FOUND, &format!("no actor {}", shown(id))),
         },
         ("GET", ["v1", "runs" | "actors", id, "logs"]) => match api.board.get(id) {
-            Some(r) if r.seq + KEEP_LOGS < api.board.next_seq() && r.state.is_final() => fail(
+            Some(r) if r.logs_forgotten => fail(
                 Status(410, "Gone"),
                 &format!(
                     "the lines of {} are no longer kept (only those of the last {KEEP_LOGS} runs, and of runs not over)",

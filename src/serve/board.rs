@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::spec::Run;
 
-/// Runs kept for `GET /v1/runs/{id}` (older ones are forgotten).
+/// Runs kept for `GET /v1/runs/{id}` (older ones that are over are forgotten).
 pub const KEEP_RUNS: usize = 64;
 
 /// Where a run is.
@@ -105,6 +105,9 @@ pub struct Record {
     /// The round whose workers run it now (None between rounds).
     #[serde(skip)]
     pub round: Option<u64>,
+    /// Its lines were removed from the store.
+    #[serde(skip)]
+    pub logs_forgotten: bool,
 }
 
 /// When a run moved.
@@ -243,9 +246,13 @@ impl Board {
             first_slot: run.first_slot,
             lane: run.lane,
             round: None,
+            logs_forgotten: false,
         });
+        // Only runs that are over are forgotten (a lane's actor may outlive
+        // many runs of the main run).
         while b.runs.len() > KEEP_RUNS {
-            b.runs.pop_front();
+            let Some(i) = b.runs.iter().position(|r| r.state.is_final()) else { break };
+            b.runs.remove(i);
         }
         b.last_use = Instant::now();
         drop(b);
@@ -323,6 +330,18 @@ impl Board {
         });
     }
 
+    /// The runs before `below` that are over and whose lines are still
+    /// in the store (a run not over keeps its lines, however old).
+    pub fn logs_to_forget(&self, below: u64) -> Vec<u64> {
+        let b = self.lock();
+        b.runs.iter().filter(|r| r.seq < below && r.state.is_final() && !r.logs_forgotten).map(|r| r.seq).collect()
+    }
+
+    /// Run `seq`'s lines were removed from the store.
+    pub fn logs_forgotten(&self, seq: u64) {
+        self.update(seq, |r| r.logs_forgotten = true);
+    }
+
     /// Run `id` (or `seq`).
     pub fn get(&self, id: &str) -> Option<Record> {
         self.lock().runs.iter().find(|r| r.id == id).cloned()
@@ -397,10 +416,10 @@ pub struct Usage {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn run(seq: u64) -> Run {
+    pub(crate) fn run(seq: u64) -> Run {
         Run {
             id: format!("run-{seq}"),
             seq,
@@ -434,11 +453,18 @@ mod tests {
         assert!(!b.stopping(1), "an ended run cannot be stopped");
         assert_eq!(b.active(), None);
         assert!(b.idle_past(std::time::Duration::ZERO));
-        for s in 2..(KEEP_RUNS as u64 + 10) {
+        // A lane's actor (run 2) outlives many main runs: only runs that
+        // are over are forgotten.
+        b.submitted(&run(2), 0);
+        for s in 3..(KEEP_RUNS as u64 + 10) {
             b.submitted(&run(s), 0);
+            b.ended(s, State::Succeeded, Vec::new(), None);
         }
+        b.submitted(&run(KEEP_RUNS as u64 + 10), 0);
         assert_eq!(b.list().len(), KEEP_RUNS);
         assert!(b.get("run-1").is_none());
+        assert!(b.get("run-2").is_some_and(|r| r.state == State::Starting), "not over: kept");
+        assert!(b.get("run-3").is_none());
         assert!(!b.idle_past(std::time::Duration::ZERO), "runs not over are never idle");
     }
 }

@@ -15,7 +15,7 @@
 //! |---|---|---|
 //! | `serve/session` | the control API, at start | this serving session's random id, [`seal`]ed |
 //! | `serve/run` | the control API | the newest run ([`spec::Run`], JSON, sealed) |
-//! | `serve/go/<seq>` | the control API | `run`: run `seq` is published (a wake-up only); `shutdown`, sealed: the pods exit 0 |
+//! | `serve/go/<seq>` | the control API | `run`: run `seq` is published (a wake-up only); `lane`: run `seq` runs in a lane (`lane`), the main run's next signal is a later one; `shutdown`, sealed: the pods exit 0 |
 //! | `serve/ended/<seq>` | the control API, every pod's agent | run `seq` is over: `<id> <state>` (`succeeded`, `failed`, `stopped`), sealed |
 //! | `serve/blob/<sha256>/<i>` | the control API | a file's content in 4 MiB chunks |
 //! | `serve/log/<seq>/n` | ADD per shipping agent | its slot |
@@ -87,6 +87,9 @@ pub const STORE_WAIT: Duration = Duration::from_secs(30);
 pub enum Go {
     /// `run`: run `seq` is in `serve/run` (a wake-up only: the run itself is sealed).
     Run,
+    /// `lane`: run `seq` runs in a lane of its own (`lane`): the main run's
+    /// next go signal is a later one (a wake-up only).
+    Lane,
     /// The pods exit 0 (idle timeout): `shutdown`, [`seal`]ed for `seq`.
     Shutdown,
     /// Something else: not the control API's.
@@ -465,6 +468,8 @@ pub async fn wait_go(dial: &Dial, keys: &Keys, seq: u64, token: &str, scope: &Sc
     let value = wait_key(dial, &keys.go(seq)).await?;
     Ok(if value == b"run" {
         Go::Run
+    } else if value == b"lane" {
+        Go::Lane
     } else if unseal(token, scope, kind::SHUTDOWN, seq, &value) == Ok(b"shutdown".as_slice()) {
         Go::Shutdown
     } else {

@@ -255,6 +255,11 @@ impl Served {
                         *fired = Some(seq);
                         None
                     }
+                    // Run `seq` is a lane's: the main run's next is later.
+                    Ok(Go::Lane) => {
+                        self.next_go = self.next_go.max(seq + 1);
+                        None
+                    }
                     Ok(Go::Forged) => {
                         self.refuse("a go signal", "not `run`, and not a shutdown sealed for this job, session and run");
                         *fired = Some(seq);
@@ -423,10 +428,21 @@ impl Served {
         }
     }
 
-    /// The job leaves this pod: the pod's lane agents stop first.
+    /// The job is leaving this pod: its lane agents begin to stop.
+    pub fn leaving(&self) {
+        if let Some(lanes) = &self.lanes {
+            lanes.begin_stop();
+        }
+    }
+
+    /// The job leaves this pod: the pod's lane agents stop; a lane
+    /// agent's last notes go out.
     pub async fn finish(&mut self) {
         if let Some(lanes) = self.lanes.take() {
             lanes.stop().await;
+        }
+        if let Some(relay) = self.relay.take() {
+            relay.close().await;
         }
     }
 

@@ -122,6 +122,8 @@ pub(super) async fn spawn_all(
             let order = (plan.gpu.user_order, plan.gpu.narrowed);
             wenv.extend(crate::gpu::plan::rank_env(p, &plan.gpu.gpus, plan.gpu.visibility, order));
             wenv.extend(crate::gpu::plan::nic_env(p, &plan.gpu.gpus, &nics, |v| env.get(v).is_some()));
+        } else {
+            wenv.extend(crate::gpu::plan::narrowed_env(&plan.gpu.gpus, plan.gpu.visibility, plan.gpu.narrowed));
         }
         let w =
             Worker { pid: None, drains: TaskTracker::new(), heartbeat, rank, error_file, not_started: None, why: None };

@@ -21,7 +21,8 @@ fn pids(v: &serde_json::Value) -> BTreeSet<u64> {
 
 /// One phase of `lanes_driver.py`: its steps by name, and its output.
 fn phase(s: &crate::serve::Served, args: &[&str]) -> (HashMap<String, serde_json::Value>, String) {
-    let out = std::process::Command::new(python())
+    let out = std::process::Command::new("timeout")
+        .args(["600", &python()])
         .arg(fixture("lanes_driver.py"))
         .args([s.url.as_str(), &s.token_file.display().to_string()])
         .args(args)
@@ -148,4 +149,46 @@ fn the_lanes_come_back_on_a_pod_that_replaces_a_lost_one() {
         assert_eq!(l["all_reduce"].as_f64(), Some(2.0), "{again}");
     }
     s.pods[1].wait_for_stderr("started the agent of a lane", std::time::Duration::from_secs(5));
+}
+
+/// One standalone pod (its run id drawn at random, which its lane agents
+/// take from it): a lane beside the main actor, then, once that actor is
+/// closed, a plain run on the idle main run's slots while the lane still
+/// answers (the lane's sequence number does not hold the idle pods back).
+#[test]
+fn a_standalone_pod_runs_a_lane_and_then_a_main_run_beside_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, format!("{}\n", crate::serve::TOKEN)).expect("token");
+    let control = free_port();
+    let serve_dir = dir.path().join("pod0");
+    let args = [
+        "run",
+        "--standalone",
+        "--serve",
+        "--nproc-per-node",
+        "2",
+        "--control-port",
+        &control.to_string(),
+        "--control-token-file",
+        &token_file.display().to_string(),
+        "--serve-dir",
+        &serve_dir.display().to_string(),
+    ];
+    let mut pod = Pod::start(&args, &[("TRAINLET_TEST_MARKER", "lanes-standalone")]);
+    pod.wait_for_stderr("control API listening", std::time::Duration::from_secs(30));
+    let s = crate::serve::Served {
+        pods: vec![pod],
+        url: format!("http://127.0.0.1:{control}"),
+        token_file,
+        dir,
+        store_port: 0,
+    };
+    let (steps, stdout) = phase(&s, &["standalone"]);
+    let st = steps.get("standalone").unwrap_or_else(|| panic!("no step standalone:\n{stdout}"));
+    assert_eq!((ranks(&st["a"]).len(), ranks(&st["b"]).len()), (1, 1), "{st}");
+    assert_ne!(ranks(&st["a"])[0]["port"], ranks(&st["b"])[0]["port"], "each its own worker store: {st}");
+    assert_eq!(st["run_ok"], true, "{st}");
+    assert!(st["lines"].as_str().is_some_and(|l| l.contains("a main run beside a lane")), "{st}");
+    assert_eq!(ranks(&st["b_after"])[0]["pid"], ranks(&st["b"])[0]["pid"], "the lane went on: {st}");
 }

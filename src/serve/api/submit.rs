@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::{Answer, Api, KEEP_LOGS, fail, stop, wait_over};
 use crate::http::{Request, Status};
-use crate::serve::board::State;
+use crate::serve::board::{Board, State};
 use crate::serve::lane::host::Lanes;
 use crate::serve::spec::{Run, check, check_archive};
 use crate::serve::{Link, files, kind, logs};
@@ -104,7 +104,8 @@ pub(super) async fn submit(api: &Api, req: &Request, actor: bool) -> Answer {
             // What earlier runs left in the store and this one does not use,
             // on a connection of its own: a submission never waits for it.
             let place = (api.conf.dial.clone(), api.conf.base.clone(), api.conf.lanes.clone());
-            tokio::spawn(cleanup(place, previous, run.clone()));
+            let held = (Arc::clone(&api.board), Arc::clone(&api.submit));
+            tokio::spawn(cleanup(place, held, previous, run.clone()));
             let body = serde_json::json!({ "id": run.id, "seq": run.seq, "state": State::Starting });
             (Status::CREATED, body.to_string())
         }
@@ -144,9 +145,16 @@ async fn placed(api: &Api, want: u32, actor: bool) -> Result<crate::serve::lane:
 }
 
 /// Remove what `previous` left in the store and neither `run` nor an open
-/// lane uses: its files, and the lines of runs older than the last
-/// [`KEEP_LOGS`] (an open lane's stay until it closes).
-async fn cleanup((dial, base, lanes): (Dial, String, Option<Arc<Lanes>>), previous: Option<Run>, run: Run) {
+/// lane uses (its files), and the lines of runs that are over and older
+/// than the last [`KEEP_LOGS`]; between two submissions (under the
+/// submission lock: a submission that finds a blob stored counts on it).
+async fn cleanup(
+    (dial, base, lanes): (Dial, String, Option<Arc<Lanes>>),
+    (board, submit): (Arc<Board>, Arc<tokio::sync::Mutex<()>>),
+    previous: Option<Run>,
+    run: Run,
+) {
+    let _one = submit.lock().await;
     let mut link = Link::new(dial, &base);
     let done: Result<(), crate::serve::Error> = async {
         if let Some(prev) = previous {
@@ -156,13 +164,12 @@ async fn cleanup((dial, base, lanes): (Dial, String, Option<Arc<Lanes>>), previo
             }
             files::forget(&mut link, &prev.files, &keep).await?;
         }
-        let open = match &lanes {
-            Some(l) => l.is_open(run.seq.saturating_sub(KEEP_LOGS)).await,
-            None => false,
-        };
-        if run.seq > KEEP_LOGS && !open {
-            let keys = link.keys.clone();
-            logs::forget(&mut link, &keys, run.seq - KEEP_LOGS).await?;
+        if run.seq > KEEP_LOGS {
+            for seq in board.logs_to_forget(run.seq - KEEP_LOGS + 1) {
+                let keys = link.keys.clone();
+                logs::forget(&mut link, &keys, seq).await?;
+                board.logs_forgotten(seq);
+            }
         }
         Ok(())
     }

@@ -14,7 +14,7 @@ use super::{Entry, Record};
 use crate::rendezvous::host::Rounds;
 use crate::serve::board::Board;
 use crate::serve::spec::{FileRef, Run};
-use crate::serve::{Error, Link, Scope, files, kind, logs, seal};
+use crate::serve::{Error, Link, Scope, files, kind, seal};
 use crate::store::Dial;
 
 /// How often the open lanes are checked without a change on the board
@@ -27,6 +27,8 @@ pub struct Lanes {
     rounds: Rounds,
     run_id: String,
     attempt: u64,
+    /// How long a lane's run may stay `stopping` before it is taken for stopped.
+    stop_limit: Duration,
     cancel: CancellationToken,
     /// Held across each publication, so that the record's versions reach
     /// the store in order.
@@ -54,9 +56,20 @@ impl Open {
 
 impl Lanes {
     /// Lanes of the job `run_id` (JobSet attempt `attempt`), their rounds
-    /// served by `rounds` until `cancel`.
-    pub fn new(rounds: Rounds, run_id: String, attempt: u64, cancel: CancellationToken) -> Self {
-        Self { rounds, run_id, attempt, cancel, open: tokio::sync::Mutex::new(Open::default()) }
+    /// served by `rounds` until `cancel`; a run stops within `stop_limit`.
+    pub fn new(
+        rounds: Rounds,
+        (run_id, attempt): (String, u64),
+        stop_limit: Duration,
+        cancel: CancellationToken,
+    ) -> Self {
+        let open = tokio::sync::Mutex::new(Open::default());
+        Self { rounds, run_id, attempt, stop_limit, cancel, open }
+    }
+
+    /// The runs of the open lanes.
+    async fn seqs(&self) -> Vec<u64> {
+        self.open.lock().await.lanes.keys().copied().collect()
     }
 
     /// The rendezvous key prefix of lane `seq`.
@@ -67,11 +80,6 @@ impl Lanes {
     /// The files of the open lanes (kept when the main run's are let go).
     pub async fn files(&self) -> Vec<FileRef> {
         self.open.lock().await.lanes.values().flat_map(|l| l.files.iter().cloned()).collect()
-    }
-
-    /// Is run `seq` an open lane (its lines are kept)?
-    pub async fn is_open(&self, seq: u64) -> bool {
-        self.open.lock().await.lanes.contains_key(&seq)
     }
 
     /// Open a lane for `run` (placed by [`super::place`]): its rounds
@@ -91,12 +99,19 @@ impl Lanes {
             link.set(&link.keys.lane_run(run.seq), &seal(token, scope, kind::RUN, 0, &json)).await?;
             open.version += 1;
             open.lanes.insert(run.seq, Lane { entry, files: run.files.clone(), rounds: rounds.clone() });
-            link.set_lanes(token, scope, &open.record()).await
+            link.set_lanes(token, scope, &open.record()).await?;
+            // Idle pods wait for the main run's go signal of this seq: it
+            // tells them to wait for a later one.
+            link.set(&link.keys.go(run.seq), b"lane").await
         }
         .await;
         if let Err(e) = published {
             rounds.cancel();
-            open.lanes.remove(&run.seq);
+            // The record may list it already: published again without it.
+            if open.lanes.remove(&run.seq).is_some() {
+                open.version += 1;
+                let _ = link.set_lanes(token, scope, &open.record()).await;
+            }
             let _ = link.delete(&link.keys.lane_run(run.seq)).await;
             return Err(e);
         }
@@ -104,9 +119,9 @@ impl Lanes {
         Ok(())
     }
 
-    /// Close the lanes whose runs `board` shows over (or no longer has).
-    /// `keep`: the files the main run uses; `next_seq`: the next run's
-    /// number (a closed lane's lines go when they are past the kept ones).
+    /// Close the lanes whose runs `board` shows over (or no longer has):
+    /// the record published without them, their rounds no longer served,
+    /// their run and the files nobody else uses let go.
     async fn close_over(&self, link: &mut Link, (token, scope): (&str, &Scope), board: &Board) -> Result<(), Error> {
         let mut open = self.open.lock().await;
         let over: Vec<u64> =
@@ -114,35 +129,55 @@ impl Lanes {
         if over.is_empty() {
             return Ok(());
         }
-        let mut gone = Vec::new();
-        for seq in &over {
-            if let Some(l) = open.lanes.remove(seq) {
-                gone.push((*seq, l));
-            }
-        }
+        let gone: Vec<(u64, Lane)> = over.iter().filter_map(|seq| open.lanes.remove_entry(seq)).collect();
         open.version += 1;
         if let Err(e) = link.set_lanes(token, scope, &open.record()).await {
-            for (seq, l) in gone {
-                open.lanes.insert(seq, l);
-            }
+            open.version -= 1;
+            open.lanes.extend(gone);
             return Err(e);
         }
+        // Nobody waits for the version before the last any more (a pod
+        // that does reads the record again within seconds).
+        let old = open.version.saturating_sub(2);
         let mut keep: Vec<FileRef> = open.lanes.values().flat_map(|l| l.files.iter().cloned()).collect();
         drop(open);
-        if let Some(Ok(main)) = link.newest(token, scope).await? {
-            keep.extend(main.files);
-        }
-        for (seq, lane) in gone {
+        for (seq, lane) in &gone {
             lane.rounds.cancel();
             tracing::info!(run = seq, "closed the lane of a run that is over");
-            link.delete(&link.keys.lane_run(seq)).await?;
-            files::forget(link, &lane.files, &keep).await?;
-            if seq + crate::serve::api::KEEP_LOGS < board.next_seq() {
-                let keys = link.keys.clone();
-                logs::forget(link, &keys, seq).await?;
+        }
+        // What is left in the store: let go as far as it will (the next
+        // close or submission tries the rest of the files again).
+        let mut left = Vec::new();
+        if old > 0
+            && let Err(e) = link.delete(&link.keys.lanes_wake(old)).await
+        {
+            left.push(e);
+        }
+        // Without the main run's files known, no file is let go.
+        let known = match link.newest(token, scope).await {
+            Ok(Some(Ok(main))) => {
+                keep.extend(main.files);
+                true
+            }
+            Ok(None) => true,
+            Ok(Some(Err(_))) => false,
+            Err(e) => {
+                left.push(e);
+                false
+            }
+        };
+        for (seq, lane) in &gone {
+            if let Err(e) = link.delete(&link.keys.lane_run(*seq)).await {
+                left.push(e);
+            }
+            if known && let Err(e) = files::forget(link, &lane.files, &keep).await {
+                left.push(e);
             }
         }
-        Ok(())
+        match left.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 
@@ -159,6 +194,7 @@ pub async fn keep(
 ) {
     let mut link = Link::new(dial, &base);
     let mut w = board.watch();
+    let mut stopping: BTreeMap<u64, tokio::time::Instant> = BTreeMap::new();
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -172,6 +208,20 @@ pub async fn keep(
                 continue;
             }
         };
+        // A run whose pods never say it ended (its lane agents cannot
+        // start, or their note was lost) is taken for stopped after twice
+        // the stop limit, and its lane closed.
+        let seqs = lanes.seqs().await;
+        stopping.retain(|seq, _| seqs.contains(seq));
+        for seq in seqs {
+            if board.by_seq(seq).is_some_and(|r| r.state == crate::serve::board::State::Stopping) {
+                let since = *stopping.entry(seq).or_insert_with(tokio::time::Instant::now);
+                if since.elapsed() > lanes.stop_limit * 2 {
+                    tracing::warn!(run = seq, "the lane's pods did not say its run ended; it is taken for stopped");
+                    board.ended(seq, crate::serve::board::State::Stopped, Vec::new(), None);
+                }
+            }
+        }
         let _one = submit.lock().await;
         if let Err(e) = lanes.close_over(&mut link, (&token, &scope), &board).await {
             tracing::warn!(error = %crate::error::error_chain(&e), "cannot close the lanes of runs that are over; trying again");

@@ -118,33 +118,68 @@ pub fn apply(board: &Board, seq: u64, note: Note) -> bool {
 
 /// The lane agent's side: notes go out in order, on a task of their own
 /// (a note never waits on the socket).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Sender {
     tx: mpsc::UnboundedSender<Note>,
+    task: tokio::task::JoinHandle<Option<tokio::net::UnixStream>>,
 }
 
+/// How long a lane agent that exits waits for its last notes to go out.
+const FLUSH: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Sender {
-    /// Write notes to `stream` until it fails or every sender is dropped.
+    /// Write notes to `stream` until it fails or the sender is closed.
     pub fn start(stream: tokio::net::UnixStream) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<Note>();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let mut stream = stream;
             while let Some(note) = rx.recv().await {
-                let Ok(mut line) = serde_json::to_vec(&note) else { continue };
-                line.push(b'\n');
+                let Some(line) = line_of(note) else { continue };
                 if let Err(e) = stream.write_all(&line).await {
                     tracing::warn!(error = %e, "the pod's agent is gone: this lane's run is no longer shown on the board");
-                    return;
+                    return None;
                 }
             }
+            Some(stream)
         });
-        Self { tx }
+        Self { tx, task }
     }
 
     /// Send `note`.
     pub fn send(&self, note: Note) {
         let _ = self.tx.send(note);
     }
+
+    /// Send what is queued (for a few seconds at most). The link itself
+    /// stays open until this process exits: its end is what tells the
+    /// pod's agent that this lane agent is gone.
+    pub async fn close(self) {
+        drop(self.tx);
+        if let Ok(Ok(Some(stream))) = tokio::time::timeout(FLUSH, self.task).await
+            && let Ok(stream) = stream.into_std()
+        {
+            std::mem::forget(stream);
+        }
+    }
+}
+
+/// `note` as one line of at most [`MAX_NOTE`] bytes: a failure report
+/// too large for it is replaced by a word on its size (it is in the lane
+/// agent's log and file); None for a note that cannot be made to fit.
+fn line_of(note: Note) -> Option<Vec<u8>> {
+    let mut line = serde_json::to_vec(&note).ok()?;
+    if line.len() as u64 >= MAX_NOTE
+        && let Note::Ended { seq, state, ranks, report: Some(_) } = note
+    {
+        let report = serde_json::json!({ "truncated": format!("the failure report was {} bytes: see the lane agent's failure_report.json", line.len()) });
+        line = serde_json::to_vec(&Note::Ended { seq, state, ranks, report: Some(report) }).ok()?;
+    }
+    if line.len() as u64 >= MAX_NOTE {
+        tracing::warn!(bytes = line.len(), "a note to the board is too large; not sent");
+        return None;
+    }
+    line.push(b'\n');
+    Some(line)
 }
 
 /// The pod's agent's side: read lane `seq`'s notes until EOF, applying
@@ -153,14 +188,19 @@ pub async fn read(stream: tokio::net::UnixStream, seq: u64, board: Option<Arc<Bo
     use tokio::io::AsyncReadExt;
     let mut reader = tokio::io::BufReader::new(stream);
     let mut line = Vec::new();
+    let mut skipping = false;
     loop {
         line.clear();
         match (&mut reader).take(MAX_NOTE + 1).read_until(b'\n', &mut line).await {
             Ok(0) | Err(_) => return,
+            // Too long: skipped to its end, held no longer than MAX_NOTE.
             Ok(_) if line.last() != Some(&b'\n') => {
-                tracing::warn!(run = seq, "a lane agent's note is longer than {MAX_NOTE} bytes; the link is dropped");
-                return;
+                if !std::mem::replace(&mut skipping, true) {
+                    tracing::warn!(run = seq, "a lane agent's note is longer than {MAX_NOTE} bytes; skipped");
+                }
+                continue;
             }
+            Ok(_) if std::mem::replace(&mut skipping, false) => continue,
             Ok(_) => {}
         }
         let Some(board) = &board else { continue };
@@ -216,18 +256,27 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_endless_line_drops_the_link_instead_of_growing() {
+    async fn a_line_too_long_is_skipped_unheld_and_the_next_note_counts() {
+        let board = Arc::new(Board::default());
+        let mut run = crate::serve::board::tests::run(2);
+        run.lane = true;
+        board.submitted(&run, 0);
         let (ours, mut theirs) = tokio::net::UnixStream::pair().expect("pair");
-        let reading = tokio::spawn(read(ours, 2, Some(Arc::new(Board::default()))));
-        let writing = tokio::spawn(async move {
-            let chunk = vec![b'x'; 1 << 16];
-            for _ in 0..(MAX_NOTE / (1 << 16) + 4) {
-                if theirs.write_all(&chunk).await.is_err() {
-                    return;
-                }
-            }
-        });
-        tokio::time::timeout(std::time::Duration::from_secs(20), reading).await.expect("dropped").expect("task");
-        writing.abort();
+        let reading = tokio::spawn(read(ours, 2, Some(Arc::clone(&board))));
+        let chunk = vec![b'x'; 1 << 16];
+        for _ in 0..(2 * MAX_NOTE / (1 << 16)) {
+            theirs.write_all(&chunk).await.expect("write");
+        }
+        theirs.write_all(b"\n{\"round_over\":{\"seq\":2}}\n").await.expect("write");
+        let note = Note::Started { seq: 2, round: 1, restarts: 0, nnodes: 1, nproc: 1 };
+        theirs.write_all(&line_of(note).expect("line")).await.expect("write");
+        drop(theirs);
+        tokio::time::timeout(std::time::Duration::from_secs(20), reading).await.expect("EOF ends it").expect("task");
+        assert_eq!(board.by_seq(2).map(|r| r.state), Some(State::Running), "the note after the long line counts");
+        // A report too large to send goes as a word on its size.
+        let big = serde_json::json!({ "lines": "y".repeat(4 << 20) });
+        let line = line_of(Note::Ended { seq: 2, state: "failed".into(), ranks: Vec::new(), report: Some(big) })
+            .expect("sent without its report");
+        assert!((line.len() as u64) < MAX_NOTE && String::from_utf8_lossy(&line).contains("truncated"));
     }
 }

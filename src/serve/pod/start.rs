@@ -109,12 +109,10 @@ impl Served {
                 idle_timeout: conf.idle_timeout,
                 pod_nproc: plan.nproc,
                 lanes: rounds.map(|r| {
-                    let lanes = crate::serve::lane::host::Lanes::new(
-                        r,
-                        plan.run_id.clone(),
-                        plan.jobset_attempt,
-                        cancel.child_token(),
-                    );
+                    let job = (plan.run_id.clone(), plan.jobset_attempt);
+                    let stop_limit =
+                        plan.checkpoint_timeout + plan.grace + plan.kill_timeout + crate::rendezvous::STOP_SYNC_MARGIN;
+                    let lanes = crate::serve::lane::host::Lanes::new(r, job, stop_limit, cancel.child_token());
                     Arc::new(lanes)
                 }),
                 calls: Some(Arc::new(crate::serve::actor::calls::Desk::new(
@@ -149,6 +147,7 @@ impl Served {
                     token_file: token_file.clone(),
                     dir: conf.dir.clone(),
                     board: board.clone(),
+                    job: (plan.run_id.clone(), plan.jobset_attempt),
                     stop_limit: plan.checkpoint_timeout
                         + plan.grace
                         + plan.kill_timeout
