@@ -344,6 +344,11 @@ impl Served {
             // From slot 0 it sees every GPU, as a run alone always did.
             p.gpu.narrowed = c.run.first_slot > 0 && p.gpu.gpus.len() < base.gpu.gpus.len();
         }
+        // A run that names its GPUs (CUDA_VISIBLE_DEVICES in its env)
+        // gets those, shared with whoever else uses them: asked for.
+        if c.run.env.iter().any(|(k, _)| k == crate::env::CUDA_VISIBLE_DEVICES) {
+            p.gpu.narrowed = false;
+        }
         if let Some(n) = c.run.nproc {
             p.nproc = n;
             p.omp_default = (n > 1 && std::env::var_os(crate::env::OMP_NUM_THREADS).is_none()).then(|| "1".into());

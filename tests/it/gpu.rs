@@ -315,3 +315,67 @@ fn metrics_scraped_during_a_run_parse_with_prometheus_client() {
     assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
     assert!(!pod.stderr().contains("leftover"), "the sampler is stopped, not swept up:\n{}", pod.stderr());
 }
+
+/// Several actors at once (serve mode's lanes) on a pod with 8 GPUs and 2
+/// worker slots: the main actor, from slot 0, sees every GPU as a run alone
+/// always did; the actor beside it, on slot 1, sees slot 1's GPU alone (so
+/// its LOCAL_RANK 0 is that GPU); one that names its GPUs in its env gets
+/// those. Real actors through the repository's Python client.
+#[test]
+fn an_actor_beside_the_main_run_sees_its_slots_gpu_alone() {
+    let root = eight_gpu_box();
+    let dir = tempfile::tempdir().expect("tmp");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "t0ken\n").expect("token");
+    let control = crate::util::free_port();
+    let driver = dir.path().join("gpus_driver.py");
+    let client = crate::util::repo().join("clients/python");
+    std::fs::write(
+        &driver,
+        format!(
+            "import json, os, sys\nsys.path.insert(0, {client:?})\nfrom trainlet_client import Trainlet\n\n\
+             class Env:\n    def get(self):\n        return {{k: os.environ.get(k) for k in ('CUDA_VISIBLE_DEVICES', 'LOCAL_RANK', 'WORLD_SIZE')}}\n\n\
+             t = Trainlet(sys.argv[1], open(sys.argv[2]).read())\n\
+             a = t.actor(Env, nproc_per_node=1)\nb = t.actor(Env, nproc_per_node=1, beside=True)\n\
+             got = {{'main': a.get()[0], 'beside': b.get()[0]}}\nb.close()\n\
+             import time\nwhile t.get(b.id).state not in ('succeeded', 'failed', 'stopped'): time.sleep(0.2)\n\
+             c = t.actor(Env, nproc_per_node=1, beside=True, env={{'CUDA_VISIBLE_DEVICES': '5'}})\n\
+             got['asked'] = c.get()[0]\nprint(json.dumps(got))\n",
+            client = client.display().to_string()
+        ),
+    )
+    .expect("driver");
+    let trainlet = bin();
+    let serve_dir = dir.path().join("serve");
+    let args = [
+        "-c",
+        "0,1",
+        trainlet.to_str().expect("utf-8"),
+        "run",
+        "--standalone",
+        "--serve",
+        "--nproc-per-node",
+        "2",
+        "--control-port",
+        &control.to_string(),
+        "--control-token-file",
+        token_file.to_str().expect("utf-8"),
+        "--serve-dir",
+        serve_dir.to_str().expect("utf-8"),
+    ];
+    let mut pod = Pod::start_as(Path::new("taskset"), &args, &env(root.path(), &[]));
+    pod.wait_for_stderr("control API listening", LIMIT);
+    let out = std::process::Command::new("timeout")
+        .args(["300", &crate::util::python()])
+        .arg(&driver)
+        .args([format!("http://127.0.0.1:{control}"), token_file.display().to_string()])
+        .output()
+        .expect("driver");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr), pod.stderr());
+    let got: serde_json::Value = serde_json::from_str(stdout.trim()).expect("json");
+    assert_eq!(got["main"]["CUDA_VISIBLE_DEVICES"], serde_json::Value::Null, "{got}");
+    assert_eq!(got["beside"]["CUDA_VISIBLE_DEVICES"], "GPU-00000001-fake", "slot 1's GPU: {got}");
+    assert_eq!((got["beside"]["LOCAL_RANK"].as_str(), got["beside"]["WORLD_SIZE"].as_str()), (Some("0"), Some("1")));
+    assert_eq!(got["asked"]["CUDA_VISIBLE_DEVICES"], "5", "asked for: {got}");
+}
