@@ -358,6 +358,12 @@ pub struct RunArgs {
     /// Seconds workers get to checkpoint before SIGTERM; within the grace period (default 15, env TRAINLET_CHECKPOINT_TIMEOUT).
     #[arg(long = "checkpoint-timeout", value_name = "SECS", help_heading = "failure policy and preemption")]
     pub checkpoint_timeout: Option<String>,
+    /// Directory the workers checkpoint to: before every round the pod checks it can write there, and leaves with 207 when it cannot (env TRAINLET_CHECKPOINT_DIR).
+    #[arg(long = "checkpoint-dir", value_name = "DIR", help_heading = "failure policy and preemption")]
+    pub checkpoint_dir: Option<String>,
+    /// Least size of /dev/shm (e.g. 8G): before every round the pod checks it, and leaves with 207 when it is smaller (env TRAINLET_MIN_SHM).
+    #[arg(long = "min-shm", value_name = "SIZE", help_heading = "failure policy and preemption")]
+    pub min_shm: Option<String>,
     /// Seconds to wait after SIGKILL before abandoning a worker as unkillable (default 3, env TRAINLET_KILL_TIMEOUT).
     #[arg(long = "kill-timeout", value_name = "SECS", help_heading = "failure policy and preemption")]
     pub kill_timeout: Option<String>,

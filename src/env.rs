@@ -79,6 +79,10 @@ pub const TRAINLET_POLICY_IF_PRESENT: &str = "TRAINLET_POLICY_IF_PRESENT";
 pub const TRAINLET_CHECKPOINT_SIGNAL: &str = "TRAINLET_CHECKPOINT_SIGNAL";
 /// `--checkpoint-timeout`.
 pub const TRAINLET_CHECKPOINT_TIMEOUT: &str = "TRAINLET_CHECKPOINT_TIMEOUT";
+/// `--checkpoint-dir`: checked writable before every round.
+pub const TRAINLET_CHECKPOINT_DIR: &str = "TRAINLET_CHECKPOINT_DIR";
+/// `--min-shm`: the least size of /dev/shm, checked before every round.
+pub const TRAINLET_MIN_SHM: &str = "TRAINLET_MIN_SHM";
 /// `--kill-timeout`.
 pub const TRAINLET_KILL_TIMEOUT: &str = "TRAINLET_KILL_TIMEOUT";
 /// `--hung-timeout`, torchrun's name.

@@ -13,6 +13,7 @@ mod entry;
 mod framework;
 mod gpu;
 mod groups;
+mod health;
 mod inplace;
 pub mod machine;
 mod nodes;
@@ -32,6 +33,7 @@ pub use crate::env::Env;
 
 pub use framework::Framework;
 pub use groups::{Groups, Lighthouse, RunLighthouse, replica_env};
+pub use health::Health;
 pub use inplace::InPlace;
 pub use output::{Output, Streams};
 pub use progress::{Progress, Upstream};
@@ -195,6 +197,8 @@ pub struct Plan {
     pub gpu: crate::gpu::GpuPlan,
     /// Where progress goes, and how long workers may go without any.
     pub progress: Progress,
+    /// What the pod checks of itself before every round.
+    pub health: Health,
     /// (setting, value, source) for `trainlet doctor`.
     pub provenance: Vec<(&'static str, String, Source)>,
 }

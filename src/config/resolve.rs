@@ -61,6 +61,7 @@ impl Plan {
         }
         let preload = super::serve::resolve_preload(args, &mut s, entry.python.as_deref())?;
         let progress = super::progress::resolve(args, &mut s, rdzv.progress_timeout)?;
+        let health = super::health::resolve(args, &mut s)?;
         let gpu = super::gpu::resolve(args, &mut s, machine.gpu_root, machine.gpus, nodes.nproc)?;
         let in_place = super::inplace::resolve(args, &mut s)?;
         if groups.is_some() && in_place.is_some() {
@@ -71,6 +72,7 @@ impl Plan {
         let mut plan = Plan {
             framework,
             progress,
+            health,
             gpu,
             min_nodes: nodes.min_nodes,
             nnodes: nodes.nnodes,

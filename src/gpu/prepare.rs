@@ -64,6 +64,27 @@ pub fn preflight(g: &GpuPlan, spawner: &Spawner) -> (Vec<Verdict>, Result<Report
     (verdicts, report)
 }
 
+/// The GPUs' health before a round (the pre-flight's checks but the count,
+/// which does not change): the exit code and message of the first
+/// failure. Without NVML nothing is said (the start said so once).
+/// Blocking: call from a blocking task.
+pub fn health(g: &GpuPlan, spawner: &Spawner) -> Option<(u8, String)> {
+    let checks: Vec<preflight::Check> =
+        g.checks.iter().copied().filter(|c| *c != preflight::Check::Count && c.needs_nvml()).collect();
+    if g.gpus.is_empty() || checks.is_empty() {
+        return None;
+    }
+    let report = match nvml::probe(spawner, g.nvml_timeout) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(error = %e, "NVML is unavailable; the GPUs' health is not checked");
+            return None;
+        }
+    };
+    let verdicts = preflight::run(&checks, &g.gpus, &g.expect, Ok(&report));
+    preflight::first_failure(&verdicts).map(|(code, msg)| (code, msg.to_string()))
+}
+
 /// Fill what sysfs did not say (local CPUs, NUMA node: some VMs publish
 /// neither) from the NVML report, matched by bus id.
 pub fn enrich(gpus: &mut [super::Gpu], report: &Report) {

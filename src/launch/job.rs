@@ -19,7 +19,7 @@ use super::features::Setup;
 use super::finish::{fail_code, forget_logs, record, report};
 use super::round::{RoundJob, reconnect, stop_sync};
 use super::wait::until_stop;
-use super::{Error, Result, hosting, inplace, replicas, start};
+use super::{Error, Result, health, hosting, inplace, replicas, start};
 use crate::config::{Env, Plan};
 use crate::exit;
 use crate::process::signals::SysEvent;
@@ -233,6 +233,12 @@ impl Job {
     /// Wait for the next round: it formed, or the job ended, or the store
     /// went (wait for it to come back), or a stop signal came.
     async fn next_round(&mut self) -> Flow<Round> {
+        // The first round's GPUs are the pre-flight's.
+        if let Some(code) = health::before_round(&self.plan, &self.spawner, !self.rounds.is_empty()).await {
+            self.carry.stop(self.plan.grace).await;
+            self.session.bye().await;
+            return Flow::Exit(code);
+        }
         let deadline = Instant::now() + self.plan.join_timeout;
         let waited = Instant::now();
         let next = self.session.next_round(&mut self.known, deadline);
@@ -536,23 +542,19 @@ impl Job {
         let wait = backoff(plan.restart_backoff, n, BACKOFF_CAP);
         let left = plan.max_restarts.saturating_sub(n);
         let failed_rank = root_cause(d.failures).map(|f| f.rank);
-        match plan.groups.as_ref().filter(|g| g.count > 1) {
-            Some(g) => tracing::warn!(
-                restart = n,
-                restarts_left = left,
-                backoff_s = wait.as_secs_f64(),
-                failed_rank,
-                replica_group = g.group,
-                "restarting this replica group's workers; the other groups go on"
-            ),
-            None => tracing::warn!(
-                restart = n,
-                restarts_left = left,
-                backoff_s = wait.as_secs_f64(),
-                failed_rank,
-                "restarting every pod's workers"
-            ),
-        }
+        let replica_group = plan.groups.as_ref().filter(|g| g.count > 1).map(|g| g.group);
+        let what = match replica_group {
+            Some(_) => "restarting this replica group's workers; the other groups go on",
+            None => "restarting every pod's workers",
+        };
+        tracing::warn!(
+            restart = n,
+            restarts_left = left,
+            backoff_s = wait.as_secs_f64(),
+            failed_rank,
+            replica_group,
+            "{what}"
+        );
         let _ = self.session.finish_round(round.number).await;
         if !wait.is_zero()
             && let Err(sig) = until_stop(&mut self.events, plan, tokio::time::sleep(wait)).await

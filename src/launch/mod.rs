@@ -21,6 +21,7 @@ use crate::process::signals::SysEvent;
 mod feature;
 mod features;
 mod finish;
+mod health;
 mod hosting;
 mod inplace;
 mod job;

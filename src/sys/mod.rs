@@ -407,6 +407,12 @@ pub fn nvml_remapped_rows(
     Ok((corr, unc, pending != 0, failed != 0))
 }
 
+/// The size in bytes of the filesystem holding `path` (statvfs).
+pub fn fs_size(path: &std::path::Path) -> std::io::Result<u64> {
+    let st = nix::sys::statvfs::statvfs(path).map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
+    Ok(st.blocks().saturating_mul(st.fragment_size()))
+}
+
 /// Taken once: [`take_inherited_socket`] never owns a descriptor twice.
 static INHERITED_TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 

@@ -379,3 +379,55 @@ fn an_actor_beside_the_main_run_sees_its_slots_gpu_alone() {
     assert_eq!((got["beside"]["LOCAL_RANK"].as_str(), got["beside"]["WORLD_SIZE"].as_str()), (Some("0"), Some("1")));
     assert_eq!(got["asked"]["CUDA_VISIBLE_DEVICES"], "5", "asked for: {got}");
 }
+
+/// Health before every round (issue 43), 2 simulated pods on the fake
+/// 8-GPU box with the fake NVML, elastic (`--nnodes 1:2`). The first
+/// attempt's rank 1 breaks GPU 0 of its pod (a fault file the fake
+/// libnvidia-ml.so.1 reads at each init) and fails; before the next round
+/// that pod finds uncorrected ECC errors and leaves with 207 instead of
+/// joining; the other pod goes on alone and succeeds.
+#[test]
+fn a_pod_whose_gpu_breaks_leaves_with_207_before_the_next_round() {
+    let root = eight_gpu_box();
+    let dir = tempfile::tempdir().expect("tmp");
+    let faults = dir.path().join("faults");
+    let script = "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then \
+                  if [ -n \"$FAKE_NVML_FAULTS_FILE\" ]; then echo '0:ecc=3' > \"$FAKE_NVML_FAULTS_FILE\"; fi; exit 1; fi";
+    let args = ["run", "--nnodes", "1:2", "--max-restarts", "1", "--no-python", "/bin/sh", "-c", script];
+    let port = crate::util::free_port();
+    let faults_env = faults.display().to_string();
+    let mut pods = crate::util::start_pods_with(2, &args, |node| {
+        let mut e: Vec<(String, String)> =
+            env(root.path(), &[]).into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        e.extend(crate::util::pet_env(2, 1, node, port));
+        e.push(("PET_NNODES".into(), "1:2".into()));
+        if node == 1 {
+            e.push(("FAKE_NVML_FAULTS_FILE".into(), faults_env.clone()));
+        }
+        e
+    });
+    let (c0, c1) = (pods[0].code(LIMIT * 2), pods[1].code(LIMIT * 2));
+    let err1 = pods[1].stderr();
+    assert_eq!(c1, 207, "the broken pod leaves with 207:\n{err1}");
+    assert!(err1.contains("this pod is not healthy") && err1.contains("uncorrected ECC"), "{err1}");
+    assert_eq!(c0, 0, "the other pod goes on alone:\n{}", pods[0].stderr());
+}
+
+/// A checkpoint directory that cannot be written, or a /dev/shm smaller
+/// than `--min-shm`: the pod leaves with 207 before its first round, and
+/// says what to fix.
+#[test]
+fn a_pod_without_a_writable_checkpoint_dir_or_enough_shm_leaves_with_207() {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("file"), b"x").expect("file");
+    let under_a_file = dir.path().join("file/ckpt").display().to_string();
+    for (flag, value, says) in
+        [("--checkpoint-dir", under_a_file.as_str(), "is not writable"), ("--min-shm", "64T", "--min-shm asks for")]
+    {
+        let mut pod = Pod::start(&["run", "--standalone", flag, value, "--no-python", "/bin/true"], &[]);
+        let code = pod.code(LIMIT);
+        let err = pod.stderr();
+        assert_eq!(code, 207, "{flag}:\n{err}");
+        assert!(err.contains(says), "{flag}:\n{err}");
+    }
+}
