@@ -27,8 +27,11 @@ pub(super) async fn preflight(plan: &mut Plan, spawner: &Spawner) -> Option<u8> 
     let (g, sp) = (plan.gpu.clone(), spawner.clone());
     let verdicts = match tokio::task::spawn_blocking(move || crate::gpu::prepare::preflight(&g, &sp)).await {
         Ok((v, report)) => {
-            if let Ok(r) = &report {
-                crate::gpu::prepare::enrich(&mut plan.gpu.gpus, r);
+            match &report {
+                Ok(r) => crate::gpu::prepare::enrich(&mut plan.gpu.gpus, r),
+                // No NVML (said once): the checks before each round skip it
+                // rather than wait for it again.
+                Err(_) => plan.gpu.checks.retain(|c| !c.needs_nvml()),
             }
             v
         }
