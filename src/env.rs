@@ -79,6 +79,9 @@ pub const TRAINLET_POLICY_IF_PRESENT: &str = "TRAINLET_POLICY_IF_PRESENT";
 pub const TRAINLET_CHECKPOINT_SIGNAL: &str = "TRAINLET_CHECKPOINT_SIGNAL";
 /// `--checkpoint-timeout`.
 pub const TRAINLET_CHECKPOINT_TIMEOUT: &str = "TRAINLET_CHECKPOINT_TIMEOUT";
+/// Where the one-line reason of a failed job is written for Kubernetes
+/// (default `/dev/termination-log` when it exists, as in every pod).
+pub const TRAINLET_TERMINATION_LOG: &str = "TRAINLET_TERMINATION_LOG";
 /// `--checkpoint-dir`: checked writable before every round.
 pub const TRAINLET_CHECKPOINT_DIR: &str = "TRAINLET_CHECKPOINT_DIR";
 /// `--min-shm`: the least size of /dev/shm, checked before every round.

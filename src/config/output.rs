@@ -63,6 +63,9 @@ pub struct Output {
     pub prefix_template: String,
     /// This pod's name for reports (`--local-addr`, else the hostname).
     pub host: String,
+    /// `TRAINLET_TERMINATION_LOG`: where a failed job's one-line reason
+    /// goes (None: `/dev/termination-log` when it exists).
+    pub termination_log: Option<PathBuf>,
 }
 
 /// Resolve the output settings.
@@ -111,5 +114,6 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, machine: &Machine) -
 
     let source = if l.value.is_some() { l.source } else { Source::Derived("host name".into()) };
     s.prov.push(("host", host.clone(), source));
-    Ok(Output { role, log_dir, redirects, tee, console_ranks, prefix_template, host })
+    let termination_log = env.get(env::TRAINLET_TERMINATION_LOG).map(PathBuf::from);
+    Ok(Output { role, log_dir, redirects, tee, console_ranks, prefix_template, host, termination_log })
 }

@@ -93,7 +93,35 @@ pub(super) fn report(
         Err(e) => tracing::error!(path = %path.display(), error = %e, "cannot write the failure report"),
     }
     eprint!("{}", report.summary());
+    let cause = report.root_cause.as_ref().and_then(|f| f.message.as_deref()).and_then(|m| m.lines().next());
+    let line = match (&report.root_cause, cause) {
+        (Some(f), Some(m)) => format!("{} (exit {}): {}: {m}", report.reason, report.exit_code, f.host),
+        _ => format!("{} (exit {})", report.reason, report.exit_code),
+    };
+    termination_message(plan, &line);
     report
+}
+
+/// Most bytes of a termination message Kubernetes keeps.
+const TERMINATION_MAX: usize = 4096;
+
+/// Write why this pod's job failed where Kubernetes reads it when the
+/// container ends (`terminationMessagePath`: `kubectl get pod`, `describe`
+/// and the Job's and JobSet's failure messages show it): `TRAINLET_TERMINATION_LOG`,
+/// else `/dev/termination-log` when it exists (every pod has it; nothing
+/// is made outside Kubernetes). At most 4 KiB, cut at a character.
+pub(super) fn termination_message(plan: &Plan, text: &str) {
+    let default = Path::new("/dev/termination-log");
+    let Some(path) = plan.output.termination_log.as_deref().or_else(|| default.exists().then_some(default)) else {
+        return;
+    };
+    let mut end = text.len().min(TERMINATION_MAX);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    if let Err(e) = std::fs::write(path, &text.as_bytes()[..end]) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot write the termination message");
+    }
 }
 
 /// Create `dir` and prove a file can be written in it.

@@ -31,6 +31,7 @@ pub(super) async fn before_round(plan: &Plan, spawner: &Spawner, gpus: bool) -> 
                 code,
                 "this pod is not healthy: {why}; it leaves the job instead of joining the next round"
             );
+            super::finish::termination_message(plan, &format!("this pod is not healthy (exit {code}): {why}"));
             Some(code)
         }
     }

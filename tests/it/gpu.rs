@@ -424,10 +424,14 @@ fn a_pod_without_a_writable_checkpoint_dir_or_enough_shm_leaves_with_207() {
     for (flag, value, says) in
         [("--checkpoint-dir", under_a_file.as_str(), "is not writable"), ("--min-shm", "64T", "--min-shm asks for")]
     {
-        let mut pod = Pod::start(&["run", "--standalone", flag, value, "--no-python", "/bin/true"], &[]);
+        let message = dir.path().join("termination-log");
+        let env = [("TRAINLET_TERMINATION_LOG", message.to_str().expect("utf-8"))];
+        let mut pod = Pod::start(&["run", "--standalone", flag, value, "--no-python", "/bin/true"], &env);
         let code = pod.code(LIMIT);
         let err = pod.stderr();
         assert_eq!(code, 207, "{flag}:\n{err}");
         assert!(err.contains(says), "{flag}:\n{err}");
+        let said = std::fs::read_to_string(&message).expect("the termination message");
+        assert!(said.starts_with("this pod is not healthy (exit 207)") && said.contains(says), "{said}");
     }
 }

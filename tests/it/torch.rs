@@ -81,10 +81,19 @@ fn a_failure_without_restarts_stops_every_pod_and_reports_the_rank() {
     }
 }
 
+/// The worker's error file reaches the report, and its first line the
+/// termination message Kubernetes shows (`TRAINLET_TERMINATION_LOG` here
+/// in place of the pod's `/dev/termination-log`).
 #[test]
 fn the_report_carries_the_workers_error_file() {
-    let mut pod = Pod::start(&["run", "--nproc-per-node", "2", &fixture("raise_recorded.py")], &[]);
+    let dir = tempfile::tempdir().expect("tmp");
+    let message = dir.path().join("termination-log");
+    let env = [("TRAINLET_TERMINATION_LOG", message.to_str().expect("utf-8"))];
+    let mut pod = Pod::start(&["run", "--nproc-per-node", "2", &fixture("raise_recorded.py")], &env);
     assert_eq!(pod.code(LIMIT), 1, "a Python exception exits 1; stderr:\n{}", pod.stderr());
+    let said = std::fs::read_to_string(&message).expect("the termination message");
+    assert!(said.starts_with("worker rank 1 failed with exit code 1"), "{said}");
+    assert!(said.contains("ValueError: boom from rank 1") && !said.contains('\n'), "one line: {said}");
     let err = pod.stderr();
     let root = err.split("Root Cause").nth(1).unwrap_or_else(|| panic!("no root cause:\n{err}"));
     assert!(root.contains("rank      : 1 (local_rank: 1)"), "{root}");
