@@ -98,7 +98,10 @@ pub(super) fn report(
         (Some(f), Some(m)) => format!("{} (exit {}): {}: {m}", report.reason, report.exit_code, f.host),
         _ => format!("{} (exit {})", report.reason, report.exit_code),
     };
-    termination_message(plan, &line);
+    // A served run's failure ends the run, not the pod.
+    if plan.serve.is_none() {
+        termination_message(plan, &line);
+    }
     report
 }
 
