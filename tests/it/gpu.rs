@@ -347,22 +347,9 @@ fn an_actor_beside_the_main_run_sees_its_slots_gpu_alone() {
     .expect("driver");
     let trainlet = bin();
     let serve_dir = dir.path().join("serve");
-    let args = [
-        "-c",
-        "0,1",
-        trainlet.to_str().expect("utf-8"),
-        "run",
-        "--standalone",
-        "--serve",
-        "--nproc-per-node",
-        "2",
-        "--control-port",
-        &control.to_string(),
-        "--control-token-file",
-        token_file.to_str().expect("utf-8"),
-        "--serve-dir",
-        serve_dir.to_str().expect("utf-8"),
-    ];
+    let served = crate::serve::standalone_args(control, &token_file, &serve_dir);
+    let mut args = vec!["-c", "0,1", trainlet.to_str().expect("utf-8")];
+    args.extend(served.iter().map(String::as_str));
     let mut pod = Pod::start_as(Path::new("taskset"), &args, &env(root.path(), &[]));
     pod.wait_for_stderr("control API listening", LIMIT);
     let out = std::process::Command::new("timeout")

@@ -162,19 +162,8 @@ fn a_standalone_pod_runs_a_lane_and_then_a_main_run_beside_it() {
     std::fs::write(&token_file, format!("{}\n", crate::serve::TOKEN)).expect("token");
     let control = free_port();
     let serve_dir = dir.path().join("pod0");
-    let args = [
-        "run",
-        "--standalone",
-        "--serve",
-        "--nproc-per-node",
-        "2",
-        "--control-port",
-        &control.to_string(),
-        "--control-token-file",
-        &token_file.display().to_string(),
-        "--serve-dir",
-        &serve_dir.display().to_string(),
-    ];
+    let args = crate::serve::standalone_args(control, &token_file, &serve_dir);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut pod = Pod::start(&args, &[("TRAINLET_TEST_MARKER", "lanes-standalone")]);
     pod.wait_for_stderr("control API listening", std::time::Duration::from_secs(30));
     let s = crate::serve::Served {

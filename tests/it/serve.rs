@@ -47,6 +47,17 @@ fn pod_args(s: &Served, control: u16, node: u32, extra: &[&str]) -> Vec<String> 
     a
 }
 
+/// `trainlet run` of one standalone served pod of 2 worker slots, its
+/// control API on `control`, its token in `token_file`, its runs in `dir`.
+pub(crate) fn standalone_args(control: u16, token_file: &std::path::Path, dir: &std::path::Path) -> Vec<String> {
+    let (control, token, dir) = (control.to_string(), token_file.display().to_string(), dir.display().to_string());
+    ["run", "--standalone", "--serve", "--nproc-per-node", "2", "--control-port", &control]
+        .into_iter()
+        .chain(["--control-token-file", &token, "--serve-dir", &dir])
+        .map(str::to_string)
+        .collect()
+}
+
 pub(crate) fn start(n: u32, extra: &[&str]) -> Served {
     start_some(n, n, extra, None)
 }

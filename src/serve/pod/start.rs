@@ -75,6 +75,8 @@ impl Served {
     ) -> Result<Option<Self>, crate::config::Error> {
         let (Some(conf), Some(token_file)) = (plan.serve.clone(), token_file) else { return Ok(None) };
         let lane = conf.lane.clone();
+        // How long a run takes to stop on every pod (checkpoint, grace, kill, margin).
+        let stop_limit = plan.checkpoint_timeout + plan.grace + plan.kill_timeout + crate::rendezvous::STOP_SYNC_MARGIN;
         let cache = lane.as_ref().map_or(&conf.dir, |l| &l.main_dir).join("cache");
         if let Err(e) = std::fs::create_dir_all(&cache) {
             tracing::warn!(dir = %cache.display(), error = %e, "cannot make the pod's cache directory (TRAINLET_CACHE_DIR)");
@@ -102,16 +104,11 @@ impl Served {
                 base: base.clone(),
                 scope: scope.clone(),
                 max_restarts: plan.max_restarts,
-                stop_limit: plan.checkpoint_timeout
-                    + plan.grace
-                    + plan.kill_timeout
-                    + crate::rendezvous::STOP_SYNC_MARGIN,
+                stop_limit,
                 idle_timeout: conf.idle_timeout,
                 pod_nproc: plan.nproc,
                 lanes: rounds.map(|r| {
                     let job = (plan.run_id.clone(), plan.jobset_attempt);
-                    let stop_limit =
-                        plan.checkpoint_timeout + plan.grace + plan.kill_timeout + crate::rendezvous::STOP_SYNC_MARGIN;
                     let lanes = crate::serve::lane::host::Lanes::new(r, job, stop_limit, cancel.child_token());
                     Arc::new(lanes)
                 }),
@@ -148,10 +145,7 @@ impl Served {
                     dir: conf.dir.clone(),
                     board: board.clone(),
                     job: (plan.run_id.clone(), plan.jobset_attempt),
-                    stop_limit: plan.checkpoint_timeout
-                        + plan.grace
-                        + plan.kill_timeout
-                        + crate::rendezvous::STOP_SYNC_MARGIN,
+                    stop_limit,
                 };
                 (None, Some(crate::serve::lane::agents::Agents::start(agents, spawner.clone(), cancel.child_token())))
             }
