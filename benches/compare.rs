@@ -341,6 +341,8 @@ fn rendezvous_scale(rows: &mut Vec<Row>) {
                     min_nodes: AGENTS - 100,
                     max_nodes: AGENTS,
                     max_restarts: 0,
+                    spares: 0,
+                    last_rank: None,
                 };
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
                 let mut s = Session::connect((&endpoint, None), "scale", 0, me, timing, deadline, &cancel)

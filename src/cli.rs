@@ -376,6 +376,9 @@ pub struct RunArgs {
     /// Treat the job as hung when a worker that reported progress (to trainlet's status endpoint, or by touching TRAINLET_HEARTBEAT_FILE) reports nothing for this many seconds (default off; env TRAINLET_PROGRESS_TIMEOUT, rdzv-conf progress_timeout).
     #[arg(long = "progress-timeout", value_name = "SECS", help_heading = "failure policy and preemption")]
     pub progress_timeout: Option<String>,
+    /// Of the job's pods, K wait warm as spares (joined, preloaded, health-checked) and take a lost pod's node rank in the next round (default 0, env TRAINLET_SPARES).
+    #[arg(long, value_name = "K", help_heading = "elastic rendezvous")]
+    pub spares: Option<String>,
     /// A pod whose heartbeat is silent this long is dead (default 10, env TRAINLET_HEARTBEAT_TIMEOUT).
     #[arg(long = "heartbeat-timeout", value_name = "SECS", help_heading = "elastic rendezvous")]
     pub heartbeat_timeout: Option<String>,

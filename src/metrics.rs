@@ -4,6 +4,7 @@
 //!
 //! Families (the book lists them, `docs/src/metrics.md`): `trainlet_workers_started_total`,
 //! `trainlet_worker_exits_total{code}`, `trainlet_restarts_total`,
+//! `trainlet_spare`, `trainlet_spare_takeovers_total`,
 //! `trainlet_rendezvous_duration_seconds`, `trainlet_store_connections_total`,
 //! `trainlet_store_operations_total{op}`, `trainlet_gpu_nvml_up`, and per GPU
 //! (`gpu` = CUDA index, `bus_id`, `uuid`): `trainlet_gpu_utilization_ratio`,
@@ -52,6 +53,10 @@ pub struct Metrics {
     pub restarts: IntCounter,
     /// Time to form a round.
     pub rendezvous: Histogram,
+    /// 1 while this pod waits as a spare.
+    pub spare: IntGauge,
+    /// Rounds this pod joined as a spare taking a lost pod's place.
+    pub takeovers: IntCounter,
     nvml_up: IntGauge,
     utilization: GaugeVec,
     memory_used: GaugeVec,
@@ -91,6 +96,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
             HistogramOpts::new("trainlet_rendezvous_duration_seconds", "Time this pod waited for a round to form.")
                 .buckets(vec![0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0]),
         )?,
+        spare: IntGauge::new("trainlet_spare", "1 while this pod waits as a spare, else 0.")?,
+        takeovers: counter(
+            "trainlet_spare_takeovers_total",
+            "Rounds this pod joined as a spare, in the place of a pod that left.",
+        )?,
         nvml_up: IntGauge::new("trainlet_gpu_nvml_up", "1 while the NVML sampling child reports, else 0.")?,
         utilization: gauge_vec("trainlet_gpu_utilization_ratio", "Fraction of the last sample period a kernel ran.")?,
         memory_used: gauge_vec("trainlet_gpu_memory_used_bytes", "GPU memory in use.")?,
@@ -109,6 +119,8 @@ fn build() -> Result<Metrics, prometheus::Error> {
     r.register(Box::new(m.worker_exits.clone()))?;
     r.register(Box::new(m.restarts.clone()))?;
     r.register(Box::new(m.rendezvous.clone()))?;
+    r.register(Box::new(m.spare.clone()))?;
+    r.register(Box::new(m.takeovers.clone()))?;
     let store = crate::store::counters();
     r.register(Box::new(store.connections.clone()))?;
     r.register(Box::new(store.operations.clone()))?;
@@ -375,6 +387,8 @@ mod tests {
             "trainlet_worker_exits_total{code=\"0\"}",
             "trainlet_restarts_total",
             "trainlet_rendezvous_duration_seconds_bucket",
+            "trainlet_spare ",
+            "trainlet_spare_takeovers_total",
             "trainlet_store_connections_total",
             "trainlet_store_operations_total{op=\"SET\"}",
             "trainlet_gpu_nvml_up",

@@ -136,6 +136,8 @@ pub struct Plan {
     pub nnodes: u32,
     /// MIN of `--nnodes MIN:MAX` (equal to `nnodes` in a static job).
     pub min_nodes: u32,
+    /// Of the pods, those that wait warm as spares (`--spares`).
+    pub spares: u32,
     /// Workers per pod.
     pub nproc: u32,
     /// This pod's rank.
@@ -216,7 +218,13 @@ impl Plan {
 
     /// Global world size of a full round.
     pub fn world_size(&self) -> u32 {
-        self.nnodes * self.nproc
+        self.world_nodes().1 * self.nproc
+    }
+
+    /// The least and most pods of a round: `--nnodes` without the spares.
+    pub fn world_nodes(&self) -> (u32, u32) {
+        let max = self.nnodes.saturating_sub(self.spares).max(1);
+        (self.min_nodes.min(max), max)
     }
 
     /// `N` or `MIN:MAX`.

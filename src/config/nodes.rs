@@ -4,6 +4,8 @@
 //! JAX and XGBoost pods read their framework's names too
 //! ([`Framework::nnodes_env`]); XGBoost's `DMLC_NUM_WORKER` counts workers,
 //! not pods, and is divided by the workers per pod Trainer assumed.
+//! `--spares K` ([`spares`]) keeps K of the pods warm beside those that train.
+//! `--spares K` ([`spares`]) keeps K of the pods warm beside those that train.
 
 use super::framework::Framework;
 use super::machine::Machine;
@@ -135,4 +137,42 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, machine: &Machine, f
     let nproc = u32::try_from(nproc).map_err(|_| invalid(&l.origin(), &nproc.to_string(), "fewer workers"))?;
     s.prov.push(("nproc per node", nproc.to_string(), src));
     Ok(Nodes { min_nodes, nnodes, node_rank, nproc })
+}
+
+/// `--spares K` (env `TRAINLET_SPARES`): of the job's pods, K wait warm
+/// and the others train; at least one trains (an elastic job's MIN of
+/// them). Torch and PMI jobs only: JAX's process 0 and XGBoost's tracker
+/// are tied to node rank 0.
+pub(super) fn spares(args: &RunArgs, s: &mut Settings<'_>, nodes: Nodes, fw: Framework) -> Result<u32, Error> {
+    let l = lookup(args.spares.as_deref(), "--spares", s.env, &[env::TRAINLET_SPARES]);
+    let k = parse_u32(&l, 0, "a number of spare pods >= 0")?;
+    if k == 0 {
+        return Ok(0);
+    }
+    let v = l.value.unwrap_or_default();
+    if matches!(fw, Framework::Jax | Framework::Xgboost) {
+        let why = format!(
+            "no spares for {} jobs: their process 0 runs on node rank 0, so a spare cannot take every rank; drop it",
+            fw.name()
+        );
+        return Err(invalid(&l.origin(), v, &why));
+    }
+    let trained = nodes.nnodes.saturating_sub(k);
+    let elastic = nodes.min_nodes != nodes.nnodes;
+    if trained == 0 || (elastic && trained < nodes.min_nodes) {
+        let within = if !elastic {
+            format!("fewer than the job's {} pods (--nnodes)", nodes.nnodes)
+        } else {
+            format!(
+                "at most MAX - MIN = {} of --nnodes {}:{}",
+                nodes.nnodes - nodes.min_nodes,
+                nodes.min_nodes,
+                nodes.nnodes
+            )
+        };
+        return Err(invalid(&l.origin(), v, &format!("a number of spares {within}, so that the others can train")));
+    }
+    let world = if !elastic { trained.to_string() } else { format!("{}:{trained}", nodes.min_nodes) };
+    s.prov.push(("spares", format!("{k} (the others train: {world} pods)"), l.source));
+    Ok(k)
 }

@@ -36,6 +36,7 @@ impl Plan {
         let (entry, omp_default) =
             super::entry::resolve(args, &mut s, nodes.nproc, need_command && serve.is_none(), framework)?;
         let mut entry = entry;
+        let spares = super::nodes::spares(args, &mut s, nodes, framework)?;
         let (groups, nodes) =
             super::groups::resolve(args, &mut s, nodes, (framework, serve.is_some(), entry.python.as_deref()))?;
         if let Some(super::Groups { lighthouse: super::Lighthouse::Run(r), .. }) = &groups
@@ -64,6 +65,12 @@ impl Plan {
         let health = super::health::resolve(args, &mut s)?;
         let gpu = super::gpu::resolve(args, &mut s, machine.gpu_root, machine.gpus, nodes.nproc)?;
         let in_place = super::inplace::resolve(args, &mut s)?;
+        if groups.is_some() && spares > 0 {
+            return Err(Error::Usage(
+                "--replica-groups: the other groups carry on while one restarts, so --spares does not apply; choose one"
+                    .into(),
+            ));
+        }
         if groups.is_some() && in_place.is_some() {
             return Err(Error::Usage(
                 "--replica-groups restarts one group at a time, --in-place-restart every pod: choose one".into(),
@@ -76,6 +83,7 @@ impl Plan {
             gpu,
             min_nodes: nodes.min_nodes,
             nnodes: nodes.nnodes,
+            spares,
             nproc: nodes.nproc,
             node_rank: nodes.node_rank,
             jobset_attempt: rdzv.jobset_attempt,
@@ -482,6 +490,29 @@ mod tests {
         assert!(e.contains("choose one"), "{e}");
         let e = err(&["--python", "py", "--replica-groups", "2", "--rdzv-conf", "is_host=1", "t.py"], &env[..1]);
         assert!(e.contains("is_host") || e.contains("TRAINLET_LIGHTHOUSE"), "{e}");
+    }
+
+    #[test]
+    fn spares_leave_the_others_to_train_and_bad_counts_say_what_fits() {
+        let p = plan(&["--spares", "1", "t.py"], &[("PET_NNODES", "3"), ("PET_NODE_RANK", "2")]).expect("plan");
+        assert_eq!((p.nnodes, p.spares, p.world_nodes(), p.world_size()), (3, 1, (2, 2), 2));
+        assert!(p.describe().contains("the others train: 2 pods"), "{}", p.describe());
+        let p = plan(&["--nnodes", "2:5", "t.py"], &[("TRAINLET_SPARES", "2")]).expect("elastic");
+        assert_eq!(p.world_nodes(), (2, 3));
+        assert_eq!(plan(&["t.py"], &[("PET_NNODES", "2")]).expect("none").world_nodes(), (2, 2));
+        let e = err(&["--spares", "3", "t.py"], &[("PET_NNODES", "3")]);
+        assert!(e.contains("--spares") && e.contains("fewer than the job's 3 pods"), "{e}");
+        let e = err(&["--nnodes", "2:3", "--spares", "2", "t.py"], &[]);
+        assert!(e.contains("at most MAX - MIN = 1 of --nnodes 2:3"), "{e}");
+        let e = err(&["--spares", "x", "t.py"], &[]);
+        assert!(e.contains("a number of spare pods"), "{e}");
+        let e = err(&["--spares", "1", "t.py"], &[("JAX_NUM_PROCESSES", "2"), ("JAX_COORDINATOR_ADDRESS", "h:1234")]);
+        assert!(e.contains("no spares for"), "{e}");
+        let e = err(
+            &["--spares", "1", "--replica-groups", "2", "t.py"],
+            &[("PET_NNODES", "4"), ("TORCHFT_LIGHTHOUSE", "http://h:29510")],
+        );
+        assert!(e.contains("--spares does not apply"), "{e}");
     }
 
     #[test]

@@ -145,6 +145,8 @@ struct Job {
     /// signal (the pod is going away) or an error of the rendezvous.
     stop_sig: Option<i32>,
     failed: Option<Error>,
+    /// The GPUs were checked since the pre-flight (rounds after the first check them again).
+    checked: bool,
     /// Samples the GPUs for metrics until the job ends.
     _sampler: Option<crate::metrics::GpuSampler>,
 }
@@ -226,15 +228,16 @@ impl Job {
             carry: Carry::default(),
             stop_sig: None,
             failed: None,
+            checked: false,
             _sampler: sampler,
         }))
     }
 
-    /// Wait for the next round: it formed, or the job ended, or the store
-    /// went (wait for it to come back), or a stop signal came.
+    /// Wait for the next round: it formed, or the job ended, or the store went (wait for it to
+    /// come back), or a stop signal came; a spare checks its health again on its way.
     async fn next_round(&mut self) -> Flow<Round> {
-        // The first round's GPUs are the pre-flight's.
-        if let Some(code) = health::before_round(&self.plan, &self.spawner, !self.rounds.is_empty()).await {
+        let gpus = std::mem::replace(&mut self.checked, true);
+        if let Some(code) = health::before_round(&self.plan, &self.spawner, gpus).await {
             self.carry.stop(self.plan.grace).await;
             self.session.bye().await;
             return Flow::Exit(code);
@@ -248,6 +251,7 @@ impl Job {
                 crate::metrics::global().rendezvous.observe(waited.elapsed().as_secs_f64());
                 Flow::Go(r)
             }
+            Ok(Ok(Joined::Spare)) => Flow::Again,
             Ok(Ok(Joined::JobEnded(v)))
                 if self.plan.in_place.is_some() && self.known.round.is_none() && v != Verdict::Success =>
             {
@@ -566,9 +570,8 @@ impl Job {
         Flow::Go(())
     }
 
-    /// The job leaves this pod with `code`: kept workers stop, every
-    /// feature ends (the store host of replica groups may outlast the
-    /// other groups first), the store closes.
+    /// The job leaves this pod with `code`: kept workers stop, every feature ends (the store
+    /// host of replica groups may outlast the other groups first), the store closes.
     async fn finish(mut self, code: u8) -> Result<u8> {
         if let Some(s) = &self.served {
             s.leaving();

@@ -89,9 +89,11 @@ pub(super) async fn join(
         pid: std::process::id(),
         node_rank: plan.node_rank,
         nproc: plan.nproc,
-        min_nodes: plan.min_nodes,
-        max_nodes: plan.nnodes,
+        min_nodes: plan.world_nodes().0,
+        max_nodes: plan.world_nodes().1,
         max_restarts: plan.max_restarts,
+        spares: plan.spares,
+        last_rank: None,
     };
     let deadline = Instant::now() + plan.join_timeout;
     let rdzv_id = plan.rdzv_id();
@@ -109,6 +111,7 @@ pub(super) async fn join(
         %endpoint,
         node_rank = plan.node_rank,
         nnodes = %plan.nnodes_spec(),
+        spares = plan.spares,
         replica_group = ?plan.groups.as_ref().map(|g| g.group),
         job_node_rank = ?plan.groups.as_ref().map(|g| g.job_node_rank),
         uid = %session.me().uid,

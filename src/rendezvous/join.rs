@@ -16,6 +16,9 @@ use super::session::{Joined, Known, Round, Session, Try, parse_u64, progress_tic
 /// Missing node ranks named in a waiting line.
 pub(super) const MISSING_SHOWN: usize = 32;
 
+/// How often a spare checks its health while it waits.
+const SPARE_CHECK_EVERY: Duration = Duration::from_secs(60);
+
 impl Session {
     /// Join the next round (after `known.round`) and wait until it forms.
     pub async fn next_round(&mut self, known: &mut Known, deadline: Instant) -> Result<Joined, Error> {
@@ -29,15 +32,43 @@ impl Session {
                 self.advance(current, want).await?;
                 continue;
             }
-            match self.try_round(current, deadline, started).await? {
+            let tried = match self.spare_in {
+                Some((r, size)) if r == current => self.wait_as_spare(r, size).await?,
+                _ => self.try_round(current, deadline, started).await?,
+            };
+            match tried {
                 Try::Formed(mut round) => {
                     known.round = Some(round.number);
                     round.restarts = known.restarts;
+                    self.formed(&round);
                     return Ok(Joined::Round(round));
                 }
                 Try::Moved(to) => want = to.max(current + 1),
                 Try::Ended(v) => return Ok(Joined::JobEnded(v)),
+                Try::Recheck => return Ok(Joined::Spare),
             }
+        }
+    }
+
+    /// We are a member of `round`: a job with spares keeps our rank for
+    /// the next, and a spare that got in says it took over.
+    fn formed(&mut self, round: &Round) {
+        self.spare_in = None;
+        if self.me.spares > 0 {
+            self.me.last_rank = Some(round.group_rank);
+        }
+        let metrics = crate::metrics::global();
+        metrics.spare.set(0);
+        if std::mem::take(&mut self.was_spare) && round.number > 0 {
+            metrics.takeovers.inc();
+            tracing::info!(
+                round = round.number,
+                group_rank = round.group_rank,
+                nnodes = round.nnodes,
+                "this spare takes over group rank {} in round {}",
+                round.group_rank,
+                round.number
+            );
         }
     }
 
@@ -117,6 +148,8 @@ impl Session {
             .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
             .unwrap_or((0, u64::MAX));
         if slot >= size {
+            self.me.last_rank = None;
+            self.was_spare = true;
             return self.spare(r, size).await;
         }
         if closer == slot {
@@ -262,7 +295,9 @@ impl Session {
                 .compare_set(&end, b"", format!("dead:{}", old.uid).as_bytes())
                 .await
                 .map_err(|e| self.lost(e))?;
-        } else if let Some(holder) = members.iter().find(|m| !self.me.elastic() && m.node_rank == self.me.node_rank) {
+        } else if let Some(holder) =
+            members.iter().find(|m| self.me.ranked_by_env() && m.node_rank == self.me.node_rank)
+        {
             return Err(Error::Duplicate { node_rank: self.me.node_rank, holder: holder.who() });
         } else if size < u64::from(self.me.max_nodes) {
             tracing::info!(
@@ -275,7 +310,14 @@ impl Session {
         } else {
             tracing::info!(round = r, running = size, "the round is full; waiting as a spare");
         }
-        // Wait until the job moves on, or ends without us.
+        crate::metrics::global().spare.set(1);
+        self.spare_in = Some((r, size));
+        self.wait_as_spare(r, size).await
+    }
+
+    /// Wait as a spare in round `r` (of `size` pods) until the job moves
+    /// on, ends without us, or it is time for a health check.
+    async fn wait_as_spare(&mut self, r: u64, size: u64) -> Result<Try, Error> {
         let next = self.rkey(r, "next");
         let verdict = self.rkey(r, "verdict");
         let day = Duration::from_secs(86_400);
@@ -284,11 +326,18 @@ impl Session {
         tokio::pin!(next_w, verdict_w);
         let mut waiting = Waiting::new(format!("room in the job at {} (a spare)", self.endpoint), None);
         let mut tick = progress_tick();
+        let recheck = tokio::time::sleep(SPARE_CHECK_EVERY);
+        tokio::pin!(recheck);
+        let running = if self.me.spares > 0 {
+            format!("round {r} runs with {size} pods; {} wait as spares", self.me.spares)
+        } else {
+            format!("round {r} runs with {size} of at most {} pods", self.me.max_nodes)
+        };
         loop {
             tokio::select! {
                 ok = &mut next_w => {
                     if ok.map_err(|e| self.lost(e))? {
-                        return Ok(Try::Moved(parse_u64(&self.get(&next).await?).unwrap_or(r + 1)));
+                        return Ok(self.moved_on());
                     }
                     next_w.set(wait_on(self.dial.clone(), std::slice::from_ref(&next), day));
                 }
@@ -303,19 +352,24 @@ impl Session {
                         // Members move the job on right after a regroup or restart verdict.
                         _ => {
                             let bound = self.timing.heartbeat_timeout * 2;
-                            if self.wait_for(std::slice::from_ref(&next), bound).await? {
-                                return Ok(Try::Moved(parse_u64(&self.get(&next).await?).unwrap_or(r + 1)));
+                            if !self.wait_for(std::slice::from_ref(&next), bound).await? {
+                                self.advance(r, r + 1).await?;
                             }
-                            self.advance(r, r + 1).await?;
-                            return Ok(Try::Moved(r + 1));
+                            return Ok(self.moved_on());
                         }
                     }
                 }
-                _ = tick.tick() => {
-                    waiting.report(&format!("round {r} runs with {size} of at most {} pods", self.me.max_nodes));
-                }
+                () = &mut recheck => return Ok(Try::Recheck),
+                _ = tick.tick() => { waiting.report(&running); }
             }
         }
+    }
+
+    /// The job moved on past the round we waited in as a spare: check our
+    /// health before we join the next one.
+    fn moved_on(&mut self) -> Try {
+        self.spare_in = None;
+        Try::Recheck
     }
 
     pub(super) async fn timeout(&mut self, r: u64, started: Instant) -> Error {
@@ -329,7 +383,7 @@ impl Session {
             .iter()
             .filter_map(|v| serde_json::from_slice(v).ok())
             .collect();
-        let detail = if self.me.elastic() {
+        let detail = if !self.me.ranked_by_env() {
             format!("{} of at least {} pods joined", present.len(), self.me.min_nodes)
         } else {
             let missing: Vec<u32> =
@@ -344,6 +398,12 @@ impl Session {
 /// in and, for static jobs, which node ranks are missing (the first
 /// [`MISSING_SHOWN`] of them).
 fn describe_join(me: &Member, present: &[&Member], joined: usize, last_call: Option<Duration>) -> String {
+    if me.spares > 0 && !me.elastic() {
+        return format!(
+            "{joined} of {} joined; no spare is waiting (the job has {}), so the round waits for another pod",
+            me.max_nodes, me.spares
+        );
+    }
     if me.elastic() {
         let mut s = format!("{joined} joined, {} to {} wanted", me.min_nodes, me.max_nodes);
         if let Some(left) = last_call {

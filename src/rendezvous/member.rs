@@ -1,6 +1,9 @@
 //! Members of a round and their ranks: pure, table-tested. Static jobs
 //! take each pod's node rank; elastic jobs follow the rank hints, then the
 //! hosts' names, so a pod that comes back gets its old rank when it can.
+//! Jobs with spares (`--spares`) keep every member's rank from its last
+//! round, and a spare takes the rank a lost pod left free, so per-rank
+//! checkpoint shards and rank-keyed data still line up.
 
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +26,14 @@ pub struct Member {
     pub max_nodes: u32,
     /// Restart budget.
     pub max_restarts: u32,
+    /// Pods of the job that wait warm as spares (`--spares`); MIN and MAX
+    /// above count the pods that train.
+    #[serde(default)]
+    pub spares: u32,
+    /// Our group rank in the last round we were a member of, while we
+    /// have not been a spare since (jobs with spares keep it).
+    #[serde(default)]
+    pub last_rank: Option<u32>,
 }
 
 impl Member {
@@ -32,6 +43,11 @@ impl Member {
 
     pub(super) fn elastic(&self) -> bool {
         self.min_nodes != self.max_nodes
+    }
+
+    /// Ranks are the pods' own node ranks (a static job without spares).
+    pub(super) fn ranked_by_env(&self) -> bool {
+        !self.elastic() && self.spares == 0
     }
 }
 
@@ -47,8 +63,9 @@ pub struct Assignment {
 }
 
 /// Assign group ranks to the members of a round, given in slot order:
-/// static jobs use each pod's node rank; elastic jobs order pods by
-/// (node rank hint, host, pid, slot), so ranks are deterministic.
+/// static jobs use each pod's node rank; jobs with spares keep ranks
+/// ([`keep_ranks`]); elastic jobs order pods by (node rank hint, host,
+/// pid, slot), so ranks are deterministic.
 pub fn assign(members: &[Member]) -> Result<Vec<u32>, String> {
     let Some(first) = members.first() else { return Err("no members".into()) };
     let mut diffs = Vec::new();
@@ -58,6 +75,7 @@ pub fn assign(members: &[Member]) -> Result<Vec<u32>, String> {
             ("nnodes", format!("{}:{}", m.min_nodes, m.max_nodes), format!("{}:{}", first.min_nodes, first.max_nodes)),
             ("nproc-per-node", m.nproc.to_string(), first.nproc.to_string()),
             ("max-restarts", m.max_restarts.to_string(), first.max_restarts.to_string()),
+            ("spares", m.spares.to_string(), first.spares.to_string()),
         ] {
             if theirs != ours {
                 d.push(format!("{what} {theirs} vs {ours} on {}", first.who()));
@@ -69,6 +87,17 @@ pub fn assign(members: &[Member]) -> Result<Vec<u32>, String> {
     }
     if !diffs.is_empty() {
         return Err(diffs.join("; "));
+    }
+    if first.spares > 0 {
+        if !first.elastic() {
+            let mut seen: std::collections::HashMap<u32, &Member> = std::collections::HashMap::new();
+            for m in members {
+                if let Some(other) = seen.insert(m.node_rank, m) {
+                    return Err(format!("{} and {} claim the same node rank", other.who(), m.who()));
+                }
+            }
+        }
+        return Ok(keep_ranks(members));
     }
     if first.elastic() {
         let mut order: Vec<usize> = (0..members.len()).collect();
@@ -94,6 +123,45 @@ pub fn assign(members: &[Member]) -> Result<Vec<u32>, String> {
     Ok(members.iter().map(|m| m.node_rank).collect())
 }
 
+/// The ranks of a round of a job with spares, members in slot order: each
+/// keeps the rank of its last round when it is still below the round's
+/// size and no earlier slot kept it; a pod that was never a member takes
+/// its own node rank when it is free (the first round looks like a static
+/// job's); the others take the free ranks in (node rank, host, pid, slot)
+/// order, lowest first. So a spare takes the rank a lost pod left.
+fn keep_ranks(members: &[Member]) -> Vec<u32> {
+    let size = members.len();
+    let mut ranks: Vec<Option<u32>> = vec![None; size];
+    let mut taken = vec![false; size];
+    let mut claim = |slot: usize, rank: u32, ranks: &mut Vec<Option<u32>>| {
+        let Ok(r) = usize::try_from(rank) else { return };
+        if r < size && !taken[r] && ranks[slot].is_none() {
+            taken[r] = true;
+            ranks[slot] = Some(rank);
+        }
+    };
+    for (slot, m) in members.iter().enumerate() {
+        if let Some(rank) = m.last_rank {
+            claim(slot, rank, &mut ranks);
+        }
+    }
+    for (slot, m) in members.iter().enumerate() {
+        if m.last_rank.is_none() {
+            claim(slot, m.node_rank, &mut ranks);
+        }
+    }
+    let mut rest: Vec<usize> = (0..size).filter(|&s| ranks[s].is_none()).collect();
+    rest.sort_by(|&a, &b| {
+        let (x, y) = (&members[a], &members[b]);
+        (x.node_rank, &x.host, x.pid, a).cmp(&(y.node_rank, &y.host, y.pid, b))
+    });
+    let mut free = (0..size).filter(|&r| !taken[r]);
+    for slot in rest {
+        ranks[slot] = free.next().and_then(|r| u32::try_from(r).ok());
+    }
+    ranks.into_iter().map(|r| r.unwrap_or(u32::MAX)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,7 +177,38 @@ mod tests {
             min_nodes: nnodes.0,
             max_nodes: nnodes.1,
             max_restarts: 0,
+            spares: 0,
+            last_rank: None,
         }
+    }
+
+    /// A pod of a job of `world` training pods and one spare, that was
+    /// group rank `last` in its last round.
+    fn spare_job(node_rank: u32, host: &str, world: u32, last: Option<u32>) -> Member {
+        Member { spares: 1, last_rank: last, ..m(node_rank, host, 1, (world, world)) }
+    }
+
+    #[test_case(&[(0, None), (1, None)], &[0, 1]; "the first round takes the node ranks")]
+    #[test_case(&[(2, None), (0, None)], &[1, 0]; "a spare's node rank is past the world: it fills the hole")]
+    #[test_case(&[(0, Some(0)), (2, None)], &[0, 1]; "the spare takes the lost pod's rank")]
+    #[test_case(&[(2, None), (1, Some(0)), (0, Some(1))], &[2, 0, 1]; "ranks kept over node ranks")]
+    #[test_case(&[(0, Some(1)), (1, Some(1))], &[1, 0]; "a rank claimed twice goes to the first slot")]
+    #[test_case(&[(3, Some(2)), (0, Some(0))], &[1, 0]; "a rank past a smaller round is given up")]
+    #[test_case(&[(1, None), (3, None), (0, Some(2)), (2, None)], &[1, 3, 2, 0]; "a replacement takes a free rank, not a kept one")]
+    fn jobs_with_spares_keep_ranks(pods: &[(u32, Option<u32>)], want: &[u32]) {
+        let world = u32::try_from(pods.len()).expect("small");
+        let ms: Vec<Member> =
+            pods.iter().enumerate().map(|(i, &(n, last))| spare_job(n, &format!("h{i}"), world, last)).collect();
+        assert_eq!(assign(&ms), Ok(want.to_vec()));
+    }
+
+    #[test]
+    fn pods_of_a_job_with_spares_may_not_share_a_node_rank_or_disagree_on_spares() {
+        let e = assign(&[spare_job(1, "a", 2, None), spare_job(1, "b", 2, None)]).expect_err("duplicate");
+        assert!(e.contains("claim the same node rank"), "{e}");
+        let e = assign(&[spare_job(0, "a", 2, None), Member { spares: 2, ..spare_job(1, "b", 2, None) }])
+            .expect_err("mismatch");
+        assert!(e.contains("spares 2 vs 1"), "{e}");
     }
 
     #[test]

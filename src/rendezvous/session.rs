@@ -60,12 +60,18 @@ pub enum Joined {
     Round(Round),
     /// We waited as a spare and the job ended without us (success or failure).
     JobEnded(Verdict),
+    /// We wait as a spare: the job moved on to a round we may take part
+    /// in, or it is time to check the pod's health again. Check it, then
+    /// call [`Session::next_round`] again.
+    Spare,
 }
 
 pub(super) enum Try {
     Formed(Round),
     Moved(u64),
     Ended(Verdict),
+    /// A spare checks its health (see [`Joined::Spare`]).
+    Recheck,
 }
 
 /// What the pods found out while stopping a round.
@@ -95,6 +101,12 @@ pub struct Session {
     pub(super) host_watch: tokio::task::JoinHandle<()>,
     /// A round we joined that has not formed yet.
     pub(super) open: Option<u64>,
+    /// The round we wait in as a spare, and its size: the wait goes on
+    /// there after a health check, without taking a new slot.
+    pub(super) spare_in: Option<(u64, u64)>,
+    /// We waited as a spare since our last round: the next round we are
+    /// a member of is a takeover.
+    pub(super) was_spare: bool,
 }
 
 /// How often a pod waiting for a round to form looks at who joined.
@@ -153,6 +165,8 @@ impl Session {
             run_id: run_id.to_string(),
             heartbeat,
             open: None,
+            spare_in: None,
+            was_spare: false,
             host_left: std::sync::Arc::default(),
             host_watch: tokio::spawn(async {}),
         };

@@ -89,6 +89,10 @@ impl Job {
     }
 
     fn pod(&self, node: u32) -> Pod {
+        self.pod_with(node, &[])
+    }
+
+    fn pod_with(&self, node: u32, extra: &[(&str, &str)]) -> Pod {
         let mut args: Vec<&str> = vec!["run", "--nnodes", &self.nnodes];
         args.extend(self.args.iter().map(String::as_str));
         let script = fixture("ckpt_train.py");
@@ -103,6 +107,7 @@ impl Job {
             ("PET_LOCAL_ADDR", &addr),
         ];
         env.extend(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        env.extend(extra.iter().copied());
         Pod::start(&args, &env)
     }
 
@@ -274,4 +279,101 @@ fn sigterm_with_a_checkpoint_signal_lets_workers_checkpoint_then_exits_143() {
     assert_eq!(again.code(LIMIT), 0, "{}", again.stderr());
     assert!(again.stdout().contains(&format!("START rank=0 world=2 step={step}")), "{}", again.stdout());
     assert_eq!(final_of(&again.stdout()).0, want);
+}
+
+/// The pod of `pods` that waits as a spare, once exactly one says so.
+fn the_spare(pods: &mut [Pod]) -> usize {
+    let start = Instant::now();
+    loop {
+        let spares: Vec<usize> =
+            (0..pods.len()).filter(|&i| pods[i].stderr().contains("the round is full; waiting as a spare")).collect();
+        if let [one] = spares[..] {
+            return one;
+        }
+        assert!(spares.len() < 2, "two spares: {spares:?}");
+        assert!(start.elapsed() < LIMIT, "no pod waits as a spare");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The group rank a pod's workers last started with.
+fn group_rank(stderr: &str) -> String {
+    let line = stderr.lines().rfind(|l| l.contains("starting workers")).expect("workers started");
+    let at = line.find("group_rank=").expect("group_rank");
+    line[at..].split_whitespace().next().unwrap_or_default().to_string()
+}
+
+/// Wait for the checkpoint of `step`, with every pod of `pods` alive.
+fn wait_for_step_all(job: &Job, step: u64, pods: &mut [Pod]) {
+    let mut refs: Vec<&mut Pod> = pods.iter_mut().collect();
+    wait_for_step(job.dir(), step, &mut refs);
+}
+
+#[test]
+fn a_spare_takes_a_lost_pods_rank_and_a_second_loss_waits_for_a_replacement_that_becomes_the_spare() {
+    let want = reference_of("150");
+    let job = Job::new("3", 1, &["--spares", "1", "--max-restarts", "0"], &[("STEPS", "150")]);
+    let mut pods = job.pods(3);
+    wait_for_step_all(&job, 10, &mut pods);
+    let spare = the_spare(&mut pods);
+    // A training pod that does not host the store is lost with its workers.
+    let first = if spare == 1 { 2 } else { 1 };
+    let lost_rank = group_rank(&pods[first].stderr());
+    pods[first].signal(Signal::SIGKILL);
+    pods[first].wait(LIMIT);
+    pods[spare].wait_for_stderr("this spare takes over group rank", LIMIT);
+    assert_eq!(group_rank(&pods[spare].stderr()), lost_rank, "the spare takes the lost pod's rank");
+    let resumed = ckpt_step(job.dir()).map_or(0, |(s, _)| s);
+    wait_for_step(job.dir(), resumed + 10, &mut []);
+    // The other training pod is lost too: no spare is left, so the job
+    // waits for a replacement pod and says so.
+    let second = 3 - first;
+    pods[second].signal(Signal::SIGKILL);
+    pods[second].wait(LIMIT);
+    pods[0].wait_for_stderr("no spare is waiting (the job has 1), so the round waits for another pod", LIMIT);
+    pods[first] = job.pod(u32::try_from(first).expect("small"));
+    pods[second] = job.pod(u32::try_from(second).expect("small"));
+    all_succeed(&mut pods);
+    let (digest, world) = final_of(&pods[0].stdout());
+    assert_eq!(digest, want, "the takeovers must not change the result");
+    assert_eq!(world, "world=2", "the world keeps its size");
+    let back = [first, second].into_iter().filter(|&i| pods[i].stderr().contains("waiting as a spare")).count();
+    assert_eq!(back, 1, "one of the replacements trains, the other becomes the spare");
+    for p in &pods {
+        assert!(!p.stderr().contains("verdict=restart"), "a lost pod costs no restart:\n{}", p.stderr());
+    }
+}
+
+#[test]
+fn a_training_pod_that_turns_unhealthy_leaves_with_207_and_the_spare_takes_over() {
+    let want = reference_of("90");
+    let job = Job::new("3", 1, &["--spares", "1", "--max-restarts", "1"], &[("STEPS", "90")]);
+    let ckpt: Vec<String> = (0..3).map(|n| job.dir().join(format!("local-{n}")).display().to_string()).collect();
+    let mut pods: Vec<Pod> =
+        (0..3).map(|n| job.pod_with(n, &[("TRAINLET_CHECKPOINT_DIR", ckpt[n as usize].as_str())])).collect();
+    wait_for_step_all(&job, 10, &mut pods);
+    let spare = the_spare(&mut pods);
+    let sick = if spare == 1 { 2 } else { 1 };
+    // Its checkpoint directory goes bad, then its worker fails: before the
+    // restart's round it finds the fault and leaves instead of joining.
+    std::fs::remove_dir_all(&ckpt[sick]).expect("rm");
+    std::fs::write(&ckpt[sick], b"not a directory").expect("file");
+    let agents: Vec<i32> = pods.iter().map(Pod::pid).collect();
+    let addr = format!("PET_LOCAL_ADDR=127.0.0.{}", sick + 1);
+    let worker = processes_with_marker(&job.marker)
+        .into_iter()
+        .find(|p| {
+            let environ = std::fs::read(format!("/proc/{p}/environ")).unwrap_or_default();
+            !agents.contains(p) && environ.split(|b| *b == 0).any(|kv| kv == addr.as_bytes())
+        })
+        .expect("the sick pod's worker");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(worker), Signal::SIGKILL).expect("kill");
+    assert_eq!(pods[sick].code(LIMIT), 207, "{}", pods[sick].stderr());
+    assert!(pods[sick].stderr().contains("is not writable"), "{}", pods[sick].stderr());
+    pods[spare].wait_for_stderr("this spare takes over group rank", LIMIT);
+    for i in (0..3).filter(|&i| i != sick) {
+        assert_eq!(pods[i].code(LIMIT), 0, "{}", pods[i].stderr());
+    }
+    let (digest, world) = final_of(&pods[0].stdout());
+    assert_eq!((digest.as_str(), world.as_str()), (want.as_str(), "world=2"));
 }

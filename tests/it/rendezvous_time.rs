@@ -54,6 +54,8 @@ fn member(node_rank: u32, nnodes: (u32, u32)) -> Member {
         min_nodes: nnodes.0,
         max_nodes: nnodes.1,
         max_restarts: 0,
+        spares: 0,
+        last_rank: None,
     }
 }
 

@@ -35,6 +35,32 @@ fn runtimes_are_valid_cluster_training_runtimes() {
     assert!(text.contains("values: [200, 205, 208]") && text.contains("values: [143, 204]"), "{text}");
 }
 
+/// The spares variant: valid; numNodes counts the spare, the pods get
+/// TRAINLET_SPARES, and an unhealthy pod's 207 replaces the pod without
+/// counting against the Job (a spare takes its place). Every container of
+/// every runtime falls back to its log's tail for its termination message.
+#[test]
+fn the_spares_runtime_is_valid_and_every_container_reports_its_reason() {
+    let file = repo().join("runtimes/torch-distributed-spares.yaml");
+    let (ok, out) = validate(std::slice::from_ref(&file));
+    assert!(ok, "{out}");
+    assert!(out.contains("ClusterTrainingRuntime trainlet-torch-distributed-spares valid"), "{out}");
+    let text = std::fs::read_to_string(&file).expect("read");
+    assert!(text.contains("numNodes: 3") && text.contains("values: [143, 204, 207]"), "{text}");
+    assert!(text.contains("- name: TRAINLET_SPARES\n                          value: \"1\""), "{text}");
+    assert!(!text.contains("values: [200, 205, 207"), "207 must not fail the job: {text}");
+    for entry in std::fs::read_dir(repo().join("runtimes")).expect("runtimes") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let text = std::fs::read_to_string(&path).expect("read");
+            let images = text.lines().filter(|l| l.trim_start().starts_with("image: ")).count();
+            let policies =
+                text.lines().filter(|l| l.trim() == "terminationMessagePolicy: FallbackToLogsOnError").count();
+            assert_eq!(images, policies, "{}: a container without terminationMessagePolicy", path.display());
+        }
+    }
+}
+
 /// The restricted variant: valid, non-root, read-only root, /tmp writable.
 #[test]
 fn the_restricted_runtime_is_valid_non_root_and_read_only() {
