@@ -106,7 +106,10 @@ fn measure() -> Vec<(&'static str, Row)> {
     // Restarts on the cluster (tests/cluster.sh), one run of each way.
     let mut rows = Vec::new();
     inplace_bench::restarts(&mut rows, 1, false);
-    take(&["inplace_preload_vs_cold_pod", "trainlet_restart_preload_vs_cold_pod", ""], rows);
+    take(
+        &["inplace_preload_vs_cold_pod", "trainlet_restart_preload_vs_cold_pod", "", "spare_preload_vs_cold_pod"],
+        rows,
+    );
     // Warm pods from the driver on the cluster: up -> first call, connect -> first call.
     let mut rows = Vec::new();
     driver_bench::start(&mut rows, 1);

@@ -17,7 +17,12 @@
 //!   so the failed pod fails its Job and the JobSet recreates every pod, as
 //!   Trainer's stock torch runtimes recover.
 //!
-//! Both trainlet ways run with `TRAINLET_PRELOAD=torch` (and, in the full
+//! - **spare**: `runtimes/torch-distributed-spares.yaml`, 3 pods of which
+//!   2 train: the killing rank stops its pod's PID 1 instead (`LOSE=pod`,
+//!   as the kubelet stops a deleted or preempted pod), and the spare takes
+//!   the lost pod's rank in the next round.
+//!
+//! The trainlet ways run with `TRAINLET_PRELOAD=torch` (and, in the full
 //! run, without). Ratios: cold pod / in place, cold pod / trainlet's
 //! restart, and trainlet's restart / in place (what a container restart
 //! costs over trainlet's own restart), each from the medians. The gate
@@ -71,6 +76,8 @@ struct Way {
     command: &'static str,
     env: &'static [(&'static str, &'static str)],
     kills: usize,
+    /// The TrainJob's pods (`numNodes`).
+    pods: u32,
 }
 
 fn read_time(path: &Path) -> Option<f64> {
@@ -112,7 +119,8 @@ fn once(way: &Way, job: &str) -> Result<Vec<Duration>, String> {
         way.command,
         &env,
         &[("bench", &benches, "/bench", true), ("marks", marks.path(), "/marks", false)],
-    );
+    )
+    .replace("numNodes: 2", &format!("numNodes: {}", way.pods));
     let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &manifest);
     if !ok {
         return Err(format!("TrainJob {job}: {out}"));
@@ -151,7 +159,8 @@ fn by_trainlet(
     env: &'static [(&'static str, &'static str)],
     kills: usize,
 ) -> Way {
-    Way { name, manifest: manifest.to_string(), runtime, command: "[torchrun, /bench/inplace_steps.py]", env, kills }
+    let command = "[torchrun, /bench/inplace_steps.py]";
+    Way { name, manifest: manifest.to_string(), runtime, command, env, kills, pods: 2 }
 }
 
 /// The ways, `runs` jobs each (interleaved; trainlet's restart killed three
@@ -167,6 +176,7 @@ pub fn restarts(rows: &mut Vec<Row>, runs: usize, all: bool) {
     }
     let inplace = std::fs::read_to_string(repo().join("runtimes/torch-distributed-inplace.yaml")).expect("runtime");
     let plain = std::fs::read_to_string(repo().join("runtimes/torch-distributed.yaml")).expect("runtime");
+    let spares = std::fs::read_to_string(repo().join("runtimes/torch-distributed-spares.yaml")).expect("runtime");
     let preload = &[("TRAINLET_PRELOAD", "torch")];
     let mut ways = vec![
         by_trainlet("in place, preload", &inplace, "trainlet-torch-distributed-inplace", preload, 1),
@@ -184,6 +194,17 @@ pub fn restarts(rows: &mut Vec<Row>, runs: usize, all: bool) {
             command: "[python3, -m, torch.distributed.run, /bench/inplace_steps.py]",
             env: &[],
             kills: 1,
+            pods: 2,
+        },
+        Way {
+            pods: 3,
+            ..by_trainlet(
+                "spare, preload",
+                &spares,
+                "trainlet-torch-distributed-spares",
+                &[("TRAINLET_PRELOAD", "torch"), ("LOSE", "pod")],
+                1,
+            )
         },
     ];
     if all {
@@ -241,13 +262,16 @@ pub fn restarts(rows: &mut Vec<Row>, runs: usize, all: bool) {
         medians[1],
         "none: a container restart re-imports torch",
     ));
+    let mut spare = row("a spare (TRAINLET_PRELOAD=torch) vs a cold pod", medians[3], cold, "spare: at most 1 s");
+    spare.name = spare.name.replace("worker killed", "training pod lost");
+    rows.push(spare);
     if all {
         rows.push(row(
             "JobSet in-place restart, no preload, vs a cold pod",
-            medians[3],
+            medians[4],
             cold,
             "faster than a cold pod",
         ));
-        rows.push(row("trainlet's own restart, no preload, vs a cold pod", medians[4], cold, "faster than a cold pod"));
+        rows.push(row("trainlet's own restart, no preload, vs a cold pod", medians[5], cold, "faster than a cold pod"));
     }
 }

@@ -1,6 +1,7 @@
 """Recovery probe for `compare -- inplace` (benches/inplace_bench.rs): DDP
 over gloo on every rank. Run k of KILLS (env, default 1) SIGKILLs its last
-rank at step 10, after writing the time to MARK_DIR/killed.<k>. Every rank
+rank at step 10, after writing the time to MARK_DIR/killed.<k> (with
+LOSE=pod it stops its pod's PID 1 instead: the pod is lost). Every rank
 of run k >= 1 writes the time its first step ended to
 MARK_DIR/first.<k>.<rank>; the last run (k = KILLS) then trains a few more
 steps and exits 0. Recovery k is the last first.<k+1>.* minus killed.<k>.
@@ -40,6 +41,12 @@ for step in range(10_000):
         with open(f"{marks}/killed.{run}.tmp", "w") as f:
             f.write(repr(time.time()))
         os.rename(f"{marks}/killed.{run}.tmp", f"{marks}/killed.{run}")
+        if os.environ.get("LOSE") == "pod":
+            # The whole pod goes: its PID 1 (trainlet) is stopped, as the
+            # kubelet stops a deleted or preempted pod, and takes this
+            # worker with it.
+            os.kill(1, signal.SIGTERM)
+            time.sleep(3600)
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.05)
 dist.destroy_process_group()

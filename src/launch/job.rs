@@ -297,8 +297,7 @@ impl Job {
         code
     }
 
-    /// The store went away (`cause`): wait for it to come back, then on to
-    /// the next round.
+    /// The store went away (`cause`): wait for it to come back, then on to the next round.
     async fn reconnect<T>(&mut self, cause: &str) -> Flow<T> {
         match reconnect(&mut self.session, &self.plan, &mut self.events, &self.cancel, cause).await {
             Ok(()) => Flow::Again,
@@ -306,8 +305,7 @@ impl Job {
         }
     }
 
-    /// This pod is stopped by `sig`: the store host tells the other pods
-    /// (and every feature tells its own) why it leaves.
+    /// This pod is stopped by `sig`: the store host tells the other pods (and every feature its own) why.
     async fn announce_stop(&mut self, sig: i32) {
         if !self.plan.serve_store {
             return;
@@ -469,8 +467,7 @@ impl Job {
         self.follow(round, &plan, decided).await
     }
 
-    /// A stop signal ended this pod's round: tell the others (so that they
-    /// regroup at once), report, and leave; the exit code.
+    /// A stop signal ended this pod's round: tell the others (they regroup at once), report, leave; the exit code.
     async fn stopped_in(&mut self, round: &Round, plan: &Plan, sig: i32, failures: Vec<Failure>) -> u8 {
         self.stop_sig = Some(sig);
         self.announce_stop(sig).await;

@@ -66,6 +66,7 @@ impl Progress {
                 base: crate::rendezvous::job_base(&plan.rdzv_id(), plan.jobset_attempt),
                 node_rank: plan.node_rank,
                 nnodes: plan.nnodes,
+                spares: plan.spares > 0,
                 poster,
             };
             me.relay = Some(Relay::start(setup, board, facts_rx));

@@ -98,7 +98,7 @@ pub(super) async fn join(
     let deadline = Instant::now() + plan.join_timeout;
     let rdzv_id = plan.rdzv_id();
     let connect = Session::connect((endpoint, guard), &rdzv_id, plan.jobset_attempt, me, timing, deadline, cancel);
-    let session = match until_stop(events, plan, connect).await {
+    let mut session = match until_stop(events, plan, connect).await {
         Ok(Ok(s)) => s,
         Ok(Err(e @ rendezvous::Error::Stale { .. })) => {
             tracing::error!(error = %e, "rejected: pod of an older JobSet restart attempt");
@@ -107,6 +107,8 @@ pub(super) async fn join(
         Ok(Err(e)) => return Err(Err(e.into())),
         Err(sig) => return Err(Ok(exit::for_signal(sig))),
     };
+    let lane_reports = plan.serve.as_ref().and_then(|s| s.lane.as_ref()).is_some_and(|l| l.report);
+    session.lead(plan.serve_store || lane_reports);
     tracing::info!(
         %endpoint,
         node_rank = plan.node_rank,

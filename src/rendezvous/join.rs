@@ -40,7 +40,7 @@ impl Session {
                 Try::Formed(mut round) => {
                     known.round = Some(round.number);
                     round.restarts = known.restarts;
-                    self.formed(&round);
+                    self.formed(&round).await?;
                     return Ok(Joined::Round(round));
                 }
                 Try::Moved(to) => want = to.max(current + 1),
@@ -52,7 +52,8 @@ impl Session {
 
     /// We are a member of `round`: a job with spares keeps our rank for
     /// the next, and a spare that got in says it took over.
-    fn formed(&mut self, round: &Round) {
+    /// The job counts takeovers (`takeovers`) for the TrainJob's status.
+    async fn formed(&mut self, round: &Round) -> Result<(), Error> {
         self.spare_in = None;
         if self.me.spares > 0 {
             self.me.last_rank = Some(round.group_rank);
@@ -61,6 +62,7 @@ impl Session {
         metrics.spare.set(0);
         if std::mem::take(&mut self.was_spare) && round.number > 0 {
             metrics.takeovers.inc();
+            self.client.add(&self.key("takeovers"), 1).await.map_err(|e| self.lost(e))?;
             tracing::info!(
                 round = round.number,
                 group_rank = round.group_rank,
@@ -70,11 +72,22 @@ impl Session {
                 round.number
             );
         }
+        Ok(())
     }
 
     async fn try_round(&mut self, r: u64, deadline: Instant, started: Instant) -> Result<Try, Error> {
         let (min, max) = (u64::from(self.me.min_nodes), u64::from(self.me.max_nodes));
+        let lead = self.rkey(r, "lead");
+        if self.me.spares > 0
+            && !self.leads
+            && let Some(moved) = self.after_lead(r, &lead, deadline, started).await?
+        {
+            return Ok(moved);
+        }
         let n = self.client.add(&self.rkey(r, "join"), 1).await.map_err(|e| self.lost(e))?;
+        if self.me.spares > 0 && self.leads {
+            self.client.set(&lead, self.me.uid.as_bytes()).await.map_err(|e| self.lost(e))?;
+        }
         self.open = Some(r);
         let slot = u64::try_from(n - 1).unwrap_or(0);
         let record = serde_json::to_vec(&self.me).unwrap_or_default();
@@ -197,6 +210,43 @@ impl Session {
             aux_port,
             restarts: 0,
         }))
+    }
+
+    /// A job with spares: wait until the store host's agent joined round
+    /// `r` (it writes `lead`), so that it is always a member. Some(moved)
+    /// when the job moved past `r` first.
+    async fn after_lead(
+        &mut self,
+        r: u64,
+        lead: &String,
+        deadline: Instant,
+        started: Instant,
+    ) -> Result<Option<Try>, Error> {
+        let next = self.rkey(r, "next");
+        let limit = deadline.saturating_duration_since(Instant::now());
+        let lead_w = wait_on(self.dial.clone(), std::slice::from_ref(lead), limit);
+        let next_w = wait_on(self.dial.clone(), std::slice::from_ref(&next), limit);
+        tokio::pin!(lead_w, next_w);
+        let what = format!("the store host's pod to join round {r} at {} first", self.endpoint);
+        let mut waiting = Waiting::new(what, Some(deadline));
+        let mut tick = progress_tick();
+        loop {
+            tokio::select! {
+                ok = &mut lead_w => {
+                    if ok.map_err(|e| self.lost(e))? {
+                        return Ok(None);
+                    }
+                    return Err(self.timeout(r, started).await);
+                }
+                ok = &mut next_w => {
+                    if ok.map_err(|e| self.lost(e))? {
+                        return Ok(Some(Try::Moved(parse_u64(&self.get(&next).await?).unwrap_or(r + 1))));
+                    }
+                    return Err(self.timeout(r, started).await);
+                }
+                _ = tick.tick() => { waiting.report("it hosts the store and takes part in every round"); }
+            }
+        }
     }
 
     /// Who has joined round `r` so far, for the waiting line.

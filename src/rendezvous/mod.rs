@@ -6,7 +6,9 @@
 //! A round closes at once when MAX pods joined, or at the end of a last-call
 //! window that opens when MIN pods are in. Pods beyond MAX wait as spares;
 //! a pod that arrives while a smaller round runs asks it to regroup
-//! (torchrun's `num_nodes_waiting`). Liveness is one heartbeat key per agent
+//! (torchrun's `num_nodes_waiting`). With `--spares K`, MIN and MAX count
+//! the pods that train, members keep their ranks from round to round, and
+//! a spare takes the rank a lost pod left ([`member`]). Liveness is one heartbeat key per agent
 //! (O(pods) traffic), judged by the store host's clock ([`host`]).
 //!
 //! Keys, under `trainlet/<run_id>/j<jobset restart attempt>/` (torch's
@@ -18,6 +20,7 @@
 //! | `round` | raised to the max | the open (or running) round R |
 //! | `restarts` | raised to the max | restarts used, job-wide |
 //! | `hb/<uid>` | each agent, every interval | heartbeat counter, `bye` on exit |
+//! | `rR/lead` | the store host's agent, jobs with spares | it joined: the others join after it, so it is always a member |
 //! | `rR/join` | ADD per pod | arrival slots |
 //! | `rR/m/<slot>` | each pod | its [`Member`] record |
 //! | `rR/quorum` | the pod that made MIN | the last call has started |
@@ -33,6 +36,7 @@
 //! | `rR/verdict` | first COMPARE_SET wins | what every pod does next (`policy::Verdict`) |
 //! | `rR/next` | whoever moves the job on | the next round number |
 //! | `rR/left`, `rR/all_left` | ADD per pod, then the last | the store host may close the store |
+//! | `takeovers` | ADD per spare that got in | takeovers so far (the TrainJob's status) |
 //!
 //! Every wait is bounded by the join deadline or the heartbeat timeout,
 //! except a spare's wait for room (it waits while the job runs). Rounds

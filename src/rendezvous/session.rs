@@ -107,6 +107,8 @@ pub struct Session {
     /// We waited as a spare since our last round: the next round we are
     /// a member of is a takeover.
     pub(super) was_spare: bool,
+    /// This agent is on the store host's pod ([`Session::lead`]).
+    pub(super) leads: bool,
 }
 
 /// How often a pod waiting for a round to form looks at who joined.
@@ -167,6 +169,7 @@ impl Session {
             open: None,
             spare_in: None,
             was_spare: false,
+            leads: false,
             host_left: std::sync::Arc::default(),
             host_watch: tokio::spawn(async {}),
         };
@@ -253,6 +256,14 @@ impl Session {
             };
             let _ = tokio::time::timeout(Duration::from_secs(2), withdraw).await;
         }
+    }
+
+    /// This agent is on the store host's pod. In a job with spares it is a
+    /// member of every round (the others join a round after it): the store
+    /// host's agent posts the job's progress, serves the control API and
+    /// keeps the board, which a spare could not.
+    pub fn lead(&mut self, leads: bool) {
+        self.leads = leads;
     }
 
     /// Our record.

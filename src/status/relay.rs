@@ -43,6 +43,8 @@ pub struct Setup {
     pub node_rank: u32,
     /// Pods of the job.
     pub nnodes: u32,
+    /// The job has spares: its status counts those waiting and the takeovers.
+    pub spares: bool,
     /// Trainer's endpoint, on the store host only.
     pub poster: Option<Poster>,
 }
@@ -198,7 +200,15 @@ async fn run(
                 tokio::time::sleep_until(pace.next).await;
             }
             if pending && Instant::now() >= pace.next {
-                let facts = facts.borrow().clone();
+                let mut facts = facts.borrow().clone();
+                if setup.spares
+                    && let Some(c) = connected(&mut client, &setup.store).await
+                {
+                    match tokio::time::timeout(STORE_TIME, spares(c, &setup.base, facts.round)).await {
+                        Ok(Ok(counts)) => facts.spares = Some(counts),
+                        _ => client = None,
+                    }
+                }
                 let status = merge(pods.view(facts.round).as_ref(), &facts, crate::clock::now_us());
                 match poster.post(&status).await {
                     Ok(()) => {
@@ -225,6 +235,17 @@ async fn run(
             return;
         }
     }
+}
+
+/// The spares waiting beside round `round` (the pods that joined it past
+/// its size) and the job's takeovers so far.
+async fn spares(c: &mut Client, base: &str, round: u64) -> Result<(u64, u64), crate::store::ClientError> {
+    let joined = c.add(&format!("{base}/r{round}/join"), 0).await?;
+    let closed = c.get(&format!("{base}/r{round}/closed")).await?;
+    let size = std::str::from_utf8(&closed).ok().and_then(|v| v.split(':').next()?.parse::<i64>().ok());
+    let waiting = size.map_or(0, |n| u64::try_from(joined - n).unwrap_or(0));
+    let takeovers = u64::try_from(c.add(&format!("{base}/takeovers"), 0).await?).unwrap_or(0);
+    Ok((waiting, takeovers))
 }
 
 /// The relay's own store connection, dialled (again) when there is none;

@@ -47,6 +47,8 @@ pub struct Facts {
     pub world_size: u32,
     /// The last failure, e.g. `rank 3 exit code 1`.
     pub last_failure: Option<String>,
+    /// A job with spares: those waiting now, and the takeovers so far.
+    pub spares: Option<(u64, u64)>,
 }
 
 /// `text` cut to [`MAX_TEXT`] characters.
@@ -120,6 +122,10 @@ pub fn merge(latest: Option<&Status>, facts: &Facts, now_us: u64) -> Status {
     ];
     if let Some(f) = &facts.last_failure {
         own.push(Metric { name: "trainlet.last_failure".into(), value: clip(f) });
+    }
+    if let Some((waiting, takeovers)) = facts.spares {
+        own.push(Metric { name: "trainlet.spares_waiting".into(), value: waiting.to_string() });
+        own.push(Metric { name: "trainlet.spare_takeovers".into(), value: takeovers.to_string() });
     }
     let mut metrics: Vec<Metric> = latest
         .map(|s| s.metrics.iter().filter(|m| !m.name.starts_with("trainlet.")).cloned().collect())
@@ -195,7 +201,13 @@ mod tests {
                 .collect(),
             updated: None,
         };
-        let facts = Facts { restarts: 2, round: 3, world_size: 8, last_failure: Some("rank 1 exit code 3".into()) };
+        let facts = Facts {
+            restarts: 2,
+            round: 3,
+            world_size: 8,
+            last_failure: Some("rank 1 exit code 3".into()),
+            spares: None,
+        };
         let s = merge(Some(&worker), &facts, 1_795_369_936_000_000);
         assert_eq!((s.progress, s.remaining), (Some(50), Some(9)));
         assert_eq!(s.metrics.len(), MAX_METRICS);
@@ -206,5 +218,8 @@ mod tests {
         assert_eq!(s.updated.as_deref(), Some("2026-11-22T17:52:16Z"));
         let alone = merge(None, &Facts::default(), 0);
         assert_eq!((alone.progress, alone.metrics.len()), (None, 3));
+        let spares = merge(None, &Facts { spares: Some((1, 2)), ..Facts::default() }, 0);
+        let named: Vec<(&str, &str)> = spares.metrics.iter().map(|m| (m.name.as_str(), m.value.as_str())).collect();
+        assert_eq!(&named[3..], [("trainlet.spares_waiting", "1"), ("trainlet.spare_takeovers", "2")]);
     }
 }

@@ -291,6 +291,38 @@ fn survivors_keep_their_processes_and_state_through_a_killed_rank_and_a_lost_pod
     s.pods[0].wait_for_stderr("a kept worker rejoins", Duration::from_secs(5));
 }
 
+/// Survivors mode with a spare (`--spares 1`): of 3 served pods, 2 run
+/// the actor (2 workers each) and 1 waits. A training pod other than the
+/// store host's is lost: the spare takes its group rank at once (no
+/// replacement pod), the other pod's ranks keep their processes and
+/// state, and only the spare's ranks start.
+#[test]
+fn survivors_go_on_with_a_spare_in_the_lost_pods_place() {
+    let args = ["--heartbeat-timeout", "3", "--spares", "1"];
+    let mut s = start(3, &args);
+    let first = survivors_phase(&s, &["first"]);
+    let pids = field(&ranks_of(&first, "after_death"), "pid");
+    let waits = |p: &crate::util::Pod| p.stderr().contains("the round is full; waiting as a spare");
+    let spare = (0..3).find(|&i| waits(&s.pods[i])).expect("a pod waits as a spare");
+    let victim = if spare == 1 { 2 } else { 1 };
+    let lost_rank = s.pods[victim].stderr().contains("group_rank=1");
+    s.pods[victim].signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = s.pods[victim].child.wait();
+    let id = first["trained"]["id"].as_str().expect("id").to_string();
+    let later = survivors_phase(&s, &["again", &id]);
+    s.pods[spare].wait_for_stderr("this spare takes over group rank", Duration::from_secs(5));
+    let lost = ranks_of(&later, "after_loss");
+    let (kept, fresh) = if lost_rank { (0..2, 2..4) } else { (2..4, 0..2) };
+    let now = field(&lost, "pid");
+    assert_eq!(now[kept.clone()], pids[kept.clone()], "the other pod's ranks kept their processes: {lost:?}");
+    assert!(!now[fresh.clone()].iter().any(|p| pids.contains(p)), "the spare's ranks are new: {lost:?}");
+    let steps = field(&lost, "steps");
+    assert!(kept.clone().all(|r| steps[r] == 4) && fresh.clone().all(|r| steps[r] == 0), "{lost:?}");
+    let trained = ranks_of(&later, "trained_after_loss");
+    assert!(one_model(&trained), "{trained:?}");
+    assert!(trained.iter().all(|st| st["world"] == 4), "the world keeps its size: {trained:?}");
+}
+
 /// Survivors mode in an elastic job (`--nnodes 1:2`): pod 1 is lost and
 /// not replaced; pod 0's ranks keep their processes and state as a world
 /// of 2 and train on.

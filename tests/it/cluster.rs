@@ -14,6 +14,7 @@
 //!   of a pod, and fails as the runtime's failure policy says on a worker bug.
 //! - The Kubeflow SDK, the MPI, initializer, DeepSpeed and `trainlet-dev`
 //!   runtimes run on the nodes too.
+//! - A spare takes a deleted training pod's rank (`cluster/spares.rs`).
 //!
 //! PyTorch comes from the test venv through a read-only hostPath volume
 //! (added with a TrainJob runtime patch), as the container tests bind-mount
@@ -41,6 +42,7 @@ use crate::util::repo;
 
 mod driver;
 mod inplace;
+mod spares;
 mod torchft;
 
 /// The cluster tests share one cluster (`support::cluster::shared`) and
@@ -460,6 +462,14 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
     assert!(message.contains("failed with exit code 205 matching FailJob rule"), "{job}");
     let logs = all_logs("bug");
     assert!(logs.contains("worker rank 1 (exit code 3) matched a fail rule of the failure policy"), "{logs}");
+    // The root cause is the failed pods' termination message: `kubectl
+    // describe pod` and the pod's status show it.
+    let messages: Vec<String> = pods_of("bug")
+        .values()
+        .filter_map(|p| p["status"]["containerStatuses"][0]["state"]["terminated"]["message"].as_str())
+        .map(str::to_string)
+        .collect();
+    assert!(messages.iter().any(|m| m.contains("(exit code 3) matched a fail rule")), "{messages:?}");
     let jobset = get_json(&["jobset", "bug"]);
     assert_eq!(jobset["status"]["restarts"].as_u64().unwrap_or(0), 0, "{jobset}");
 

@@ -49,6 +49,7 @@ fn the_spares_runtime_is_valid_and_every_container_reports_its_reason() {
     assert!(text.contains("numNodes: 3") && text.contains("values: [143, 204, 207]"), "{text}");
     assert!(text.contains("- name: TRAINLET_SPARES\n                          value: \"1\""), "{text}");
     assert!(!text.contains("values: [200, 205, 207"), "207 must not fail the job: {text}");
+    assert!(text.contains("succeededIndexes: \"0\""), "a late replacement must not hold the Job open: {text}");
     for entry in std::fs::read_dir(repo().join("runtimes")).expect("runtimes") {
         let path = entry.expect("entry").path();
         if path.extension().is_some_and(|e| e == "yaml") {

@@ -1,0 +1,86 @@
+//! A hot spare on the real cluster (`runtimes/torch-distributed-spares.yaml`):
+//! a TrainJob of 3 pods, 2 training (2 workers each, tests/fixtures/ckpt_train.py)
+//! and 1 waiting as a spare, loses a training pod (deleted mid-run). The
+//! spare takes the lost pod's group rank in the next round, the TrainJob
+//! completes with the parameters of an uninterrupted run and without a
+//! JobSet restart, and the pod the Job makes in place of the deleted one
+//! waits as the next spare until the job ends.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::{Take, all_logs, ddp_job_on, diagnose, finished, up, wait_for};
+use crate::support::cluster::{apply_file, get_json, kubectl, kubectl_stdin, logs_of, pods_of};
+use crate::util::repo;
+
+/// The completion index of the pod that waits as a spare, once two train
+/// and one waits.
+fn the_spare(job: &str) -> String {
+    wait_for(job, "two pods training and one waiting as a spare", Duration::from_secs(240), || {
+        let logs: BTreeMap<String, String> = pods_of(job).iter().map(|(i, p)| (i.clone(), logs_of(p))).collect();
+        let spares: Vec<&String> =
+            logs.iter().filter(|(_, l)| l.contains("the round is full; waiting as a spare")).map(|(i, _)| i).collect();
+        let training = logs.values().filter(|l| l.contains("START rank=")).count();
+        match spares[..] {
+            [one] if training == 2 && logs.len() == 3 => Some(one.clone()),
+            _ => None,
+        }
+    })
+}
+
+#[test]
+fn a_spare_takes_a_deleted_training_pods_rank_and_the_trainjob_completes_without_a_jobset_restart() {
+    let _up = up("spares", Take::Beside);
+    let (ok, out) = apply_file(&repo().join("runtimes/torch-distributed-spares.yaml"));
+    assert!(ok, "{out}");
+    let ckpt = tempfile::tempdir().expect("tmp");
+    let steps = "300";
+    let env = [("STEPS", steps), ("STEP_SLEEP", "0.05"), ("CKPT_EVERY", "5")];
+    let job = ddp_job_on("trainlet-torch-distributed-spares", "spare", ckpt.path(), &env)
+        .replace("numNodes: 2", "numNodes: 3");
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
+    assert!(ok, "{out}");
+    let spare = the_spare("spare");
+    // A training pod that does not host the store (node rank 0 does).
+    let victim = if spare == "1" { "2" } else { "1" };
+    let before = pods_of("spare");
+    let lost_rank = logs_of(&before[victim])
+        .lines()
+        .rfind(|l| l.contains("starting workers"))
+        .and_then(|l| l.split_whitespace().find(|w| w.starts_with("group_rank=")).map(str::to_string))
+        .expect("the victim's group rank");
+    wait_for("spare", "a checkpoint", Duration::from_secs(120), || {
+        (std::fs::read_dir(ckpt.path()).map(|d| d.count()).unwrap_or(0) > 0).then_some(())
+    });
+    let name = before[victim]["metadata"]["name"].as_str().expect("name").to_string();
+    let (ok, out) = kubectl(&["delete", "pod", &name, "--wait=false"]);
+    assert!(ok, "{out}");
+    let took = wait_for("spare", "the spare taking over", Duration::from_secs(120), || {
+        let log = logs_of(&pods_of("spare")[&spare]);
+        log.contains("this spare takes over group rank").then_some(log)
+    });
+    let started = took.lines().rfind(|l| l.contains("starting workers")).unwrap_or_default();
+    assert!(started.contains(&format!("{lost_rank} ")), "the spare took {lost_rank}: {started}");
+    assert_eq!(finished("spare", Duration::from_secs(300)), "Complete", "{}", diagnose("spare"));
+    let after = pods_of("spare");
+    let uid = |pods: &BTreeMap<String, serde_json::Value>, index: &str| {
+        let pod = pods.get(index).unwrap_or_else(|| panic!("no pod of index {index}:\n{}", diagnose("spare")));
+        pod["metadata"]["uid"].as_str().unwrap_or_default().to_string()
+    };
+    assert_ne!(uid(&after, victim), uid(&before, victim), "the deleted pod was replaced");
+    for index in ["0", spare.as_str()] {
+        assert_eq!(uid(&after, index), uid(&before, index), "pod {index} stayed");
+    }
+    let replacement = logs_of(&after[victim]);
+    assert!(replacement.contains("the round is full; waiting as a spare"), "{replacement}");
+    let logs = all_logs("spare");
+    let (digest, world) = crate::fault::final_of(&logs);
+    assert_eq!((digest.as_str(), world.as_str()), (crate::fault::reference_of(steps).as_str(), "world=4"), "{logs}");
+    assert!(!logs.contains("verdict=restart"), "a lost pod costs no restart: {logs}");
+    let jobset = get_json(&["jobset", "spare"]);
+    assert_eq!(jobset["status"]["restarts"].as_u64().unwrap_or(0), 0, "no JobSet restart: {jobset}");
+    // The TrainJob's status counts the takeover (the store host posts it).
+    let tj = get_json(&["trainjob", "spare"]);
+    assert_eq!(super::metric(&tj, "trainlet.spare_takeovers").as_deref(), Some("1"), "{tj}");
+    assert_eq!(super::metric(&tj, "trainlet.world_size").as_deref(), Some("4"), "{tj}");
+}
