@@ -98,7 +98,12 @@ impl Progress {
     fn failed(&self, root: Option<&Failure>) {
         if let Some(r) = root {
             let why = if r.no_progress { "no progress".to_string() } else { r.exit().to_string() };
-            self.facts.send_modify(|f| f.last_failure = Some(format!("rank {} {why}", r.rank)));
+            // With the first line of the worker's error, as the termination message has it.
+            let line = match r.message.as_deref().and_then(|m| m.lines().next()) {
+                Some(m) => format!("rank {} {why}: {}: {m}", r.rank, r.host),
+                None => format!("rank {} {why}", r.rank),
+            };
+            self.facts.send_modify(|f| f.last_failure = Some(line));
         }
     }
 }

@@ -237,5 +237,7 @@ fn every_rank_reporting_gives_trainer_rank_0s_view_and_drops_a_failed_attempts_r
     );
     let last = posted.last().expect("a post");
     assert_eq!((last.0, last.1, last.3), ("1", Some(100), Some("0")), "{posted:?}");
+    let failure = metric(&requests.last().expect("a post")["body"]["trainerStatus"], "trainlet.last_failure");
+    assert_eq!(failure, Some("rank 3 exit code 1"), "the first attempt's root cause: {posted:?}");
     eprintln!("posted (restarts, progress, attempt, rank): {posted:?}");
 }
