@@ -5,7 +5,6 @@
 //! ([`Framework::nnodes_env`]); XGBoost's `DMLC_NUM_WORKER` counts workers,
 //! not pods, and is divided by the workers per pod Trainer assumed.
 //! `--spares K` ([`spares`]) keeps K of the pods warm beside those that train.
-//! `--spares K` ([`spares`]) keeps K of the pods warm beside those that train.
 
 use super::framework::Framework;
 use super::machine::Machine;
@@ -161,7 +160,7 @@ pub(super) fn spares(args: &RunArgs, s: &mut Settings<'_>, nodes: Nodes, fw: Fra
     let elastic = nodes.min_nodes != nodes.nnodes;
     if trained == 0 || (elastic && trained < nodes.min_nodes) {
         let within = if !elastic {
-            format!("fewer than the job's {} pods (--nnodes)", nodes.nnodes)
+            format!("fewer than the job's {} pod{} (--nnodes)", nodes.nnodes, if nodes.nnodes == 1 { "" } else { "s" })
         } else {
             format!(
                 "at most MAX - MIN = {} of --nnodes {}:{}",

@@ -55,8 +55,9 @@ impl Session {
     /// The job counts takeovers (`takeovers`) for the TrainJob's status.
     async fn formed(&mut self, round: &Round) -> Result<(), Error> {
         self.spare_in = None;
+        self.defer_to = None;
         if self.me.spares > 0 {
-            self.me.last_rank = Some(round.group_rank);
+            self.me.last_rank = Some((round.group_rank, round.number));
         }
         let metrics = crate::metrics::global();
         metrics.spare.set(0);
@@ -77,16 +78,13 @@ impl Session {
 
     async fn try_round(&mut self, r: u64, deadline: Instant, started: Instant) -> Result<Try, Error> {
         let (min, max) = (u64::from(self.me.min_nodes), u64::from(self.me.max_nodes));
-        let lead = self.rkey(r, "lead");
-        if self.me.spares > 0
-            && !self.leads
-            && let Some(moved) = self.after_lead(r, &lead, deadline, started).await?
-        {
+        if let Some(moved) = self.join_order(r, deadline, started).await? {
             return Ok(moved);
         }
         let n = self.client.add(&self.rkey(r, "join"), 1).await.map_err(|e| self.lost(e))?;
-        if self.me.spares > 0 && self.leads {
-            self.client.set(&lead, self.me.uid.as_bytes()).await.map_err(|e| self.lost(e))?;
+        if self.leads {
+            let spares = self.me.spares.to_string();
+            self.client.set(&self.rkey(r, "lead"), spares.as_bytes()).await.map_err(|e| self.lost(e))?;
         }
         self.open = Some(r);
         let slot = u64::try_from(n - 1).unwrap_or(0);
@@ -163,6 +161,7 @@ impl Session {
         if slot >= size {
             self.me.last_rank = None;
             self.was_spare = true;
+            self.defer_to = None;
             return self.spare(r, size).await;
         }
         if closer == slot {
@@ -212,41 +211,25 @@ impl Session {
         }))
     }
 
-    /// A job with spares: wait until the store host's agent joined round
-    /// `r` (it writes `lead`), so that it is always a member. Some(moved)
-    /// when the job moved past `r` first.
-    async fn after_lead(
-        &mut self,
-        r: u64,
-        lead: &String,
-        deadline: Instant,
-        started: Instant,
-    ) -> Result<Option<Try>, Error> {
-        let next = self.rkey(r, "next");
-        let limit = deadline.saturating_duration_since(Instant::now());
-        let lead_w = wait_on(self.dial.clone(), std::slice::from_ref(lead), limit);
-        let next_w = wait_on(self.dial.clone(), std::slice::from_ref(&next), limit);
-        tokio::pin!(lead_w, next_w);
-        let what = format!("the store host's pod to join round {r} at {} first", self.endpoint);
-        let mut waiting = Waiting::new(what, Some(deadline));
-        let mut tick = progress_tick();
-        loop {
-            tokio::select! {
-                ok = &mut lead_w => {
-                    if ok.map_err(|e| self.lost(e))? {
-                        return Ok(None);
-                    }
-                    return Err(self.timeout(r, started).await);
-                }
-                ok = &mut next_w => {
-                    if ok.map_err(|e| self.lost(e))? {
-                        return Ok(Some(Try::Moved(parse_u64(&self.get(&next).await?).unwrap_or(r + 1))));
-                    }
-                    return Err(self.timeout(r, started).await);
-                }
-                _ = tick.tick() => { waiting.report("it hosts the store and takes part in every round"); }
+    /// Read the member records of round `r`'s slots not in `seen` yet (a
+    /// slot is written once, so each is read once per round), the first
+    /// MAX slots only (those past it are spares); returns the slots taken.
+    pub(super) async fn read_slots(&mut self, r: u64, seen: &mut Vec<Option<Member>>) -> Result<usize, Error> {
+        let count = self.client.add(&self.rkey(r, "join"), 0).await.map_err(|e| self.lost(e))?;
+        let count = usize::try_from(count).unwrap_or(0);
+        let slots = count.min(usize::try_from(self.me.max_nodes).unwrap_or(usize::MAX));
+        if seen.len() < slots {
+            seen.resize(slots, None);
+        }
+        let unread: Vec<usize> = (0..seen.len()).filter(|&s| seen[s].is_none()).collect();
+        if !unread.is_empty() {
+            let keys: Vec<String> = unread.iter().map(|s| self.rkey(r, &format!("m/{s}"))).collect();
+            let values = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
+            for (&s, v) in unread.iter().zip(values) {
+                seen[s] = serde_json::from_slice(&v).ok();
             }
         }
+        Ok(count)
     }
 
     /// Who has joined round `r` so far, for the waiting line.
@@ -259,20 +242,7 @@ impl Session {
         seen: &mut Vec<Option<Member>>,
         last_call: Option<Instant>,
     ) -> Result<String, Error> {
-        let count = self.client.add(&self.rkey(r, "join"), 0).await.map_err(|e| self.lost(e))?;
-        let count = usize::try_from(count).unwrap_or(0);
-        let slots = count.min(self.me.max_nodes as usize);
-        if seen.len() < slots {
-            seen.resize(slots, None);
-        }
-        let unread: Vec<usize> = (0..seen.len()).filter(|&s| seen[s].is_none()).collect();
-        if !unread.is_empty() {
-            let keys: Vec<String> = unread.iter().map(|s| self.rkey(r, &format!("m/{s}"))).collect();
-            let values = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
-            for (&s, v) in unread.iter().zip(values) {
-                seen[s] = serde_json::from_slice(&v).ok();
-            }
-        }
+        let count = self.read_slots(r, seen).await?;
         let present: Vec<&Member> = seen.iter().flatten().collect();
         Ok(describe_join(&self.me, &present, count, last_call.map(|t| t.saturating_duration_since(Instant::now()))))
     }
@@ -373,7 +343,10 @@ impl Session {
         let day = Duration::from_secs(86_400);
         let next_w = wait_on(self.dial.clone(), std::slice::from_ref(&next), day);
         let verdict_w = wait_on(self.dial.clone(), std::slice::from_ref(&verdict), day);
-        tokio::pin!(next_w, verdict_w);
+        // The members left the job with no verdict for us (serve mode's shutdown).
+        let all_left = self.rkey(r, "all_left");
+        let left_w = wait_on(self.dial.clone(), std::slice::from_ref(&all_left), day);
+        tokio::pin!(next_w, verdict_w, left_w);
         let mut waiting = Waiting::new(format!("room in the job at {} (a spare)", self.endpoint), None);
         let mut tick = progress_tick();
         let recheck = tokio::time::sleep(SPARE_CHECK_EVERY);
@@ -387,7 +360,7 @@ impl Session {
             tokio::select! {
                 ok = &mut next_w => {
                     if ok.map_err(|e| self.lost(e))? {
-                        return Ok(self.moved_on());
+                        return Ok(self.moved_on(r));
                     }
                     next_w.set(wait_on(self.dial.clone(), std::slice::from_ref(&next), day));
                 }
@@ -398,16 +371,24 @@ impl Session {
                     }
                     let v = String::from_utf8_lossy(&self.get(&verdict).await?).parse::<Verdict>();
                     match v {
-                        Ok(v @ (Verdict::Success | Verdict::Fail(_))) => return Ok(Try::Ended(v)),
+                        // In serve mode they end a run; the pods go on serving.
+                        Ok(v @ (Verdict::Success | Verdict::Fail(_))) if !self.serving => return Ok(Try::Ended(v)),
                         // Members move the job on right after a regroup or restart verdict.
                         _ => {
                             let bound = self.timing.heartbeat_timeout * 2;
                             if !self.wait_for(std::slice::from_ref(&next), bound).await? {
                                 self.advance(r, r + 1).await?;
                             }
-                            return Ok(self.moved_on());
+                            return Ok(self.moved_on(r));
                         }
                     }
+                }
+                ok = &mut left_w => {
+                    if ok.map_err(|e| self.lost(e))? {
+                        tracing::info!(round = r, "the members left the job; this spare leaves too");
+                        return Ok(Try::Ended(Verdict::Success));
+                    }
+                    left_w.set(wait_on(self.dial.clone(), std::slice::from_ref(&all_left), day));
                 }
                 () = &mut recheck => return Ok(Try::Recheck),
                 _ = tick.tick() => { waiting.report(&running); }
@@ -417,8 +398,9 @@ impl Session {
 
     /// The job moved on past the round we waited in as a spare: check our
     /// health before we join the next one.
-    fn moved_on(&mut self) -> Try {
+    fn moved_on(&mut self, r: u64) -> Try {
         self.spare_in = None;
+        self.defer_to = Some(r);
         Try::Recheck
     }
 

@@ -30,10 +30,10 @@ pub struct Member {
     /// above count the pods that train.
     #[serde(default)]
     pub spares: u32,
-    /// Our group rank in the last round we were a member of, while we
-    /// have not been a spare since (jobs with spares keep it).
+    /// Our group rank and the round, in the last round we were a member
+    /// of, while we have not been a spare since (jobs with spares keep it).
     #[serde(default)]
-    pub last_rank: Option<u32>,
+    pub last_rank: Option<(u32, u64)>,
 }
 
 impl Member {
@@ -125,7 +125,9 @@ pub fn assign(members: &[Member]) -> Result<Vec<u32>, String> {
 
 /// The ranks of a round of a job with spares, members in slot order: each
 /// keeps the rank of its last round when it is still below the round's
-/// size and no earlier slot kept it; a pod that was never a member takes
+/// size and no newer claim (a later round's, then an earlier slot's) kept
+/// it, so a pod declared dead that comes back does not take its rank from
+/// the spare that replaced it; a pod that was never a member takes
 /// its own node rank when it is free (the first round looks like a static
 /// job's); the others take the free ranks in (node rank, host, pid, slot)
 /// order, lowest first. So a spare takes the rank a lost pod left.
@@ -140,10 +142,14 @@ fn keep_ranks(members: &[Member]) -> Vec<u32> {
             ranks[slot] = Some(rank);
         }
     };
-    for (slot, m) in members.iter().enumerate() {
-        if let Some(rank) = m.last_rank {
-            claim(slot, rank, &mut ranks);
-        }
+    let mut claims: Vec<(usize, u32, u64)> = members
+        .iter()
+        .enumerate()
+        .filter_map(|(slot, m)| m.last_rank.map(|(rank, round)| (slot, rank, round)))
+        .collect();
+    claims.sort_by_key(|&(slot, _, round)| (std::cmp::Reverse(round), slot));
+    for (slot, rank, _) in claims {
+        claim(slot, rank, &mut ranks);
     }
     for (slot, m) in members.iter().enumerate() {
         if m.last_rank.is_none() {
@@ -185,7 +191,15 @@ mod tests {
     /// A pod of a job of `world` training pods and one spare, that was
     /// group rank `last` in its last round.
     fn spare_job(node_rank: u32, host: &str, world: u32, last: Option<u32>) -> Member {
-        Member { spares: 1, last_rank: last, ..m(node_rank, host, 1, (world, world)) }
+        Member { spares: 1, last_rank: last.map(|r| (r, 5)), ..m(node_rank, host, 1, (world, world)) }
+    }
+
+    #[test]
+    fn a_pod_back_from_the_dead_does_not_take_its_rank_from_the_spare_that_replaced_it() {
+        let back = Member { last_rank: Some((1, 3)), ..spare_job(1, "a", 3, None) };
+        let spare = Member { last_rank: Some((1, 4)), ..spare_job(2, "s", 3, None) };
+        let host = Member { last_rank: Some((0, 4)), ..spare_job(0, "h", 3, None) };
+        assert_eq!(assign(&[back, host, spare]), Ok(vec![2, 0, 1]));
     }
 
     #[test_case(&[(0, None), (1, None)], &[0, 1]; "the first round takes the node ranks")]

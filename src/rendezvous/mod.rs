@@ -20,7 +20,7 @@
 //! | `round` | raised to the max | the open (or running) round R |
 //! | `restarts` | raised to the max | restarts used, job-wide |
 //! | `hb/<uid>` | each agent, every interval | heartbeat counter, `bye` on exit |
-//! | `rR/lead` | the store host's agent, jobs with spares | it joined: the others join after it, so it is always a member |
+//! | `rR/lead` | the store host's agent | its `--spares`, once it joined: in jobs with spares the others join after it, so it is always a member |
 //! | `rR/join` | ADD per pod | arrival slots |
 //! | `rR/m/<slot>` | each pod | its [`Member`] record |
 //! | `rR/quorum` | the pod that made MIN | the last call has started |
@@ -51,6 +51,7 @@ mod join;
 mod member;
 mod service;
 mod session;
+mod spares;
 
 pub use end::parse_end;
 

@@ -109,6 +109,11 @@ pub struct Session {
     pub(super) was_spare: bool,
     /// This agent is on the store host's pod ([`Session::lead`]).
     pub(super) leads: bool,
+    /// Serve mode: a success or failure ends a run, not the job.
+    pub(super) serving: bool,
+    /// We waited as a spare beside this round: its live members join the
+    /// next round before us (`super::spares`).
+    pub(super) defer_to: Option<u64>,
 }
 
 /// How often a pod waiting for a round to form looks at who joined.
@@ -170,6 +175,8 @@ impl Session {
             spare_in: None,
             was_spare: false,
             leads: false,
+            serving: false,
+            defer_to: None,
             host_left: std::sync::Arc::default(),
             host_watch: tokio::spawn(async {}),
         };
@@ -184,6 +191,8 @@ impl Session {
             .await
             .map_err(Error::Unreachable)?;
         self.dial.addr = self.client.peer_addr().map_err(|e| Error::Unreachable(ClientError::Io(e)))?;
+        // The rounds we waited beside went with the old store.
+        (self.spare_in, self.defer_to) = (None, None);
         self.watch_host();
         self.check_attempt().await
     }
@@ -258,12 +267,14 @@ impl Session {
         }
     }
 
-    /// This agent is on the store host's pod. In a job with spares it is a
-    /// member of every round (the others join a round after it): the store
-    /// host's agent posts the job's progress, serves the control API and
-    /// keeps the board, which a spare could not.
-    pub fn lead(&mut self, leads: bool) {
+    /// `leads`: this agent is on the store host's pod. In a job with spares
+    /// it is a member of every round (the others join a round after it):
+    /// the store host's agent posts the job's progress, serves the control
+    /// API and keeps the board, which a spare could not. `serving`: serve
+    /// mode, where a success or failure ends a run, not the job.
+    pub fn roles(&mut self, leads: bool, serving: bool) {
         self.leads = leads;
+        self.serving = serving;
     }
 
     /// Our record.

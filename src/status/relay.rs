@@ -243,7 +243,7 @@ async fn spares(c: &mut Client, base: &str, round: u64) -> Result<(u64, u64), cr
     let joined = c.add(&format!("{base}/r{round}/join"), 0).await?;
     let closed = c.get(&format!("{base}/r{round}/closed")).await?;
     let size = std::str::from_utf8(&closed).ok().and_then(|v| v.split(':').next()?.parse::<i64>().ok());
-    let waiting = size.map_or(0, |n| u64::try_from(joined - n).unwrap_or(0));
+    let waiting = size.and_then(|n| joined.checked_sub(n)).map_or(0, |w| u64::try_from(w).unwrap_or(0));
     let takeovers = u64::try_from(c.add(&format!("{base}/takeovers"), 0).await?).unwrap_or(0);
     Ok((waiting, takeovers))
 }

@@ -3,6 +3,7 @@
 //! crashes, lost pods and a lost store host, and ends with exactly the
 //! parameters of an uninterrupted run, or fails with the documented code.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -376,4 +377,28 @@ fn a_training_pod_that_turns_unhealthy_leaves_with_207_and_the_spare_takes_over(
     }
     let (digest, world) = final_of(&pods[0].stdout());
     assert_eq!((digest.as_str(), world.as_str()), (want.as_str(), "world=2"));
+}
+
+/// A restart with a spare (no pod lost): every member keeps its place and
+/// rank, even with a restart backoff that lets the spare reach the next
+/// round first; no takeover.
+#[test]
+fn a_restart_keeps_every_member_in_place_and_the_spare_waiting() {
+    let want = reference();
+    let args = ["--spares", "1", "--max-restarts", "1", "--restart-backoff", "1"];
+    let job = Job::new("3", 1, &args, &[("FAIL_AT", "1@0"), ("FAIL_CODE", "1"), ("FAIL_STEP", "5")]);
+    let mut pods = job.pods(3);
+    all_succeed(&mut pods);
+    let spare = the_spare(&mut pods);
+    for (i, p) in pods.iter().enumerate() {
+        let err = p.stderr();
+        assert!(!err.contains("takes over"), "no pod was lost:\n{err}");
+        if i != spare {
+            let ranks: BTreeSet<String> =
+                err.lines().filter(|l| l.contains("starting workers")).map(group_rank).collect();
+            assert_eq!(ranks.len(), 1, "a member keeps its rank through the restart:\n{err}");
+            assert!(err.contains("verdict=restart:1"), "{err}");
+        }
+    }
+    assert_eq!(final_of(&pods[0].stdout()).0, want);
 }

@@ -198,6 +198,26 @@ pub(crate) fn assert_ran_everywhere(step: &serde_json::Value, version: &str, age
     assert!(ranks.iter().all(|p| p.starts_with("[default")), "lines keep their rank prefixes: {ranks:?}");
 }
 
+/// Serve mode with a spare (`--spares 1`, 3 pods): a run that succeeds
+/// and one that fails end runs, not the job, so the spare keeps waiting
+/// through them; at the idle timeout the members leave and the spare
+/// leaves with them, every pod with 0.
+#[test]
+fn a_served_jobs_spare_outlives_its_runs_and_leaves_with_the_pods() {
+    let mut s = start(3, &["--serve-idle-timeout", "4", "--spares", "1"]);
+    let steps = drive(&s, &["v1", "v3:fail=1", "v4"]);
+    let states: Vec<&str> = steps.iter().filter_map(|st| st["state"].as_str()).collect();
+    assert_eq!(states, ["succeeded", "failed", "succeeded"], "{steps:?}");
+    let spares: Vec<usize> = (0..3).filter(|&i| s.pods[i].stderr().contains("waiting as a spare")).collect();
+    assert_eq!(spares.len(), 1, "one pod waits");
+    for p in &mut s.pods {
+        assert_eq!(p.code(Duration::from_secs(60)), 0, "{}", p.stderr());
+    }
+    let spare = s.pods[spares[0]].stderr();
+    assert!(spare.contains("the members left the job; this spare leaves too"), "{spare}");
+    assert!(!spare.contains("takes over"), "no pod was lost: {spare}");
+}
+
 /// Two pods in serve mode run a job, then a changed file, a failing run
 /// and another run, all on the same agents, and exit 0 at the idle timeout.
 #[test]
