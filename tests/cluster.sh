@@ -794,7 +794,15 @@ case "${1:-}" in
     say "kube-apiserver stopped"
     if [[ ${2:-} == --compact ]]; then
       # etcd's history up to now is compacted while no API server runs: a
-      # watch resumed from an earlier resource version gets 410 Gone.
+      # watch resumed from an earlier resource version gets 410 Gone. Two
+      # writes first (a key outside the API server's prefix): a watch's last
+      # resource version may be etcd's newest (a bookmark), and resuming
+      # from it starts one revision later, which a compaction at the
+      # newest revision keeps.
+      k=$(printf 'trainlet-test/compacted' | base64 -w0)
+      for _ in 1 2; do
+        curl -sS -X POST "http://127.0.0.1:$ETCD_PORT/v3/kv/put" -d "{\"key\": \"$k\", \"value\": \"$k\"}" >/dev/null
+      done
       rev=$(curl -sS -X POST "http://127.0.0.1:$ETCD_PORT/v3/kv/range" -d '{"key": "AA=="}' |
         python3 -c 'import json, sys; print(json.load(sys.stdin)["header"]["revision"])')
       curl -sS -X POST "http://127.0.0.1:$ETCD_PORT/v3/kv/compaction" -d "{\"revision\": \"$rev\", \"physical\": true}" >/dev/null

@@ -343,9 +343,11 @@ impl Session {
         let day = Duration::from_secs(86_400);
         let next_w = wait_on(self.dial.clone(), std::slice::from_ref(&next), day);
         let verdict_w = wait_on(self.dial.clone(), std::slice::from_ref(&verdict), day);
-        // The members left the job with no verdict for us (serve mode's shutdown).
+        // Serve mode: the members left the job with no verdict for us (the
+        // idle timeout's shutdown). Elsewhere every end has a verdict, and
+        // `all_left` may be an old store's (a pod restarted in place).
         let all_left = self.rkey(r, "all_left");
-        let left_w = wait_on(self.dial.clone(), std::slice::from_ref(&all_left), day);
+        let left_w = watch_if(self.serving, self.dial.clone(), all_left.clone(), day);
         tokio::pin!(next_w, verdict_w, left_w);
         let mut waiting = Waiting::new(format!("room in the job at {} (a spare)", self.endpoint), None);
         let mut tick = progress_tick();
@@ -388,7 +390,7 @@ impl Session {
                         tracing::info!(round = r, "the members left the job; this spare leaves too");
                         return Ok(Try::Ended(Verdict::Success));
                     }
-                    left_w.set(wait_on(self.dial.clone(), std::slice::from_ref(&all_left), day));
+                    left_w.set(watch_if(self.serving, self.dial.clone(), all_left.clone(), day));
                 }
                 () = &mut recheck => return Ok(Try::Recheck),
                 _ = tick.tick() => { waiting.report(&running); }
@@ -448,6 +450,16 @@ fn describe_join(me: &Member, present: &[&Member], joined: usize, last_call: Opt
     let more = missing.len().saturating_sub(MISSING_SHOWN);
     let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
     format!("{joined} of {} joined; missing node ranks [{}]{tail}", me.max_nodes, shown.join(", "))
+}
+
+/// WAIT for `key` when `on`, else never.
+async fn watch_if(
+    on: bool,
+    dial: crate::store::Dial,
+    key: String,
+    limit: Duration,
+) -> Result<bool, crate::store::ClientError> {
+    if on { wait_on(dial, std::slice::from_ref(&key), limit).await } else { std::future::pending().await }
 }
 
 /// `PORT` or `PORT,AUX` as the store host publishes them.

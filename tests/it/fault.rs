@@ -402,3 +402,39 @@ fn a_restart_keeps_every_member_in_place_and_the_spare_waiting() {
     }
     assert_eq!(final_of(&pods[0].stdout()).0, want);
 }
+
+/// An elastic job with a spare (`--nnodes 2:4 --spares 1`: rounds of 2 to
+/// 3 pods, 4 pods): the first lost pod's place goes to the spare, the world
+/// stays at 3; the second loss finds no spare and the job shrinks to 2 and
+/// ends with the parameters of an uninterrupted run.
+#[test]
+fn an_elastic_job_with_a_spare_takes_it_first_then_shrinks() {
+    let want = reference_of("150");
+    let job = Job::new("2:4", 1, &["--spares", "1", "--max-restarts", "0"], &[("STEPS", "150")]);
+    let mut pods = job.pods(4);
+    wait_for_step_all(&job, 10, &mut pods);
+    let spare = the_spare(&mut pods);
+    let members: Vec<usize> = (1..4).filter(|&i| i != spare).collect();
+    pods[members[0]].signal(Signal::SIGKILL);
+    pods[members[0]].wait(LIMIT);
+    pods[spare].wait_for_stderr("this spare takes over group rank", LIMIT);
+    assert!(
+        pods[spare].stderr().contains("nnodes=3 world_size=3"),
+        "the world keeps its size:\n{}",
+        pods[spare].stderr()
+    );
+    let resumed = ckpt_step(job.dir()).map_or(0, |(s, _)| s);
+    wait_for_step(job.dir(), resumed + 10, &mut []);
+    pods[members[1]].signal(Signal::SIGKILL);
+    pods[members[1]].wait(LIMIT);
+    pods[0].wait_for_stderr("nnodes=2 world_size=2", LIMIT);
+    for i in [0, spare] {
+        assert_eq!(pods[i].code(LIMIT), 0, "{}", pods[i].stderr());
+    }
+    let (digest, world) = final_of(&pods[0].stdout());
+    assert_eq!(
+        (digest.as_str(), world.as_str()),
+        (want.as_str(), "world=2"),
+        "the job shrank after the spare was used"
+    );
+}

@@ -97,6 +97,25 @@ fn intel_mpi_speaks_pmi_1_itself_and_pmi_2_through_slurms_library() {
     }
 }
 
+/// PMI with a spare (3 pods, `--spares 1`): the MPI world is the round's,
+/// 2 pods x 2 ranks, and the third pod waits; a killed rank restarts the
+/// world on the same two pods, and every pod exits 0.
+#[test]
+fn an_mpi_world_with_a_spare_is_the_rounds_and_restarts_on_the_same_pods() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let program = build(dir.path());
+    let mut args = vec!["run", "--framework", "mpi", "--nproc-per-node", "2", "--shutdown-timeout", "3"];
+    args.extend(["--spares", "1", "--max-restarts", "1", "--no-python", program.as_str()]);
+    let mut pods = start_pods(3, 2, &args, &[("FAULT", "kill"), ("FAULT_RANK", "3")]);
+    let (codes, rows) = finish(&mut pods);
+    let all = logs(&pods);
+    assert_eq!(codes, [0, 0, 0], "{all}");
+    assert_four(&rows, "1", &all);
+    let spares = pods.iter().filter(|p| p.stderr().contains("waiting as a spare")).count();
+    assert_eq!(spares, 1, "{all}");
+    assert!(!all.contains("takes over"), "the restart kept both pods in place: {all}");
+}
+
 #[test]
 fn a_rank_killed_mid_job_stops_every_rank_and_the_job_restarts_and_completes() {
     let dir = tempfile::tempdir().expect("tmp");
