@@ -346,7 +346,11 @@ async fn stop(api: &Api, seq: u64) -> Result<(), super::Error> {
         _ => api.conf.base.clone(),
     };
     let mut link = api.link.lock().await;
-    link.set_ended(&token, &api.conf.scope, seq, &id, State::Stopped.word()).await?;
+    if !link.set_ended(&token, &api.conf.scope, seq, &id, State::Stopped.word()).await? {
+        // Over already (an earlier stop, or its end): the current round may
+        // run the next run, which a `stop:` of this one must not end.
+        return Ok(());
+    }
     let round = std::str::from_utf8(&link.get(&format!("{base}/round")).await?)
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())

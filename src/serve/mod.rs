@@ -370,7 +370,7 @@ impl Link {
     }
 
     /// Mark run `seq` (`id`) over (`state`: succeeded, failed or stopped);
-    /// the first marker stays.
+    /// the first marker stays: false when one was there already.
     /// A marker that is not sealed for this run is overwritten.
     pub async fn set_ended(
         &mut self,
@@ -379,14 +379,17 @@ impl Link {
         seq: u64,
         id: &str,
         state: &str,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let value = seal(token, scope, kind::ENDED, seq, format!("{id} {state}").as_bytes());
         let key = self.keys.ended(seq);
         let now = self.compare_set(&key, b"", &value).await?;
-        if now != value && !matches!(self.ended(token, scope, seq, id).await?, Some(Ok(_))) {
+        if now != value && matches!(self.ended(token, scope, seq, id).await?, Some(Ok(_))) {
+            return Ok(false);
+        }
+        if now != value {
             self.set(&key, &value).await?;
         }
-        Ok(())
+        Ok(true)
     }
 }
 

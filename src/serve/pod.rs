@@ -469,6 +469,7 @@ impl Served {
                 self.link
                     .set_ended(&token, scope, seq, &id, state.word())
                     .await
+                    .map(|_| ())
                     .map_err(|e| crate::error::error_chain(&e))
             }
             (Err(e), _) => Err(format!("cannot read the control token: {e}")),
