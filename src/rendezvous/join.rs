@@ -359,7 +359,17 @@ impl Session {
             format!("round {r} runs with {size} of at most {} pods", self.me.max_nodes)
         };
         loop {
+            // Biased, the members' leaving first: the store closes right
+            // after it, and the other waits then end with a lost store.
             tokio::select! {
+                biased;
+                ok = &mut left_w => {
+                    if ok.map_err(|e| self.lost(e))? {
+                        tracing::info!(round = r, "the members left the job; this spare leaves too");
+                        return Ok(Try::Ended(Verdict::Success));
+                    }
+                    left_w.set(watch_if(self.serving, self.dial.clone(), all_left.clone(), day));
+                }
                 ok = &mut next_w => {
                     if ok.map_err(|e| self.lost(e))? {
                         return Ok(self.moved_on(r));
@@ -384,13 +394,6 @@ impl Session {
                             return Ok(self.moved_on(r));
                         }
                     }
-                }
-                ok = &mut left_w => {
-                    if ok.map_err(|e| self.lost(e))? {
-                        tracing::info!(round = r, "the members left the job; this spare leaves too");
-                        return Ok(Try::Ended(Verdict::Success));
-                    }
-                    left_w.set(watch_if(self.serving, self.dial.clone(), all_left.clone(), day));
                 }
                 () = &mut recheck => return Ok(Try::Recheck),
                 _ = tick.tick() => { waiting.report(&running); }
