@@ -380,6 +380,11 @@ impl Link {
         id: &str,
         state: &str,
     ) -> Result<bool, Error> {
+        // A marker already there (a stop's is the same bytes as another
+        // stop's, so the compare-and-set alone cannot tell).
+        if matches!(self.ended(token, scope, seq, id).await?, Some(Ok(_))) {
+            return Ok(false);
+        }
         let value = seal(token, scope, kind::ENDED, seq, format!("{id} {state}").as_bytes());
         let key = self.keys.ended(seq);
         let now = self.compare_set(&key, b"", &value).await?;
