@@ -387,11 +387,11 @@ impl Link {
         }
         let value = seal(token, scope, kind::ENDED, seq, format!("{id} {state}").as_bytes());
         let key = self.keys.ended(seq);
-        let now = self.compare_set(&key, b"", &value).await?;
-        if now != value && matches!(self.ended(token, scope, seq, id).await?, Some(Ok(_))) {
-            return Ok(false);
-        }
-        if now != value {
+        if self.compare_set(&key, b"", &value).await? != value {
+            // Another writer came in between: its marker stays when it is valid.
+            if matches!(self.ended(token, scope, seq, id).await?, Some(Ok(_))) {
+                return Ok(false);
+            }
             self.set(&key, &value).await?;
         }
         Ok(true)
