@@ -50,6 +50,12 @@ pub enum Sub {
         #[arg(long, value_parser = seconds, value_name = "SECS")]
         every: Option<std::time::Duration>,
     },
+    /// Print every worker's stacks as this container's agents read them now (Python frames of every thread, native frames of blocked ones).
+    Stacks {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Stop this container's trainlet agents as SIGTERM would, and wait for them (a preStop hook, whatever PID 1 is).
     Stop {
         /// Give up (exit 1) if an agent still runs after this long, e.g. `60`, `2m`.

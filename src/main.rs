@@ -82,5 +82,6 @@ fn main_exec() -> u8 {
         Sub::NvmlProbe { every } => cmd::nvml_probe::main(every),
         Sub::Init(args) => finish("trainlet init", cmd::init::main(&args)),
         Sub::Stop { timeout } => cmd::stop::stop(timeout),
+        Sub::Stacks { json } => cmd::stacks::main(json),
     }
 }

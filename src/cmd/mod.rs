@@ -17,6 +17,7 @@ pub mod python;
 pub mod run;
 pub mod ssh;
 pub mod sshd;
+pub mod stacks;
 pub mod stop;
 pub mod store;
 
@@ -127,6 +128,7 @@ pub const CODES: &[(&str, &str)] = &[
     ("init", "0, 143, 200, 202, 221-226"),
     ("keygen", "0, 200, 202"),
     ("stop", "0, 1"),
+    ("stacks", "0, 1"),
     ("nvml-probe", "0, 1"),
     (
         "python, python3 (the JAX/XGBoost images' links)",

@@ -7,8 +7,29 @@ use std::path::{Path, PathBuf};
 use crate::config::Plan;
 use crate::exit;
 use crate::rendezvous::Round;
+use crate::stacks::stall::{RankStacks, Stall};
 use crate::supervise::policy::FailKind;
 use crate::supervise::report::{Failure, Report, RoundRecord, fatal_root, root_cause};
+
+/// What the job's report tells of it so far on this pod: every failure of
+/// every round, the rounds, and the last stall the stacks explained.
+#[derive(Debug, Default)]
+pub(super) struct Story {
+    pub failures: Vec<Failure>,
+    pub rounds: Vec<RoundRecord>,
+    pub stalled: Option<Stalled>,
+}
+
+/// A round that ended hung, as every rank's stacks show it.
+#[derive(Debug, Clone)]
+pub(super) struct Stalled {
+    /// The round.
+    pub round: u64,
+    /// Who the others waited for.
+    pub stall: Stall,
+    /// Every rank's stacks the pods read.
+    pub stacks: Vec<RankStacks>,
+}
 
 /// A successful run that was not asked to keep files (no `--log-dir`,
 /// `--redirects` or `--tee`) removes its directory under the temporary
@@ -57,6 +78,11 @@ pub(super) fn fail_code(kind: FailKind, last: &[Failure]) -> (u8, String, Option
             (exit::WORKER_UNKILLABLE, format!("{what} hung in uninterruptible sleep or survived SIGKILL"), f.cloned())
         }
         FailKind::Budget => match root_cause(last) {
+            Some(f) if f.no_progress => (
+                f.code(),
+                "workers reported no progress for --progress-timeout (the job hung); no restarts left".into(),
+                Some(f.clone()),
+            ),
             Some(f) => (
                 f.code(),
                 format!("worker rank {} failed with {}; no restarts left", f.rank, f.exit()),
@@ -74,9 +100,9 @@ pub(super) fn report(
     plan: &Plan,
     log_root: &Path,
     (code, reason, root): (u8, String, Option<Failure>),
-    history: &[Failure],
-    rounds: &[RoundRecord],
+    story: &Story,
 ) -> Report {
+    let stalled = story.stalled.as_ref();
     let report = Report {
         run_id: plan.run_id.clone(),
         script: plan.entry.script.clone(),
@@ -84,8 +110,12 @@ pub(super) fn report(
         exit_code: code,
         reason,
         root_cause: root,
-        failures: history.to_vec(),
-        rounds: rounds.to_vec(),
+        failures: story.failures.clone(),
+        rounds: story.rounds.clone(),
+        stall: stalled.map(|s| s.stall.summary.clone()),
+        stall_round: stalled.map(|s| s.round),
+        stalled_ranks: stalled.map(|s| s.stall.stalled_ranks.clone()).unwrap_or_default(),
+        stacks: stalled.map(|s| s.stacks.clone()).unwrap_or_default(),
     };
     let path = log_root.join("failure_report.json");
     match report.write(&path) {
@@ -94,8 +124,12 @@ pub(super) fn report(
     }
     eprint!("{}", report.summary());
     let cause = report.root_cause.as_ref().and_then(|f| f.message.as_deref()).and_then(|m| m.lines().next());
-    let line = match (&report.root_cause, cause) {
-        (Some(f), Some(m)) => format!("{} (exit {}): {}: {m}", report.reason, report.exit_code, f.host),
+    let line = match (&report.root_cause, cause, &report.stall) {
+        // The stall's line says more than "no progress": who, and where.
+        (Some(f), _, Some(why)) if f.no_progress && Some(u64::from(f.attempt)) == report.stall_round => {
+            format!("{} (exit {}): {why}", report.reason, report.exit_code)
+        }
+        (Some(f), Some(m), _) => format!("{} (exit {}): {}: {m}", report.reason, report.exit_code, f.host),
         _ => format!("{} (exit {})", report.reason, report.exit_code),
     };
     // A served run's failure ends the run, not the pod.

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::feature::{Feature, Gifts, Leaving, Starting};
 use super::features::Setup;
-use super::finish::{fail_code, forget_logs, record, report};
+use super::finish::{Story, fail_code, forget_logs, record, report};
 use super::round::{RoundJob, reconnect, stop_sync};
 use super::wait::until_stop;
 use super::{Error, Result, health, hosting, inplace, replicas, start};
@@ -30,7 +30,7 @@ use crate::serve::pod;
 use crate::supervise::attempt::run_attempt;
 use crate::supervise::carry::Carry;
 use crate::supervise::policy::{Outcome, Verdict, backoff, verdict};
-use crate::supervise::report::{Failure, RoundRecord, root_cause};
+use crate::supervise::report::{Failure, root_cause};
 use crate::supervise::worker::WorldView;
 use crate::sys;
 
@@ -137,8 +137,7 @@ struct Job {
     known: Known,
     features: Vec<Box<dyn Feature>>,
     served: Option<pod::Served>,
-    history: Vec<Failure>,
-    rounds: Vec<RoundRecord>,
+    story: Story,
     /// An actor's workers kept from one round to the next (survivors mode).
     carry: Carry,
     /// What ended the job on this pod, when not a code of its own: a stop
@@ -162,6 +161,7 @@ impl Job {
         cancel: CancellationToken,
     ) -> Result<std::result::Result<Job, u8>> {
         let spawner = Spawner::start().map_err(Error::Os)?;
+        tokio::spawn(crate::supervise::stacks::serve_door(cancel.child_token()));
         if let Some(addr) = plan.gpu.metrics_addr {
             crate::metrics::serve(addr, cancel.child_token())
                 .await
@@ -223,8 +223,7 @@ impl Job {
             known: Known::default(),
             features,
             served,
-            history: Vec::new(),
-            rounds: Vec::new(),
+            story: Story::default(),
             carry: Carry::default(),
             stop_sig: None,
             failed: None,
@@ -417,7 +416,7 @@ impl Job {
         } else {
             stop_sync(&mut self.session, round, (&plan, restarts), &failures).await.map_err(Some)
         };
-        let (facts, all_failures, end) = match synced {
+        let (facts, all_failures, end, stalled) = match synced {
             Ok(x) => x,
             Err(e) => {
                 let cause = e.map_or_else(
@@ -427,12 +426,13 @@ impl Job {
                 if let Some(sv) = &self.served {
                     sv.round_over(round.number, &failures, &cause);
                 }
-                self.rounds.push(record(round, "store lost", "regroup"));
-                self.history.extend(failures);
+                self.story.rounds.push(record(round, "store lost", "regroup"));
+                self.story.failures.extend(failures);
                 return self.reconnect(&cause).await;
             }
         };
-        self.history.extend(all_failures.iter().cloned());
+        self.story.failures.extend(all_failures.iter().cloned());
+        self.story.stalled = stalled.or(self.story.stalled.take());
         if let Some(sv) = &self.served {
             sv.round_over(round.number, &all_failures, &end);
         }
@@ -447,7 +447,7 @@ impl Job {
                 crate::process::sweep::between_rounds("after the run's kept workers stopped");
             }
         }
-        self.rounds.push(record(round, &end, &agreed.to_string()));
+        self.story.rounds.push(record(round, &end, &agreed.to_string()));
         let root = root_cause(&all_failures);
         for f in &mut self.features {
             f.decided(root);
@@ -476,13 +476,13 @@ impl Job {
         if plan.serve_store {
             let _ = self.session.wait_stopped(round, Duration::from_secs(3)).await;
         }
-        self.history.extend(failures);
-        self.rounds.push(record(round, "stopped by signal", "exit"));
+        self.story.failures.extend(failures);
+        self.story.rounds.push(record(round, "stopped by signal", "exit"));
         self.session.bye().await;
         let code = exit::for_signal(sig);
-        if !self.history.is_empty() {
+        if !self.story.failures.is_empty() {
             let why = format!("trainlet received {}", sys::signal_name(sig));
-            report(plan, &self.log_root, (code, why, None), &self.history, &self.rounds);
+            report(plan, &self.log_root, (code, why, None), &self.story);
         }
         code
     }
@@ -498,7 +498,7 @@ impl Job {
                 if let Some(sv) = self.served.as_mut() {
                     sv.run_over(RunState::Succeeded, world, d.failures, None).await;
                 }
-                (self.history, self.rounds) = (Vec::new(), Vec::new());
+                self.story = Story::default();
                 let _ = self.session.finish_round(round.number).await;
             }
             Verdict::Success => {
@@ -511,7 +511,7 @@ impl Job {
                     && let Some(sv) = self.served.as_mut()
                 {
                     sv.run_over(RunState::Stopped, world, d.failures, None).await;
-                    (self.history, self.rounds) = (Vec::new(), Vec::new());
+                    self.story = Story::default();
                 }
                 if self.session.finish_round(round.number).await.is_err() {
                     tracing::warn!("lost the store while moving to the next round");
@@ -521,10 +521,10 @@ impl Job {
             Verdict::Fail(kind) => {
                 let failed = fail_code(kind, d.failures);
                 let code = failed.0;
-                let written = report(plan, &self.log_root, failed, &self.history, &self.rounds);
+                let written = report(plan, &self.log_root, failed, &self.story);
                 if let Some(sv) = self.served.as_mut() {
                     sv.run_over(RunState::Failed, world, d.failures, Some(&written)).await;
-                    (self.history, self.rounds) = (Vec::new(), Vec::new());
+                    self.story = Story::default();
                     let _ = self.session.finish_round(round.number).await;
                     return Flow::Go(());
                 }

@@ -6,14 +6,16 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::finish::Stalled;
 use super::wait::until_stop;
 use crate::config::Plan;
 use crate::config::rules::RuleAction;
 use crate::exit;
 use crate::process::signals::SysEvent;
 use crate::rendezvous::{self, Round, STOP_SYNC_MARGIN, Session};
+use crate::stacks::stall::judge;
 use crate::supervise::attempt::Job;
-use crate::supervise::policy::{JobEnd, RoundFacts};
+use crate::supervise::policy::{JobEnd, RoundFacts, is_hang_end};
 use crate::supervise::report::Failure;
 
 /// Longest the loss of the store waits for the watch of the store host's
@@ -21,13 +23,14 @@ use crate::supervise::report::Failure;
 const HOST_LEFT_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Report our workers gone, wait for the others (or a death verdict), and
-/// gather what every pod needs to decide the same way.
+/// gather what every pod needs to decide the same way; for a round that
+/// hung, who the others waited for, from every pod's stacks.
 pub(super) async fn stop_sync(
     session: &mut Session,
     round: &Round,
     (plan, restarts): (&Plan, u32),
     failures: &[Failure],
-) -> std::result::Result<(RoundFacts, Vec<Failure>, String), rendezvous::Error> {
+) -> std::result::Result<(RoundFacts, Vec<Failure>, String, Option<Stalled>), rendezvous::Error> {
     session.report_stopped(round, failures).await?;
     let limit = plan.grace + plan.kill_timeout + STOP_SYNC_MARGIN;
     let stopped = session.wait_stopped(round, limit).await?;
@@ -42,7 +45,36 @@ pub(super) async fn stop_sync(
         restarts,
         max_restarts: plan.max_restarts,
     };
-    Ok((facts, all, end_text))
+    let stalled = if is_hang_end(&end_text) { Some(stalled(session, round).await?) } else { None };
+    Ok((facts, all, end_text, stalled))
+}
+
+/// Most ranks whose innermost frame is logged at a stall.
+const RANKS_LOGGED: usize = 64;
+
+/// Every pod's stacks of a round that hung, judged and logged.
+async fn stalled(session: &mut Session, round: &Round) -> std::result::Result<Stalled, rendezvous::Error> {
+    let mut stacks = session.stacks(round).await?;
+    stacks.sort_by_key(|r| r.rank);
+    let stall = judge(&stacks);
+    tracing::error!(round = round.number, stalled_ranks = ?stall.stalled_ranks, "the job hung: {}", stall.summary);
+    for r in stacks.iter().take(RANKS_LOGGED) {
+        let main = r.stacks.threads.first();
+        let at = main
+            .and_then(|t| t.python.first())
+            .map(|f| format!("{}:{} in {}", f.file, f.line.unwrap_or(0), f.function));
+        let native = main.and_then(|t| t.native.first()).and_then(|n| n.function.clone());
+        tracing::info!(
+            rank = r.rank,
+            host = %r.host,
+            pid = r.stacks.pid,
+            at = at.as_deref().or(r.stacks.note.as_deref()).unwrap_or("?"),
+            native = native.as_deref(),
+            kernel = main.map(|t| t.kernel.as_str()),
+            "stack at the hang"
+        );
+    }
+    Ok(Stalled { round: round.number, stall, stacks })
 }
 
 /// The rendezvous session as the job side of one attempt.
@@ -66,8 +98,12 @@ impl Job for RoundJob<'_> {
         self.session.host_left()
     }
 
-    async fn publish_failure(&mut self, fatal: bool) -> std::result::Result<(), rendezvous::Error> {
-        self.session.publish_failure(self.round.number, fatal).await
+    async fn publish_failure(&mut self, fatal: bool, hang: bool) -> std::result::Result<(), rendezvous::Error> {
+        self.session.publish_failure(self.round.number, fatal, hang).await
+    }
+
+    async fn publish_stacks(&mut self, json: Vec<u8>) -> std::result::Result<(), rendezvous::Error> {
+        self.session.publish_stacks(self.round, &json).await
     }
 
     async fn publish_abort(&mut self, signal: i32) -> std::result::Result<(), rendezvous::Error> {

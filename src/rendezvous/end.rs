@@ -9,9 +9,13 @@ use tokio::time::Instant;
 use super::Error;
 use super::join::MISSING_SHOWN;
 use super::session::{Round, Session, Stopped, progress_tick, wait_get, wait_on};
-use crate::supervise::policy::{JobEnd, Verdict};
+use crate::stacks::stall::RankStacks;
+use crate::supervise::policy::{HANG_END, JobEnd, Verdict, is_hang_end};
 use crate::supervise::report::Failure;
 use crate::waiting::Waiting;
+
+/// Pods' stacks fetched in one request (each is at most 256 KiB).
+const STACKS_PER_GET: usize = 16;
 
 impl Session {
     async fn end(&mut self, r: u64, value: &str) -> Result<(), Error> {
@@ -20,9 +24,30 @@ impl Session {
         Ok(())
     }
 
-    /// A worker failed here: end the round as failed (first writer wins).
-    pub async fn publish_failure(&mut self, r: u64, fatal: bool) -> Result<(), Error> {
-        self.end(r, if fatal { "fatal" } else { "failure" }).await
+    /// A worker failed here: end the round as failed (first writer wins);
+    /// `hang` marks the end so every pod reads its workers' stacks first.
+    pub async fn publish_failure(&mut self, r: u64, fatal: bool, hang: bool) -> Result<(), Error> {
+        let what = if fatal { "fatal" } else { "failure" };
+        let value = if hang { format!("{what}{HANG_END}") } else { what.to_string() };
+        self.end(r, &value).await
+    }
+
+    /// This pod's workers' stacks at a hang, for the job's view.
+    pub async fn publish_stacks(&mut self, round: &Round, json: &[u8]) -> Result<(), Error> {
+        let key = self.rkey(round.number, &format!("stacks/{}", round.group_rank));
+        self.client.set(&key, json).await.map_err(|e| self.lost(e))
+    }
+
+    /// Every member's stacks of round `round` (members that put none are
+    /// left out), fetched a few pods at a time.
+    pub async fn stacks(&mut self, round: &Round) -> Result<Vec<RankStacks>, Error> {
+        let keys: Vec<String> = (0..round.nnodes).map(|n| self.rkey(round.number, &format!("stacks/{n}"))).collect();
+        let mut out = Vec::new();
+        for chunk in keys.chunks(STACKS_PER_GET) {
+            let values = self.client.multi_get(chunk).await.map_err(|e| self.lost(e))?;
+            out.extend(values.iter().flat_map(|v| serde_json::from_slice::<Vec<RankStacks>>(v).unwrap_or_default()));
+        }
+        Ok(out)
     }
 
     /// This agent is leaving because of `signal`.
@@ -164,6 +189,7 @@ pub fn parse_end(v: &str) -> JobEnd {
     match v {
         "success" => JobEnd::Success,
         "failure" | "fatal" => JobEnd::Failure,
+        v if is_hang_end(v) => JobEnd::Failure,
         v if v.starts_with("dead:") => JobEnd::Regroup { planned: false },
         _ => JobEnd::Regroup { planned: true },
     }
@@ -177,6 +203,8 @@ mod tests {
     #[test_case("success", JobEnd::Success; "success")]
     #[test_case("failure", JobEnd::Failure; "failure")]
     #[test_case("fatal", JobEnd::Failure; "fatal")]
+    #[test_case("failure:hang", JobEnd::Failure; "hang")]
+    #[test_case("fatal:hang", JobEnd::Failure; "fatal hang")]
     #[test_case("dead:h#1#2", JobEnd::Regroup { planned: false }; "dead")]
     #[test_case("waiting:h#1#2", JobEnd::Regroup { planned: true }; "waiting")]
     #[test_case("abort:h#1#2:15", JobEnd::Regroup { planned: true }; "abort")]

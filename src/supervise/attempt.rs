@@ -20,8 +20,9 @@ use crate::process::spawn::Spawner;
 use crate::process::sweep;
 use crate::supervise::carry::{Carry, Kept};
 use crate::supervise::crew::{Crew, Recorded, Worker, record, spawn_all};
-use crate::supervise::policy::{Action, Attempt, Event, JobEnd, Outcome, Timer};
+use crate::supervise::policy::{Action, Attempt, Event, JobEnd, Outcome, Timer, is_hang_end};
 use crate::supervise::report::Failure;
+use crate::supervise::stacks;
 use crate::supervise::worker::{Rejoin, WorldView};
 use crate::sys;
 
@@ -42,8 +43,16 @@ pub trait Job {
     fn watch_end(&self) -> impl std::future::Future<Output = (JobEnd, String)> + Send + 'static;
     /// Why the store host said it left, if it did.
     fn host_left(&self) -> Option<String>;
-    /// A worker failed here: end the round as failed (`fatal`: by a `fail` rule).
-    fn publish_failure(&mut self, fatal: bool) -> impl std::future::Future<Output = Result<(), Self::Error>>;
+    /// A worker failed here: end the round as failed (`fatal`: by a `fail`
+    /// rule; `hang`: a worker hung or stopped making progress, so every pod
+    /// reads its workers' stacks before it stops them).
+    fn publish_failure(
+        &mut self,
+        fatal: bool,
+        hang: bool,
+    ) -> impl std::future::Future<Output = Result<(), Self::Error>>;
+    /// This pod's workers' stacks at a hang (JSON, bounded), for the job's view.
+    fn publish_stacks(&mut self, json: Vec<u8>) -> impl std::future::Future<Output = Result<(), Self::Error>>;
     /// This pod was stopped by `signal`: end the round so the others stop too.
     fn publish_abort(&mut self, signal: i32) -> impl std::future::Future<Output = Result<(), Self::Error>>;
     /// Every worker here succeeded.
@@ -66,7 +75,9 @@ pub async fn run_attempt(
     let mut core = Attempt::new(plan.nproc, plan.rules.clone(), plan.checkpoint_signal);
     core.set_survivors(world.survivors.is_some());
     let mut crew = spawn_all(world, (dir, files_ok), (spawner, &mut *carry), env).await;
+    stacks::register(world, &crew);
     let outcome = supervise(world, &mut core, &mut crew, events, job).await;
+    stacks::unregister();
     let failures = wrap_up(world, &core, &crew, carry, job.round()).await;
     (outcome, failures)
 }
@@ -94,6 +105,9 @@ async fn supervise(
     let mut d_since: HashMap<u32, Instant> = HashMap::new();
     let mut progress_check = tokio::time::interval(HUNG_CHECK);
     progress_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // This pod's stacks were read at a hang (once per attempt).
+    let mut captured = false;
+    let mut heard_hang = false;
     if let Some(link) = world.status {
         link.board.new_attempt();
     }
@@ -121,6 +135,7 @@ async fn supervise(
                         // The run is stopped (closed, replaced): nobody is kept.
                         core.set_survivors(false);
                     }
+                    heard_hang = is_hang_end(&text);
                     match end {
                         JobEnd::Lost => match job.host_left() {
                             Some(why) => tracing::warn!(store_host = %why, "the store host left the job; stopping workers"),
@@ -163,7 +178,19 @@ async fn supervise(
             };
             tracing::info!(local_rank, %exit, %action, fault = crew.mpi.why(*local_rank), "worker exited");
         }
-        for action in core.handle(event) {
+        let hang_verdict = matches!(event, Event::Silent { .. } | Event::Hung { .. });
+        let actions = core.handle(event);
+        let fails = actions.iter().any(|a| matches!(a, Action::PublishFailure { .. }));
+        let hang = hang_verdict && fails;
+        if (hang || std::mem::take(&mut heard_hang)) && !captured && core.alive().next().is_some() {
+            // Read the stacks while the workers still stand where they hung.
+            captured = true;
+            let json = stacks::encode(stacks::capture(world, core, crew).await);
+            if let Err(e) = job.publish_stacks(json).await {
+                tracing::warn!(error = %e, "cannot put this pod's stacks in the store");
+            }
+        }
+        for action in actions {
             let published = match action {
                 Action::Signal(sig) => {
                     signal_alive(core, &crew.workers, sig);
@@ -182,7 +209,7 @@ async fn supervise(
                     timers.insert(t, Instant::now() + after);
                     Ok(())
                 }
-                Action::PublishFailure { fatal } => job.publish_failure(fatal).await,
+                Action::PublishFailure { fatal } => job.publish_failure(fatal, hang).await,
                 Action::PublishAbort(sig) => job.publish_abort(sig).await,
                 Action::PublishLocalDone => job.publish_local_done().await,
                 Action::Finish(o) => {

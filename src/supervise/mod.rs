@@ -20,7 +20,9 @@
 //! attempt ends only when the policy says no worker is left, after which
 //! leftover process groups are killed and output drains get a bounded wait.
 //! In an actor's survivors mode, the workers the core keeps at a round's
-//! end are held by `carry::Carry` for the next round instead.
+//! end are held by `carry::Carry` for the next round instead. At a hang
+//! verdict (this pod's, or one heard in the round's end), `stacks` reads
+//! the live workers' stacks before the first stop signal goes out.
 
 pub(crate) mod attempt;
 pub(crate) mod carry;
@@ -29,5 +31,6 @@ pub(crate) mod mpi;
 pub(crate) mod output;
 pub mod policy;
 pub(crate) mod report;
+pub(crate) mod stacks;
 pub(crate) mod worker;
 pub(crate) mod zygote;

@@ -124,6 +124,11 @@ pub fn fatal_root(failures: &[Failure]) -> Option<&Failure> {
     failures.iter().filter(|f| f.action == RuleAction::Fail).min_by_key(|f| (f.at_us, f.rank))
 }
 
+/// Ranks whose stacks the summary shows (the JSON has them all).
+const STACKS_SHOWN: usize = 16;
+/// Innermost frames of each shown.
+const FRAMES_SHOWN: usize = 3;
+
 /// The whole-job report written at a failed exit.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -143,6 +148,18 @@ pub struct Report {
     pub failures: Vec<Failure>,
     /// Every round this pod took part in, in order.
     pub rounds: Vec<RoundRecord>,
+    /// Who the others waited for in the last round that hung, in words
+    /// (from every rank's stacks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stall: Option<String>,
+    /// That round.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stall_round: Option<u64>,
+    /// The ranks the others waited for in that round.
+    pub stalled_ranks: Vec<u32>,
+    /// Every rank's stacks in that round, read before its workers stopped.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stacks: Vec<crate::stacks::stall::RankStacks>,
 }
 
 impl Report {
@@ -191,6 +208,19 @@ impl Report {
                     "  round {}: {} pods, group rank {}, {} restarts used, end {}, verdict {}",
                     r.round, r.nnodes, r.group_rank, r.restarts, r.end, r.verdict
                 );
+            }
+            s.push_str(&line);
+            s.push('\n');
+        }
+        if let (Some(why), Some(round)) = (&self.stall, self.stall_round) {
+            let _ = writeln!(s, "Stall (round {round}): {why}");
+            for r in self.stacks.iter().take(STACKS_SHOWN) {
+                let top =
+                    r.stacks.threads.first().map(|t| &t.python[..t.python.len().min(FRAMES_SHOWN)]).unwrap_or(&[]);
+                let at: Vec<String> =
+                    top.iter().map(|f| format!("{}:{} {}", f.file, f.line.unwrap_or(0), f.function)).collect();
+                let what = if at.is_empty() { r.stacks.note.clone().unwrap_or_default() } else { at.join(" < ") };
+                let _ = writeln!(s, "  rank {} ({}, pid {}): {what}", r.rank, r.host, r.stacks.pid);
             }
             s.push_str(&line);
             s.push('\n');
@@ -335,6 +365,10 @@ mod tests {
                 end: "failure".into(),
                 verdict: "fail:budget".into(),
             }],
+            stall: None,
+            stall_round: None,
+            stalled_ranks: Vec::new(),
+            stacks: Vec::new(),
         };
         let s = r.summary();
         assert!(s.contains("fail.py FAILED"));

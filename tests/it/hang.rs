@@ -56,3 +56,165 @@ fn with_no_restarts_left_the_job_exits_206_and_the_report_names_the_rank() {
     assert!(msg.contains("no progress") && msg.contains("--progress-timeout"), "{msg}");
     assert!(pod.stderr().contains("(no progress)"), "the summary says why: {}", pod.stderr());
 }
+
+/// The line of `marker` in a fixture.
+fn line_of(name: &str, marker: &str) -> u32 {
+    let text = std::fs::read_to_string(fixture(name)).expect("fixture");
+    let i = text.lines().position(|l| l.contains(marker)).expect("marker");
+    u32::try_from(i + 1).expect("line")
+}
+
+/// The failure report under `dir` (one run directory).
+fn report_in(dir: &std::path::Path) -> serde_json::Value {
+    let run_dir = std::fs::read_dir(dir).expect("logs").next().expect("run dir").expect("entry").path();
+    let text = std::fs::read_to_string(run_dir.join("failure_report.json")).expect("report");
+    serde_json::from_str(&text).expect("json")
+}
+
+/// Pods of `nproc` workers running tests/fixtures/stall_job.py, where rank
+/// `stall` stalls by `how`; each pod with a log directory and a
+/// termination message file of its own.
+fn stall_job(nnodes: u32, nproc: u32, stall: u32, how: &str) -> (Vec<Pod>, Vec<tempfile::TempDir>) {
+    let dirs: Vec<tempfile::TempDir> = (0..nnodes).map(|_| tempfile::tempdir().expect("tmp")).collect();
+    let port = crate::util::free_port();
+    let script = fixture("stall_job.py");
+    let pods = (0..nnodes)
+        .map(|i| {
+            let dir = dirs[i as usize].path();
+            let mut env = crate::util::pet_env(nnodes, nproc, i, port);
+            env.push(("PET_LOCAL_ADDR".into(), format!("127.0.0.{}", i + 1)));
+            env.push(("STALL_RANK".into(), stall.to_string()));
+            env.push(("STALL_HOW".into(), how.into()));
+            env.push(("TRAINLET_TERMINATION_LOG".into(), dir.join("termination-log").display().to_string()));
+            let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let logs = dir.join("logs").display().to_string();
+            let args = ["run", "--progress-timeout", "3", "--max-restarts", "0", "--log-dir", &logs, &script];
+            Pod::start(&args, &pairs)
+        })
+        .collect();
+    (pods, dirs)
+}
+
+/// 2 pods x 2 workers over gloo, no hook in the user's code: rank 2 sleeps
+/// in a function of its own while the other three wait in all_reduce. The
+/// job ends 206, and every pod's report, log and termination message name
+/// rank 2 with the file:line of its sleep; the others are in all_reduce.
+#[test]
+fn a_rank_outside_the_collective_is_named_with_where_it_stalled() {
+    let (mut pods, dirs) = stall_job(2, 2, 2, "sleep");
+    pods[1].wait_for_output("STALL rank=2", LIMIT);
+    let stalled_at = std::time::Instant::now();
+    for pod in &mut pods {
+        assert_eq!(pod.code(LIMIT), 206, "{}", pod.stderr());
+    }
+    // --progress-timeout 3 plus 5 s, with room for a busy machine.
+    let took = stalled_at.elapsed();
+    assert!(took < Duration::from_secs(20), "the hang took {took:?} to end the job");
+    let want = format!(
+        "rank 2 is not in the all_reduce the other 3 wait in: stall_job.py:{} in stall_here",
+        line_of("stall_job.py", "STALL_LINE_SLEEP")
+    );
+    for (pod, dir) in pods.iter().zip(&dirs) {
+        let report = report_in(&dir.path().join("logs"));
+        assert_eq!(report["stalled_ranks"], serde_json::json!([2]), "{report:#}");
+        assert_eq!(report["stall"], want.as_str(), "{report:#}");
+        let stacks = report["stacks"].as_array().expect("stacks");
+        let ranks: Vec<u64> = stacks.iter().filter_map(|r| r["rank"].as_u64()).collect();
+        assert_eq!(ranks, [0, 1, 2, 3], "{report:#}");
+        for r in stacks {
+            let main = &r["stacks"]["threads"][0];
+            let functions: Vec<&str> =
+                main["python"].as_array().expect("frames").iter().filter_map(|f| f["function"].as_str()).collect();
+            let innermost = if r["rank"] == 2 { "stall_here" } else { "all_reduce" };
+            assert!(functions.contains(&innermost), "rank {}: {functions:?}", r["rank"]);
+        }
+        let message = std::fs::read_to_string(dir.path().join("termination-log")).expect("termination message");
+        assert!(message.ends_with(&want) && message.contains("(exit 206)"), "{message}");
+        assert!(pod.stderr().contains(&format!("the job hung: {want}")), "{}", pod.stderr());
+    }
+}
+
+/// A rank blocked in C (libc's sleep through ctypes): its Python frame is
+/// the call's line and its native frames show the system call it is in.
+#[test]
+fn a_rank_blocked_in_c_shows_its_native_frames() {
+    let (mut pods, dirs) = stall_job(1, 2, 1, "ctypes");
+    assert_eq!(pods[0].code(LIMIT), 206, "{}", pods[0].stderr());
+    let report = report_in(&dirs[0].path().join("logs"));
+    assert_eq!(report["stalled_ranks"], serde_json::json!([1]), "{report:#}");
+    let rank1 = report["stacks"].as_array().expect("stacks").iter().find(|r| r["rank"] == 1).expect("rank 1").clone();
+    let main = &rank1["stacks"]["threads"][0];
+    assert_eq!(main["python"][0]["function"], "stall_here", "{rank1:#}");
+    assert_eq!(main["python"][0]["line"], line_of("stall_job.py", "STALL_LINE_CTYPES"), "{rank1:#}");
+    assert_eq!(main["kernel"], "blocked in system call clock_nanosleep", "{rank1:#}");
+    let native = main["native"][0]["function"].as_str().unwrap_or_default();
+    assert!(native.contains("nanosleep"), "{rank1:#}");
+}
+
+/// A worker that is not Python (a shell and its sleep): the job still ends
+/// 206 and the report says there is no Python stack, for that rank.
+#[test]
+fn a_worker_that_is_not_python_has_no_python_stack() {
+    let logs = tempfile::tempdir().expect("tmp");
+    let log_dir = logs.path().display().to_string();
+    let script = "touch \"$TRAINLET_HEARTBEAT_FILE\"; sleep 600";
+    let args = [
+        "run",
+        "--progress-timeout",
+        "2",
+        "--max-restarts",
+        "0",
+        "--log-dir",
+        &log_dir,
+        "--no-python",
+        "bash",
+        "-c",
+        script,
+    ];
+    let mut pod = Pod::start(&args, &[]);
+    assert_eq!(pod.code(LIMIT), 206, "{}", pod.stderr());
+    let report = report_in(logs.path());
+    assert_eq!(
+        report["stacks"][0]["stacks"]["note"], "no Python stack: the process runs no CPython interpreter",
+        "{report:#}"
+    );
+    assert_eq!(report["stall"], "no rank's Python stack could be read; no Python stack from rank 0", "{report:#}");
+}
+
+/// `trainlet stacks` from another process of the container (as `kubectl
+/// exec` runs it) reads a running job's workers through their agent: every
+/// rank, its Python frames and a blocked thread's native ones.
+#[test]
+fn trainlet_stacks_reads_a_running_jobs_workers_through_their_agent() {
+    let script = fixture("stall_job.py");
+    let args = ["run", "--nproc-per-node", "2", "--progress-timeout", "120", &script];
+    let mut pod = Pod::start(&args, &[("STALL_RANK", "-1")]);
+    let until = std::time::Instant::now() + LIMIT;
+    let ranks = loop {
+        let out = std::process::Command::new(crate::util::bin())
+            .args(["stacks", "--json"])
+            .output()
+            .expect("trainlet stacks");
+        let all: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let in_job = |r: &serde_json::Value| {
+            r["stacks"]["threads"][0]["python"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|f| f["file"].as_str().is_some_and(|p| p.ends_with("stall_job.py"))))
+        };
+        let mine: Vec<serde_json::Value> = all
+            .into_iter()
+            .filter(|r| r["stacks"]["pid"].as_i64().is_some_and(|p| crate::util::parent_is(p, pod.pid())))
+            .collect();
+        if mine.len() == 2 && mine.iter().all(in_job) {
+            break mine;
+        }
+        assert!(std::time::Instant::now() < until, "{}\n{}", String::from_utf8_lossy(&out.stderr), pod.stderr());
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(ranks.iter().map(|r| r["rank"].as_u64()).collect::<Vec<_>>(), [Some(0), Some(1)]);
+    let text = std::process::Command::new(crate::util::bin()).arg("stacks").output().expect("trainlet stacks");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("rank 0 (local rank 0") && text.contains("stall_job.py:"), "{text}");
+    pod.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(pod.code(LIMIT), 143);
+}

@@ -39,6 +39,7 @@ mod serve_store;
 mod signals;
 mod ssh;
 mod sshkit;
+mod stacks;
 mod store;
 mod store_inproc;
 #[path = "../support/mod.rs"]

@@ -257,3 +257,10 @@ pub fn remove_cgroup(dir: &Path) {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Is `parent` the parent of `pid` (from /proc; false when it is gone)?
+pub fn parent_is(pid: i64, parent: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let after = stat.rfind(')').map_or("", |i| &stat[i + 1..]);
+    after.split_whitespace().nth(1).and_then(|p| p.parse::<i32>().ok()) == Some(parent)
+}

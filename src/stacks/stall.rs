@@ -1,0 +1,325 @@
+//! Who a stalled job waits for, from every rank's stacks: the ranks inside
+//! a `torch.distributed` collective (or rendezvous) wait; a rank outside
+//! it, or inside another one, is the one they wait for. Pure: the stacks
+//! in, the verdict and its one line out.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Frame, Process};
+
+/// `torch.distributed` calls that block until every rank of the group
+/// makes them.
+const COLLECTIVES: &[&str] = &[
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather",
+    "all_gather_object",
+    "all_gather_into_tensor",
+    "all_gather_coalesced",
+    "_all_gather_base",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "_reduce_scatter_base",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast",
+    "broadcast_object_list",
+    "reduce",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "barrier",
+    "monitored_barrier",
+    "_store_based_barrier",
+    "send",
+    "recv",
+    "send_object_list",
+    "recv_object_list",
+    "batch_isend_irecv",
+    "init_process_group",
+    "new_group",
+];
+
+/// Most ranks named one by one in the summary line.
+const NAMED: usize = 4;
+
+/// One rank's stacks, as the job gathers them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankStacks {
+    /// Global rank.
+    pub rank: u32,
+    /// Local rank on its pod.
+    pub local_rank: u32,
+    /// Its pod's node rank.
+    pub node_rank: u32,
+    /// Its pod's name.
+    pub host: String,
+    /// What was read.
+    pub stacks: Process,
+}
+
+/// The job's stall, as the stacks show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Stall {
+    /// The ranks the others wait for.
+    pub stalled_ranks: Vec<u32>,
+    /// The ranks waiting in a collective.
+    pub waiting_ranks: Vec<u32>,
+    /// Ranks with no Python stack.
+    pub unknown_ranks: Vec<u32>,
+    /// The verdict in one line.
+    pub summary: String,
+}
+
+/// Where one rank is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Where {
+    /// Inside collective `op`, called at `site`.
+    Collective { op: String, site: String },
+    /// Outside any collective, at `at`.
+    Outside { at: String },
+    /// No stack.
+    Unknown,
+}
+
+fn is_torch(f: &Frame) -> bool {
+    let file = f.file.replace('\\', "/");
+    file.contains("/torch/") || file.starts_with("torch/")
+}
+
+fn place(f: &Frame) -> String {
+    let file = f.file.rsplit('/').next().unwrap_or(&f.file);
+    match f.line {
+        Some(l) => format!("{file}:{l} in {}", f.function),
+        None => format!("{file} in {}", f.function),
+    }
+}
+
+/// Where a rank is: the first collective on any of its threads (the main
+/// thread first), else its main thread's innermost frame.
+fn locate(p: &Process) -> Where {
+    for t in &p.threads {
+        let frames = &t.python;
+        let hit = frames.iter().position(|f| {
+            let name = f.function.rsplit('.').next().unwrap_or(&f.function);
+            f.file.contains("torch/distributed/") && COLLECTIVES.contains(&name)
+        });
+        if let Some(i) = hit {
+            let op = frames[i].function.rsplit('.').next().unwrap_or(&frames[i].function).to_string();
+            let site = frames[i..].iter().find(|f| !is_torch(f)).map_or_else(|| place(&frames[i]), place);
+            return Where::Collective { op, site };
+        }
+    }
+    match p.threads.first().and_then(|t| t.python.first()) {
+        Some(f) => Where::Outside { at: place(f) },
+        None => Where::Unknown,
+    }
+}
+
+fn ranks_text(ranks: &[u32]) -> String {
+    let shown: Vec<String> = ranks.iter().take(NAMED).map(u32::to_string).collect();
+    let more = ranks.len().saturating_sub(NAMED);
+    let list = if more > 0 { format!("{} and {more} more", shown.join(", ")) } else { shown.join(", ") };
+    if ranks.len() == 1 { format!("rank {list}") } else { format!("ranks {list}") }
+}
+
+/// The verdict over every rank's stacks (any order).
+pub fn judge(all: &[RankStacks]) -> Stall {
+    let mut ranks: Vec<&RankStacks> = all.iter().collect();
+    ranks.sort_by_key(|r| r.rank);
+    let placed: Vec<(u32, Where)> = ranks.iter().map(|r| (r.rank, locate(&r.stacks))).collect();
+    let unknown: Vec<u32> = placed.iter().filter(|(_, w)| *w == Where::Unknown).map(|(r, _)| *r).collect();
+    // (op, site) -> ranks in it.
+    let mut groups: BTreeMap<(String, String), Vec<u32>> = BTreeMap::new();
+    let mut outside: Vec<(u32, String)> = Vec::new();
+    for (rank, w) in &placed {
+        match w {
+            Where::Collective { op, site } => groups.entry((op.clone(), site.clone())).or_default().push(*rank),
+            Where::Outside { at } => outside.push((*rank, at.clone())),
+            Where::Unknown => {}
+        }
+    }
+    let mut summary = String::new();
+    let (stalled, waiting) = if groups.is_empty() {
+        let stalled: Vec<u32> = outside.iter().map(|(r, _)| *r).collect();
+        if stalled.is_empty() {
+            summary.push_str("no rank's Python stack could be read");
+        } else {
+            let _ = write!(summary, "no rank is in a collective: {}", at_list(&outside));
+        }
+        (stalled, Vec::new())
+    } else if !outside.is_empty() {
+        let waiting: Vec<u32> = groups.values().flatten().copied().collect();
+        let ops: Vec<&str> = groups.keys().map(|(op, _)| op.as_str()).collect();
+        let mut ops = ops;
+        ops.dedup();
+        let stalled: Vec<u32> = outside.iter().map(|(r, _)| *r).collect();
+        let _ = write!(
+            summary,
+            "{} {} not in the {} the other {} wait in: {}",
+            ranks_text(&stalled),
+            if stalled.len() == 1 { "is" } else { "are" },
+            ops.join("/"),
+            waiting.len(),
+            at_list(&outside)
+        );
+        (stalled, waiting)
+    } else if groups.len() == 1 {
+        let ((op, site), waiting) = groups.iter().next().map(|(k, v)| (k.clone(), v.clone())).unwrap_or_default();
+        let _ = write!(
+            summary,
+            "every rank waits in {op} at {site}: none is missing from it (look at the network, a GPU, or a rank outside this view)"
+        );
+        (Vec::new(), waiting)
+    } else {
+        // Ranks in different collectives: the largest group waits for the rest.
+        let (biggest, _) = groups
+            .iter()
+            .max_by_key(|(k, v)| (v.len(), std::cmp::Reverse((*k).clone())))
+            .map(|(k, v)| (k.clone(), v.len()))
+            .unwrap_or_default();
+        let waiting = groups.get(&biggest).cloned().unwrap_or_default();
+        let others: Vec<(u32, String)> = groups
+            .iter()
+            .filter(|(k, _)| **k != biggest)
+            .flat_map(|((op, site), rs)| rs.iter().map(move |r| (*r, format!("{op} at {site}"))))
+            .collect();
+        let mut others = others;
+        others.sort();
+        let stalled: Vec<u32> = others.iter().map(|(r, _)| *r).collect();
+        let _ = write!(
+            summary,
+            "{} in another collective than the {} at {} the other {} wait in: {}",
+            ranks_text(&stalled),
+            biggest.0,
+            biggest.1,
+            waiting.len(),
+            at_list(&others)
+        );
+        (stalled, waiting)
+    };
+    if !unknown.is_empty() {
+        let _ = write!(summary, "; no Python stack from {}", ranks_text(&unknown));
+    }
+    Stall { stalled_ranks: stalled, waiting_ranks: waiting, unknown_ranks: unknown, summary }
+}
+
+/// "rank 2 at a.py:3 in f" for one, "rank 2 at ...; rank 3 at ..." for more.
+fn at_list(places: &[(u32, String)]) -> String {
+    if let [(_, at)] = places {
+        return at.clone();
+    }
+    let mut s: Vec<String> = places.iter().take(NAMED).map(|(r, at)| format!("rank {r} at {at}")).collect();
+    if places.len() > NAMED {
+        s.push(format!("{} more", places.len() - NAMED));
+    }
+    s.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stacks::Thread;
+
+    fn frame(function: &str, file: &str, line: u32) -> Frame {
+        Frame { function: function.into(), file: file.into(), line: Some(line) }
+    }
+
+    fn rank(rank: u32, frames: Vec<Frame>) -> RankStacks {
+        let threads = if frames.is_empty() {
+            Vec::new()
+        } else {
+            vec![Thread {
+                tid: 1,
+                name: "python".into(),
+                main: true,
+                python: frames,
+                native: Vec::new(),
+                kernel: "running".into(),
+                truncated: false,
+            }]
+        };
+        RankStacks {
+            rank,
+            local_rank: rank % 2,
+            node_rank: rank / 2,
+            host: "h".into(),
+            stacks: Process { pid: 1, python: Some("3.11.7".into()), threads, note: None, took_ms: 1.0 },
+        }
+    }
+
+    const C10D: &str = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py";
+    const LOGGER: &str = "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py";
+
+    fn in_all_reduce(r: u32) -> RankStacks {
+        rank(
+            r,
+            vec![
+                frame("all_reduce", C10D, 2950),
+                frame("_exception_logger.<locals>.wrapper", LOGGER, 81),
+                frame("step", "/job/stall_job.py", 20),
+                frame("<module>", "/job/stall_job.py", 30),
+            ],
+        )
+    }
+
+    #[test]
+    fn the_rank_outside_the_collective_is_named() {
+        let sleeper =
+            rank(2, vec![frame("stall_here", "/job/stall_job.py", 13), frame("<module>", "/job/stall_job.py", 29)]);
+        let s = judge(&[in_all_reduce(0), in_all_reduce(3), sleeper, in_all_reduce(1)]);
+        assert_eq!(s.stalled_ranks, vec![2]);
+        assert_eq!(s.waiting_ranks, vec![0, 1, 3]);
+        assert_eq!(s.summary, "rank 2 is not in the all_reduce the other 3 wait in: stall_job.py:13 in stall_here");
+    }
+
+    #[test]
+    fn a_rank_in_another_collective_is_named() {
+        let other = rank(1, vec![frame("barrier", C10D, 4000), frame("evaluate", "/job/t.py", 40)]);
+        let s = judge(&[in_all_reduce(0), other, in_all_reduce(2)]);
+        assert_eq!(s.stalled_ranks, vec![1]);
+        assert_eq!(
+            s.summary,
+            "rank 1 in another collective than the all_reduce at stall_job.py:20 in step the other 2 wait in: barrier at t.py:40 in evaluate"
+        );
+    }
+
+    #[test]
+    fn every_rank_in_one_collective_names_none() {
+        let s = judge(&[in_all_reduce(0), in_all_reduce(1)]);
+        assert!(s.stalled_ranks.is_empty());
+        assert!(s.summary.starts_with("every rank waits in all_reduce at stall_job.py:20 in step"), "{}", s.summary);
+    }
+
+    #[test]
+    fn no_collective_names_every_rank_and_unknown_ones_are_said() {
+        let a = rank(0, vec![frame("load", "/job/d.py", 5)]);
+        let b = rank(1, vec![frame("load", "/job/d.py", 6)]);
+        let s = judge(&[a, b, rank(2, Vec::new())]);
+        assert_eq!(s.stalled_ranks, vec![0, 1]);
+        assert_eq!(s.unknown_ranks, vec![2]);
+        assert_eq!(
+            s.summary,
+            "no rank is in a collective: rank 0 at d.py:5 in load; rank 1 at d.py:6 in load; no Python stack from rank 2"
+        );
+        assert_eq!(judge(&[]).summary, "no rank's Python stack could be read");
+    }
+
+    #[test]
+    fn many_stalled_ranks_are_cut() {
+        let mut all: Vec<RankStacks> = (0..8).map(|r| rank(r, vec![frame("f", "/a.py", r)])).collect();
+        all.push(in_all_reduce(8));
+        let s = judge(&all);
+        assert_eq!(s.stalled_ranks.len(), 8);
+        assert!(
+            s.summary.starts_with("ranks 0, 1, 2, 3 and 4 more are not in the all_reduce the other 1 wait in"),
+            "{}",
+            s.summary
+        );
+        assert!(s.summary.ends_with("; 4 more"), "{}", s.summary);
+    }
+}

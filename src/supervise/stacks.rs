@@ -1,0 +1,219 @@
+//! This pod's workers' stacks at a hang verdict, read before they are
+//! stopped: each live worker is read from outside ([`crate::stacks`]) on a
+//! blocking thread of its own, all at once, and the whole capture is
+//! bounded in time (a read that blocks, e.g. on a worker in uninterruptible
+//! sleep, is left behind, not waited for) and in size (what goes into the
+//! store).
+//!
+//! On demand (`trainlet stacks`), the agent answers on its stacks door: an
+//! abstract Unix socket named after its pid, open to its own uid and root
+//! only (the peer's credentials are checked), one request at a time. The
+//! attempt keeps the registry of its live workers the door reads.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::stacks::stall::RankStacks;
+use crate::stacks::{Limits, Process};
+use crate::supervise::crew::Crew;
+use crate::supervise::policy::Attempt;
+use crate::supervise::worker::WorldView;
+
+/// Longest the whole capture waits, over the per-worker bound.
+const CAPTURE_MARGIN: Duration = Duration::from_millis(800);
+/// Most bytes of one pod's stacks put in the store.
+pub(super) const MAX_POD_STACKS: usize = 256 * 1024;
+/// Frames per thread kept when a pod's stacks are over [`MAX_POD_STACKS`].
+const TRIMMED_FRAMES: usize = 12;
+
+/// Read every live worker's stacks, in rank order.
+pub(super) async fn capture(world: &WorldView<'_>, core: &Attempt, crew: &Crew) -> Vec<RankStacks> {
+    let mut live: Vec<(u32, u32, i32)> = core
+        .alive()
+        .filter_map(|lr| {
+            let w = crew.workers.get(&lr)?;
+            Some((w.rank, lr, w.pid?))
+        })
+        .collect();
+    live.sort_unstable();
+    let out = read_all(&world.plan.output.host, world.group_rank, live).await;
+    let took: f64 = out.iter().map(|r| r.stacks.took_ms).fold(0.0, f64::max);
+    tracing::info!(workers = out.len(), slowest_ms = took, "read the workers' stacks before stopping them");
+    out
+}
+
+/// The stacks of `workers` (`(rank, local rank, pid)`), read in parallel;
+/// a read still going at the bound is left behind and said so.
+async fn read_all(host: &str, node_rank: u32, workers: Vec<(u32, u32, i32)>) -> Vec<RankStacks> {
+    let limits = Limits::default();
+    let reads: Vec<_> = workers
+        .iter()
+        .map(|&(_, _, pid)| tokio::task::spawn_blocking(move || crate::stacks::read(pid, &limits)))
+        .collect();
+    let deadline = tokio::time::Instant::now() + limits.time + CAPTURE_MARGIN;
+    let mut out = Vec::with_capacity(workers.len());
+    for ((rank, local_rank, pid), read) in workers.into_iter().zip(reads) {
+        let stacks = match tokio::time::timeout_at(deadline, read).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(_)) => unread(pid, "the read failed"),
+            Err(_) => unread(pid, "the read did not finish in time (the worker may be in uninterruptible sleep)"),
+        };
+        out.push(RankStacks { rank, local_rank, node_rank, host: host.to_string(), stacks });
+    }
+    out
+}
+
+/// The workers the door reads: `(rank, local rank, pid)`, with their pod's
+/// name and node rank.
+#[derive(Debug, Default)]
+struct Live {
+    host: String,
+    node_rank: u32,
+    workers: Vec<(u32, u32, i32)>,
+}
+
+static LIVE: Mutex<Live> = Mutex::new(Live { host: String::new(), node_rank: 0, workers: Vec::new() });
+
+/// The attempt's workers, for the door (none: the attempt is over).
+pub(super) fn register(world: &WorldView<'_>, crew: &Crew) {
+    let mut workers: Vec<(u32, u32, i32)> =
+        crew.workers.iter().filter_map(|(lr, w)| Some((w.rank, *lr, w.pid?))).collect();
+    workers.sort_unstable();
+    let mut live = LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    *live = Live { host: world.plan.output.host.clone(), node_rank: world.group_rank, workers };
+}
+
+/// The attempt is over: the door has no worker to read.
+pub(super) fn unregister() {
+    LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner).workers.clear();
+}
+
+/// The door's name for the agent `pid`.
+pub fn door_name(pid: u32) -> String {
+    format!("trainlet-stacks-{pid}")
+}
+
+/// What the door sends at most.
+pub const MAX_ANSWER: usize = MAX_POD_STACKS;
+/// Longest a client may take to send its request.
+const REQUEST_WAIT: Duration = Duration::from_secs(5);
+
+/// Answer `trainlet stacks` on this agent's door until `cancel`. A door
+/// that cannot be opened costs a warning, never the job.
+pub async fn serve_door(cancel: CancellationToken) {
+    let name = door_name(std::process::id());
+    let listener = match bind(&name) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot open the stacks door; `trainlet stacks` will not reach this agent");
+            return;
+        }
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    loop {
+        let accepted = tokio::select! {
+            () = cancel.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let Ok((mut conn, _)) = accepted else { continue };
+        // One request at a time: the next waits until this one is answered.
+        let allowed = conn.peer_cred().is_ok_and(|c| c.uid() == me || c.uid() == 0);
+        if !allowed {
+            let _ =
+                conn.write_all(b"{\"error\":\"only the agent's own uid or root may read its workers' stacks\"}").await;
+            continue;
+        }
+        let mut req = [0u8; 16];
+        let asked = tokio::time::timeout(REQUEST_WAIT, conn.read(&mut req)).await;
+        if !matches!(asked, Ok(Ok(n)) if req[..n].starts_with(b"stacks")) {
+            continue;
+        }
+        let answer = encode(read_live().await);
+        let _ = tokio::time::timeout(REQUEST_WAIT, conn.write_all(&answer)).await;
+    }
+}
+
+fn bind(name: &str) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+    let std_listener = std::os::unix::net::UnixListener::bind_addr(&addr)?;
+    std_listener.set_nonblocking(true)?;
+    tokio::net::UnixListener::from_std(std_listener)
+}
+
+/// The registered workers' stacks.
+async fn read_live() -> Vec<RankStacks> {
+    let (host, node_rank, workers) = {
+        let live = LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (live.host.clone(), live.node_rank, live.workers.clone())
+    };
+    read_all(&host, node_rank, workers).await
+}
+
+fn unread(pid: i32, why: &str) -> Process {
+    Process { pid, python: None, threads: Vec::new(), note: Some(why.into()), took_ms: 0.0 }
+}
+
+/// The pod's stacks as JSON of at most [`MAX_POD_STACKS`] bytes: trimmed
+/// to the innermost frames of each thread, then to main threads only,
+/// when over.
+pub(super) fn encode(mut stacks: Vec<RankStacks>) -> Vec<u8> {
+    let fits = |s: &[RankStacks]| serde_json::to_vec(s).ok().filter(|v| v.len() <= MAX_POD_STACKS);
+    if let Some(v) = fits(&stacks) {
+        return v;
+    }
+    for r in &mut stacks {
+        for t in &mut r.stacks.threads {
+            t.truncated |= t.python.len() > TRIMMED_FRAMES;
+            t.python.truncate(TRIMMED_FRAMES);
+            t.native.truncate(TRIMMED_FRAMES);
+        }
+    }
+    if let Some(v) = fits(&stacks) {
+        return v;
+    }
+    for r in &mut stacks {
+        r.stacks.threads.truncate(1);
+        r.stacks.note = Some("cut to the main thread's innermost frames (over the size bound)".into());
+    }
+    fits(&stacks).unwrap_or_else(|| b"[]".to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stacks::{Frame, Thread};
+
+    #[test]
+    fn a_pods_stacks_are_cut_to_the_bound() {
+        let frame = Frame { function: "f".repeat(400), file: "x".repeat(400), line: Some(1) };
+        let thread = |tid| Thread {
+            tid,
+            name: "t".into(),
+            main: tid == 1,
+            python: vec![frame.clone(); 64],
+            native: Vec::new(),
+            kernel: "running".into(),
+            truncated: false,
+        };
+        let rank = |rank| RankStacks {
+            rank,
+            local_rank: rank,
+            node_rank: 0,
+            host: "h".into(),
+            stacks: Process { pid: 1, python: None, threads: (1..=8).map(thread).collect(), note: None, took_ms: 1.0 },
+        };
+        let small = encode(vec![rank(0)]);
+        assert!(small.len() <= MAX_POD_STACKS);
+        let back: Vec<RankStacks> = serde_json::from_slice(&small).expect("json");
+        assert_eq!(back[0].stacks.threads[0].python.len(), 12);
+        assert!(back[0].stacks.threads[0].truncated);
+        let big = encode((0..8).map(rank).collect());
+        assert!(big.len() <= MAX_POD_STACKS, "{}", big.len());
+        let back: Vec<RankStacks> = serde_json::from_slice(&big).expect("json");
+        assert!(back.iter().all(|r| r.stacks.threads.len() == 1));
+    }
+}
