@@ -124,12 +124,10 @@ pub(super) fn report(
     }
     eprint!("{}", report.summary());
     let cause = report.root_cause.as_ref().and_then(|f| f.message.as_deref()).and_then(|m| m.lines().next());
-    let line = match (&report.root_cause, cause, &report.stall) {
+    let line = match (&report.root_cause, cause) {
         // The stall's line says more than "no progress": who, and where.
-        (Some(f), _, Some(why)) if f.no_progress && Some(u64::from(f.attempt)) == report.stall_round => {
-            format!("{} (exit {}): {why}", report.reason, report.exit_code)
-        }
-        (Some(f), Some(m), _) => format!("{} (exit {}): {}: {m}", report.reason, report.exit_code, f.host),
+        (Some(Failure { stall: Some(why), .. }), _) => format!("{} (exit {}): {why}", report.reason, report.exit_code),
+        (Some(f), Some(m)) => format!("{} (exit {}): {}: {m}", report.reason, report.exit_code, f.host),
         _ => format!("{} (exit {})", report.reason, report.exit_code),
     };
     // A served run's failure ends the run, not the pod.

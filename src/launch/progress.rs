@@ -99,9 +99,11 @@ impl Progress {
         if let Some(r) = root {
             let why = if r.no_progress { "no progress".to_string() } else { r.exit().to_string() };
             // With the first line of the worker's error, as the termination message has it.
-            let line = match r.message.as_deref().and_then(|m| m.lines().next()) {
-                Some(m) => format!("rank {} {why}: {}: {m}", r.rank, r.host),
-                None => format!("rank {} {why}", r.rank),
+            let line = match (&r.stall, r.message.as_deref().and_then(|m| m.lines().next())) {
+                // A hang: who the job waited for, and where.
+                (Some(s), _) => format!("hung: {s}"),
+                (None, Some(m)) => format!("rank {} {why}: {}: {m}", r.rank, r.host),
+                (None, None) => format!("rank {} {why}", r.rank),
             };
             self.facts.send_modify(|f| f.last_failure = Some(line));
         }

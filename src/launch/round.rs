@@ -46,6 +46,14 @@ pub(super) async fn stop_sync(
         max_restarts: plan.max_restarts,
     };
     let stalled = if is_hang_end(&end_text) { Some(stalled(session, round).await?) } else { None };
+    let mut all = all;
+    if let Some(s) = &stalled {
+        // Every consumer of the failure (the termination message, the
+        // TrainJob's status, a served run's record) says who, and where.
+        for f in all.iter_mut().filter(|f| f.no_progress || f.hung) {
+            f.stall = Some(s.stall.summary.clone());
+        }
+    }
     Ok((facts, all, end_text, stalled))
 }
 

@@ -260,6 +260,7 @@ pub(super) fn record(world: &WorldView<'_>, crew: &Crew, round: u64, f: Recorded
         hung: f.hung,
         no_progress: f.silent,
         not_started: w.not_started,
+        stall: None,
     };
     rec.read_error_file(&w.error_file);
     if rec.message.is_none() {

@@ -55,6 +55,10 @@ pub struct Failure {
     /// from exec's errno; 210 when fork failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_started: Option<u8>,
+    /// For a worker that hung or made no progress: who the job waited
+    /// for, from every rank's stacks (`crate::stacks::stall`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall: Option<String>,
 }
 
 fn default_action() -> RuleAction {
@@ -199,6 +203,9 @@ impl Report {
                 }
             );
             let _ = writeln!(s, "  traceback : {}", tb.unwrap_or("<N/A>").trim_end().replace('\n', "\n    "));
+            if let Some(why) = &f.stall {
+                let _ = writeln!(s, "  stall     : {why}");
+            }
         };
         if !self.rounds.is_empty() {
             s.push_str("Rounds:\n");
@@ -299,6 +306,7 @@ mod tests {
             hung: false,
             no_progress: false,
             not_started: None,
+            stall: None,
         }
     }
 

@@ -118,6 +118,7 @@ fn a_rank_outside_the_collective_is_named_with_where_it_stalled() {
         let report = report_in(&dir.path().join("logs"));
         assert_eq!(report["stalled_ranks"], serde_json::json!([2]), "{report:#}");
         assert_eq!(report["stall"], want.as_str(), "{report:#}");
+        assert_eq!(report["root_cause"]["stall"], want.as_str(), "{report:#}");
         let stacks = report["stacks"].as_array().expect("stacks");
         let ranks: Vec<u64> = stacks.iter().filter_map(|r| r["rank"].as_u64()).collect();
         assert_eq!(ranks, [0, 1, 2, 3], "{report:#}");
