@@ -265,6 +265,7 @@ async fn connection(api: &Api, slots: &Slots, mut conn: TcpStream, ticket: Ticke
         },
         ("DELETE", ["v1", "runs" | "actors", id]) => delete(api, id).await,
         ("GET", ["v1", "status"]) => status(api),
+        ("GET", ["v1", "stacks"]) => stacks(api).await,
         ("POST", ["v1", "setup"]) => declare_setup(api, &req).await,
         ("GET", ["v1", "setup"]) => show_setup(api).await,
         (
@@ -308,6 +309,16 @@ fn status(api: &Api) -> Answer {
         "cache": api.board.cache(),
     });
     (Status::OK, body.to_string())
+}
+
+/// Every rank's stacks now, from every pod, and who waits for whom.
+async fn stacks(api: &Api) -> Answer {
+    let pods = api.board.world().nnodes.max(1);
+    let mut link = Link::new(api.conf.dial.clone(), &api.conf.base);
+    match super::stacks::gather(&mut link, pods).await {
+        Ok(v) => (Status::OK, v.to_string()),
+        Err(why) => fail(Status::UNAVAILABLE, &why),
+    }
 }
 
 /// Record the setup steps every pod applies before its next run or actor.

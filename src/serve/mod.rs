@@ -51,6 +51,7 @@ pub mod paths;
 pub(crate) mod pod;
 pub mod setup;
 pub mod spec;
+pub mod stacks;
 pub mod tar;
 
 use std::time::Duration;

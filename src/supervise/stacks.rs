@@ -145,7 +145,7 @@ fn bind(name: &str) -> std::io::Result<tokio::net::UnixListener> {
 }
 
 /// The registered workers' stacks.
-async fn read_live() -> Vec<RankStacks> {
+pub(crate) async fn read_live() -> Vec<RankStacks> {
     let (host, node_rank, workers) = {
         let live = LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         (live.host.clone(), live.node_rank, live.workers.clone())
@@ -160,7 +160,7 @@ fn unread(pid: i32, why: &str) -> Process {
 /// The pod's stacks as JSON of at most [`MAX_POD_STACKS`] bytes: trimmed
 /// to the innermost frames of each thread, then to main threads only,
 /// when over.
-pub(super) fn encode(mut stacks: Vec<RankStacks>) -> Vec<u8> {
+pub(crate) fn encode(mut stacks: Vec<RankStacks>) -> Vec<u8> {
     let fits = |s: &[RankStacks]| serde_json::to_vec(s).ok().filter(|v| v.len() <= MAX_POD_STACKS);
     if let Some(v) = fits(&stacks) {
         return v;

@@ -383,3 +383,28 @@ fn the_python_clients_unit_tests_pass() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `GET /v1/stacks` (the Python client's `stacks()`): the store host asks
+/// every pod through the store, each pod's agent reads its workers, and
+/// the view names the rank the others wait for while the run still runs.
+#[test]
+fn the_control_api_gives_every_ranks_stacks_and_names_the_stalled_one() {
+    let mut s = start(2, &["--serve-idle-timeout", "5"]);
+    let out = std::process::Command::new(python())
+        .arg(fixture("serve_stacks.py"))
+        .args([s.url.as_str(), &s.token_file.display().to_string(), &fixture("stall_job.py")])
+        .output()
+        .expect("driver");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{stdout}\npod 0:\n{}", String::from_utf8_lossy(&out.stderr), s.pods[0].stderr());
+    let view = json(stdout.lines().last().unwrap_or_default());
+    assert_eq!((view["pods"].as_u64(), view["answered"].as_u64()), (Some(2), Some(2)), "{view}");
+    let summary = view["stall"]["summary"].as_str().unwrap_or_default();
+    assert!(summary.starts_with("rank 2 is not in the all_reduce the other 3 wait in: stall_job.py:"), "{summary}");
+    let hosts: BTreeSet<&str> =
+        view["ranks"].as_array().expect("ranks").iter().filter_map(|r| r["host"].as_str()).collect();
+    assert_eq!(hosts.len(), 2, "both pods answered: {view}");
+    for p in &mut s.pods {
+        assert_eq!(p.code(Duration::from_secs(120)), 0, "{}", p.stderr());
+    }
+}

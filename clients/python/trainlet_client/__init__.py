@@ -179,6 +179,14 @@ class Trainlet:
         """Pods, world and runs."""
         return self._request("GET", "/v1/status")
 
+    def stacks(self):
+        """Every rank's stacks now, read from outside the workers by their pods' agents:
+        ``{"pods", "answered", "stall": {"stalled_ranks", "waiting_ranks", "unknown_ranks",
+        "summary"}, "ranks": [{"rank", "local_rank", "node_rank", "host", "stacks": {"pid",
+        "python", "threads": [{"tid", "name", "main", "python": [{"function", "file",
+        "line"}], "native", "kernel"}], "note", "took_ms"}}]}``."""
+        return self._request("GET", "/v1/stacks")
+
     def runs(self):
         """Every run and actor the control API keeps (the newest 64), each as a dict."""
         return self._request("GET", "/v1/runs")["runs"]

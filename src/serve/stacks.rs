@@ -1,0 +1,134 @@
+//! Every rank's stacks on demand in serve mode (`GET /v1/stacks`): the
+//! control API asks through the agents' store, every pod's agent answers
+//! with its workers' stacks (read as at a hang, `supervise::stacks`), and
+//! the API puts them into one view of the job with who waits for whom
+//! (`stacks::stall`).
+//!
+//! Keys under the job's base: `stacks/ask` counts requests; `stacks/ask/N`
+//! is request N; `stacks/answers/N` counts its answers and
+//! `stacks/answers/N/K` is answer K (at most 256 KiB each). A new request
+//! deletes the previous one's keys, so the store holds one request's
+//! answers at most. One request at a time; the answers are awaited for at
+//! most [`ANSWER_WAIT`].
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Link, wait_key};
+use crate::stacks::stall::{RankStacks, judge};
+use crate::store::Dial;
+
+/// Longest the API waits for every pod's answer.
+const ANSWER_WAIT: Duration = Duration::from_secs(3);
+/// How often it looks for them.
+const POLL: Duration = Duration::from_millis(50);
+/// How long a pod's agent waits after a store error before it listens again.
+const RETRY: Duration = Duration::from_secs(1);
+
+fn ask(base: &str) -> String {
+    format!("{base}/stacks/ask")
+}
+
+fn request(base: &str, n: i64) -> String {
+    format!("{base}/stacks/ask/{n}")
+}
+
+fn count(base: &str, n: i64) -> String {
+    format!("{base}/stacks/answers/{n}")
+}
+
+fn answer(base: &str, n: i64, k: i64) -> String {
+    format!("{base}/stacks/answers/{n}/{k}")
+}
+
+/// A pod's agent: answer every request with this pod's workers' stacks,
+/// until `cancel`.
+pub fn answer_requests(dial: Dial, base: String, cancel: CancellationToken) {
+    tokio::spawn(async move {
+        let mut link = Link::new(dial.clone(), &base);
+        let mut last = None;
+        loop {
+            let done = match last {
+                Some(n) => Ok(n),
+                None => link.add(&ask(&base), 0).await,
+            };
+            let n = match done {
+                Ok(n) => n + 1,
+                Err(_) => {
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = tokio::time::sleep(RETRY) => continue,
+                    }
+                }
+            };
+            let key = request(&base, n);
+            let asked = tokio::select! {
+                () = cancel.cancelled() => return,
+                a = wait_key(&dial, &key) => a,
+            };
+            if asked.is_err() {
+                last = None;
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep(RETRY) => continue,
+                }
+            }
+            last = Some(n);
+            // A request the API gave up on and deleted: no answer to leave behind.
+            if !link.exists(&request(&base, n)).await.unwrap_or(false) {
+                continue;
+            }
+            let json = crate::supervise::stacks::encode(crate::supervise::stacks::read_live().await);
+            let sent = match link.add(&count(&base, n), 1).await {
+                Ok(k) => link.set(&answer(&base, n, k), &json).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = sent {
+                tracing::warn!(request = n, error = %crate::error::error_chain(&e), "cannot answer a request for this pod's stacks");
+            }
+        }
+    });
+}
+
+/// One request at a time.
+static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The control API's side: ask every pod, wait for `pods` answers (at
+/// most [`ANSWER_WAIT`]), and give the job's view as JSON.
+pub async fn gather(link: &mut Link, pods: u32) -> Result<serde_json::Value, String> {
+    let _one = ONE.lock().await;
+    let why = |e: super::Error| format!("the agents' store: {}", crate::error::error_chain(&e));
+    let base = link.job.clone();
+    let n = link.add(&ask(&base), 1).await.map_err(why)?;
+    if n > 1 {
+        forget(link, &base, n - 1).await;
+    }
+    link.set(&request(&base, n), b"1").await.map_err(why)?;
+    let until = tokio::time::Instant::now() + ANSWER_WAIT;
+    let answered = loop {
+        let c = link.add(&count(&base, n), 0).await.map_err(why)?;
+        if c >= i64::from(pods) || tokio::time::Instant::now() >= until {
+            break c;
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    let mut ranks: Vec<RankStacks> = Vec::new();
+    for k in 1..=answered {
+        let raw = link.get(&answer(&base, n, k)).await.map_err(why)?;
+        ranks.extend(serde_json::from_slice::<Vec<RankStacks>>(&raw).unwrap_or_default());
+    }
+    ranks.sort_by_key(|r| r.rank);
+    let stall = judge(&ranks);
+    Ok(serde_json::json!({ "pods": pods, "answered": answered, "stall": stall, "ranks": ranks }))
+}
+
+/// Delete request `n`'s keys.
+async fn forget(link: &mut Link, base: &str, n: i64) {
+    let answered = link.add(&count(base, n), 0).await.unwrap_or(0);
+    for k in 1..=answered {
+        let _ = link.delete(&answer(base, n, k)).await;
+    }
+    let _ = link.delete(&count(base, n)).await;
+    let _ = link.delete(&request(base, n)).await;
+}
