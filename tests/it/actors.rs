@@ -71,6 +71,18 @@ fn an_actor_keeps_its_state_across_calls_and_survives_exceptions_and_a_killed_ra
         .collect();
     assert_eq!(pids.len(), 4, "one process per rank for every call: {pids:?}");
 
+    // A call that does not return in time says where each rank is: inside
+    // the method, at its loop's line (read from outside the workers).
+    let timeout = step("timeout");
+    let message = timeout["message"].as_str().unwrap_or_default();
+    assert!(message.contains("still running after 1s; rank 0 at actor_trainer.py:"), "{timeout}");
+    let where_ = timeout["where"].as_object().expect("where");
+    assert_eq!(where_.len(), 4, "every rank: {timeout}");
+    for place in where_.values() {
+        let place = place.as_str().unwrap_or_default();
+        assert!(place.starts_with("actor_trainer.py:") && place.ends_with(" in Trainer.slow"), "{timeout}");
+    }
+
     // A call answers while another runs in the same processes.
     let conc = step("concurrent");
     assert_eq!(conc["slow_done_when_state_answered"], false, "{conc}");

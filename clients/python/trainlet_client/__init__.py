@@ -24,7 +24,7 @@ import time
 import urllib.parse
 
 __all__ = ["Trainlet", "Result", "TrainletError", "Actor", "Function", "Method", "Call", "CallFuture",
-           "ActorError", "WorkerDied", "ActorRestarted", "ActorGone", "CallCancelled",
+           "CallTimeout", "ActorError", "WorkerDied", "ActorRestarted", "ActorGone", "CallCancelled",
            "up", "connect", "down", "ls", "Warm", "UpError"]
 
 FINAL = ("succeeded", "failed", "stopped")
@@ -317,6 +317,6 @@ class Trainlet:
 
 
 from . import actor as _actor  # noqa: E402  (actor.py imports names from here lazily)
-from .actor import (Actor, ActorError, ActorGone, ActorRestarted, Call, CallCancelled,  # noqa: E402
+from .actor import (Actor, ActorError, ActorGone, ActorRestarted, Call, CallCancelled, CallTimeout,  # noqa: E402
                     CallFuture, Function, Method, WorkerDied)
 from .cluster import UpError, Warm, connect, down, ls, up  # noqa: E402  (the kubernetes client is imported when used)

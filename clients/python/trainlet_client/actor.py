@@ -149,6 +149,34 @@ def _decode(results):
     return out
 
 
+class CallTimeout(TimeoutError):
+    """A call still running when ``wait``/``result`` gave up. ``where`` maps each rank running
+    the method to the place it is at (``file:line in function``, read from outside the worker
+    by its pod's agent); ``stacks`` is the job's whole view (``Trainlet.stacks()``), or None
+    when it could not be had."""
+
+    def __init__(self, message, stacks=None, where=None):
+        super().__init__(message)
+        self.stacks = stacks
+        self.where = where or {}
+
+
+def _where(view, method):
+    """Each rank's place in the thread running ``method`` (its innermost frame), else in its
+    main thread."""
+    out = {}
+    for r in view.get("ranks", []):
+        threads = r.get("stacks", {}).get("threads", [])
+        running = [t for t in threads
+                   if any(f.get("function", "").split(".")[-1] == method for f in t.get("python", []))]
+        for t in running or threads[:1]:
+            if t.get("python"):
+                f = t["python"][0]
+                out[r["rank"]] = "%s:%s in %s" % (f["file"].rsplit("/", 1)[-1], f.get("line"), f["function"])
+                break
+    return out
+
+
 class Call:
     """One call in flight: ``id``, ``done()``, ``result(timeout)``, ``wait(timeout)``, ``cancel()``."""
 
@@ -175,19 +203,37 @@ class Call:
 
     def wait(self, timeout=None):
         """The ended call's answer, ``{"call", "done", "ok", "results"}`` with the results
-        decoded (never raises for a rank's failure); TimeoutError if still running."""
+        decoded (never raises for a rank's failure); :class:`CallTimeout` (a TimeoutError that
+        says where each rank is) if still running."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._doc is None:
             wait = POLL
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError("call %s (%s) still running after %ss" % (self.id, self.method, timeout))
+                    raise self._timed_out(timeout)
                 wait = max(0, min(POLL, int(left)))
             self._poll(wait)
         doc = dict(self._doc)
         doc["results"] = _decode(doc.get("results", []))
         return doc
+
+    def _timed_out(self, timeout):
+        """The CallTimeout for a call still running after ``timeout``, saying where its ranks are."""
+        message = "call %s (%s) still running after %ss" % (self.id, self.method, timeout)
+        try:
+            stacks = self.actor._t.stacks()
+        except Exception as e:  # the stacks help explain; they never replace the timeout
+            return CallTimeout("%s; no stacks (%s)" % (message, e))
+        where = _where(stacks, self.method)
+        if where:
+            shown = sorted(where.items())[:4]
+            message += "; " + "; ".join("rank %s at %s" % rw for rw in shown)
+            if len(where) > 4:
+                message += "; %d more ranks" % (len(where) - 4)
+        else:
+            message += "; its ranks are not in GET /v1/stacks (an actor beside the main run)"
+        return CallTimeout(message, stacks, where)
 
     def result(self, timeout=None):
         """Every called rank's value in rank order; :class:`ActorError` if any rank failed."""
