@@ -682,3 +682,47 @@ fn a_served_container_with_preload_takes_runs_and_stops_cleanly() {
     c.expect_exit(143, LIMIT, "");
     assert!(took < Duration::from_secs(10), "stopped by trainlet, not SIGKILL: {took:?}");
 }
+
+/// A job that hangs in the restricted runtime's profile: uid 1000, a
+/// read-only root, every capability dropped, no new privileges. The agent,
+/// PID 1 and the workers' ancestor, reads their stacks without ptrace
+/// rights of its own: `trainlet stacks` through `podman exec` (not the
+/// workers' ancestor) gets them from it, and at the hang verdict the job
+/// exits 206 naming the rank that stalled and where.
+#[test]
+fn a_hang_is_explained_in_a_restricted_container() {
+    let site = torch_site();
+    let mut opts = torch_opts(&site);
+    opts.extend(
+        ["--user", "1000:1000", "--read-only", "--tmpfs", "/tmp:rw,mode=1777", "--cap-drop", "all"]
+            .into_iter()
+            .chain(["--security-opt", "no-new-privileges", "-e", "STALL_RANK=1"])
+            .map(String::from),
+    );
+    let args = ["run", "--standalone", "--nproc-per-node", "2", "--python", "/usr/bin/python3"].into_iter().chain([
+        "--progress-timeout",
+        "15",
+        "--max-restarts",
+        "0",
+        "/fixtures/stall_job.py",
+    ]);
+    let c = Container::start("stall", &refs(&opts), "localhost/trainlet/torch-runtime:test", &args.collect::<Vec<_>>());
+    c.wait_for_log("STALL rank=1", LIMIT);
+    let started = Instant::now();
+    let stalled = loop {
+        let out = podman(&["exec", "--user", "1000:1000", &c.name, "trainlet", "stacks"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if text.contains("stall_here (/fixtures/stall_job.py:") {
+            break text;
+        }
+        assert!(started.elapsed() < LIMIT, "{text}\n{}\n{}", String::from_utf8_lossy(&out.stderr), c.logs());
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(stalled.contains("all_reduce ("), "rank 0 waits in all_reduce: {stalled}");
+    c.expect_exit(206, LIMIT, "");
+    let logs = c.logs();
+    assert!(
+        logs.contains("the job hung: rank 1 is not in the all_reduce the other 1 wait in: stall_job.py:"),
+        "{logs}"
+    );
+}
