@@ -68,6 +68,8 @@ mod mpi_bench;
 mod pmi_bench;
 #[path = "serve_bench.rs"]
 mod serve_bench;
+#[path = "stacks_bench.rs"]
+mod stacks_bench;
 #[path = "../tests/support/mod.rs"]
 mod support;
 #[path = "torchft_bench.rs"]
@@ -795,6 +797,10 @@ fn main() -> std::process::ExitCode {
     }
     if on("preload") {
         serve_bench::preload(&mut rows);
+    }
+    if on("stacks") {
+        stacks_bench::gather(&mut rows, 5);
+        progress(&rows);
     }
     if on("actors") {
         actor_bench::actors(&mut rows);

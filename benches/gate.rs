@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use super::{
     Row, actor_bench, agent_rss, driver_bench, inplace_bench, launch_rows, pmi_bench, restart_gap, serve_bench,
-    store_throughput, torchft_bench,
+    stacks_bench, store_throughput, torchft_bench,
 };
 
 /// One floor of `benches/floors.toml`.
@@ -103,6 +103,10 @@ fn measure() -> Vec<(&'static str, Row)> {
     let mut rows = Vec::new();
     torchft_bench::survivors(&mut rows);
     take(&["torchft_survivor_steps_vs_steady_rate"], rows);
+    // Every rank's stacks on demand, 4 ranks on 2 pods, against py-spy dump of each.
+    let mut rows = Vec::new();
+    stacks_bench::gather(&mut rows, 3);
+    take(&["stacks_4_ranks_vs_py_spy"], rows);
     // Restarts on the cluster (tests/cluster.sh), one run of each way.
     let mut rows = Vec::new();
     inplace_bench::restarts(&mut rows, 1, false);

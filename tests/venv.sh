@@ -15,13 +15,14 @@ cd "$(dirname "$0")/.."
 # DeepSpeed) and the progress reporters (transformers' KubeflowCallback,
 # the Kubeflow SDK). torchft: replica groups, with its torchft_lighthouse.
 # nbclient, nbformat and ipykernel: a real Jupyter kernel runs the notebook
-# whose classes become actors.
-packages="torch numpy pyyaml prometheus_client ssh-audit huggingface_hub moto[server] boto3 opendal jax[cpu] xgboost deepspeed transformers accelerate kubeflow torchft==0.2.0 nbclient nbformat ipykernel"
+# whose classes become actors. py-spy: the stacks benchmark's reference (a
+# binary, .venv/bin/py-spy, no module).
+packages="torch numpy pyyaml prometheus_client ssh-audit huggingface_hub moto[server] boto3 opendal jax[cpu] xgboost deepspeed transformers accelerate kubeflow torchft==0.2.0 nbclient nbformat ipykernel py-spy"
 # The module each package installs (moto[server]: flask_cors comes with the
 # extra; jax[cpu]: jaxlib).
 modules="torch numpy yaml prometheus_client ssh_audit huggingface_hub moto flask_cors boto3 opendal jax jaxlib xgboost deepspeed transformers accelerate kubeflow torchft nbclient nbformat ipykernel"
 complete() {
-  [ -x .venv/bin/python ] && .venv/bin/python - $modules <<'EOF' 2>/dev/null
+  [ -x .venv/bin/python ] && [ -x .venv/bin/py-spy ] && .venv/bin/python - $modules <<'EOF' 2>/dev/null
 import importlib.util, sys
 sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))
 EOF

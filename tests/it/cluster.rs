@@ -486,6 +486,32 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
     let logs = all_logs("restricted");
     let (digest, _) = crate::fault::final_of(&logs);
     assert_eq!(digest, crate::fault::reference_of("20"), "{logs}");
+
+    // 5. A hang in the restricted runtime: rank 2 (on pod 1) stalls outside
+    // the all_reduce the other ranks wait in, with no hook in its code.
+    // Every pod's trainlet reads its workers' stacks before it stops them,
+    // and the failed pods' termination messages and the TrainJob's status
+    // name rank 2 and where it stalled.
+    let env = [("STALL_RANK", "2"), ("TRAINLET_PROGRESS_TIMEOUT", "5"), ("PET_MAX_RESTARTS", "0")];
+    let job = job_on("trainlet-torch-distributed-restricted", "hang", "[torchrun, /fixtures/stall_job.py]", &env, &[]);
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
+    assert!(ok, "{out}");
+    let want = "rank 2 is not in the all_reduce the other 3 wait in: stall_job.py:";
+    let messages = wait_for("hang", "a pod's termination message", limit, || {
+        let m: Vec<String> = pods_of("hang")
+            .values()
+            .filter_map(|p| p["status"]["containerStatuses"][0]["state"]["terminated"]["message"].as_str())
+            .map(str::to_string)
+            .collect();
+        m.iter().any(|m| m.contains(want)).then_some(m)
+    });
+    assert!(messages.iter().any(|m| m.contains("(exit 206)")), "{messages:?}");
+    let status = wait_for("hang", "the TrainJob's last failure", limit, || {
+        metric(&get_json(&["trainjob", "hang"]), "trainlet.last_failure").filter(|f| f.starts_with("hung: "))
+    });
+    assert!(want.starts_with(&status["hung: ".len()..]), "{status}");
+    let (ok, out) = kubectl(&["delete", "trainjob", "hang", "--wait=false"]);
+    assert!(ok, "{out}");
 }
 
 /// The Kubeflow SDK, unchanged, as a user drives it from a notebook
