@@ -43,17 +43,35 @@ pub fn main(json: bool) -> u8 {
     if answered { 0 } else { 1 }
 }
 
+/// What the agent `pid` sends: only from the agent itself (a process of
+/// the pod that took the door's name first is not believed).
 fn ask(pid: i32) -> Result<Vec<RankStacks>, String> {
+    use std::os::fd::AsFd;
     use std::os::linux::net::SocketAddrExt;
     let name = door_name(u32::try_from(pid).map_err(|_| "bad pid".to_string())?);
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| e.to_string())?;
     let mut conn = std::os::unix::net::UnixStream::connect_addr(&addr)
         .map_err(|e| format!("cannot reach its stacks door ({e}); is it a trainlet of this version?"))?;
+    let me = nix::unistd::geteuid().as_raw();
+    match crate::sys::peer_credentials(conn.as_fd()) {
+        Some((p, uid)) if p == pid && (uid == me || uid == 0) => {}
+        Some((p, uid)) => {
+            return Err(format!("its stacks door is held by another process (pid {p}, uid {uid}); not believed"));
+        }
+        None => return Err("cannot tell who holds its stacks door; not believed".into()),
+    }
     conn.set_read_timeout(Some(ANSWER_WAIT)).map_err(|e| e.to_string())?;
     conn.write_all(b"stacks\n").map_err(|e| e.to_string())?;
     let mut answer = Vec::new();
     let limit = u64::try_from(MAX_ANSWER + 1).unwrap_or(u64::MAX);
-    conn.take(limit).read_to_end(&mut answer).map_err(|e| format!("no answer: {e}"))?;
+    if let Err(e) = conn.take(limit).read_to_end(&mut answer) {
+        return Err(match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                format!("no answer within {ANSWER_WAIT:?}")
+            }
+            _ => format!("no answer: {e}"),
+        });
+    }
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&answer)
         && let Some(e) = v.get("error").and_then(|e| e.as_str())
     {
@@ -64,6 +82,7 @@ fn ask(pid: i32) -> Result<Vec<RankStacks>, String> {
 
 /// The stacks as text: one block per rank, one per thread.
 pub fn text(all: &[RankStacks]) -> String {
+    use crate::stacks::clean as c;
     use std::fmt::Write as _;
     let mut s = String::new();
     if all.is_empty() {
@@ -71,24 +90,25 @@ pub fn text(all: &[RankStacks]) -> String {
     }
     for r in all {
         let p = &r.stacks;
-        let py = p.python.as_deref().map(|v| format!(", Python {v}")).unwrap_or_default();
+        let py = p.python.as_deref().map(|v| format!(", Python {}", c(v))).unwrap_or_default();
+        let (host, took) = (c(&r.host), p.took_ms);
         let _ = writeln!(
             s,
-            "rank {} (local rank {}, {}, pid {}{py}, read in {:.1} ms)",
-            r.rank, r.local_rank, r.host, p.pid, p.took_ms
+            "rank {} (local rank {}, {host}, pid {}{py}, read in {took:.1} ms)",
+            r.rank, r.local_rank, p.pid
         );
         if let Some(note) = &p.note {
-            let _ = writeln!(s, "  {note}");
+            let _ = writeln!(s, "  {}", c(note));
         }
         for t in &p.threads {
             let main = if t.main { ", main" } else { "" };
-            let _ = writeln!(s, "  thread {} ({}{main}): {}", t.tid, t.name, t.kernel);
+            let _ = writeln!(s, "  thread {} ({}{main}): {}", t.tid, c(&t.name), c(&t.kernel));
             for f in &t.python {
                 let line = f.line.map(|l| format!(":{l}")).unwrap_or_default();
-                let _ = writeln!(s, "    {} ({}{line})", f.function, f.file);
+                let _ = writeln!(s, "    {} ({}{line})", c(&f.function), c(&f.file));
             }
             for n in &t.native {
-                let _ = writeln!(s, "    [native] {} ({})", n.function.as_deref().unwrap_or(&n.pc), n.object);
+                let _ = writeln!(s, "    [native] {} ({})", c(n.function.as_deref().unwrap_or(&n.pc)), c(&n.object));
             }
         }
     }

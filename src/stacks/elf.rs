@@ -7,6 +7,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::time::Instant;
 
 /// Most section headers read from one file.
 const MAX_SECTIONS: usize = 4096;
@@ -65,6 +66,8 @@ pub struct Elf {
     file: File,
     sections: Vec<Section>,
     segments: Vec<Segment>,
+    /// Walks of its symbol tables stop here (the read's time bound).
+    deadline: Option<Instant>,
 }
 
 fn invalid(what: &str) -> std::io::Error {
@@ -83,11 +86,22 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
-/// The NUL-terminated string at `at` of a string table.
+/// Longest symbol name read (C++ names run to a few hundred bytes; a
+/// longer one is skipped, so a crafted table costs at most this per entry).
+const MAX_NAME: usize = 1024;
+/// Most bytes of names one file's function list keeps.
+const MAX_NAMES: usize = 32 << 20;
+/// Symbols walked between two looks at the deadline.
+const DEADLINE_EVERY: usize = 4096;
+
+/// The NUL-terminated string at `at` of a string table, at most
+/// [`MAX_NAME`] bytes before its NUL.
 fn str_at(table: &[u8], at: usize) -> Option<&str> {
     // `CStr`'s search is std's own, optimized even in a debug build, where
     // a byte-by-byte search made most of the time to read libtorch's tables.
-    std::ffi::CStr::from_bytes_until_nul(table.get(at..)?).ok()?.to_str().ok()
+    let rest = table.get(at..)?;
+    let head = rest.get(..MAX_NAME + 1).unwrap_or(rest);
+    std::ffi::CStr::from_bytes_until_nul(head).ok()?.to_str().ok()
 }
 
 impl Elf {
@@ -115,7 +129,13 @@ impl Elf {
                 s.name = str_at(&table, usize::try_from(s.name_at).unwrap_or(usize::MAX)).unwrap_or("").to_string();
             }
         }
-        Ok(Elf { file, sections, segments })
+        Ok(Elf { file, sections, segments, deadline: None })
+    }
+
+    /// The same file, its symbol walks bounded by `deadline`.
+    pub fn until(mut self, deadline: Option<Instant>) -> Elf {
+        self.deadline = deadline;
+        self
     }
 
     /// The section named `name`.
@@ -164,12 +184,14 @@ impl Elf {
     /// else `.dynsym`.
     pub fn functions(&self) -> Vec<Symbol> {
         let mut out = Vec::new();
+        let mut bytes = 0usize;
         for kind in [SHT_SYMTAB, SHT_DYNSYM] {
             let _ = self.each_symbol(kind, |name, info, addr, size| {
                 if info & 0xf == STT_FUNC && addr != 0 && !name.is_empty() {
+                    bytes += name.len();
                     out.push(Symbol { name: name.to_string(), addr, size });
                 }
-                false
+                bytes > MAX_NAMES
             });
             if !out.is_empty() {
                 break;
@@ -197,7 +219,10 @@ impl Elf {
         }
         let syms = read_bytes(&self.file, table.offset, table.size)?;
         let names = read_bytes(&self.file, strings.offset, strings.size)?;
-        for entry in syms.chunks_exact(24) {
+        for (i, entry) in syms.chunks_exact(24).enumerate() {
+            if i % DEADLINE_EVERY == DEADLINE_EVERY - 1 && self.deadline.is_some_and(|d| Instant::now() > d) {
+                return Err(std::io::Error::from(std::io::ErrorKind::TimedOut));
+            }
             let (Some(name_at), Some(&info), Some(value), Some(size)) =
                 (u32_at(entry, 0), entry.get(4), u64_at(entry, 8), u64_at(entry, 16))
             else {
@@ -314,5 +339,10 @@ mod tests {
         assert_eq!(str_at(b"ab\0cd\0", 3), Some("cd"));
         assert_eq!(str_at(b"ab", 0), None);
         assert_eq!(str_at(b"ab\0", 9), None);
+        // A name longer than MAX_NAME is skipped, however long its table.
+        let mut long = vec![b'A'; MAX_NAME + 10];
+        long.push(0);
+        assert_eq!(str_at(&long, 0), None);
+        assert_eq!(str_at(&long, 20).map(str::len), Some(MAX_NAME - 10));
     }
 }

@@ -10,6 +10,10 @@ use crate::sys;
 
 /// Most lines of `/proc/PID/maps` read (torch's workers have a few thousand).
 const MAX_MAPS: usize = 65_536;
+/// Most bytes of `/proc/PID/maps` read.
+const MAX_MAPS_BYTES: u64 = 8 << 20;
+/// Longest path of a mapped file kept.
+const MAX_PATH: usize = 4096;
 
 /// One mapping of a file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,14 +50,24 @@ pub fn parse_line(line: &str) -> Option<Mapping> {
     })
 }
 
-/// The file mappings of `pid`.
+/// The file mappings of `pid`: at most [`MAX_MAPS_BYTES`] of the file
+/// read, names that are not UTF-8 kept lossily, paths of at most
+/// [`MAX_PATH`] bytes (a longer one is no file the reader opens).
 pub fn read(pid: i32) -> Result<Vec<Mapping>, Error> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| Error::from_io(pid, &e))?;
-    if text.is_empty() {
+    use std::io::Read;
+    let file = std::fs::File::open(format!("/proc/{pid}/maps")).map_err(|e| Error::from_io(pid, &e))?;
+    let mut raw = Vec::new();
+    file.take(MAX_MAPS_BYTES).read_to_end(&mut raw).map_err(|e| Error::from_io(pid, &e))?;
+    if raw.is_empty() {
         // A zombie's maps are empty.
         return Err(Error::Gone);
     }
-    Ok(text.lines().take(MAX_MAPS).filter_map(parse_line).collect())
+    Ok(raw
+        .split(|b| *b == b'\n')
+        .take(MAX_MAPS)
+        .filter(|l| l.len() <= MAX_PATH + 128)
+        .filter_map(|l| parse_line(&String::from_utf8_lossy(l)))
+        .collect())
 }
 
 /// Where the process sees `path`: through its root, so a worker in

@@ -164,7 +164,7 @@ pub fn read(pid: i32, limits: &Limits) -> Process {
 fn read_one(pid: i32, limits: &Limits, started: Instant) -> Result<Process, Error> {
     let mem = maps::Mem { pid };
     let all = maps::read(pid)?;
-    let py = python::find(&mem, &all)?;
+    let py = python::find(&mem, &all, started.checked_add(limits.time))?;
     let walked = python::threads(&mem, &py, limits, started)?;
     let mut symbols = native::Symbols::default();
     // None: a bound past the clock's range, that is none.
@@ -201,7 +201,13 @@ fn read_one(pid: i32, limits: &Limits, started: Instant) -> Result<Process, Erro
 /// A name from another process, as data: control characters replaced,
 /// at most [`MAX_NAME`] characters.
 pub fn clean(s: &str) -> String {
-    s.chars().take(MAX_NAME).map(|c| if c.is_control() { '?' } else { c }).collect()
+    s.chars().take(MAX_NAME).map(|c| if c.is_control() || is_format(c) { '?' } else { c }).collect()
+}
+
+/// Unicode format characters that reorder or hide text on a terminal or a
+/// web page (bidirectional overrides and isolates, zero-width ones).
+fn is_format(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
 }
 
 #[cfg(test)]
@@ -221,6 +227,7 @@ mod tests {
     #[test]
     fn names_are_data() {
         assert_eq!(clean("a\nb\x1b[31m"), "a?b?[31m");
+        assert_eq!(clean("inner\u{202e}gnp.fdp\u{2066}x\u{200b}"), "inner?gnp.fdp?x?");
         assert_eq!(clean(&"x".repeat(2000)).len(), MAX_NAME);
     }
 }

@@ -67,6 +67,8 @@ struct Object {
 #[derive(Debug, Default)]
 pub struct Symbols {
     files: HashMap<String, Option<Object>>,
+    /// The read's time bound, for the files' symbol walks.
+    deadline: Option<Instant>,
 }
 
 impl Symbols {
@@ -76,8 +78,9 @@ impl Symbols {
         if !self.files.contains_key(&m.path) && self.files.len() >= MAX_FILES {
             return None;
         }
+        let deadline = self.deadline;
         let entry = self.files.entry(m.path.clone()).or_insert_with(|| {
-            let elf = Elf::open(&file_of(pid, &m.path)).ok()?;
+            let elf = Elf::open(&file_of(pid, &m.path)).ok()?.until(deadline);
             Some(Object {
                 symbols: elf.functions(),
                 elf,
@@ -93,7 +96,7 @@ impl Symbols {
         let Some(m) = maps.iter().find(|m| m.start <= pc && pc < m.end) else {
             return NativeFrame { pc: format!("{pc:#x}"), function: None, object: "?".into() };
         };
-        let object = m.path.rsplit('/').next().unwrap_or(&m.path).to_string();
+        let object = super::clean(m.path.rsplit('/').next().unwrap_or(&m.path));
         let function = self.object(pid, m).and_then(|o| {
             let addr = pc.wrapping_sub(o.elf.bias(m.start, m.offset)?);
             let i = o.symbols.partition_point(|s| s.addr <= addr).checked_sub(1)?;
@@ -102,7 +105,7 @@ impl Symbols {
             // name (a static one, in a file without .symtab): no name
             // rather than its neighbour's.
             let off = addr - s.addr;
-            (s.size == 0 || off < s.size).then(|| format!("{}+{off:#x}", s.name))
+            (s.size == 0 || off < s.size).then(|| super::clean(&format!("{}+{off:#x}", s.name)))
         });
         NativeFrame { pc: format!("{pc:#x}"), function, object }
     }
@@ -144,6 +147,7 @@ pub fn frames(
     symbols: &mut Symbols,
     deadline: Option<Instant>,
 ) -> (Vec<NativeFrame>, String) {
+    symbols.deadline = deadline;
     let text = match std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")) {
         Ok(t) => t,
         Err(e) => return (Vec::new(), format!("no native frames: {}", super::Error::from_io(pid, &e))),

@@ -110,12 +110,16 @@ const PY313: Layout = Layout {
 /// The versions read, for messages.
 pub const SUPPORTED: &str = "3.11, 3.12 and 3.13";
 
+/// Most files looked at for the interpreter.
+const MAX_CANDIDATES: usize = 4;
 /// Most thread states followed.
 const MAX_THREADS: usize = 256;
 /// Longest string read (a file name, a function name).
 const MAX_STR: u64 = 4096;
-/// Largest location table read.
-const MAX_LINETABLE: u64 = 1 << 20;
+/// Largest location table read (CPython's own are a few KiB at most).
+const MAX_LINETABLE: usize = 64 << 10;
+/// Most bytes of location tables one walk reads.
+const MAX_TABLES: usize = 4 << 20;
 
 /// The interpreter found in a process: where `_PyRuntime` is and how to read it.
 #[derive(Debug, Clone)]
@@ -130,7 +134,7 @@ pub struct Interpreter {
 /// with `_PyRuntime`. The load bias comes from the file's executable
 /// mapping: a process may also map the file as data (a reader of its own
 /// debug information), at another bias.
-pub fn find(mem: &Mem, maps: &[Mapping]) -> Result<Interpreter, Error> {
+pub fn find(mem: &Mem, maps: &[Mapping], deadline: Option<Instant>) -> Result<Interpreter, Error> {
     let candidates = maps.iter().filter(|m| m.exec).filter(|m| {
         let name = m.path.rsplit('/').next().unwrap_or("");
         name.starts_with("libpython3") || name.starts_with("python3") || name == "python"
@@ -140,13 +144,20 @@ pub fn find(mem: &Mem, maps: &[Mapping]) -> Result<Interpreter, Error> {
         if seen.contains(&&m.path) {
             continue;
         }
+        if seen.len() >= MAX_CANDIDATES {
+            break;
+        }
         seen.push(&m.path);
-        let Ok(elf) = Elf::open(&file_of(mem.pid, &m.path)) else { continue };
+        // A file replaced while it runs is shown "(deleted)"; its new
+        // version at the path is tried (a mismatch fails the reads after).
+        let path = m.path.strip_suffix(" (deleted)").unwrap_or(&m.path);
+        let Ok(elf) = Elf::open(&file_of(mem.pid, path)) else { continue };
+        let elf = elf.until(deadline);
         let Some(runtime) = elf.symbol("_PyRuntime") else { continue };
         let Some(bias) = elf.bias(m.start, m.offset) else { continue };
         let version = match elf.symbol("Py_Version") {
             Some(v) => mem.u32(v.wrapping_add(bias))?,
-            None => return Err(Error::Unsupported(format!("Python before 3.11 ({})", m.path))),
+            None => return Err(Error::Unsupported(format!("Python before 3.11 ({})", super::clean(&m.path)))),
         };
         let runtime = runtime.wrapping_add(bias);
         let (major, minor, micro) = (version >> 24, (version >> 16) & 0xff, (version >> 8) & 0xff);
@@ -217,22 +228,24 @@ struct Code {
     table: Vec<u8>,
 }
 
-/// Every thread's stack.
+/// Every thread's stack. Addresses come from the worker, so every sum
+/// with one wraps rather than overflows (a wrong address fails its read);
+/// a thread state that cannot be read ends the list with what was read.
 pub fn threads(mem: &Mem, py: &Interpreter, limits: &Limits, started: Instant) -> Result<Vec<PyThread>, Error> {
     let l = &py.layout;
-    let interp = mem.u64(py.runtime + l.interpreters_head)?;
-    let mut tstate = mem.u64(interp + l.threads_head)?;
+    let interp = mem.u64(py.runtime.wrapping_add(l.interpreters_head))?;
+    let mut tstate = mem.u64(interp.wrapping_add(l.threads_head))?;
     let mut out = Vec::new();
-    let mut codes: HashMap<u64, Option<Code>> = HashMap::new();
-    let mut code_type = None;
+    let mut codes = Codes::default();
     while tstate != 0 && out.len() < MAX_THREADS {
-        let tid = i32::try_from(mem.u64(tstate + l.native_thread_id)?).unwrap_or(0);
+        let Ok(tid) = mem.u64(tstate.wrapping_add(l.native_thread_id)) else { break };
+        let tid = i32::try_from(tid).unwrap_or(0);
         let mut frame = match l.cframe {
-            Some(at) => match mem.u64(tstate + at) {
-                Ok(cframe) if cframe != 0 => mem.u64(cframe + l.current_frame).unwrap_or(0),
+            Some(at) => match mem.u64(tstate.wrapping_add(at)) {
+                Ok(cframe) if cframe != 0 => mem.u64(cframe.wrapping_add(l.current_frame)).unwrap_or(0),
                 _ => 0,
             },
-            None => mem.u64(tstate + l.current_frame).unwrap_or(0),
+            None => mem.u64(tstate.wrapping_add(l.current_frame)).unwrap_or(0),
         };
         let mut frames = Vec::new();
         let mut truncated = false;
@@ -244,18 +257,17 @@ pub fn threads(mem: &Mem, py: &Interpreter, limits: &Limits, started: Instant) -
             let Ok(head) = mem.bytes(frame, 72) else { break };
             let word = |at: u64| {
                 let at = usize::try_from(at).unwrap_or(usize::MAX);
-                head.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes).unwrap_or(0)
+                head.get(at..at.saturating_add(8)).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes).unwrap_or(0)
             };
             let owner = head.get(usize::try_from(l.frame_owner).unwrap_or(usize::MAX)).copied();
             let (code_at, instr, previous) = (word(l.frame_code), word(l.frame_instr), word(l.frame_previous));
-            if l.owner_cstack.is_none() || owner != l.owner_cstack {
-                let code = codes.entry(code_at).or_insert_with(|| read_code(mem, l, code_at, &mut code_type)).clone();
-                if let Some(c) = code {
-                    let first = code_at + l.code_adaptive;
-                    let line = instr.checked_sub(first).map(|b| b / 2).and_then(|i| line_at(&c.table, c.first_line, i));
-                    let line = line.or(u32::try_from(c.first_line).ok());
-                    frames.push(Frame { function: c.function, file: c.file, line });
-                }
+            if (l.owner_cstack.is_none() || owner != l.owner_cstack)
+                && let Some(c) = codes.get(mem, l, code_at)
+            {
+                let first = code_at.wrapping_add(l.code_adaptive);
+                let line = instr.checked_sub(first).map(|b| b / 2).and_then(|i| line_at(&c.table, c.first_line, i));
+                let line = line.or(u32::try_from(c.first_line).ok());
+                frames.push(Frame { function: c.function.clone(), file: c.file.clone(), line });
             }
             if previous == frame {
                 break;
@@ -263,7 +275,7 @@ pub fn threads(mem: &Mem, py: &Interpreter, limits: &Limits, started: Instant) -
             frame = previous;
         }
         out.push(PyThread { tid, frames, truncated });
-        let next = mem.u64(tstate + l.tstate_next)?;
+        let Ok(next) = mem.u64(tstate.wrapping_add(l.tstate_next)) else { break };
         if next == tstate {
             break;
         }
@@ -272,35 +284,61 @@ pub fn threads(mem: &Mem, py: &Interpreter, limits: &Limits, started: Instant) -
     Ok(out)
 }
 
-/// A code object's name, file and line table; None when `at` is not one.
-fn read_code(mem: &Mem, l: &Layout, at: u64, code_type: &mut Option<u64>) -> Option<Code> {
-    let ty = mem.u64(at + 8).ok()?;
+/// The code objects read in one walk, and the bytes of location tables
+/// they hold (bounded by [`MAX_TABLES`]).
+#[derive(Debug, Default)]
+struct Codes {
+    read: HashMap<u64, Option<Code>>,
+    table_bytes: usize,
+    code_type: Option<u64>,
+}
+
+impl Codes {
+    /// The code object at `at` (None: it is not one).
+    fn get(&mut self, mem: &Mem, l: &Layout, at: u64) -> Option<&Code> {
+        if !self.read.contains_key(&at) {
+            let budget = MAX_TABLES.saturating_sub(self.table_bytes);
+            let code = read_code(mem, l, at, &mut self.code_type, budget);
+            self.table_bytes += code.as_ref().map_or(0, |c| c.table.len());
+            self.read.insert(at, code);
+        }
+        self.read.get(&at)?.as_ref()
+    }
+}
+
+/// A code object's name, file and line table (a table over `budget`
+/// bytes is left out: the frame gets its function's first line); None
+/// when `at` is not a code object.
+fn read_code(mem: &Mem, l: &Layout, at: u64, code_type: &mut Option<u64>, budget: usize) -> Option<Code> {
+    let ty = mem.u64(at.wrapping_add(8)).ok()?;
     if *code_type != Some(ty) {
         // tp_name is the type's C string, "code" for code objects.
-        let name = mem.bytes(mem.u64(ty + 24).ok()?, 5).ok()?;
+        let name = mem.bytes(mem.u64(ty.wrapping_add(24)).ok()?, 5).ok()?;
         if name != b"code\0" {
             return None;
         }
         *code_type = Some(ty);
     }
-    let file = string(mem, l, mem.u64(at + l.code_filename).ok()?).unwrap_or_else(|| "<unknown>".into());
-    let function = string(mem, l, mem.u64(at + l.code_qualname).ok()?).unwrap_or_else(|| "<unknown>".into());
-    let first_line = i32::try_from(mem.u32(at + l.code_firstlineno).ok()?).ok()?;
-    let table = bytes_object(mem, mem.u64(at + l.code_linetable).ok()?).unwrap_or_default();
-    Some(Code { function, file, first_line, table })
+    let file = string(mem, l, mem.u64(at.wrapping_add(l.code_filename)).ok()?).unwrap_or_else(|| "<unknown>".into());
+    let function =
+        string(mem, l, mem.u64(at.wrapping_add(l.code_qualname)).ok()?).unwrap_or_else(|| "<unknown>".into());
+    let first_line = i32::try_from(mem.u32(at.wrapping_add(l.code_firstlineno)).ok()?).ok()?;
+    let table = mem.u64(at.wrapping_add(l.code_linetable)).ok().and_then(|t| bytes_object(mem, t, budget));
+    Some(Code { function, file, first_line, table: table.unwrap_or_default() })
 }
 
-/// A `str` object's text (compact ones: every string a code object holds).
+/// A `str` object's text (compact ones: every string a code object
+/// holds), cut at [`MAX_STR`] characters.
 fn string(mem: &Mem, l: &Layout, at: u64) -> Option<String> {
     let head = mem.bytes(at, 40).ok()?;
     let length = u64::from_le_bytes(head.get(16..24)?.try_into().ok()?);
     let state = u32::from_le_bytes(head.get(32..36)?.try_into().ok()?);
     let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1 == 1, (state >> 6) & 1 == 1);
-    if !compact || length > MAX_STR {
+    if !compact {
         return None;
     }
-    let data = at + if ascii { l.ascii_size } else { l.compact_size };
-    let n = usize::try_from(length).ok()?;
+    let data = at.wrapping_add(if ascii { l.ascii_size } else { l.compact_size });
+    let n = usize::try_from(length.min(MAX_STR)).ok()?;
     let width = usize::try_from(kind).ok().filter(|k| matches!(k, 1 | 2 | 4))?;
     let raw = mem.bytes(data, n * width).ok()?;
     let chars = raw.chunks_exact(width).map(|c| {
@@ -311,13 +349,14 @@ fn string(mem: &Mem, l: &Layout, at: u64) -> Option<String> {
     Some(chars.collect())
 }
 
-/// A `bytes` object's contents.
-fn bytes_object(mem: &Mem, at: u64) -> Option<Vec<u8>> {
-    let size = mem.u64(at + 16).ok()?;
-    if size > MAX_LINETABLE {
+/// A `bytes` object's contents, when at most `budget` (and
+/// [`MAX_LINETABLE`]) bytes.
+fn bytes_object(mem: &Mem, at: u64, budget: usize) -> Option<Vec<u8>> {
+    let size = usize::try_from(mem.u64(at.wrapping_add(16)).ok()?).ok()?;
+    if size > MAX_LINETABLE || size > budget {
         return None;
     }
-    mem.bytes(at + 32, usize::try_from(size).ok()?).ok()
+    mem.bytes(at.wrapping_add(32), size).ok()
 }
 
 /// The line of code unit `index` from a 3.11+ location table
@@ -374,8 +413,8 @@ pub fn line_at(table: &[u8], first_line: i32, index: u64) -> Option<u32> {
                 0
             }
         };
-        line += delta;
-        addr += length;
+        line = line.saturating_add(delta);
+        addr = addr.saturating_add(length);
         if index < addr {
             return if code == 15 { None } else { u32::try_from(line).ok() };
         }
@@ -418,5 +457,10 @@ mod tests {
         assert_eq!(line_at(&[0x80 | (14 << 3), 0xff], 1, 0), None);
         assert_eq!(line_at(&[0x7f], 1, 0), None);
         assert_eq!(line_at(&[0x80 | (14 << 3)].repeat(3), 1, 7), None);
+        // Deltas of i64::MAX, again and again: the line saturates, no overflow.
+        let mut huge = vec![0x80 | (13 << 3) | 7];
+        huge.extend([0x7f; 10]);
+        huge.push(0x3f);
+        assert!(line_at(&huge.repeat(200), 1, 8 * 199).is_none_or(|l| l == u32::MAX));
     }
 }

@@ -46,41 +46,86 @@ pub(super) async fn capture(world: &WorldView<'_>, core: &Attempt, crew: &Crew) 
 }
 
 /// The stacks of `workers` (`(rank, local rank, pid)`), read in parallel;
-/// a read still going at the bound is left behind and said so.
+/// a read still going at the bound is left behind and said so, and no
+/// second read of a worker starts while one is still going (a worker
+/// stuck in the kernel, or hostile to the reader, holds one thread, not
+/// one per request).
 async fn read_all(host: &str, node_rank: u32, workers: Vec<(u32, u32, i32)>) -> Vec<RankStacks> {
     let limits = Limits::default();
     let reads: Vec<_> = workers
         .iter()
-        .map(|&(_, _, pid)| tokio::task::spawn_blocking(move || crate::stacks::read(pid, &limits)))
+        .map(|&(_, _, pid)| {
+            let held = Reading::start(pid)?;
+            Some(tokio::task::spawn_blocking(move || {
+                let _held = held;
+                crate::stacks::read(pid, &limits)
+            }))
+        })
         .collect();
     let deadline = tokio::time::Instant::now() + limits.time + CAPTURE_MARGIN;
     let mut out = Vec::with_capacity(workers.len());
     for ((rank, local_rank, pid), read) in workers.into_iter().zip(reads) {
-        let stacks = match tokio::time::timeout_at(deadline, read).await {
-            Ok(Ok(p)) => p,
-            Ok(Err(_)) => unread(pid, "the read failed"),
-            Err(_) => unread(pid, "the read did not finish in time (the worker may be in uninterruptible sleep)"),
+        let stacks = match read {
+            None => unread(pid, "an earlier read of this worker is still going (it may be in uninterruptible sleep)"),
+            Some(read) => match tokio::time::timeout_at(deadline, read).await {
+                Ok(Ok(p)) => p,
+                Ok(Err(_)) => unread(pid, "the read failed"),
+                Err(_) => unread(pid, "the read did not finish in time (the worker may be in uninterruptible sleep)"),
+            },
         };
         out.push(RankStacks { rank, local_rank, node_rank, host: host.to_string(), stacks });
     }
     out
 }
 
-/// The workers the door reads: `(rank, local rank, pid)`, with their pod's
-/// name and node rank.
+/// The workers being read now.
+static READING: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+
+/// A read of one worker, in [`READING`] while it lasts.
+#[derive(Debug)]
+struct Reading(i32);
+
+impl Reading {
+    /// None when `pid` is being read already.
+    fn start(pid: i32) -> Option<Reading> {
+        let mut now = READING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if now.contains(&pid) {
+            return None;
+        }
+        now.push(pid);
+        Some(Reading(pid))
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        READING.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|p| *p != self.0);
+    }
+}
+
+/// The workers the door reads: `(rank, local rank, pid, start time)`,
+/// with their pod's name and node rank.
 #[derive(Debug, Default)]
 struct Live {
     host: String,
     node_rank: u32,
-    workers: Vec<(u32, u32, i32)>,
+    workers: Vec<(u32, u32, i32, u64)>,
 }
 
 static LIVE: Mutex<Live> = Mutex::new(Live { host: String::new(), node_rank: 0, workers: Vec::new() });
 
 /// The attempt's workers, for the door (none: the attempt is over).
 pub(super) fn register(world: &WorldView<'_>, crew: &Crew) {
-    let mut workers: Vec<(u32, u32, i32)> =
-        crew.workers.iter().filter_map(|(lr, w)| Some((w.rank, *lr, w.pid?))).collect();
+    // With its start time a pid names one process: a worker gone and its
+    // pid reused by another is not read as the rank.
+    let mut workers: Vec<(u32, u32, i32, u64)> = crew
+        .workers
+        .iter()
+        .filter_map(|(lr, w)| {
+            let pid = w.pid?;
+            Some((w.rank, *lr, pid, crate::sys::proc_start(pid)?))
+        })
+        .collect();
     workers.sort_unstable();
     let mut live = LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     *live = Live { host: world.plan.output.host.clone(), node_rank: world.group_rank, workers };
@@ -98,43 +143,58 @@ pub fn door_name(pid: u32) -> String {
 
 /// What the door sends at most.
 pub const MAX_ANSWER: usize = MAX_POD_STACKS;
-/// Longest a client may take to send its request.
-const REQUEST_WAIT: Duration = Duration::from_secs(5);
+/// Longest a client may take to send its request, or to take the answer.
+const REQUEST_WAIT: Duration = Duration::from_secs(2);
 
-/// Answer `trainlet stacks` on this agent's door until `cancel`. A door
-/// that cannot be opened costs a warning, never the job.
+/// Answer `trainlet stacks` on this agent's door until `cancel`: each
+/// connection in a task of its own, at most [`DOOR_CONNECTIONS`] at once
+/// (more are told so and closed). A door that cannot be opened costs an
+/// error in the log, never the job.
 pub async fn serve_door(cancel: CancellationToken) {
     let name = door_name(std::process::id());
     let listener = match bind(&name) {
         Ok(l) => l,
         Err(e) => {
-            tracing::warn!(error = %e, "cannot open the stacks door; `trainlet stacks` will not reach this agent");
+            tracing::error!(door = %name, error = %e, "cannot open the stacks door (another process of the pod holds its name?); `trainlet stacks` will not reach this agent, and what answers there is not this agent");
             return;
         }
     };
     let me = nix::unistd::geteuid().as_raw();
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(DOOR_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             () = cancel.cancelled() => return,
             a = listener.accept() => a,
         };
         let Ok((mut conn, _)) = accepted else { continue };
-        // One request at a time: the next waits until this one is answered.
-        let allowed = conn.peer_cred().is_ok_and(|c| c.uid() == me || c.uid() == 0);
-        if !allowed {
-            let _ =
-                conn.write_all(b"{\"error\":\"only the agent's own uid or root may read its workers' stacks\"}").await;
+        let Ok(slot) = std::sync::Arc::clone(&slots).try_acquire_owned() else {
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(REQUEST_WAIT, conn.write_all(BUSY)).await;
+            });
             continue;
-        }
-        let mut req = [0u8; 16];
-        let asked = tokio::time::timeout(REQUEST_WAIT, conn.read(&mut req)).await;
-        if !matches!(asked, Ok(Ok(n)) if req[..n].starts_with(b"stacks")) {
-            continue;
-        }
-        let answer = encode(read_live().await);
-        let _ = tokio::time::timeout(REQUEST_WAIT, conn.write_all(&answer)).await;
+        };
+        tokio::spawn(async move {
+            let _slot = slot;
+            let allowed = conn.peer_cred().is_ok_and(|c| c.uid() == me || c.uid() == 0);
+            if !allowed {
+                let _ = tokio::time::timeout(REQUEST_WAIT, conn.write_all(REFUSED)).await;
+                return;
+            }
+            let mut req = [0u8; 16];
+            let asked = tokio::time::timeout(REQUEST_WAIT, conn.read(&mut req)).await;
+            if !matches!(asked, Ok(Ok(n)) if req[..n].starts_with(b"stacks")) {
+                return;
+            }
+            let answer = encode(read_live().await);
+            let _ = tokio::time::timeout(REQUEST_WAIT, conn.write_all(&answer)).await;
+        });
     }
 }
+
+/// Connections the door serves at once.
+const DOOR_CONNECTIONS: usize = 4;
+const BUSY: &[u8] = b"{\"error\":\"the agent is answering other requests for stacks; try again\"}";
+const REFUSED: &[u8] = b"{\"error\":\"only the agent's own uid or root may read its workers' stacks\"}";
 
 fn bind(name: &str) -> std::io::Result<tokio::net::UnixListener> {
     use std::os::linux::net::SocketAddrExt;
@@ -144,13 +204,14 @@ fn bind(name: &str) -> std::io::Result<tokio::net::UnixListener> {
     tokio::net::UnixListener::from_std(std_listener)
 }
 
-/// The registered workers' stacks.
+/// The registered workers' stacks (those still running).
 pub(crate) async fn read_live() -> Vec<RankStacks> {
     let (host, node_rank, workers) = {
         let live = LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         (live.host.clone(), live.node_rank, live.workers.clone())
     };
-    read_all(&host, node_rank, workers).await
+    let running = workers.into_iter().filter(|w| crate::sys::is_same_process(w.2, w.3));
+    read_all(&host, node_rank, running.map(|(rank, lr, pid, _)| (rank, lr, pid)).collect()).await
 }
 
 fn unread(pid: i32, why: &str) -> Process {
@@ -179,13 +240,32 @@ pub(crate) fn encode(mut stacks: Vec<RankStacks>) -> Vec<u8> {
         r.stacks.threads.truncate(1);
         r.stacks.note = Some("cut to the main thread's innermost frames (over the size bound)".into());
     }
-    fits(&stacks).unwrap_or_else(|| b"[]".to_vec())
+    if let Some(v) = fits(&stacks) {
+        return v;
+    }
+    // Still over (names are cut at 512 characters, so only a huge number
+    // of ranks gets here): every rank is kept, without its stacks.
+    for r in &mut stacks {
+        r.stacks.threads.clear();
+        r.stacks.note = Some("stacks dropped: over the size bound of one pod's stacks".into());
+    }
+    serde_json::to_vec(&stacks).unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::stacks::{Frame, Thread};
+
+    #[test]
+    fn a_worker_is_read_once_at_a_time() {
+        let first = Reading::start(-7).expect("first");
+        assert!(Reading::start(-7).is_none());
+        let other = Reading::start(-8);
+        assert!(other.is_some());
+        drop(first);
+        assert!(Reading::start(-7).is_some());
+    }
 
     #[test]
     fn a_pods_stacks_are_cut_to_the_bound() {

@@ -450,6 +450,13 @@ pub fn read_remote(pid: i32, addr: u64, buf: &mut [u8]) -> std::io::Result<usize
     process_vm_readv(Pid::from_raw(pid), &mut local, &remote).map_err(std::io::Error::from)
 }
 
+/// The pid and uid of the process at the other end of a Unix socket
+/// (`SO_PEERCRED`: who created or connected it); None when unknown.
+pub fn peer_credentials(fd: std::os::fd::BorrowedFd<'_>) -> Option<(i32, u32)> {
+    let c = nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    Some((c.pid(), c.uid()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

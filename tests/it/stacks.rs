@@ -126,3 +126,28 @@ fn processes_exiting_while_read_never_crash_or_hang_the_reader() {
         child.wait().expect("wait");
     }
 }
+
+/// A worker that crafts what the reader follows (tests/fixtures/hostile_code.py):
+/// the read ends quickly with the frame's names cut and cleaned, and the
+/// overflowing location table costs the line, nothing else.
+#[test]
+fn a_hostile_code_object_is_read_as_data() {
+    let mut child =
+        Command::new(python()).arg(fixture("hostile_code.py")).stdout(Stdio::piped()).spawn().expect("python");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read");
+    let child = Killed(child);
+    let until = Instant::now() + Duration::from_secs(30);
+    let frame = loop {
+        let p = read(pid_of(&child), &Limits::default());
+        assert!(p.took_ms < 1000.0, "{p:#?}");
+        if let Some(f) = p.threads.first().and_then(|t| t.python.first()).filter(|f| f.function.starts_with("evil")) {
+            break f.clone();
+        }
+        assert!(Instant::now() < until, "{p:#?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(frame.function.starts_with("evil?[2J?yyy"), "{frame:?}");
+    assert_eq!(frame.function.chars().count(), 512);
+    assert_eq!(frame.file, "/tmp/?fake.py");
+}
