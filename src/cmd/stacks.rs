@@ -6,14 +6,8 @@
 //! prints what they send: the Python frames of every thread, innermost
 //! first, and a blocked thread's native frames.
 
-use std::io::{Read, Write};
-use std::time::Duration;
-
 use crate::stacks::stall::RankStacks;
-use crate::supervise::stacks::{MAX_ANSWER, door_name};
-
-/// Longest one agent may take to answer.
-const ANSWER_WAIT: Duration = Duration::from_secs(10);
+use crate::supervise::stacks::ask_door;
 
 /// Ask every agent of this container; 0 when at least one answered.
 pub fn main(json: bool) -> u8 {
@@ -26,7 +20,7 @@ pub fn main(json: bool) -> u8 {
     let mut all = Vec::new();
     let mut answered = false;
     for a in &found {
-        match ask(a.pid) {
+        match ask_door(a.pid) {
             Ok(stacks) => {
                 answered = true;
                 all.extend(stacks);
@@ -41,43 +35,6 @@ pub fn main(json: bool) -> u8 {
         print!("{}", text(&all));
     }
     if answered { 0 } else { 1 }
-}
-
-/// What the agent `pid` sends: only from the agent itself (a process of
-/// the pod that took the door's name first is not believed).
-fn ask(pid: i32) -> Result<Vec<RankStacks>, String> {
-    use std::os::fd::AsFd;
-    use std::os::linux::net::SocketAddrExt;
-    let name = door_name(u32::try_from(pid).map_err(|_| "bad pid".to_string())?);
-    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| e.to_string())?;
-    let mut conn = std::os::unix::net::UnixStream::connect_addr(&addr)
-        .map_err(|e| format!("cannot reach its stacks door ({e}); is it a trainlet of this version?"))?;
-    let me = nix::unistd::geteuid().as_raw();
-    match crate::sys::peer_credentials(conn.as_fd()) {
-        Some((p, uid)) if p == pid && (uid == me || uid == 0) => {}
-        Some((p, uid)) => {
-            return Err(format!("its stacks door is held by another process (pid {p}, uid {uid}); not believed"));
-        }
-        None => return Err("cannot tell who holds its stacks door; not believed".into()),
-    }
-    conn.set_read_timeout(Some(ANSWER_WAIT)).map_err(|e| e.to_string())?;
-    conn.write_all(b"stacks\n").map_err(|e| e.to_string())?;
-    let mut answer = Vec::new();
-    let limit = u64::try_from(MAX_ANSWER + 1).unwrap_or(u64::MAX);
-    if let Err(e) = conn.take(limit).read_to_end(&mut answer) {
-        return Err(match e.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-                format!("no answer within {ANSWER_WAIT:?}")
-            }
-            _ => format!("no answer: {e}"),
-        });
-    }
-    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&answer)
-        && let Some(e) = v.get("error").and_then(|e| e.as_str())
-    {
-        return Err(crate::stacks::clean(e));
-    }
-    serde_json::from_slice(&answer).map_err(|e| format!("an unreadable answer: {e}"))
 }
 
 /// The stacks as text: one block per rank, one per thread.

@@ -1,8 +1,9 @@
 //! Every rank's stacks on demand in serve mode (`GET /v1/stacks`): the
 //! control API asks through the agents' store, every pod's agent answers
-//! with its workers' stacks (read as at a hang, `supervise::stacks`), and
-//! the API puts them into one view of the job with who waits for whom
-//! (`stacks::stall`).
+//! with its workers' stacks (read as at a hang, `supervise::stacks`) and
+//! its lane agents' (actors beside the main run, asked on their doors),
+//! and the API puts them into one view of the job with who waits for whom
+//! (`stacks::stall`), each lane's judged apart.
 //!
 //! Keys under the job's base: `stacks/ask` counts requests; `stacks/ask/N`
 //! is request N; `stacks/answers/N` counts its answers and
@@ -79,7 +80,7 @@ pub fn answer_requests(dial: Dial, base: String, cancel: CancellationToken) {
             if !link.exists(&request(&base, n)).await.unwrap_or(false) {
                 continue;
             }
-            let json = crate::supervise::stacks::encode(crate::supervise::stacks::read_live().await);
+            let json = crate::supervise::stacks::encode(crate::supervise::stacks::read_pod().await);
             let sent = match link.add(&count(&base, n), 1).await {
                 Ok(k) => link.set(&answer(&base, n, k), &json).await,
                 Err(e) => Err(e),
@@ -118,9 +119,16 @@ pub async fn gather(link: &mut Link, pods: u32) -> Result<serde_json::Value, Str
         let raw = link.get(&answer(&base, n, k)).await.map_err(why)?;
         ranks.extend(serde_json::from_slice::<Vec<RankStacks>>(&raw).unwrap_or_default());
     }
-    ranks.sort_by_key(|r| r.rank);
-    let stall = judge(&ranks);
-    Ok(serde_json::json!({ "pods": pods, "answered": answered, "stall": stall, "ranks": ranks }))
+    ranks.sort_by_key(|r| (r.lane, r.rank));
+    // Actors beside the main run are jobs of their own: judged apart.
+    let (main, beside): (Vec<RankStacks>, Vec<RankStacks>) = ranks.into_iter().partition(|r| r.lane.is_none());
+    let mut lanes: Vec<serde_json::Value> = Vec::new();
+    for lane in beside.iter().filter_map(|r| r.lane).collect::<std::collections::BTreeSet<u64>>() {
+        let of: Vec<RankStacks> = beside.iter().filter(|r| r.lane == Some(lane)).cloned().collect();
+        lanes.push(serde_json::json!({ "run": lane, "stall": judge(&of), "ranks": of }));
+    }
+    let stall = judge(&main);
+    Ok(serde_json::json!({ "pods": pods, "answered": answered, "stall": stall, "ranks": main, "lanes": lanes }))
 }
 
 /// Delete request `n`'s keys.

@@ -60,6 +60,10 @@ pub struct RankStacks {
     pub host: String,
     /// What was read.
     pub stacks: Process,
+    /// The run of the lane it serves, for a worker of an actor beside the
+    /// main run (None: the main run's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lane: Option<u64>,
 }
 
 /// The job's stall, as the stacks show it.
@@ -249,6 +253,7 @@ mod tests {
             node_rank: rank / 2,
             host: "h".into(),
             stacks: Process { pid: 1, python: Some("3.11.7".into()), threads, note: None, took_ms: 1.0 },
+            lane: None,
         }
     }
 

@@ -39,7 +39,7 @@ pub(super) async fn capture(world: &WorldView<'_>, core: &Attempt, crew: &Crew) 
         })
         .collect();
     live.sort_unstable();
-    let out = read_all(&world.plan.output.host, world.group_rank, live).await;
+    let out = read_all(&world.plan.output.host, (world.group_rank, lane_of(world)), live).await;
     let took: f64 = out.iter().map(|r| r.stacks.took_ms).fold(0.0, f64::max);
     tracing::info!(workers = out.len(), slowest_ms = took, "read the workers' stacks before stopping them");
     out
@@ -50,7 +50,7 @@ pub(super) async fn capture(world: &WorldView<'_>, core: &Attempt, crew: &Crew) 
 /// second read of a worker starts while one is still going (a worker
 /// stuck in the kernel, or hostile to the reader, holds one thread, not
 /// one per request).
-async fn read_all(host: &str, node_rank: u32, workers: Vec<(u32, u32, i32)>) -> Vec<RankStacks> {
+async fn read_all(host: &str, (node_rank, lane): (u32, Option<u64>), workers: Vec<(u32, u32, i32)>) -> Vec<RankStacks> {
     let limits = Limits::default();
     let reads: Vec<_> = workers
         .iter()
@@ -73,7 +73,7 @@ async fn read_all(host: &str, node_rank: u32, workers: Vec<(u32, u32, i32)>) -> 
                 Err(_) => unread(pid, "the read did not finish in time (the worker may be in uninterruptible sleep)"),
             },
         };
-        out.push(RankStacks { rank, local_rank, node_rank, host: host.to_string(), stacks });
+        out.push(RankStacks { rank, local_rank, node_rank, host: host.to_string(), stacks, lane });
     }
     out
 }
@@ -109,10 +109,16 @@ impl Drop for Reading {
 struct Live {
     host: String,
     node_rank: u32,
+    lane: Option<u64>,
     workers: Vec<(u32, u32, i32, u64)>,
 }
 
-static LIVE: Mutex<Live> = Mutex::new(Live { host: String::new(), node_rank: 0, workers: Vec::new() });
+static LIVE: Mutex<Live> = Mutex::new(Live { host: String::new(), node_rank: 0, lane: None, workers: Vec::new() });
+
+/// The lane this agent serves (a lane agent's run), if any.
+fn lane_of(world: &WorldView<'_>) -> Option<u64> {
+    world.plan.serve.as_ref().and_then(|s| s.lane.as_ref()).map(|l| l.seq)
+}
 
 /// The attempt's workers, for the door (none: the attempt is over).
 pub(super) fn register(world: &WorldView<'_>, crew: &Crew) {
@@ -128,7 +134,7 @@ pub(super) fn register(world: &WorldView<'_>, crew: &Crew) {
         .collect();
     workers.sort_unstable();
     let mut live = LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    *live = Live { host: world.plan.output.host.clone(), node_rank: world.group_rank, workers };
+    *live = Live { host: world.plan.output.host.clone(), node_rank: world.group_rank, lane: lane_of(world), workers };
 }
 
 /// The attempt is over: the door has no worker to read.
@@ -206,12 +212,78 @@ fn bind(name: &str) -> std::io::Result<tokio::net::UnixListener> {
 
 /// The registered workers' stacks (those still running).
 pub(crate) async fn read_live() -> Vec<RankStacks> {
-    let (host, node_rank, workers) = {
+    let (host, at, workers) = {
         let live = LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        (live.host.clone(), live.node_rank, live.workers.clone())
+        (live.host.clone(), (live.node_rank, live.lane), live.workers.clone())
     };
     let running = workers.into_iter().filter(|w| crate::sys::is_same_process(w.2, w.3));
-    read_all(&host, node_rank, running.map(|(rank, lr, pid, _)| (rank, lr, pid)).collect()).await
+    read_all(&host, at, running.map(|(rank, lr, pid, _)| (rank, lr, pid)).collect()).await
+}
+
+/// This pod's stacks: its own workers' and those of the lane agents it
+/// started (actors beside the main run), each asked on its door.
+pub(crate) async fn read_pod() -> Vec<RankStacks> {
+    let mut out = read_live().await;
+    let me = i32::try_from(std::process::id()).unwrap_or(0);
+    let exe = crate::sys::own_exe();
+    let lanes: Vec<i32> = crate::sys::children(me)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| exe.is_some() && std::fs::read_link(format!("/proc/{c}/exe")).ok() == exe)
+        .take(MAX_LANE_AGENTS)
+        .collect();
+    let asks: Vec<_> = lanes.into_iter().map(|pid| tokio::task::spawn_blocking(move || ask_door(pid))).collect();
+    let deadline = tokio::time::Instant::now() + Limits::default().time + CAPTURE_MARGIN * 2;
+    for ask in asks {
+        if let Ok(Ok(Ok(stacks))) = tokio::time::timeout_at(deadline, ask).await {
+            out.extend(stacks);
+        }
+    }
+    out
+}
+
+/// Most lane agents of a pod asked.
+const MAX_LANE_AGENTS: usize = 64;
+/// Longest one agent may take to answer on its door.
+const ANSWER_WAIT: Duration = Duration::from_secs(10);
+
+/// What the agent `pid` sends on its door (blocking): only from the agent
+/// itself (a process of the pod that took the door's name first is not
+/// believed).
+pub fn ask_door(pid: i32) -> Result<Vec<RankStacks>, String> {
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+    use std::os::linux::net::SocketAddrExt;
+    let name = door_name(u32::try_from(pid).map_err(|_| "bad pid".to_string())?);
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| e.to_string())?;
+    let mut conn = std::os::unix::net::UnixStream::connect_addr(&addr)
+        .map_err(|e| format!("cannot reach its stacks door ({e}); is it a trainlet of this version?"))?;
+    let me = nix::unistd::geteuid().as_raw();
+    match crate::sys::peer_credentials(conn.as_fd()) {
+        Some((p, uid)) if p == pid && (uid == me || uid == 0) => {}
+        Some((p, uid)) => {
+            return Err(format!("its stacks door is held by another process (pid {p}, uid {uid}); not believed"));
+        }
+        None => return Err("cannot tell who holds its stacks door; not believed".into()),
+    }
+    conn.set_read_timeout(Some(ANSWER_WAIT)).map_err(|e| e.to_string())?;
+    conn.write_all(b"stacks\n").map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    let limit = u64::try_from(MAX_ANSWER + 1).unwrap_or(u64::MAX);
+    if let Err(e) = conn.take(limit).read_to_end(&mut answer) {
+        return Err(match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                format!("no answer within {ANSWER_WAIT:?}")
+            }
+            _ => format!("no answer: {e}"),
+        });
+    }
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&answer)
+        && let Some(e) = v.get("error").and_then(|e| e.as_str())
+    {
+        return Err(crate::stacks::clean(e));
+    }
+    serde_json::from_slice(&answer).map_err(|e| format!("an unreadable answer: {e}"))
 }
 
 fn unread(pid: i32, why: &str) -> Process {
@@ -285,6 +357,7 @@ mod tests {
             node_rank: 0,
             host: "h".into(),
             stacks: Process { pid: 1, python: None, threads: (1..=8).map(thread).collect(), note: None, took_ms: 1.0 },
+            lane: None,
         };
         let small = encode(vec![rank(0)]);
         assert!(small.len() <= MAX_POD_STACKS);

@@ -81,6 +81,17 @@ fn a_trainer_and_a_rollout_actor_run_side_by_side_and_hand_weights_over_through_
     assert_eq!(beside["slow_done_when_pinged"], false, "{beside}");
     assert_eq!(beside["slow"], serde_json::json!([0, 1]), "{beside}");
 
+    // A lane actor's call past its wait says where its rank is: in the
+    // method, read by the lane's agent and gathered with the pod's.
+    let held = step("lane_timeout");
+    let where_ = held["where"].as_object().expect("where");
+    assert_eq!(where_.len(), 2, "the lane's rank on each pod: {held}");
+    for place in where_.values() {
+        // The driver's classes run from the shipped __main__ (_trainlet_main_<digest>.py).
+        let place = place.as_str().unwrap_or_default();
+        assert!(place.starts_with("_trainlet_main_") && place.ends_with(" in Rollout.hold"), "{held}");
+    }
+
     // No slot left: 409 naming both holders.
     let full = step("full");
     assert_eq!(full["status"], 409, "{full}");

@@ -184,7 +184,8 @@ class Trainlet:
         ``{"pods", "answered", "stall": {"stalled_ranks", "waiting_ranks", "unknown_ranks",
         "summary"}, "ranks": [{"rank", "local_rank", "node_rank", "host", "stacks": {"pid",
         "python", "threads": [{"tid", "name", "main", "python": [{"function", "file",
-        "line"}], "native", "kernel"}], "note", "took_ms"}}]}``."""
+        "line"}], "native", "kernel"}], "note", "took_ms"}}], "lanes": [{"run", "stall",
+        "ranks"}]}``; ``lanes`` are the actors beside the main run, each judged apart."""
         return self._request("GET", "/v1/stacks")
 
     def runs(self):

@@ -162,18 +162,28 @@ class CallTimeout(TimeoutError):
 
 
 def _where(view, method):
-    """Each rank's place in the thread running ``method`` (its innermost frame), else in its
-    main thread."""
+    """Each rank's place (its innermost frame) in the thread running ``method``; when no rank
+    of the view runs it, each rank's main thread's place."""
+    ranks = list(view.get("ranks", []))
+    for lane in view.get("lanes", []):
+        ranks.extend(lane.get("ranks", []))
+
+    def place(t):
+        f = t["python"][0]
+        return "%s:%s in %s" % (f["file"].rsplit("/", 1)[-1], f.get("line"), f["function"])
+
     out = {}
-    for r in view.get("ranks", []):
-        threads = r.get("stacks", {}).get("threads", [])
-        running = [t for t in threads
-                   if any(f.get("function", "").split(".")[-1] == method for f in t.get("python", []))]
-        for t in running or threads[:1]:
-            if t.get("python"):
-                f = t["python"][0]
-                out[r["rank"]] = "%s:%s in %s" % (f["file"].rsplit("/", 1)[-1], f.get("line"), f["function"])
+    for r in ranks:
+        for t in r.get("stacks", {}).get("threads", []):
+            names = [f.get("function", "").split(".")[-1] for f in t.get("python", [])]
+            if method in names:
+                out[r["rank"]] = place(t)
                 break
+    if not out:
+        for r in ranks:
+            threads = [t for t in r.get("stacks", {}).get("threads", []) if t.get("python")]
+            if threads:
+                out.setdefault(r["rank"], place(threads[0]))
     return out
 
 
@@ -232,7 +242,7 @@ class Call:
             if len(where) > 4:
                 message += "; %d more ranks" % (len(where) - 4)
         else:
-            message += "; its ranks are not in GET /v1/stacks (an actor beside the main run)"
+            message += "; no rank is in the method (GET /v1/stacks)"
         return CallTimeout(message, stacks, where)
 
     def result(self, timeout=None):
