@@ -28,13 +28,16 @@ pub fn main(json: bool) -> u8 {
             Err(e) => eprintln!("trainlet stacks: agent pid {}: {e}", a.pid),
         }
     }
-    all.sort_by_key(|r| r.rank);
+    if !answered {
+        return 1;
+    }
+    all.sort_by_key(|r| (r.lane, r.rank));
     if json {
         println!("{}", serde_json::to_string_pretty(&all).unwrap_or_default());
     } else {
         print!("{}", text(&all));
     }
-    if answered { 0 } else { 1 }
+    0
 }
 
 /// The stacks as text: one block per rank, one per thread.
@@ -49,9 +52,10 @@ pub fn text(all: &[RankStacks]) -> String {
         let p = &r.stacks;
         let py = p.python.as_deref().map(|v| format!(", Python {}", c(v))).unwrap_or_default();
         let (host, took) = (c(&r.host), p.took_ms);
+        let lane = r.lane.map(|l| format!("run {l}'s ")).unwrap_or_default();
         let _ = writeln!(
             s,
-            "rank {} (local rank {}, {host}, pid {}{py}, read in {took:.1} ms)",
+            "{lane}rank {} (local rank {}, {host}, pid {}{py}, read in {took:.1} ms)",
             r.rank, r.local_rank, p.pid
         );
         if let Some(note) = &p.note {
