@@ -142,9 +142,18 @@ pub(super) fn unregister() {
     LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner).workers.clear();
 }
 
-/// The door's name for the agent `pid`.
-pub fn door_name(pid: u32) -> String {
-    format!("trainlet-stacks-{pid}")
+/// The door's name of the process whose `/proc` directory is `proc`
+/// (`/proc/self`, `/proc/PID`): its pid namespace (the inode of `ns/pid`)
+/// and its pid there (the last of `NSpid`). Abstract sockets are per
+/// network namespace, which containers may share (hostNetwork pods,
+/// `podman --network host`), each agent PID 1 of its own: the namespace
+/// keeps their names apart. None when /proc does not say.
+pub fn door_name(proc: &str) -> Option<String> {
+    let ns = std::fs::read_link(format!("{proc}/ns/pid")).ok()?;
+    let ns = ns.to_str()?.strip_prefix("pid:[")?.strip_suffix(']')?.parse::<u64>().ok()?;
+    let status = std::fs::read_to_string(format!("{proc}/status")).ok()?;
+    let pid = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse::<u32>().ok()?;
+    Some(format!("trainlet-stacks-{ns}-{pid}"))
 }
 
 /// What the door sends at most.
@@ -157,7 +166,12 @@ const REQUEST_WAIT: Duration = Duration::from_secs(2);
 /// (more are told so and closed). A door that cannot be opened costs an
 /// error in the log, never the job.
 pub async fn serve_door(cancel: CancellationToken) {
-    let name = door_name(std::process::id());
+    let Some(name) = door_name("/proc/self") else {
+        tracing::error!(
+            "cannot name the stacks door (/proc/self/ns/pid or NSpid unreadable); `trainlet stacks` will not reach this agent"
+        );
+        return;
+    };
     let listener = match bind(&name) {
         Ok(l) => l,
         Err(e) => {
@@ -254,7 +268,7 @@ pub fn ask_door(pid: i32) -> Result<Vec<RankStacks>, String> {
     use std::io::{Read, Write};
     use std::os::fd::AsFd;
     use std::os::linux::net::SocketAddrExt;
-    let name = door_name(u32::try_from(pid).map_err(|_| "bad pid".to_string())?);
+    let name = door_name(&format!("/proc/{pid}")).ok_or("its pid namespace cannot be read from /proc")?;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| e.to_string())?;
     let mut conn = std::os::unix::net::UnixStream::connect_addr(&addr)
         .map_err(|e| format!("cannot reach its stacks door ({e}); is it a trainlet of this version?"))?;
@@ -328,6 +342,16 @@ pub(crate) fn encode(mut stacks: Vec<RankStacks>) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::stacks::{Frame, Thread};
+
+    #[test]
+    fn a_door_is_named_by_its_pid_namespace_and_pid() {
+        let mine = door_name("/proc/self").expect("own door name");
+        let ns = std::fs::read_link("/proc/self/ns/pid").expect("ns");
+        let ns = ns.to_string_lossy().trim_start_matches("pid:[").trim_end_matches(']').to_string();
+        assert_eq!(mine, format!("trainlet-stacks-{ns}-{}", std::process::id()));
+        assert_eq!(door_name(&format!("/proc/{}", std::process::id())), Some(mine));
+        assert_eq!(door_name("/proc/2147483647"), None);
+    }
 
     #[test]
     fn a_worker_is_read_once_at_a_time() {

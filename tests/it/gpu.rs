@@ -370,7 +370,8 @@ fn an_actor_beside_the_main_run_sees_its_slots_gpu_alone() {
 /// Health before every round (issue 43), 2 simulated pods on the fake
 /// 8-GPU box with the fake NVML, elastic (`--nnodes 1:2`). The first
 /// attempt's rank 1 breaks GPU 0 of its pod (a fault file the fake
-/// libnvidia-ml.so.1 reads at each init) and fails; before the next round
+/// libnvidia-ml.so.1 reads at each init) and fails (the other pod's waits to
+/// be stopped); before the next round
 /// that pod finds uncorrected ECC errors and leaves with 207 instead of
 /// joining; the other pod goes on alone and succeeds.
 #[test]
@@ -378,8 +379,12 @@ fn a_pod_whose_gpu_breaks_leaves_with_207_before_the_next_round() {
     let root = eight_gpu_box();
     let dir = tempfile::tempdir().expect("tmp");
     let faults = dir.path().join("faults");
+    // Only the broken pod's worker fails, after it broke the GPU: the
+    // other pod's waits to be stopped (had it failed too, its failure could
+    // end the round before the broken pod's worker had written the fault).
     let script = "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then \
-                  if [ -n \"$FAKE_NVML_FAULTS_FILE\" ]; then echo '0:ecc=3' > \"$FAKE_NVML_FAULTS_FILE\"; fi; exit 1; fi";
+                  if [ -n \"$FAKE_NVML_FAULTS_FILE\" ]; then echo '0:ecc=3' > \"$FAKE_NVML_FAULTS_FILE\"; exit 1; fi; \
+                  exec sleep 120; fi";
     let args = ["run", "--nnodes", "1:2", "--max-restarts", "1", "--no-python", "/bin/sh", "-c", script];
     let port = crate::util::free_port();
     let faults_env = faults.display().to_string();
