@@ -68,9 +68,7 @@ async fn stalled(session: &mut Session, round: &Round) -> std::result::Result<St
     tracing::error!(round = round.number, stalled_ranks = ?stall.stalled_ranks, "the job hung: {}", stall.summary);
     for r in stacks.iter().take(RANKS_LOGGED) {
         let main = r.stacks.threads.first();
-        let at = main
-            .and_then(|t| t.python.first())
-            .map(|f| format!("{}:{} in {}", f.file, f.line.unwrap_or(0), f.function));
+        let at = main.and_then(|t| t.python.first()).map(ToString::to_string);
         let native = main.and_then(|t| t.native.first()).and_then(|n| n.function.clone());
         tracing::info!(
             rank = r.rank,

@@ -77,7 +77,7 @@ pub fn answer_requests(dial: Dial, base: String, cancel: CancellationToken) {
             }
             last = Some(n);
             // A request the API gave up on and deleted: no answer to leave behind.
-            if !link.exists(&request(&base, n)).await.unwrap_or(false) {
+            if !link.exists(&key).await.unwrap_or(false) {
                 continue;
             }
             let json = crate::supervise::stacks::encode(crate::supervise::stacks::read_pod().await);

@@ -71,6 +71,16 @@ pub struct Frame {
     pub line: Option<u32>,
 }
 
+impl std::fmt::Display for Frame {
+    /// `file:line in function` (`file in function` without a line).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.line {
+            Some(l) => write!(f, "{}:{l} in {}", self.file, self.function),
+            None => write!(f, "{} in {}", self.file, self.function),
+        }
+    }
+}
+
 /// One native frame.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NativeFrame {

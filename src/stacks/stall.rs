@@ -158,8 +158,7 @@ pub fn judge(all: &[RankStacks]) -> Stall {
         (stalled, Vec::new())
     } else if !outside.is_empty() {
         let waiting: Vec<u32> = groups.values().flatten().copied().collect();
-        let ops: Vec<&str> = groups.keys().map(|(op, _)| op.as_str()).collect();
-        let mut ops = ops;
+        let mut ops: Vec<&str> = groups.keys().map(|(op, _)| op.as_str()).collect();
         ops.dedup();
         let stalled: Vec<u32> = outside.iter().map(|(r, _)| *r).collect();
         let _ = write!(
@@ -181,18 +180,17 @@ pub fn judge(all: &[RankStacks]) -> Stall {
         (Vec::new(), waiting)
     } else {
         // Ranks in different collectives: the largest group waits for the rest.
-        let (biggest, _) = groups
+        let biggest = groups
             .iter()
-            .max_by_key(|(k, v)| (v.len(), std::cmp::Reverse((*k).clone())))
-            .map(|(k, v)| (k.clone(), v.len()))
+            .max_by_key(|(k, v)| (v.len(), std::cmp::Reverse(*k)))
+            .map(|(k, _)| k.clone())
             .unwrap_or_default();
         let waiting = groups.get(&biggest).cloned().unwrap_or_default();
-        let others: Vec<(u32, String)> = groups
+        let mut others: Vec<(u32, String)> = groups
             .iter()
             .filter(|(k, _)| **k != biggest)
             .flat_map(|((op, site), rs)| rs.iter().map(move |r| (*r, format!("{op} at {site}"))))
             .collect();
-        let mut others = others;
         others.sort();
         let stalled: Vec<u32> = others.iter().map(|(r, _)| *r).collect();
         let _ = write!(

@@ -224,8 +224,7 @@ impl Report {
             for r in self.stacks.iter().take(STACKS_SHOWN) {
                 let top =
                     r.stacks.threads.first().map(|t| &t.python[..t.python.len().min(FRAMES_SHOWN)]).unwrap_or(&[]);
-                let at: Vec<String> =
-                    top.iter().map(|f| format!("{}:{} {}", f.file, f.line.unwrap_or(0), f.function)).collect();
+                let at: Vec<String> = top.iter().map(ToString::to_string).collect();
                 let what = if at.is_empty() { r.stacks.note.clone().unwrap_or_default() } else { at.join(" < ") };
                 let _ = writeln!(s, "  rank {} ({}, pid {}): {what}", r.rank, r.host, r.stacks.pid);
             }

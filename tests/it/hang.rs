@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::util::{Pod, fixture, parse_kv};
+use crate::util::{Pod, fixture, line_of, parse_kv};
 
 const LIMIT: Duration = Duration::from_secs(240);
 
@@ -55,13 +55,6 @@ fn with_no_restarts_left_the_job_exits_206_and_the_report_names_the_rank() {
     let msg = report["root_cause"]["message"].as_str().unwrap_or_default();
     assert!(msg.contains("no progress") && msg.contains("--progress-timeout"), "{msg}");
     assert!(pod.stderr().contains("(no progress)"), "the summary says why: {}", pod.stderr());
-}
-
-/// The line of `marker` in a fixture.
-fn line_of(name: &str, marker: &str) -> u32 {
-    let text = std::fs::read_to_string(fixture(name)).expect("fixture");
-    let i = text.lines().position(|l| l.contains(marker)).expect("marker");
-    u32::try_from(i + 1).expect("line")
 }
 
 /// The failure report under `dir` (one run directory).

@@ -10,14 +10,7 @@ use std::time::{Duration, Instant};
 
 use trainlet::stacks::{Limits, Process, read};
 
-use crate::util::{fixture, python};
-
-/// The line of `marker` in a fixture.
-fn line_of(name: &str, marker: &str) -> u32 {
-    let text = std::fs::read_to_string(fixture(name)).expect("fixture");
-    let i = text.lines().position(|l| l.contains(marker)).expect("marker");
-    u32::try_from(i + 1).expect("line")
-}
+use crate::util::{fixture, line_of, python};
 
 struct Killed(Child);
 

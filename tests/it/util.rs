@@ -16,6 +16,13 @@ pub fn fixture(name: &str) -> String {
     repo().join("tests/fixtures").join(name).display().to_string()
 }
 
+/// The line of `marker` in a fixture.
+pub fn line_of(name: &str, marker: &str) -> u32 {
+    let text = std::fs::read_to_string(fixture(name)).expect("fixture");
+    let i = text.lines().position(|l| l.contains(marker)).expect("marker");
+    u32::try_from(i + 1).expect("line")
+}
+
 /// A trainlet process with captured output, killed (whole group) on drop.
 pub struct Pod {
     pub child: Child,
