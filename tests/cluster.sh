@@ -76,6 +76,14 @@ GOFLAGS_BUILD=(-trimpath -ldflags "-s -w")
 READY_TIMEOUT=${CLUSTER_READY_TIMEOUT:-120}
 
 say() { echo "cluster: [$SECONDS s] $*" >&2; }
+# What a failed start may have run out of: the disk under the run
+# directory (the nodes' images) and memory.
+resources() {
+  local disk mem
+  disk=$(df -h --output=avail "${RUN%/*}" 2>/dev/null | tail -1 | tr -d ' ')
+  mem=$(awk '/^MemAvailable:/ { printf "%.1fG", $2 / 1048576 }' /proc/meminfo)
+  echo "${disk:-?} of disk and $mem of memory free"
+}
 die() { say "error: $*"; exit 1; }
 
 # What `build` needs (go, gcc), and with `up` also what running needs.
@@ -266,7 +274,7 @@ up() {
   mkdir -p "$RUN/logs" "$RUN/pids" "$RUN/etcd"
   # A failed start leaves nothing running.
   # (In this shell only: the pipelines' subshells run it too otherwise.)
-  trap '[[ $BASHPID == "$$" ]] && { say "up failed: stopping what it started"; down; }' EXIT
+  trap '[[ $BASHPID == "$$" ]] && { say "up failed: $(resources); stopping what it started"; down; }' EXIT
   pki
   local started=$SECONDS
   start etcd etcd --name trainlet-test --data-dir "$RUN/etcd" \
@@ -298,6 +306,8 @@ up() {
     local n
     for ((n = 0; n < NODES; n++)); do node "$n"; done
     for ((n = 0; n < NODES; n++)); do wait_node "$n"; done
+    # Every node imported it (node.sh removes its own link).
+    rm -f "$RUN/images.tar"
   fi
   say "$NODES nodes ready; all in $((SECONDS - started)) s: KUBECONFIG=$RUN/admin.kubeconfig"
   echo "$NODES" >"$RUN/ready"
@@ -590,7 +600,7 @@ wait_node() {
   until [[ $("$KUBE" kubectl --kubeconfig "$RUN/admin.kubeconfig" --cache-dir "$RUN/kubectl-cache" get node "trainlet-node-$n" \
     -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]; do
     if ! kill -0 "$(cat "$RUN/pids/node-$n")" 2>/dev/null || ((SECONDS > until)); then
-      tail -5 "$dir/logs/node.log" "$dir/logs/containerd.log" "$dir/logs/kubelet.log" >&2 || true
+      tail -5 "$dir/logs/node.log" "$dir/logs/import.log" "$dir/logs/containerd.log" "$dir/logs/kubelet.log" >&2 || true
       die "node $n is not Ready; its logs: $dir/logs"
     fi
     sleep 0.5

@@ -19,6 +19,10 @@ mkdir -p target
 times=target/test-times.txt
 rows=()
 run_started=$SECONDS
+# Free disk under the repository (a full disk stalls podman's and the
+# nodes' image stores): at the start, and again in the table.
+disk_free() { df -h --output=avail . 2>/dev/null | tail -1 | tr -d ' '; }
+disk_at_start=$(disk_free)
 # step NAME COMMAND...: run it, time it, keep its row.
 step() {
   local name=$1 started=$SECONDS status=0
@@ -35,6 +39,7 @@ table() {
     echo "where the time went (tests/run.sh, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs):"
     printf '%s\n' "${rows[@]}"
     printf '%-34s %6d s\n' "total" $((SECONDS - run_started))
+    echo "disk free: $disk_at_start at the start, $(disk_free) at the end"
   } >"$times"
   echo >&2
   cat "$times" >&2
@@ -212,6 +217,11 @@ if [ $status != 0 ] || [ $cluster_status != 0 ]; then
   awk '/^failures:$/{on=1} on' target/test.log target/test-cluster.log | grep -v '^ *[0-9]*: \|^ *at ' | tail -300 >&2
   echo "=== where each failing test panicked ===" >&2
   grep -h -A4 "panicked at" target/test.log target/test-cluster.log | cut -c1-400 | head -120 >&2
+  if [ -n "$up_failed" ] && [ -f target/cluster-up.log ]; then
+    echo "=== why the cluster did not come up (target/cluster-up.log) ===" >&2
+    grep -h -B16 "cluster: \[[0-9]* s\] error:" target/cluster-up.log | cut -c1-400 | tail -40 >&2
+    grep -h "up failed" target/cluster-up.log >&2
+  fi
   exit 101
 fi
 # The benchmark gate: a fast subset of the side-by-side benchmarks, each

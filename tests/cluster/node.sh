@@ -12,7 +12,7 @@
 # go with it, so `down` leaves nothing behind on the host.
 #
 # DIR holds containerd.toml, kubelet.yaml, kubelet.kubeconfig, args (the
-# kubelet's extra flags, one per line) and images.tar (imported before the
+# kubelet's extra flags, one per line) and images.tar (imported, then removed, before the
 # kubelet starts); logs go to DIR/logs. As PID 1 this script reaps every
 # orphan of the namespace, and SIGTERM stops the kubelet and containerd.
 set -euo pipefail
@@ -43,6 +43,9 @@ for _ in $(seq 300); do
   sleep 0.1
 done
 ctr --address "$sock" -n k8s.io images import "$dir/images.tar" >"$dir/logs/import.log" 2>&1
+# The images are containerd's now: the archive (a link to the one every
+# node imports) is 1 GiB of disk no one reads again.
+rm -f "$dir/images.tar"
 mapfile -t args <"$dir/args"
 "$kube" kubelet --config "$dir/kubelet.yaml" --kubeconfig "$dir/kubelet.kubeconfig" "${args[@]}" \
   >"$dir/logs/kubelet.log" 2>&1 &

@@ -74,7 +74,9 @@ impl Container {
             match self.state() {
                 Ok(code) => return code,
                 Err(state) => {
-                    assert!(started.elapsed() < limit, "still {state} after {limit:?}:\n{}", self.logs());
+                    if started.elapsed() >= limit {
+                        panic!("still {state} after {limit:?}:\n{}\n{}", self.logs(), self.why_still_running());
+                    }
                 }
             }
             std::thread::sleep(Duration::from_millis(200));
@@ -86,6 +88,21 @@ impl Container {
     fn expect_exit(&self, want: i32, limit: Duration, what: &str) {
         let got = self.exit_code(limit);
         assert_eq!(got, want, "{what}exit code {got}, expected {want}; logs:\n{}", self.logs());
+    }
+
+    /// What a container past its time is doing: its processes, its
+    /// workers' stacks (`trainlet stacks` asks the agent inside), and the
+    /// host's free disk (a full or stalled disk stalls conmon's log and
+    /// exit file, so a job that ended can still look running).
+    fn why_still_running(&self) -> String {
+        let text = |o: Output| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        let top = text(podman(&["top", &self.name, "pid", "ppid", "state", "args"]));
+        let stacks = text(podman(&["exec", &self.name, "trainlet", "stacks"]));
+        let df = Command::new("df")
+            .args(["-h", "/var/lib/containers", "/tmp"])
+            .output()
+            .map_or_else(|e| e.to_string(), text);
+        format!("=== podman top\n{top}=== trainlet stacks in the container\n{stacks}=== df -h\n{df}")
     }
 
     /// `Some(exit code)` once the container stopped, else its state.
@@ -121,7 +138,10 @@ fn expect_exits(pods: &[Container], want: i32, limit: Duration) {
                 .iter()
                 .zip(&states)
                 .enumerate()
-                .map(|(i, (p, s))| format!("--- container {i} ({}): {s:?}\n{}\n", p.name, p.logs()))
+                .map(|(i, (p, s))| {
+                    let why = if s.is_err() { p.why_still_running() } else { String::new() };
+                    format!("--- container {i} ({}): {s:?}\n{}\n{why}", p.name, p.logs())
+                })
                 .collect();
             panic!("expected every container to exit {want} within {limit:?}:\n{all}");
         }
