@@ -108,8 +108,12 @@ impl Job for RoundJob<'_> {
         self.session.publish_failure(self.round.number, fatal, hang).await
     }
 
-    async fn publish_stacks(&mut self, json: Vec<u8>) -> std::result::Result<(), rendezvous::Error> {
-        self.session.publish_stacks(self.round, &json).await
+    async fn publish_stacks(&mut self, json: Vec<u8>, dumped: bool) -> std::result::Result<(), rendezvous::Error> {
+        self.session.publish_stacks(self.round, &json, dumped).await
+    }
+
+    async fn stacks_in(&mut self, dumped: bool) -> std::result::Result<bool, rendezvous::Error> {
+        self.session.stacks_in(self.round, dumped).await
     }
 
     async fn publish_abort(&mut self, signal: i32) -> std::result::Result<(), rendezvous::Error> {

@@ -16,6 +16,8 @@ use crate::waiting::Waiting;
 
 /// Pods' stacks fetched in one request (each is at most 256 KiB).
 const STACKS_PER_GET: usize = 16;
+/// Pods' stacks keys checked in one request.
+const STACKS_CHECKED: usize = 1024;
 
 impl Session {
     async fn end(&mut self, r: u64, value: &str) -> Result<(), Error> {
@@ -32,10 +34,29 @@ impl Session {
         self.end(r, &value).await
     }
 
-    /// This pod's workers' stacks at a hang, for the job's view.
-    pub async fn publish_stacks(&mut self, round: &Round, json: &[u8]) -> Result<(), Error> {
+    /// This pod's workers' stacks at a hang, for the job's view; `dumped`:
+    /// with the Flight Recorder's dumps (they were asked for and waited for).
+    pub async fn publish_stacks(&mut self, round: &Round, json: &[u8], dumped: bool) -> Result<(), Error> {
         let key = self.rkey(round.number, &format!("stacks/{}", round.group_rank));
-        self.client.set(&key, json).await.map_err(|e| self.lost(e))
+        self.client.set(&key, json).await.map_err(|e| self.lost(e))?;
+        if dumped {
+            let key = self.rkey(round.number, &format!("dumped/{}", round.group_rank));
+            self.client.set(&key, b"1").await.map_err(|e| self.lost(e))?;
+        }
+        Ok(())
+    }
+
+    /// Whether every member has put its stacks of round `round` (`dumped`:
+    /// with its Flight Recorder's dumps).
+    pub async fn stacks_in(&mut self, round: &Round, dumped: bool) -> Result<bool, Error> {
+        let what = if dumped { "dumped" } else { "stacks" };
+        let keys: Vec<String> = (0..round.nnodes).map(|n| self.rkey(round.number, &format!("{what}/{n}"))).collect();
+        for chunk in keys.chunks(STACKS_CHECKED) {
+            if !self.client.check(chunk).await.map_err(|e| self.lost(e))? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Every member's stacks of round `round` (members that put none are

@@ -9,7 +9,8 @@
 //!
 //! `python` walks CPython's own structures, `native` unwinds and names what
 //! the kernel shows of a blocked thread, `elf` and `maps` read the files and memory
-//! they need, and `stall` turns every rank's stacks into who the job waits
+//! they need, `flight` and `pickle` read PyTorch's Flight Recorder dumps,
+//! and `stall` turns every rank's stacks (and dumps) into who the job waits
 //! for.
 
 use std::time::{Duration, Instant};
@@ -17,8 +18,10 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 mod elf;
+pub mod flight;
 mod maps;
 mod native;
+pub mod pickle;
 mod python;
 pub mod stall;
 

@@ -1,13 +1,17 @@
 //! Who a stalled job waits for, from every rank's stacks: the ranks inside
 //! a `torch.distributed` collective (or rendezvous) wait; a rank outside
-//! it, or inside another one, is the one they wait for. Pure: the stacks
-//! in, the verdict and its one line out.
+//! it, or inside another one, is the one they wait for. Where the ranks'
+//! Flight Recorder dumps are at hand, their collective sequence numbers
+//! decide first: in a process group, the ranks whose last collective is
+//! behind the others' never entered the one the others wait in. Pure: the
+//! stacks in, the verdict and its one line out.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use super::flight::{Flight, Group};
 use super::{Frame, Process};
 
 /// `torch.distributed` calls that block until every rank of the group
@@ -64,6 +68,9 @@ pub struct RankStacks {
     /// main run (None: the main run's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lane: Option<u64>,
+    /// What its Flight Recorder dump says, when one was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flight: Option<Flight>,
 }
 
 /// The job's stall, as the stacks show it.
@@ -131,12 +138,59 @@ fn ranks_text(ranks: &[u32]) -> String {
     if ranks.len() == 1 { format!("rank {list}") } else { format!("ranks {list}") }
 }
 
+/// Where a rank is, in a few words: its collective and call site, or its
+/// innermost frame.
+fn whereabouts(w: &Where) -> String {
+    match w {
+        Where::Collective { op, site } => format!("in {op} at {site}"),
+        Where::Outside { at } => at.clone(),
+        Where::Unknown => "no Python stack".into(),
+    }
+}
+
+/// The verdict of the Flight Recorder dumps: in the first process group
+/// (by name) that at least two ranks recorded, the ranks whose last
+/// collective is behind the others', when the others wait in theirs.
+/// `(stalled, waiting, summary)`; None when no dump names anyone.
+fn judge_flight(placed: &[(u32, Where)], ranks: &[&RankStacks]) -> Option<(Vec<u32>, Vec<u32>, String)> {
+    let mut by_group: BTreeMap<&str, Vec<(u32, &Group)>> = BTreeMap::new();
+    for r in ranks {
+        for g in r.flight.iter().flat_map(|f| &f.groups) {
+            by_group.entry(g.pg.as_str()).or_default().push((r.rank, g));
+        }
+    }
+    by_group.into_iter().filter(|(_, rs)| rs.len() > 1).find_map(|(pg, rs)| {
+        let front = rs.iter().map(|(_, g)| g).max_by_key(|g| g.seq)?;
+        let waiting: Vec<u32> = rs.iter().filter(|(_, g)| g.seq == front.seq && !g.done).map(|(r, _)| *r).collect();
+        let stalled: Vec<u32> = rs.iter().filter(|(_, g)| g.seq < front.seq).map(|(r, _)| *r).collect();
+        if stalled.is_empty() || waiting.is_empty() {
+            return None;
+        }
+        let places: Vec<(u32, String)> = stalled
+            .iter()
+            .map(|r| (*r, placed.iter().find(|(p, _)| p == r).map_or_else(String::new, |(_, w)| whereabouts(w))))
+            .collect();
+        let summary = format!(
+            "{} never entered {} #{} of {pg} (Flight Recorder), which the other {} wait in: {}",
+            ranks_text(&stalled),
+            front.op,
+            front.seq,
+            waiting.len(),
+            at_list(&places)
+        );
+        Some((stalled, waiting, summary))
+    })
+}
+
 /// The verdict over every rank's stacks (any order).
 pub fn judge(all: &[RankStacks]) -> Stall {
     let mut ranks: Vec<&RankStacks> = all.iter().collect();
     ranks.sort_by_key(|r| r.rank);
     let placed: Vec<(u32, Where)> = ranks.iter().map(|r| (r.rank, locate(&r.stacks))).collect();
     let unknown: Vec<u32> = placed.iter().filter(|(_, w)| *w == Where::Unknown).map(|(r, _)| *r).collect();
+    if let Some((stalled, waiting, summary)) = judge_flight(&placed, &ranks) {
+        return Stall { stalled_ranks: stalled, waiting_ranks: waiting, unknown_ranks: unknown, summary };
+    }
     // (op, site) -> ranks in it.
     let mut groups: BTreeMap<(String, String), Vec<u32>> = BTreeMap::new();
     let mut outside: Vec<(u32, String)> = Vec::new();
@@ -252,6 +306,7 @@ mod tests {
             host: "h".into(),
             stacks: Process { pid: 1, python: Some("3.11.7".into()), threads, note: None, took_ms: 1.0 },
             lane: None,
+            flight: None,
         }
     }
 
@@ -310,6 +365,40 @@ mod tests {
             "no rank is in a collective: rank 0 at d.py:5 in load; rank 1 at d.py:6 in load; no Python stack from rank 2"
         );
         assert_eq!(judge(&[]).summary, "no rank's Python stack could be read");
+    }
+
+    fn flown(mut r: RankStacks, seq: u64, op: &str, done: bool) -> RankStacks {
+        let g = Group { pg: "default_pg".into(), seq, op: op.into(), done };
+        r.flight = Some(Flight { groups: vec![g], note: None });
+        r
+    }
+
+    #[test]
+    fn the_flight_recorders_sequence_numbers_decide_first() {
+        let sleeper =
+            rank(2, vec![frame("stall_here", "/job/stall_job.py", 13), frame("<module>", "/job/stall_job.py", 29)]);
+        let all = [
+            flown(in_all_reduce(0), 5, "all_reduce", false),
+            flown(in_all_reduce(1), 5, "all_reduce", false),
+            flown(sleeper.clone(), 4, "barrier", true),
+            flown(in_all_reduce(3), 5, "all_reduce", false),
+        ];
+        let s = judge(&all);
+        assert_eq!((s.stalled_ranks.clone(), s.waiting_ranks.clone()), (vec![2], vec![0, 1, 3]));
+        assert_eq!(
+            s.summary,
+            "rank 2 never entered all_reduce #5 of default_pg (Flight Recorder), which the other 3 wait in: stall_job.py:13 in stall_here"
+        );
+        // Every rank in the same collective: the dumps name no one, the stacks decide.
+        let even = [flown(in_all_reduce(0), 5, "all_reduce", false), flown(sleeper.clone(), 5, "all_reduce", false)];
+        assert_eq!(
+            judge(&even).summary,
+            "rank 2 is not in the all_reduce the other 1 wait in: stall_job.py:13 in stall_here"
+        );
+        // A dump from one rank only, or none with entries, decides nothing.
+        let lone = [flown(in_all_reduce(0), 5, "all_reduce", false), sleeper];
+        assert_eq!(judge(&lone).stalled_ranks, vec![2]);
+        assert!(!judge(&lone).summary.contains("Flight Recorder"));
     }
 
     #[test]

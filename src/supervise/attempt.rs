@@ -51,8 +51,16 @@ pub trait Job {
         fatal: bool,
         hang: bool,
     ) -> impl std::future::Future<Output = Result<(), Self::Error>>;
-    /// This pod's workers' stacks at a hang (JSON, bounded), for the job's view.
-    fn publish_stacks(&mut self, json: Vec<u8>) -> impl std::future::Future<Output = Result<(), Self::Error>>;
+    /// This pod's workers' stacks at a hang (JSON, bounded), for the job's
+    /// view; `dumped`: with their Flight Recorder's dumps.
+    fn publish_stacks(
+        &mut self,
+        json: Vec<u8>,
+        dumped: bool,
+    ) -> impl std::future::Future<Output = Result<(), Self::Error>>;
+    /// Whether every pod's stacks of this round's hang are in the store
+    /// (`dumped`: with their Flight Recorder's dumps).
+    fn stacks_in(&mut self, dumped: bool) -> impl std::future::Future<Output = Result<bool, Self::Error>>;
     /// This pod was stopped by `signal`: end the round so the others stop too.
     fn publish_abort(&mut self, signal: i32) -> impl std::future::Future<Output = Result<(), Self::Error>>;
     /// Every worker here succeeded.
@@ -179,16 +187,13 @@ async fn supervise(
             tracing::info!(local_rank, %exit, %action, fault = crew.mpi.why(*local_rank), "worker exited");
         }
         let hang_verdict = matches!(event, Event::Silent { .. } | Event::Hung { .. });
-        let actions = core.handle(event);
+        let mut actions = core.handle(event);
         let fails = actions.iter().any(|a| matches!(a, Action::PublishFailure { .. }));
         let hang = hang_verdict && fails;
         if (hang || std::mem::take(&mut heard_hang)) && !captured && core.alive().next().is_some() {
             // Read the stacks while the workers still stand where they hung.
             captured = true;
-            let json = stacks::encode(stacks::capture(world, core, crew).await);
-            if let Err(e) = job.publish_stacks(json).await {
-                tracing::warn!(error = %e, "cannot put this pod's stacks in the store");
-            }
+            read_at_hang(world, (core, crew), job, (&mut actions, hang)).await;
         }
         for action in actions {
             let published = match action {
@@ -224,6 +229,69 @@ async fn supervise(
         }
     }
     outcome
+}
+
+/// Longest wait for every pod's stacks before the Flight Recorder's dumps
+/// are asked for (a pod hearing the hang reads its own within a second).
+const STACKS_IN_WAIT: Duration = Duration::from_secs(5);
+/// Longest wait for every pod's dumps before this pod stops its workers,
+/// past its own (each pod waits at most 20 s for its workers' dumps).
+const DUMPED_WAIT: Duration = Duration::from_secs(25);
+
+/// At a hang, before the first stop signal: this pod's workers' stacks go
+/// into the store; when some run NCCL, their Flight Recorder dumps are
+/// then asked for and added. A dump ends an NCCL worker and a stopped
+/// worker can end its peers' collectives, so the round's failure goes out
+/// first (from `actions`, which keep what is left to do), the dumps are
+/// asked for once every pod's stacks are in, and the workers are stopped
+/// once every pod's dumps are (each wait bounded, and said).
+async fn read_at_hang<J: Job>(
+    world: &WorldView<'_>,
+    (core, crew): (&Attempt, &Crew),
+    job: &mut J,
+    (actions, hang): (&mut Vec<Action>, bool),
+) {
+    let (mut read, nccl) = stacks::capture(world, core, crew).await;
+    if let Err(e) = job.publish_stacks(stacks::encode(read.clone()), false).await {
+        tracing::warn!(error = %e, "cannot put this pod's stacks in the store");
+    }
+    if nccl.is_empty() {
+        return;
+    }
+    if let Some(i) = actions.iter().position(|a| matches!(a, Action::PublishFailure { .. })) {
+        let failure = actions.remove(i);
+        if let Action::PublishFailure { fatal } = failure
+            && job.publish_failure(fatal, hang).await.is_err()
+        {
+            // The loop publishes it again and says what went wrong.
+            actions.insert(0, failure);
+        }
+    }
+    every_pod(job, false, STACKS_IN_WAIT).await;
+    super::flight::gather(world, &mut read, &nccl).await;
+    if let Err(e) = job.publish_stacks(stacks::encode(read), true).await {
+        tracing::warn!(error = %e, "cannot put this pod's Flight Recorder dumps in the store");
+    }
+    every_pod(job, true, DUMPED_WAIT).await;
+}
+
+/// Wait until every pod's stacks (`dumped`: and dumps) are in the store,
+/// at most `limit`; a lost store ends the wait.
+async fn every_pod<J: Job>(job: &mut J, dumped: bool, limit: Duration) {
+    let what = if dumped {
+        "Flight Recorder dumps, before stopping the workers"
+    } else {
+        "stacks, before asking for the Flight Recorder's dumps"
+    };
+    tracing::info!(wait_s = limit.as_secs_f64(), "waiting for every pod's {what}");
+    let until = Instant::now() + limit;
+    while !job.stacks_in(dumped).await.unwrap_or(true) {
+        if Instant::now() >= until {
+            tracing::warn!("not every pod's {what} came within {:.0} s; going on", limit.as_secs_f64());
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The core's event for what the events channel said, if any: a worker's

@@ -27,6 +27,7 @@
 pub(crate) mod attempt;
 pub(crate) mod carry;
 mod crew;
+mod flight;
 pub(crate) mod mpi;
 pub(crate) mod output;
 pub mod policy;

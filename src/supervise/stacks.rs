@@ -29,8 +29,10 @@ pub(super) const MAX_POD_STACKS: usize = 256 * 1024;
 /// Frames per thread kept when a pod's stacks are over [`MAX_POD_STACKS`].
 const TRIMMED_FRAMES: usize = 12;
 
-/// Read every live worker's stacks, in rank order.
-pub(super) async fn capture(world: &WorldView<'_>, core: &Attempt, crew: &Crew) -> Vec<RankStacks> {
+/// Read every live worker's stacks, in rank order; with the indices of
+/// those that run NCCL's heartbeat monitor (looked at first: another pod's
+/// ask for the Flight Recorder's dumps may end them once they dumped).
+pub(super) async fn capture(world: &WorldView<'_>, core: &Attempt, crew: &Crew) -> (Vec<RankStacks>, Vec<usize>) {
     let mut live: Vec<(u32, u32, i32)> = core
         .alive()
         .filter_map(|lr| {
@@ -39,10 +41,12 @@ pub(super) async fn capture(world: &WorldView<'_>, core: &Attempt, crew: &Crew) 
         })
         .collect();
     live.sort_unstable();
+    let monitored: Vec<bool> = live.iter().map(|&(_, _, pid)| crate::stacks::flight::has_monitor(pid)).collect();
     let out = read_all(&world.plan.output.host, (world.group_rank, lane_of(world)), live).await;
     let took: f64 = out.iter().map(|r| r.stacks.took_ms).fold(0.0, f64::max);
     tracing::info!(workers = out.len(), slowest_ms = took, "read the workers' stacks before stopping them");
-    out
+    let with_nccl = (0..out.len()).filter(|&i| monitored[i]).collect();
+    (out, with_nccl)
 }
 
 /// The stacks of `workers` (`(rank, local rank, pid)`), read in parallel;
@@ -73,7 +77,7 @@ async fn read_all(host: &str, (node_rank, lane): (u32, Option<u64>), workers: Ve
                 Err(_) => unread(pid, "the read did not finish in time (the worker may be in uninterruptible sleep)"),
             },
         };
-        out.push(RankStacks { rank, local_rank, node_rank, host: host.to_string(), stacks, lane });
+        out.push(RankStacks { rank, local_rank, node_rank, host: host.to_string(), stacks, lane, flight: None });
     }
     out
 }
@@ -334,6 +338,9 @@ pub(crate) fn encode(mut stacks: Vec<RankStacks>) -> Vec<u8> {
     for r in &mut stacks {
         r.stacks.threads.clear();
         r.stacks.note = Some("stacks dropped: over the size bound of one pod's stacks".into());
+        if let Some(f) = &mut r.flight {
+            f.groups.truncate(2);
+        }
     }
     serde_json::to_vec(&stacks).unwrap_or_default()
 }
@@ -382,6 +389,7 @@ mod tests {
             host: "h".into(),
             stacks: Process { pid: 1, python: None, threads: (1..=8).map(thread).collect(), note: None, took_ms: 1.0 },
             lane: None,
+            flight: None,
         };
         let small = encode(vec![rank(0)]);
         assert!(small.len() <= MAX_POD_STACKS);

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::util::{Pod, fixture, line_of, parse_kv};
+use crate::util::{Pod, fixture, line_of, parse_kv, repo};
 
 const LIMIT: Duration = Duration::from_secs(240);
 
@@ -68,6 +68,17 @@ fn report_in(dir: &std::path::Path) -> serde_json::Value {
 /// `stall` stalls by `how`; each pod with a log directory and a
 /// termination message file of its own.
 fn stall_job(nnodes: u32, nproc: u32, stall: u32, how: &str) -> (Vec<Pod>, Vec<tempfile::TempDir>) {
+    stall_job_with(nnodes, nproc, stall, how, |_| Vec::new())
+}
+
+/// [`stall_job`] with more environment for each pod (given its directory).
+fn stall_job_with(
+    nnodes: u32,
+    nproc: u32,
+    stall: u32,
+    how: &str,
+    extra: impl Fn(&std::path::Path) -> Vec<(String, String)>,
+) -> (Vec<Pod>, Vec<tempfile::TempDir>) {
     let dirs: Vec<tempfile::TempDir> = (0..nnodes).map(|_| tempfile::tempdir().expect("tmp")).collect();
     let port = crate::util::free_port();
     let script = fixture("stall_job.py");
@@ -79,6 +90,7 @@ fn stall_job(nnodes: u32, nproc: u32, stall: u32, how: &str) -> (Vec<Pod>, Vec<t
             env.push(("STALL_RANK".into(), stall.to_string()));
             env.push(("STALL_HOW".into(), how.into()));
             env.push(("TRAINLET_TERMINATION_LOG".into(), dir.join("termination-log").display().to_string()));
+            env.extend(extra(dir));
             let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
             let logs = dir.join("logs").display().to_string();
             let args = ["run", "--progress-timeout", "3", "--max-restarts", "0", "--log-dir", &logs, &script];
@@ -125,6 +137,60 @@ fn a_rank_outside_the_collective_is_named_with_where_it_stalled() {
         let message = std::fs::read_to_string(dir.path().join("termination-log")).expect("termination message");
         assert!(message.ends_with(&want) && message.contains("(exit 206)"), "{message}");
         assert!(pod.stderr().contains(&format!("the job hung: {want}")), "{}", pod.stderr());
+    }
+}
+
+/// PyTorch's Flight Recorder at a hang: the agents set `exception_dump` in
+/// the worker store, each worker's NCCL monitor dumps its recorder, and the
+/// dumps' sequence numbers name the rank that never entered the collective
+/// the others wait in. NCCL needs a GPU, so the monitor is a test double
+/// (tests/fixtures/nccl_monitor_double: a thread named as NCCL's that polls
+/// the real store key through torch's own TCPStore client, then writes the
+/// real recorder of torch's gloo group, in NCCL's format, and aborts as
+/// NCCL does); trainlet's side, the store, the dumps and torch are real.
+#[test]
+fn the_flight_recorders_dumps_name_the_rank_that_never_entered_the_collective() {
+    let double = repo().join("tests/fixtures/nccl_monitor_double").display().to_string();
+    let (mut pods, dirs) = stall_job_with(2, 2, 2, "sleep", |dir| {
+        vec![
+            ("PYTHONPATH".into(), double.clone()),
+            ("TORCH_NCCL_COORD_CHECK_MILSEC".into(), "200".into()),
+            ("TORCH_FR_DUMP_TEMP_FILE".into(), dir.join("fr_").display().to_string()),
+        ]
+    });
+    for pod in &mut pods {
+        assert_eq!(pod.code(LIMIT), 206, "{}", pod.stderr());
+    }
+    let want = format!(
+        "rank 2 never entered all_reduce #{} of default_pg (Flight Recorder), which the other 3 wait in: stall_job.py:{} in stall_here",
+        // Step s's all_reduce is collective s + 1; rank 2 stalls at step 3.
+        3 + 1,
+        line_of("stall_job.py", "STALL_LINE_SLEEP")
+    );
+    for (node, (pod, dir)) in pods.iter().zip(&dirs).enumerate() {
+        let report = report_in(&dir.path().join("logs"));
+        let said = format!(
+            "{report:#}\n--- the pods' output:\n{}",
+            pods.iter().map(|p| p.stdout() + &p.stderr()).collect::<String>()
+        );
+        assert_eq!(report["stalled_ranks"], serde_json::json!([2]), "{said}");
+        assert_eq!(report["stall"], want.as_str(), "{said}");
+        for r in report["stacks"].as_array().expect("stacks") {
+            let group = &r["flight"]["groups"][0];
+            assert_eq!(group["pg"], "default_pg", "{r:#}");
+            let (seq, done) = if r["rank"] == 2 { (3, true) } else { (4, false) };
+            assert_eq!(
+                (group["seq"].as_u64(), group["op"].as_str(), group["done"].as_bool()),
+                (Some(seq), Some("all_reduce"), Some(done)),
+                "{r:#}"
+            );
+        }
+        let err = pod.stderr();
+        assert!(err.contains("waiting for the workers' Flight Recorder dumps"), "{err}");
+        assert!(err.contains(&format!("the job hung: {want}")), "{err}");
+        for f in [format!("fr_{}", node * 2), format!("fr_{}", node * 2 + 1)] {
+            assert!(dir.path().join(&f).exists(), "no dump {f} on pod {node}");
+        }
     }
 }
 

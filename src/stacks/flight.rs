@@ -1,0 +1,239 @@
+//! PyTorch's Flight Recorder at a hang: which collective each rank last
+//! entered, per process group, from the dump its NCCL process group writes
+//! when asked through the store (the key `exception_dump` in the worker
+//! store trainlet serves, which NCCL's heartbeat monitor polls every
+//! `TORCH_NCCL_COORD_CHECK_MILSEC`). A worker runs that monitor when it has
+//! a thread named `pt_nccl_heartbt`; it then writes a pickle to
+//! `TORCH_FR_DUMP_TEMP_FILE` (or `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`, by
+//! default `/tmp/nccl_trace_rank_`) followed by its global rank.
+//!
+//! The dump is the worker's file, so hostile input: it is opened without
+//! following a link, must be a regular file of the worker's own uid written
+//! since the ask, at most [`MAX_DUMP`] bytes, and is read by the bounded
+//! [`super::pickle`] reader, which runs no code.
+
+use std::io::Read as _;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use super::pickle::{self, Pickle};
+
+/// The name NCCL's heartbeat monitor gives its thread (`c10::setThreadName`).
+pub const MONITOR_THREAD: &str = "pt_nccl_heartbt";
+/// The key the monitor checks in the store, as a torch client sends it
+/// (its keys are prefixed with `/`). Its value is the asking rank, an i32
+/// (-1: none; trainlet is not a rank).
+pub const DUMP_KEY: &str = "/exception_dump";
+/// The dump's path before the rank when the worker's environment names none.
+const DEFAULT_PREFIX: &str = "/tmp/nccl_trace_rank_";
+/// Largest dump read (2000 entries with their stack traces fit many times).
+pub const MAX_DUMP: u64 = 16 << 20;
+/// Most process groups kept from one dump.
+const MAX_GROUPS: usize = 16;
+/// Most threads of one worker looked at for the monitor.
+const MAX_TASKS: usize = 4096;
+/// Largest environment read from `/proc/PID/environ`.
+const MAX_ENVIRON: u64 = 1 << 20;
+/// How often the monitor polls the store when the worker does not say.
+const DEFAULT_POLL: Duration = Duration::from_millis(1000);
+
+/// One rank's last collective in one process group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Group {
+    /// The group's description (`default_pg`), or its id when it has none.
+    pub pg: String,
+    /// The sequence number of the last collective it entered.
+    pub seq: u64,
+    /// That collective (`all_reduce`, without the backend's prefix).
+    pub op: String,
+    /// Whether that collective completed.
+    pub done: bool,
+}
+
+/// What one rank's Flight Recorder dump says.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Flight {
+    /// Its process groups, by name.
+    pub groups: Vec<Group>,
+    /// Why there is no dump, or what was wrong with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// Why a dump could not be read (yet).
+#[derive(Debug, thiserror::Error)]
+pub enum DumpError {
+    /// Not there, or not written since the ask.
+    #[error("no dump yet")]
+    NotYet,
+    /// There, but not one to read.
+    #[error("{0}")]
+    Refused(String),
+    /// Not a Flight Recorder pickle (or cut short: still being written).
+    #[error("unreadable dump: {0}")]
+    Unreadable(#[from] pickle::Error),
+}
+
+/// Most of a wrapper's children looked at (as the stacks reader does).
+const MAX_CHILDREN: usize = 8;
+
+/// Whether worker `pid` runs NCCL's heartbeat monitor, itself or, when it
+/// wraps the Python process, one of its children.
+pub fn has_monitor(pid: i32) -> bool {
+    let runs = |p: i32| {
+        std::fs::read_dir(format!("/proc/{p}/task")).is_ok_and(|tasks| {
+            tasks
+                .take(MAX_TASKS)
+                .flatten()
+                .any(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == MONITOR_THREAD))
+        })
+    };
+    runs(pid) || crate::sys::children(pid).unwrap_or_default().into_iter().take(MAX_CHILDREN).any(runs)
+}
+
+/// One variable of `pid`'s environment (as it started).
+fn environ(pid: i32, name: &str) -> Option<String> {
+    let mut raw = Vec::new();
+    std::fs::File::open(format!("/proc/{pid}/environ")).ok()?.take(MAX_ENVIRON).read_to_end(&mut raw).ok()?;
+    raw.split(|b| *b == 0).find_map(|kv| {
+        let v = kv.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
+        Some(String::from_utf8_lossy(v).into_owned())
+    })
+}
+
+/// Where rank `rank` (process `pid`) writes its dump, and how often its
+/// monitor polls the store.
+pub fn dump_target(pid: i32, rank: u32) -> (PathBuf, Duration) {
+    let prefix = ["TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
+        .iter()
+        .find_map(|n| environ(pid, n).filter(|v| !v.is_empty()))
+        .unwrap_or_else(|| DEFAULT_PREFIX.to_string());
+    let poll = environ(pid, "TORCH_NCCL_COORD_CHECK_MILSEC")
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(DEFAULT_POLL, Duration::from_millis);
+    (PathBuf::from(format!("{prefix}{rank}")), poll)
+}
+
+/// The uid process `pid` runs as (the owner of its `/proc` directory).
+pub fn owner_of(pid: i32) -> Option<u32> {
+    std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
+}
+
+/// Read the dump at `path`: a regular file of uid `owner`, modified at or
+/// after `since`, at most [`MAX_DUMP`] bytes.
+pub fn read_dump(path: &std::path::Path, since: SystemTime, owner: u32) -> Result<Flight, DumpError> {
+    let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(DumpError::NotYet),
+        Err(e) => return Err(DumpError::Refused(format!("cannot open it: {e}"))),
+    };
+    let meta = file.metadata().map_err(|e| DumpError::Refused(e.to_string()))?;
+    if !meta.file_type().is_file() {
+        return Err(DumpError::Refused("not a regular file".into()));
+    }
+    if meta.uid() != owner {
+        return Err(DumpError::Refused(format!("owned by uid {}, not the worker's {owner}", meta.uid())));
+    }
+    if meta.modified().is_ok_and(|m| m < since) {
+        return Err(DumpError::NotYet);
+    }
+    if meta.len() > MAX_DUMP {
+        return Err(DumpError::Refused(format!("{} bytes, over the {MAX_DUMP} read", meta.len())));
+    }
+    let mut data = Vec::new();
+    file.take(MAX_DUMP).read_to_end(&mut data).map_err(|e| DumpError::Refused(e.to_string()))?;
+    Ok(summarize(&pickle::read(&data)?))
+}
+
+/// Each process group's last collective (point-to-point ops apart, which
+/// pair two ranks, not the group).
+pub fn summarize(p: &Pickle) -> Flight {
+    let Some(entries) = p.field(p.top(), "entries") else {
+        return Flight { groups: Vec::new(), note: Some("the dump has no entries".into()) };
+    };
+    let mut groups: Vec<Group> = Vec::new();
+    for &e in p.items(entries) {
+        if p.field(e, "is_p2p").and_then(|v| p.int(v)) == Some(1) {
+            continue;
+        }
+        let Some(seq) = p.field(e, "collective_seq_id").and_then(|v| p.int(v)).and_then(|s| u64::try_from(s).ok())
+        else {
+            continue;
+        };
+        // (id, description): the description names it, the id when it has none.
+        let pg = p.field(e, "process_group").map_or_else(String::new, |g| {
+            let parts: Vec<&str> = p.items(g).iter().filter_map(|&i| p.str(i)).collect();
+            parts.iter().rev().find(|s| !s.is_empty()).map_or_else(String::new, |s| super::clean(s))
+        });
+        let name = p.field(e, "profiling_name").and_then(|v| p.str(v)).unwrap_or("?");
+        let op = super::clean(name.rsplit(':').next().unwrap_or(name));
+        let state = p.field(e, "state").and_then(|v| p.str(v));
+        let done = state == Some("completed") || p.field(e, "retired").and_then(|v| p.int(v)) == Some(1);
+        let full = groups.len() >= MAX_GROUPS;
+        match groups.iter_mut().find(|g| g.pg == pg) {
+            Some(g) if g.seq <= seq => *g = Group { pg, seq, op, done },
+            Some(_) => {}
+            None if !full => groups.push(Group { pg, seq, op, done }),
+            None => {}
+        }
+    }
+    groups.sort_by(|a, b| a.pg.cmp(&b.pg));
+    Flight { groups, note: None }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dump of torch 2.15's gloo process group (the same format as
+    /// NCCL's), taken with `_dump_fr_trace(backend="gloo")` on rank 0 of 2
+    /// while it waited alone in its 5th collective (all_reduce) and rank 1
+    /// slept after the 4th (barrier): tests/fixtures/flight/gloo_rank0.pkl.
+    fn fixture(name: &str) -> Vec<u8> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/flight").join(name);
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    #[test]
+    fn a_real_dump_gives_each_groups_last_collective() {
+        let f = summarize(&pickle::read(&fixture("gloo_rank0.pkl")).expect("a real dump reads"));
+        assert_eq!(f.groups, vec![Group { pg: "default_pg".into(), seq: 5, op: "all_reduce".into(), done: false }]);
+        let f = summarize(&pickle::read(&fixture("gloo_rank1.pkl")).expect("a real dump reads"));
+        assert_eq!(f.groups, vec![Group { pg: "default_pg".into(), seq: 4, op: "barrier".into(), done: true }]);
+    }
+
+    #[test]
+    fn a_dump_is_read_only_when_it_is_the_workers_and_new() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("nccl_trace_rank_0");
+        let me = owner_of(i32::try_from(std::process::id()).expect("pid")).expect("own uid");
+        let before = SystemTime::now() - Duration::from_secs(5);
+        assert!(matches!(read_dump(&path, before, me), Err(DumpError::NotYet)));
+        std::fs::write(&path, fixture("gloo_rank1.pkl")).expect("write");
+        assert_eq!(read_dump(&path, before, me).expect("read").groups[0].seq, 4);
+        let later = SystemTime::now() + Duration::from_secs(60);
+        assert!(matches!(read_dump(&path, later, me), Err(DumpError::NotYet)), "an old dump is not this hang's");
+        assert!(matches!(read_dump(&path, before, me + 1), Err(DumpError::Refused(_))));
+        let link = dir.path().join("nccl_trace_rank_1");
+        std::os::unix::fs::symlink(&path, &link).expect("symlink");
+        assert!(matches!(read_dump(&link, before, me), Err(DumpError::Refused(_))), "a link is not followed");
+        std::fs::write(&path, &fixture("gloo_rank1.pkl")[..100]).expect("write");
+        assert!(matches!(read_dump(&path, before, me), Err(DumpError::Unreadable(_))), "a dump being written");
+        assert!(matches!(read_dump(dir.path(), before, me), Err(DumpError::Refused(_))));
+    }
+
+    #[test]
+    fn the_dump_path_follows_the_workers_environment() {
+        let me = i32::try_from(std::process::id()).expect("pid");
+        let (path, _) = dump_target(me, 3);
+        let want = std::env::var("TORCH_FR_DUMP_TEMP_FILE")
+            .or_else(|_| std::env::var("TORCH_NCCL_DEBUG_INFO_TEMP_FILE"))
+            .unwrap_or_else(|_| DEFAULT_PREFIX.into());
+        assert_eq!(path, PathBuf::from(format!("{want}3")));
+        assert!(!has_monitor(me), "this test process runs no NCCL monitor");
+    }
+}
