@@ -30,9 +30,13 @@ pub const DUMP_KEY: &str = "/exception_dump";
 /// The dump's path before the rank when the worker's environment names none.
 const DEFAULT_PREFIX: &str = "/tmp/nccl_trace_rank_";
 /// Largest dump read (2000 entries with their stack traces fit many times).
-pub const MAX_DUMP: u64 = 16 << 20;
+pub const MAX_DUMP: u64 = 8 << 20;
 /// Most process groups kept from one dump.
 const MAX_GROUPS: usize = 16;
+/// Entries looked at, the last ones (the recorder keeps 2000 by default).
+const MAX_ENTRIES: usize = 4096;
+/// Longest group or collective name kept.
+const MAX_GROUP_NAME: usize = 128;
 /// Most threads of one worker looked at for the monitor.
 const MAX_TASKS: usize = 4096;
 /// Largest environment read from `/proc/PID/environ`.
@@ -43,7 +47,10 @@ const DEFAULT_POLL: Duration = Duration::from_millis(1000);
 /// One rank's last collective in one process group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Group {
-    /// The group's description (`default_pg`), or its id when it has none.
+    /// The group's name (torch numbers them in creation order, the same on
+    /// every rank): what tells groups apart.
+    pub id: String,
+    /// The group's description (`default_pg`), or its name when it has none.
     pub pg: String,
     /// The sequence number of the last collective it entered.
     pub seq: u64,
@@ -122,21 +129,33 @@ pub fn owner_of(pid: i32) -> Option<u32> {
     std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
 }
 
+/// The size and modification time of the file at `path` (not followed),
+/// to tell a dump that changed from one read already.
+pub fn stamp(path: &std::path::Path) -> Option<(u64, SystemTime)> {
+    let m = std::fs::symlink_metadata(path).ok()?;
+    Some((m.len(), m.modified().ok()?))
+}
+
 /// Read the dump at `path`: a regular file of uid `owner`, modified at or
-/// after `since`, at most [`MAX_DUMP`] bytes.
+/// after `since`, at most [`MAX_DUMP`] bytes. The path is the worker's to
+/// choose, so nothing is opened for reading before it is known to be such
+/// a file: it is opened as a path only (`O_PATH`, not following a last
+/// link), checked on that descriptor, and only then opened for reading
+/// through it (a device, FIFO or terminal is never opened).
 pub fn read_dump(path: &std::path::Path, since: SystemTime, owner: u32) -> Result<Flight, DumpError> {
-    let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)
+    let refused = || DumpError::Refused("not a regular file of the worker's own".into());
+    let handle = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
     {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(DumpError::NotYet),
-        Err(e) => return Err(DumpError::Refused(format!("cannot open it: {e}"))),
+        Err(_) => return Err(refused()),
     };
-    let meta = file.metadata().map_err(|e| DumpError::Refused(e.to_string()))?;
-    if !meta.file_type().is_file() {
-        return Err(DumpError::Refused("not a regular file".into()));
-    }
-    if meta.uid() != owner {
-        return Err(DumpError::Refused(format!("owned by uid {}, not the worker's {owner}", meta.uid())));
+    let meta = handle.metadata().map_err(|_| refused())?;
+    if !meta.file_type().is_file() || meta.uid() != owner {
+        return Err(refused());
     }
     if meta.modified().is_ok_and(|m| m < since) {
         return Err(DumpError::NotYet);
@@ -144,9 +163,20 @@ pub fn read_dump(path: &std::path::Path, since: SystemTime, owner: u32) -> Resul
     if meta.len() > MAX_DUMP {
         return Err(DumpError::Refused(format!("{} bytes, over the {MAX_DUMP} read", meta.len())));
     }
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&handle);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(format!("/proc/self/fd/{fd}"))
+        .map_err(|_| refused())?;
     let mut data = Vec::new();
-    file.take(MAX_DUMP).read_to_end(&mut data).map_err(|e| DumpError::Refused(e.to_string()))?;
+    file.take(MAX_DUMP).read_to_end(&mut data).map_err(|_| refused())?;
     Ok(summarize(&pickle::read(&data)?))
+}
+
+/// A name from the dump, as data, cut to [`MAX_GROUP_NAME`] characters.
+fn name(s: &str) -> String {
+    super::clean(s).chars().take(MAX_GROUP_NAME).collect()
 }
 
 /// Each process group's last collective (point-to-point ops apart, which
@@ -156,7 +186,8 @@ pub fn summarize(p: &Pickle) -> Flight {
         return Flight { groups: Vec::new(), note: Some("the dump has no entries".into()) };
     };
     let mut groups: Vec<Group> = Vec::new();
-    for &e in p.items(entries) {
+    let all = p.items(entries);
+    for &e in &all[all.len().saturating_sub(MAX_ENTRIES)..] {
         if p.field(e, "is_p2p").and_then(|v| p.int(v)) == Some(1) {
             continue;
         }
@@ -164,24 +195,27 @@ pub fn summarize(p: &Pickle) -> Flight {
         else {
             continue;
         };
-        // (id, description): the description names it, the id when it has none.
-        let pg = p.field(e, "process_group").map_or_else(String::new, |g| {
-            let parts: Vec<&str> = p.items(g).iter().filter_map(|&i| p.str(i)).collect();
-            parts.iter().rev().find(|s| !s.is_empty()).map_or_else(String::new, |s| super::clean(s))
+        // (name, description): the name tells groups apart (DeviceMesh's
+        // share descriptions, and new_group's are all "undefined"); the
+        // description, when it says something, is shown.
+        let (id, desc) = p.field(e, "process_group").map_or((String::new(), String::new()), |g| {
+            let part = |k: usize| p.items(g).get(k).and_then(|&i| p.str(i)).map_or_else(String::new, name);
+            (part(0), part(1))
         });
-        let name = p.field(e, "profiling_name").and_then(|v| p.str(v)).unwrap_or("?");
-        let op = super::clean(name.rsplit(':').next().unwrap_or(name));
+        let pg = if desc.is_empty() || desc == "undefined" { id.clone() } else { desc };
+        let profiled = p.field(e, "profiling_name").and_then(|v| p.str(v)).unwrap_or("?");
+        let op = name(profiled.rsplit(':').next().unwrap_or(profiled));
         let state = p.field(e, "state").and_then(|v| p.str(v));
         let done = state == Some("completed") || p.field(e, "retired").and_then(|v| p.int(v)) == Some(1);
         let full = groups.len() >= MAX_GROUPS;
-        match groups.iter_mut().find(|g| g.pg == pg) {
-            Some(g) if g.seq <= seq => *g = Group { pg, seq, op, done },
+        match groups.iter_mut().find(|g| g.id == id) {
+            Some(g) if g.seq <= seq => *g = Group { id, pg, seq, op, done },
             Some(_) => {}
-            None if !full => groups.push(Group { pg, seq, op, done }),
+            None if !full => groups.push(Group { id, pg, seq, op, done }),
             None => {}
         }
     }
-    groups.sort_by(|a, b| a.pg.cmp(&b.pg));
+    groups.sort_by(|a, b| a.id.cmp(&b.id));
     Flight { groups, note: None }
 }
 
@@ -201,9 +235,28 @@ mod tests {
     #[test]
     fn a_real_dump_gives_each_groups_last_collective() {
         let f = summarize(&pickle::read(&fixture("gloo_rank0.pkl")).expect("a real dump reads"));
-        assert_eq!(f.groups, vec![Group { pg: "default_pg".into(), seq: 5, op: "all_reduce".into(), done: false }]);
+        let group = |seq, op: &str, done| Group { id: "0".into(), pg: "default_pg".into(), seq, op: op.into(), done };
+        assert_eq!(f.groups, vec![group(5, "all_reduce", false)]);
         let f = summarize(&pickle::read(&fixture("gloo_rank1.pkl")).expect("a real dump reads"));
-        assert_eq!(f.groups, vec![Group { pg: "default_pg".into(), seq: 4, op: "barrier".into(), done: true }]);
+        assert_eq!(f.groups, vec![group(4, "barrier", true)]);
+    }
+
+    /// A small dump whose entries are one dict of many pairs, referenced
+    /// many times through the memo: its summary's work is bounded by the
+    /// entries and fields looked at, not by their product.
+    #[test]
+    fn a_dump_of_shared_huge_entries_costs_little() {
+        let (pairs, entries) = (40_000, 80_000);
+        let mut p = vec![0x80, 2, b'}', b'q', 0, b'(', b'K', 0];
+        p.extend(std::iter::repeat_n(b'2', 2 * pairs - 1));
+        p.extend([b'u', b'0', b'}', b'(', 0x8c, 7]);
+        p.extend(b"entries");
+        p.extend([b']', b'(', b'h', 0]);
+        p.extend(std::iter::repeat_n(b'2', entries - 1));
+        p.extend([b'e', b'u', b'.']);
+        let read = pickle::read(&p).expect("read");
+        assert_eq!(read.items(read.field(read.top(), "entries").expect("entries")).len(), entries);
+        assert_eq!(summarize(&read), Flight::default(), "no entry has a sequence number");
     }
 
     #[test]
@@ -224,6 +277,8 @@ mod tests {
         std::fs::write(&path, &fixture("gloo_rank1.pkl")[..100]).expect("write");
         assert!(matches!(read_dump(&path, before, me), Err(DumpError::Unreadable(_))), "a dump being written");
         assert!(matches!(read_dump(dir.path(), before, me), Err(DumpError::Refused(_))));
+        // A device is never opened for reading (only as a path).
+        assert!(matches!(read_dump(std::path::Path::new("/dev/null"), before, me), Err(DumpError::Refused(_))));
     }
 
     #[test]

@@ -6,10 +6,14 @@
 //! live in one arena and the memo holds indices into it, so a memo entry
 //! used a million times costs nothing and a list changed after it was
 //! memoized is seen changed, as Python's unpickler sees it. The input and
-//! the number of values are bounded.
+//! the pushes are bounded: every push onto the stack (a new value, DUP, a
+//! memo reference) counts, so the stack, the arena and the containers'
+//! items together hold at most [`MAX_PUSHES`] entries.
 
-/// Most values one pickle may hold.
-pub const MAX_VALUES: usize = 1 << 20;
+/// Most pushes onto the stack in one pickle.
+pub const MAX_PUSHES: usize = 1 << 20;
+/// Items of a dict a field lookup looks at.
+pub const MAX_FIELDS: usize = 64;
 /// Deepest nesting of MARKs.
 const MAX_MARKS: usize = 256;
 
@@ -26,7 +30,7 @@ pub enum Error {
     /// with no value, a memo index never put, a length past the end).
     #[error("the pickle is malformed: {0}")]
     Malformed(&'static str),
-    /// More values than [`MAX_VALUES`], or MARKs nested deeper than 256.
+    /// More pushes than [`MAX_PUSHES`], or MARKs nested deeper than 256.
     #[error("the pickle is too large")]
     TooLarge,
 }
@@ -72,12 +76,15 @@ impl Pickle {
         self.values.get(i).unwrap_or(&Value::None)
     }
 
-    /// `dict[key]` for a str key, when `i` is a dict that has it.
+    /// `dict[key]` for a str key, when `i` is a dict that has it among its
+    /// first [`MAX_FIELDS`] items (a lookup costs at most that many).
     pub fn field(&self, i: usize, key: &str) -> Option<usize> {
         match self.get(i) {
-            Value::Dict(items) => {
-                items.iter().find(|(k, _)| matches!(self.get(*k), Value::Str(s) if s == key)).map(|(_, v)| *v)
-            }
+            Value::Dict(items) => items
+                .iter()
+                .take(MAX_FIELDS)
+                .find(|(k, _)| matches!(self.get(*k), Value::Str(s) if s == key))
+                .map(|(_, v)| *v),
             _ => None,
         }
     }
@@ -148,16 +155,23 @@ struct Machine {
     stack: Vec<usize>,
     marks: Vec<usize>,
     memo: std::collections::HashMap<u64, usize>,
+    pushes: usize,
 }
 
 impl Machine {
-    fn push(&mut self, v: Value) -> Result<(), Error> {
-        if self.values.len() >= MAX_VALUES {
+    /// Push index `i` (a value already in the arena), within the budget.
+    fn push_index(&mut self, i: usize) -> Result<(), Error> {
+        self.pushes += 1;
+        if self.pushes > MAX_PUSHES {
             return Err(Error::TooLarge);
         }
-        self.values.push(v);
-        self.stack.push(self.values.len() - 1);
+        self.stack.push(i);
         Ok(())
+    }
+
+    fn push(&mut self, v: Value) -> Result<(), Error> {
+        self.values.push(v);
+        self.push_index(self.values.len() - 1)
     }
 
     fn pop(&mut self) -> Result<usize, Error> {
@@ -207,18 +221,16 @@ impl Machine {
     }
 
     fn memo_put(&mut self, key: u64) -> Result<(), Error> {
-        if self.memo.len() >= MAX_VALUES {
+        let top = self.top()?;
+        if self.memo.insert(key, top).is_none() && self.memo.len() > MAX_PUSHES {
             return Err(Error::TooLarge);
         }
-        let top = self.top()?;
-        self.memo.insert(key, top);
         Ok(())
     }
 
     fn memo_get(&mut self, key: u64) -> Result<(), Error> {
         let i = *self.memo.get(&key).ok_or(Error::Malformed("a memo index never put"))?;
-        self.stack.push(i);
-        Ok(())
+        self.push_index(i)
     }
 }
 
@@ -268,7 +280,7 @@ pub fn read(data: &[u8]) -> Result<Pickle, Error> {
             }
             b'2' => {
                 let top = m.top()?;
-                m.stack.push(top);
+                m.push_index(top)?;
             }
             b'}' => m.push(Value::Dict(Vec::new()))?,
             b']' => m.push(Value::List(Vec::new()))?,
@@ -410,10 +422,18 @@ mod tests {
     }
 
     #[test]
-    fn the_values_are_bounded() {
-        // One None, then DUP, DUP, ... costs nothing; EMPTY_LIST each is a value.
-        let mut p = vec![0x80, 2];
-        p.extend(std::iter::repeat_n(b']', MAX_VALUES + 1));
-        assert_eq!(read(&p).expect_err("an error"), Error::TooLarge);
+    fn every_push_counts_against_the_bound() {
+        let mut values = vec![0x80, 2];
+        values.extend(std::iter::repeat_n(b']', MAX_PUSHES + 1));
+        assert_eq!(read(&values).expect_err("an error"), Error::TooLarge);
+        // DUPs and memo references add no value but are pushes all the same.
+        let mut dups = vec![0x80, 2, b']', b'(', b'N'];
+        dups.extend(std::iter::repeat_n(b'2', MAX_PUSHES));
+        dups.extend([b'e', b'.']);
+        assert_eq!(read(&dups).expect_err("an error"), Error::TooLarge);
+        let mut refs = vec![0x80, 2, b']', b'(', b'N', b'q', 0];
+        refs.extend(std::iter::repeat_n([b'h', 0], MAX_PUSHES).flatten());
+        refs.extend([b'e', b'.']);
+        assert_eq!(read(&refs).expect_err("an error"), Error::TooLarge);
     }
 }

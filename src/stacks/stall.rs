@@ -149,17 +149,18 @@ fn whereabouts(w: &Where) -> String {
 }
 
 /// The verdict of the Flight Recorder dumps: in the first process group
-/// (by name) that at least two ranks recorded, the ranks whose last
-/// collective is behind the others', when the others wait in theirs.
-/// `(stalled, waiting, summary)`; None when no dump names anyone.
+/// (by torch's name for it, the same on every rank) that at least two
+/// ranks recorded, the ranks whose last collective is behind the others',
+/// when the others wait in theirs. `(stalled, waiting, summary)`; None
+/// when no dump names anyone.
 fn judge_flight(placed: &[(u32, Where)], ranks: &[&RankStacks]) -> Option<(Vec<u32>, Vec<u32>, String)> {
     let mut by_group: BTreeMap<&str, Vec<(u32, &Group)>> = BTreeMap::new();
     for r in ranks {
         for g in r.flight.iter().flat_map(|f| &f.groups) {
-            by_group.entry(g.pg.as_str()).or_default().push((r.rank, g));
+            by_group.entry(g.id.as_str()).or_default().push((r.rank, g));
         }
     }
-    by_group.into_iter().filter(|(_, rs)| rs.len() > 1).find_map(|(pg, rs)| {
+    by_group.into_iter().filter(|(_, rs)| rs.len() > 1).find_map(|(_, rs)| {
         let front = rs.iter().map(|(_, g)| g).max_by_key(|g| g.seq)?;
         let waiting: Vec<u32> = rs.iter().filter(|(_, g)| g.seq == front.seq && !g.done).map(|(r, _)| *r).collect();
         let stalled: Vec<u32> = rs.iter().filter(|(_, g)| g.seq < front.seq).map(|(r, _)| *r).collect();
@@ -170,11 +171,13 @@ fn judge_flight(placed: &[(u32, Where)], ranks: &[&RankStacks]) -> Option<(Vec<u
             .iter()
             .map(|r| (*r, placed.iter().find(|(p, _)| p == r).map_or_else(String::new, |(_, w)| whereabouts(w))))
             .collect();
+        // Names from other pods' JSON too: cleaned again.
         let summary = format!(
-            "{} never entered {} #{} of {pg} (Flight Recorder), which the other {} wait in: {}",
+            "{} never entered {} #{} of {} (Flight Recorder), which the other {} wait in: {}",
             ranks_text(&stalled),
-            front.op,
+            super::clean(&front.op),
             front.seq,
+            super::clean(&front.pg),
             waiting.len(),
             at_list(&places)
         );
@@ -368,7 +371,7 @@ mod tests {
     }
 
     fn flown(mut r: RankStacks, seq: u64, op: &str, done: bool) -> RankStacks {
-        let g = Group { pg: "default_pg".into(), seq, op: op.into(), done };
+        let g = Group { id: "0".into(), pg: "default_pg".into(), seq, op: op.into(), done };
         r.flight = Some(Flight { groups: vec![g], note: None });
         r
     }
@@ -395,6 +398,15 @@ mod tests {
             judge(&even).summary,
             "rank 2 is not in the all_reduce the other 1 wait in: stall_job.py:13 in stall_here"
         );
+        // Groups apart by name, even with one description (DeviceMesh's):
+        // tp group 1 of ranks 0 and 1 at #120, tp group 2 of ranks 2 and 3
+        // at #80, is no stall of either.
+        let tp = |r: RankStacks, id: &str, seq| {
+            let g = Group { id: id.into(), pg: "mesh_tp".into(), seq, op: "all_reduce".into(), done: false };
+            RankStacks { flight: Some(Flight { groups: vec![g], note: None }), ..r }
+        };
+        let mesh = [tp(in_all_reduce(0), "1", 120), tp(in_all_reduce(1), "1", 120), tp(in_all_reduce(2), "2", 80)];
+        assert!(!judge(&mesh).summary.contains("Flight Recorder"), "{}", judge(&mesh).summary);
         // A dump from one rank only, or none with entries, decides nothing.
         let lone = [flown(in_all_reduce(0), 5, "all_reduce", false), sleeper];
         assert_eq!(judge(&lone).stalled_ranks, vec![2]);

@@ -16,22 +16,64 @@ use crate::supervise::worker::WorldView;
 /// Longest wait for the dumps past the monitors' poll interval: a dump
 /// with its C++ stack traces takes seconds to symbolize (2.4 s for two
 /// workers of torch 2.15 on an idle 2-core machine, over 5 s for four on a
-/// busy one), and NCCL gives the first try 15 s
-/// (`TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC`). The wait ends when the last
-/// dump is in.
-const DUMP_MARGIN: Duration = Duration::from_secs(15);
+/// busy one). The wait ends when the last dump is in.
+const DUMP_MARGIN: Duration = Duration::from_secs(12);
 /// Longest wait for the dumps in all, whatever the interval.
-const MAX_WAIT: Duration = Duration::from_secs(20);
+const MAX_WAIT: Duration = Duration::from_secs(15);
 /// Longest the ask itself may take (resolve, connect, set).
 const ASK_WAIT: Duration = Duration::from_secs(3);
+/// Longest the workers' environments are read for (a worker in
+/// uninterruptible sleep can hold its memory map's lock).
+const TARGETS_WAIT: Duration = Duration::from_secs(1);
 /// How often the dumps are looked for.
 const POLL: Duration = Duration::from_millis(100);
 
-/// Ask for and read the Flight Recorder dumps of the workers `asked` (of
-/// `read`, those that run NCCL's monitor); the others are left as they are.
-pub(super) async fn gather(world: &WorldView<'_>, read: &mut [RankStacks], asked: &[usize]) {
-    let asked: Vec<usize> = asked.iter().copied().filter(|&i| i < read.len()).collect();
-    if asked.is_empty() {
+/// Where one worker's dump will be: its index in the stacks read, the
+/// file, the uid that must own it, and how often its monitor polls.
+#[derive(Debug, Clone)]
+pub(super) struct Target {
+    index: usize,
+    path: PathBuf,
+    owner: Option<u32>,
+    poll: Duration,
+}
+
+/// Where the dumps of the workers `nccl` (of `read`) will be, read from
+/// their environments now, before anyone asks: a worker that dumped ends,
+/// and a dead one's environment is empty. Bounded in time; a worker not
+/// read in time is said so and not asked for.
+pub(super) async fn targets(read: &mut [RankStacks], nccl: &[usize]) -> Vec<Target> {
+    let who: Vec<(usize, i32, u32)> =
+        nccl.iter().filter_map(|&i| read.get(i).map(|r| (i, r.stacks.pid, r.rank))).collect();
+    let look = who.clone();
+    let found = tokio::time::timeout(
+        TARGETS_WAIT,
+        tokio::task::spawn_blocking(move || {
+            look.into_iter()
+                .map(|(index, pid, rank)| {
+                    let (path, poll) = flight::dump_target(pid, rank);
+                    Target { index, path, owner: flight::owner_of(pid), poll }
+                })
+                .collect::<Vec<_>>()
+        }),
+    )
+    .await;
+    match found {
+        Ok(Ok(t)) => t,
+        _ => {
+            for (i, _, _) in who {
+                read[i].flight =
+                    Some(missing("not asked for a dump: its environment could not be read in time".into()));
+            }
+            Vec::new()
+        }
+    }
+}
+
+/// Ask for and read the Flight Recorder dumps at `targets`, and put each
+/// in its worker's entry of `read`.
+pub(super) async fn gather(world: &WorldView<'_>, read: &mut [RankStacks], targets: Vec<Target>) {
+    if targets.is_empty() {
         return;
     }
     // A dump older than the ask is an earlier hang's (the file system's
@@ -39,33 +81,31 @@ pub(super) async fn gather(world: &WorldView<'_>, read: &mut [RankStacks], asked
     let since = SystemTime::now().checked_sub(Duration::from_secs(1)).unwrap_or(SystemTime::UNIX_EPOCH);
     if let Err(why) = ask(world.master_addr, world.master_port).await {
         tracing::warn!(reason = %why, "cannot ask the workers' Flight Recorders for a dump");
-        for &i in &asked {
-            read[i].flight = Some(missing(format!("not asked for a dump: {why}")));
+        for t in &targets {
+            read[t.index].flight = Some(missing(format!("not asked for a dump: {why}")));
         }
         return;
     }
-    let targets: Vec<(PathBuf, Option<u32>, Duration)> = asked
-        .iter()
-        .map(|&i| {
-            let pid = read[i].stacks.pid;
-            let (path, poll) = flight::dump_target(pid, read[i].rank);
-            (path, flight::owner_of(pid), poll)
-        })
-        .collect();
-    let wait = (targets.iter().map(|t| t.2).max().unwrap_or_default() + DUMP_MARGIN).min(MAX_WAIT);
-    let ranks: Vec<u32> = asked.iter().map(|&i| read[i].rank).collect();
+    let wait = (targets.iter().map(|t| t.poll).max().unwrap_or_default() + DUMP_MARGIN).min(MAX_WAIT);
+    let ranks: Vec<u32> = targets.iter().map(|t| read[t.index].rank).collect();
     tracing::info!(
         ?ranks,
         wait_s = wait.as_secs_f64(),
         "waiting for the workers' Flight Recorder dumps (asked through exception_dump in the worker store)"
     );
-    let found = tokio::task::spawn_blocking(move || collect(&targets, since, wait)).await.unwrap_or_default();
+    let look = targets.clone();
+    // A read stuck on a hung file system is left behind at the bound.
+    let found = tokio::time::timeout(wait + ASK_WAIT, tokio::task::spawn_blocking(move || collect(&look, since, wait)))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| vec![missing("the dump's read did not finish in time".into()); targets.len()]);
     let mut dumped = 0usize;
-    for (&i, f) in asked.iter().zip(found) {
+    for (t, f) in targets.iter().zip(found) {
         dumped += usize::from(f.note.is_none());
-        read[i].flight = Some(f);
+        read[t.index].flight = Some(f);
     }
-    tracing::info!(dumped, of = asked.len(), "read the workers' Flight Recorder dumps");
+    tracing::info!(dumped, of = targets.len(), "read the workers' Flight Recorder dumps");
 }
 
 /// Set `exception_dump` in the worker store at `host:port` (the value is
@@ -88,26 +128,34 @@ async fn ask(host: &str, port: u16) -> Result<(), String> {
 }
 
 /// Each target's dump, looked for until all are read or `wait` is over;
-/// a target with none says why.
-fn collect(targets: &[(PathBuf, Option<u32>, Duration)], since: SystemTime, wait: Duration) -> Vec<Flight> {
+/// a target with none says why. A dump that did not read is read again
+/// only once it changed (it was being written).
+fn collect(targets: &[Target], since: SystemTime, wait: Duration) -> Vec<Flight> {
     let deadline = Instant::now() + wait;
     let mut got: Vec<Option<Flight>> = vec![None; targets.len()];
     let mut last: Vec<String> = vec![format!("no dump within {:.1} s", wait.as_secs_f64()); targets.len()];
+    let mut tried: Vec<Option<(u64, SystemTime)>> = vec![None; targets.len()];
     loop {
-        for (i, (path, owner, _)) in targets.iter().enumerate() {
+        for (i, t) in targets.iter().enumerate() {
             if got[i].is_some() {
                 continue;
             }
-            let Some(owner) = owner else {
+            let Some(owner) = t.owner else {
                 got[i] = Some(missing("the worker is gone".into()));
                 continue;
             };
-            match flight::read_dump(path, since, *owner) {
+            let stamp = flight::stamp(&t.path);
+            if stamp.is_some() && stamp == tried[i] {
+                continue;
+            }
+            match flight::read_dump(&t.path, since, owner) {
                 Ok(f) => got[i] = Some(f),
                 Err(DumpError::NotYet) => {}
-                // Cut short: being written; read again until the deadline.
-                Err(e @ DumpError::Unreadable(_)) => last[i] = format!("{}: {e}", path.display()),
-                Err(e @ DumpError::Refused(_)) => got[i] = Some(missing(format!("{}: {e}", path.display()))),
+                Err(e @ DumpError::Unreadable(_)) => {
+                    tried[i] = stamp;
+                    last[i] = format!("{}: {e}", t.path.display());
+                }
+                Err(e @ DumpError::Refused(_)) => got[i] = Some(missing(format!("{}: {e}", t.path.display()))),
             }
         }
         if got.iter().all(Option::is_some) || Instant::now() >= deadline {
