@@ -101,10 +101,17 @@ pub fn has_monitor(pid: i32) -> bool {
     runs(pid) || crate::sys::children(pid).unwrap_or_default().into_iter().take(MAX_CHILDREN).any(runs)
 }
 
-/// One variable of `pid`'s environment (as it started).
-fn environ(pid: i32, name: &str) -> Option<String> {
+/// `pid`'s environment (as it started), at most [`MAX_ENVIRON`] bytes.
+fn environ(pid: i32) -> Vec<u8> {
     let mut raw = Vec::new();
-    std::fs::File::open(format!("/proc/{pid}/environ")).ok()?.take(MAX_ENVIRON).read_to_end(&mut raw).ok()?;
+    if let Ok(f) = std::fs::File::open(format!("/proc/{pid}/environ")) {
+        let _ = f.take(MAX_ENVIRON).read_to_end(&mut raw);
+    }
+    raw
+}
+
+/// Variable `name` of the environment `raw` (NUL-separated `K=V`).
+fn var(raw: &[u8], name: &str) -> Option<String> {
     raw.split(|b| *b == 0).find_map(|kv| {
         let v = kv.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
         Some(String::from_utf8_lossy(v).into_owned())
@@ -112,16 +119,30 @@ fn environ(pid: i32, name: &str) -> Option<String> {
 }
 
 /// Where rank `rank` (process `pid`) writes its dump, and how often its
-/// monitor polls the store.
-pub fn dump_target(pid: i32, rank: u32) -> (PathBuf, Duration) {
+/// monitor polls the store; Err says why it will not dump: its
+/// environment turned the recorder or its dump at a timeout off.
+pub fn dump_target(pid: i32, rank: u32) -> Result<(PathBuf, Duration), String> {
+    let env = environ(pid);
+    for off in ["TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_ON_TIMEOUT"] {
+        if var(&env, off)
+            .is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "false" | "off" | "no"))
+        {
+            return Err(format!("its Flight Recorder does not dump ({off} is off)"));
+        }
+    }
+    for size in ["TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"] {
+        if var(&env, size).is_some_and(|v| v.trim() == "0") {
+            return Err(format!("its Flight Recorder is off ({size}=0)"));
+        }
+    }
     let prefix = ["TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
         .iter()
-        .find_map(|n| environ(pid, n).filter(|v| !v.is_empty()))
+        .find_map(|n| var(&env, n).filter(|v| !v.is_empty()))
         .unwrap_or_else(|| DEFAULT_PREFIX.to_string());
-    let poll = environ(pid, "TORCH_NCCL_COORD_CHECK_MILSEC")
+    let poll = var(&env, "TORCH_NCCL_COORD_CHECK_MILSEC")
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map_or(DEFAULT_POLL, Duration::from_millis);
-    (PathBuf::from(format!("{prefix}{rank}")), poll)
+    Ok((PathBuf::from(format!("{prefix}{rank}")), poll))
 }
 
 /// The uid process `pid` runs as (the owner of its `/proc` directory).
@@ -282,9 +303,23 @@ mod tests {
     }
 
     #[test]
+    fn the_recorder_turned_off_is_not_waited_for() {
+        let env = b"A=1\0TORCH_NCCL_DUMP_ON_TIMEOUT=0\0TORCH_FR_BUFFER_SIZE=2000\0";
+        assert_eq!(var(env, "TORCH_FR_BUFFER_SIZE").as_deref(), Some("2000"));
+        assert_eq!(var(env, "TORCH_FR"), None, "a prefix of a name is not the name");
+        let mut child =
+            std::process::Command::new("sleep").arg("30").env("TORCH_FR_BUFFER_SIZE", "0").spawn().expect("sleep");
+        let pid = i32::try_from(child.id()).expect("pid");
+        let why = dump_target(pid, 0).expect_err("off");
+        assert_eq!(why, "its Flight Recorder is off (TORCH_FR_BUFFER_SIZE=0)");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    #[test]
     fn the_dump_path_follows_the_workers_environment() {
         let me = i32::try_from(std::process::id()).expect("pid");
-        let (path, _) = dump_target(me, 3);
+        let (path, _) = dump_target(me, 3).expect("no recorder setting here");
         let want = std::env::var("TORCH_FR_DUMP_TEMP_FILE")
             .or_else(|_| std::env::var("TORCH_NCCL_DEBUG_INFO_TEMP_FILE"))
             .unwrap_or_else(|_| DEFAULT_PREFIX.into());

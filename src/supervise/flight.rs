@@ -40,8 +40,9 @@ pub(super) struct Target {
 
 /// Where the dumps of the workers `nccl` (of `read`) will be, read from
 /// their environments now, before anyone asks: a worker that dumped ends,
-/// and a dead one's environment is empty. Bounded in time; a worker not
-/// read in time is said so and not asked for.
+/// and a dead one's environment is empty. A worker whose recorder is off
+/// is not waited for. Bounded in time; a worker not read in time is said
+/// so and not asked for.
 pub(super) async fn targets(read: &mut [RankStacks], nccl: &[usize]) -> Vec<Target> {
     let who: Vec<(usize, i32, u32)> =
         nccl.iter().filter_map(|&i| read.get(i).map(|r| (i, r.stacks.pid, r.rank))).collect();
@@ -51,15 +52,21 @@ pub(super) async fn targets(read: &mut [RankStacks], nccl: &[usize]) -> Vec<Targ
         tokio::task::spawn_blocking(move || {
             look.into_iter()
                 .map(|(index, pid, rank)| {
-                    let (path, poll) = flight::dump_target(pid, rank);
-                    Target { index, path, owner: flight::owner_of(pid), poll }
+                    flight::dump_target(pid, rank)
+                        .map(|(path, poll)| Target { index, path, owner: flight::owner_of(pid), poll })
+                        .map_err(|why| (index, why))
                 })
                 .collect::<Vec<_>>()
         }),
     )
     .await;
     match found {
-        Ok(Ok(t)) => t,
+        Ok(Ok(all)) => all
+            .into_iter()
+            .filter_map(|t| {
+                t.map_err(|(i, why)| read[i].flight = Some(missing(format!("not asked for a dump: {why}")))).ok()
+            })
+            .collect(),
         _ => {
             for (i, _, _) in who {
                 read[i].flight =
