@@ -15,7 +15,7 @@ use crate::process::signals::SysEvent;
 use crate::rendezvous::{self, Round, STOP_SYNC_MARGIN, Session};
 use crate::stacks::stall::judge;
 use crate::supervise::attempt::Job;
-use crate::supervise::policy::{JobEnd, RoundFacts, is_hang_end};
+use crate::supervise::policy::{JobEnd, RoundFacts, Verdict, is_hang_end};
 use crate::supervise::report::Failure;
 
 /// Longest the loss of the store waits for the watch of the store host's
@@ -136,6 +136,13 @@ pub(super) async fn reconnect(
 ) -> std::result::Result<(), u8> {
     let timeout_s = plan.join_timeout.as_secs_f64();
     match session.host_left_settled(HOST_LEFT_SETTLE).await {
+        // The job is over (a spare waiting between rounds hears it here).
+        Some(why) if why.starts_with(rendezvous::JOB_ENDED) => {
+            let verdict = why.trim_start_matches(rendezvous::JOB_ENDED);
+            tracing::info!(verdict, "the job ended while this pod waited; leaving");
+            let ok = verdict.is_empty() || verdict.parse::<Verdict>().is_ok_and(|v| v == Verdict::Success);
+            return Err(if ok { exit::SUCCESS } else { exit::PEER_LOST });
+        }
         Some(why) => tracing::warn!(
             store_host = %why,
             timeout_s,

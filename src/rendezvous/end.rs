@@ -14,6 +14,15 @@ use crate::supervise::policy::{HANG_END, JobEnd, Verdict, is_hang_end};
 use crate::supervise::report::Failure;
 use crate::waiting::Waiting;
 
+/// How the store host's announcement of the job's end begins; the
+/// round's verdict follows (none in serve mode's shutdown).
+pub const JOB_ENDED: &str = "the job ended: ";
+
+/// Longest the store host waits at the end of the job for the spares of
+/// the last round to read its verdict (a spare that died is not waited
+/// for longer).
+const SPARES_READ_WAIT: Duration = Duration::from_secs(3);
+
 /// Pods' stacks fetched in one request (each is at most 256 KiB).
 const STACKS_PER_GET: usize = 16;
 /// Pods' stacks keys checked in one request.
@@ -182,7 +191,14 @@ impl Session {
     /// Say we are done reading this round's results. The store host then
     /// waits (up to `limit`) for every pod to say so before its store goes
     /// away, so nobody loses the store in the middle of reading the outcome.
+    /// It first announces the job's end with its verdict ([`JOB_ENDED`]):
+    /// a spare is not counted among the pods, and one that loses the store
+    /// before it read the verdict (between two rounds, say) reads it there.
     pub async fn leave(&mut self, round: &Round, host: bool, limit: Duration) -> Result<(), Error> {
+        if host {
+            let verdict = self.get(&self.rkey(round.number, "verdict")).await.unwrap_or_default();
+            self.announce_leaving(&format!("{JOB_ENDED}{}", String::from_utf8_lossy(&verdict))).await;
+        }
         let n = self.client.add(&self.rkey(round.number, "left"), 1).await.map_err(|e| self.lost(e))?;
         let all = self.rkey(round.number, "all_left");
         if n >= i64::from(round.nnodes) {
@@ -193,6 +209,33 @@ impl Session {
                 round = round.number,
                 "not every pod confirmed the end of the job; closing the store anyway"
             );
+        }
+        // Serve mode's spares leave with the members (`all_left`).
+        if host && !self.serving {
+            self.spares_read_the_end(round).await?;
+        }
+        Ok(())
+    }
+
+    /// The store host, at the end of the job: wait (at most
+    /// [`SPARES_READ_WAIT`]) until every spare that joined the last round
+    /// has read its verdict (`rR/spare_left`), so none loses the store
+    /// between the verdict's wake-up and its read.
+    async fn spares_read_the_end(&mut self, round: &Round) -> Result<(), Error> {
+        let joined = self.client.add(&self.rkey(round.number, "join"), 0).await.map_err(|e| self.lost(e))?;
+        let spares = joined.saturating_sub(i64::from(round.nnodes));
+        if spares <= 0 {
+            return Ok(());
+        }
+        let key = self.rkey(round.number, "spare_left");
+        let until = Instant::now() + SPARES_READ_WAIT;
+        tracing::info!(spares, "waiting for the spares to read the end of the job");
+        while self.client.add(&key, 0).await.map_err(|e| self.lost(e))? < spares {
+            if Instant::now() >= until {
+                tracing::warn!(spares, "not every spare read the end of the job; closing the store anyway");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Ok(())
     }

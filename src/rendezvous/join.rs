@@ -384,7 +384,11 @@ impl Session {
                     let v = String::from_utf8_lossy(&self.get(&verdict).await?).parse::<Verdict>();
                     match v {
                         // In serve mode they end a run; the pods go on serving.
-                        Ok(v @ (Verdict::Success | Verdict::Fail(_))) if !self.serving => return Ok(Try::Ended(v)),
+                        Ok(v @ (Verdict::Success | Verdict::Fail(_))) if !self.serving => {
+                            // The store host waits for this before it closes the store.
+                            let _ = self.client.add(&self.rkey(r, "spare_left"), 1).await;
+                            return Ok(Try::Ended(v));
+                        }
                         // Members move the job on right after a regroup or restart verdict.
                         _ => {
                             let bound = self.timing.heartbeat_timeout * 2;

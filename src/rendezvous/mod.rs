@@ -29,13 +29,15 @@
 //! | `rR/port` | the store host | `PORT,AUX`: the round's fresh worker store, and a free port for the coordinator or tracker |
 //! | `rR/service` | the store host's agent | `ready` or `failed: <why>`: XGBoost's tracker for the round |
 //! | `status/<node rank>` | each pod's progress relay | its workers' newest `trainerStatus` (`crate::status::relay`) |
-//! | `rR/end` | first COMPARE_SET wins | `success`, `failure`, `fatal`, `waiting:<uid>`, `abort:<uid>:<sig>`, `dead:<uid>` |
+//! | `rR/end` | first COMPARE_SET wins | `success`, `failure`, `fatal` (with `:hang` at a hang), `waiting:<uid>`, `abort:<uid>:<sig>`, `dead:<uid>` |
 //! | `rR/done`, `rR/stopped`, `rR/all_stopped` | ADD per pod, then the last | workers done / gone everywhere |
 //! | `rR/failures/<group rank>` | each pod | JSON list of its failures |
+//! | `rR/stacks/<group rank>`, `rR/dumped/<group rank>` | each pod, at a hang | its workers' stacks (JSON, with their Flight Recorder dumps once `dumped` is set) |
 //! | `rR/dead` | the store host | uids that stopped heartbeating |
 //! | `rR/verdict` | first COMPARE_SET wins | what every pod does next (`policy::Verdict`) |
 //! | `rR/next` | whoever moves the job on | the next round number |
 //! | `rR/left`, `rR/all_left` | ADD per pod, then the last | the store host may close the store |
+//! | `rR/spare_left` | ADD per spare that read the last verdict | the store host closes the store (at most 3 s later) |
 //! | `takeovers` | ADD per spare that got in | takeovers so far (the TrainJob's status) |
 //!
 //! Every wait is bounded by the join deadline or the heartbeat timeout,
@@ -53,7 +55,7 @@ mod service;
 mod session;
 mod spares;
 
-pub use end::parse_end;
+pub use end::{JOB_ENDED, parse_end};
 
 /// Extra time, beyond the grace period and the kill timeout, for the other
 /// pods to report their workers stopped.

@@ -310,6 +310,12 @@ mod tests {
         let mut child =
             std::process::Command::new("sleep").arg("30").env("TORCH_FR_BUFFER_SIZE", "0").spawn().expect("sleep");
         let pid = i32::try_from(child.id()).expect("pid");
+        // The parent may run again before exec has set the child's
+        // environment up (/proc/PID/environ reads empty until then).
+        let started = std::time::Instant::now();
+        while environ(pid).is_empty() && started.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let why = dump_target(pid, 0).expect_err("off");
         assert_eq!(why, "its Flight Recorder is off (TORCH_FR_BUFFER_SIZE=0)");
         let _ = child.kill();
