@@ -112,8 +112,12 @@ impl Job for RoundJob<'_> {
         self.session.publish_stacks(self.round, &json, dumped).await
     }
 
-    async fn stacks_in(&mut self, dumped: bool) -> std::result::Result<bool, rendezvous::Error> {
-        self.session.stacks_in(self.round, dumped).await
+    async fn wait_stacks(
+        &mut self,
+        dumped: bool,
+        limit: std::time::Duration,
+    ) -> std::result::Result<bool, rendezvous::Error> {
+        self.session.wait_stacks(self.round, dumped, limit).await
     }
 
     async fn publish_abort(&mut self, signal: i32) -> std::result::Result<(), rendezvous::Error> {

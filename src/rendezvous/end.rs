@@ -25,8 +25,6 @@ const SPARES_READ_WAIT: Duration = Duration::from_secs(3);
 
 /// Pods' stacks fetched in one request (each is at most 256 KiB).
 const STACKS_PER_GET: usize = 16;
-/// Pods' stacks keys checked in one request.
-const STACKS_CHECKED: usize = 1024;
 
 impl Session {
     async fn end(&mut self, r: u64, value: &str) -> Result<(), Error> {
@@ -55,17 +53,13 @@ impl Session {
         Ok(())
     }
 
-    /// Whether every member has put its stacks of round `round` (`dumped`:
-    /// with its Flight Recorder's dumps).
-    pub async fn stacks_in(&mut self, round: &Round, dumped: bool) -> Result<bool, Error> {
+    /// Wait (at most `limit`) until every member has put its stacks of
+    /// round `round` (`dumped`: with its Flight Recorder's dumps); false
+    /// when the limit came first.
+    pub async fn wait_stacks(&mut self, round: &Round, dumped: bool, limit: Duration) -> Result<bool, Error> {
         let what = if dumped { "dumped" } else { "stacks" };
         let keys: Vec<String> = (0..round.nnodes).map(|n| self.rkey(round.number, &format!("{what}/{n}"))).collect();
-        for chunk in keys.chunks(STACKS_CHECKED) {
-            if !self.client.check(chunk).await.map_err(|e| self.lost(e))? {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        self.wait_for(&keys, limit).await
     }
 
     /// Every member's stacks of round `round` (members that put none are

@@ -84,21 +84,15 @@ pub enum DumpError {
     Unreadable(#[from] pickle::Error),
 }
 
-/// Most of a wrapper's children looked at (as the stacks reader does).
-const MAX_CHILDREN: usize = 8;
-
-/// Whether worker `pid` runs NCCL's heartbeat monitor, itself or, when it
-/// wraps the Python process, one of its children.
+/// Whether process `pid` runs NCCL's heartbeat monitor (give it the
+/// process the stacks were read from: a wrapper's Python child).
 pub fn has_monitor(pid: i32) -> bool {
-    let runs = |p: i32| {
-        std::fs::read_dir(format!("/proc/{p}/task")).is_ok_and(|tasks| {
-            tasks
-                .take(MAX_TASKS)
-                .flatten()
-                .any(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == MONITOR_THREAD))
-        })
-    };
-    runs(pid) || crate::sys::children(pid).unwrap_or_default().into_iter().take(MAX_CHILDREN).any(runs)
+    std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|tasks| {
+        tasks
+            .take(MAX_TASKS)
+            .flatten()
+            .any(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == MONITOR_THREAD))
+    })
 }
 
 /// `pid`'s environment (as it started), at most [`MAX_ENVIRON`] bytes.

@@ -133,18 +133,20 @@ impl<'a> Input<'a> {
         Ok(self.take(1)?[0])
     }
 
-    fn le<const N: usize>(&mut self) -> Result<[u8; N], Error> {
+    /// The next N bytes as an array (in the order given: callers decode the
+    /// endianness each opcode has).
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], Error> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.take(N)?);
         Ok(out)
     }
 
     fn len32(&mut self) -> Result<usize, Error> {
-        usize::try_from(u32::from_le_bytes(self.le()?)).map_err(|_| Error::TooLarge)
+        usize::try_from(u32::from_le_bytes(self.array()?)).map_err(|_| Error::TooLarge)
     }
 
     fn len64(&mut self) -> Result<usize, Error> {
-        usize::try_from(u64::from_le_bytes(self.le()?)).map_err(|_| Error::Truncated)
+        usize::try_from(u64::from_le_bytes(self.array()?)).map_err(|_| Error::Truncated)
     }
 }
 
@@ -263,7 +265,7 @@ pub fn read(data: &[u8]) -> Result<Pickle, Error> {
                 input.byte()?; // PROTO n
             }
             0x95 => {
-                input.le::<8>()?; // FRAME: a length hint
+                input.array::<8>()?; // FRAME: a length hint
             }
             b'.' => {
                 let top = m.pop()?;
@@ -288,14 +290,14 @@ pub fn read(data: &[u8]) -> Result<Pickle, Error> {
             b'N' => m.push(Value::None)?,
             0x88 => m.push(Value::Bool(true))?,
             0x89 => m.push(Value::Bool(false))?,
-            b'J' => m.push(Value::Int(i64::from(i32::from_le_bytes(input.le()?))))?,
+            b'J' => m.push(Value::Int(i64::from(i32::from_le_bytes(input.array()?))))?,
             b'K' => m.push(Value::Int(i64::from(input.byte()?)))?,
-            b'M' => m.push(Value::Int(i64::from(u16::from_le_bytes(input.le()?))))?,
+            b'M' => m.push(Value::Int(i64::from(u16::from_le_bytes(input.array()?))))?,
             0x8a => {
                 let n = usize::from(input.byte()?);
                 m.push(long(input.take(n)?))?;
             }
-            b'G' => m.push(Value::Float(f64::from_be_bytes(input.le()?)))?,
+            b'G' => m.push(Value::Float(f64::from_be_bytes(input.array()?)))?,
             b'X' | b'B' => {
                 let n = input.len32()?;
                 m.push(text(input.take(n)?))?;
@@ -352,13 +354,13 @@ pub fn read(data: &[u8]) -> Result<Pickle, Error> {
                 m.set_items(target, &items)?;
             }
             b'q' => m.memo_put(u64::from(input.byte()?))?,
-            b'r' => m.memo_put(u64::from(u32::from_le_bytes(input.le()?)))?,
+            b'r' => m.memo_put(u64::from(u32::from_le_bytes(input.array()?)))?,
             0x94 => {
                 let next = m.memo.len() as u64;
                 m.memo_put(next)?;
             }
             b'h' => m.memo_get(u64::from(input.byte()?))?,
-            b'j' => m.memo_get(u64::from(u32::from_le_bytes(input.le()?)))?,
+            b'j' => m.memo_get(u64::from(u32::from_le_bytes(input.array()?)))?,
             other => return Err(Error::Opcode(other)),
         }
     }

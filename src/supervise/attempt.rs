@@ -58,9 +58,14 @@ pub trait Job {
         json: Vec<u8>,
         dumped: bool,
     ) -> impl std::future::Future<Output = Result<(), Self::Error>>;
-    /// Whether every pod's stacks of this round's hang are in the store
-    /// (`dumped`: with their Flight Recorder's dumps).
-    fn stacks_in(&mut self, dumped: bool) -> impl std::future::Future<Output = Result<bool, Self::Error>>;
+    /// Wait (at most `limit`) until every pod's stacks of this round's hang
+    /// are in the store (`dumped`: with their Flight Recorder's dumps);
+    /// false when the limit came first.
+    fn wait_stacks(
+        &mut self,
+        dumped: bool,
+        limit: Duration,
+    ) -> impl std::future::Future<Output = Result<bool, Self::Error>>;
     /// This pod was stopped by `signal`: end the round so the others stop too.
     fn publish_abort(&mut self, signal: i32) -> impl std::future::Future<Output = Result<(), Self::Error>>;
     /// Every worker here succeeded.
@@ -252,8 +257,8 @@ async fn read_at_hang<J: Job>(
     job: &mut J,
     (actions, hang): (&mut Vec<Action>, bool),
 ) {
-    let (mut read, nccl) = stacks::capture(world, core, crew).await;
-    let targets = super::flight::targets(&mut read, &nccl).await;
+    let mut read = stacks::capture(world, core, crew).await;
+    let targets = super::flight::targets(&mut read).await;
     // A pod with no dump to ask for says so at once (dumped): no pod waits for it.
     if let Err(e) = job.publish_stacks(stacks::encode(read.clone()), targets.is_empty()).await {
         tracing::warn!(error = %e, "cannot put this pod's stacks in the store");
@@ -287,13 +292,9 @@ async fn every_pod<J: Job>(job: &mut J, dumped: bool, limit: Duration) {
         "stacks, before asking for the Flight Recorder's dumps"
     };
     tracing::info!(wait_s = limit.as_secs_f64(), "waiting for every pod's {what}");
-    let all_in = async {
-        // A lost store ends the wait: no pod can be waited for.
-        while !job.stacks_in(dumped).await.unwrap_or(true) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
-    if tokio::time::timeout(limit, all_in).await.is_err() {
+    // Bounded in all (reaching the store included); a lost store ends the
+    // wait: no pod can be waited for.
+    if let Ok(Ok(false)) | Err(_) = tokio::time::timeout(limit, job.wait_stacks(dumped, limit)).await {
         tracing::warn!("not every pod's {what} came within {:.0} s; going on", limit.as_secs_f64());
     }
 }

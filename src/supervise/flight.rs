@@ -38,19 +38,19 @@ pub(super) struct Target {
     poll: Duration,
 }
 
-/// Where the dumps of the workers `nccl` (of `read`) will be, read from
-/// their environments now, before anyone asks: a worker that dumped ends,
-/// and a dead one's environment is empty. A worker whose recorder is off
-/// is not waited for. Bounded in time; a worker not read in time is said
-/// so and not asked for.
-pub(super) async fn targets(read: &mut [RankStacks], nccl: &[usize]) -> Vec<Target> {
-    let who: Vec<(usize, i32, u32)> =
-        nccl.iter().filter_map(|&i| read.get(i).map(|r| (i, r.stacks.pid, r.rank))).collect();
-    let look = who.clone();
+/// Where the dumps of the workers in `read` that run NCCL's heartbeat
+/// monitor will be, read from their environments now, before this pod's
+/// stacks go into the store, so before anyone asks: a worker that dumped
+/// ends, and a dead one's environment is empty. A worker whose recorder is
+/// off is not waited for. Bounded in time; workers not looked at in time
+/// are said so and not asked for.
+pub(super) async fn targets(read: &mut [RankStacks]) -> Vec<Target> {
+    let who: Vec<(usize, i32, u32)> = read.iter().enumerate().map(|(i, r)| (i, r.stacks.pid, r.rank)).collect();
     let found = tokio::time::timeout(
         TARGETS_WAIT,
         tokio::task::spawn_blocking(move || {
-            look.into_iter()
+            who.into_iter()
+                .filter(|&(_, pid, _)| pid > 0 && flight::has_monitor(pid))
                 .map(|(index, pid, rank)| {
                     flight::dump_target(pid, rank)
                         .map(|(path, poll)| Target { index, path, owner: flight::owner_of(pid), poll })
@@ -68,10 +68,9 @@ pub(super) async fn targets(read: &mut [RankStacks], nccl: &[usize]) -> Vec<Targ
             })
             .collect(),
         _ => {
-            for (i, _, _) in who {
-                read[i].flight =
-                    Some(missing("not asked for a dump: its environment could not be read in time".into()));
-            }
+            tracing::warn!(
+                "cannot tell in time which workers run NCCL (their /proc did not answer); no Flight Recorder dump is asked for"
+            );
             Vec::new()
         }
     }
@@ -118,20 +117,18 @@ pub(super) async fn gather(world: &WorldView<'_>, read: &mut [RankStacks], targe
 /// Set `exception_dump` in the worker store at `host:port` (the value is
 /// the asking rank, an i32; -1: trainlet, no rank).
 async fn ask(host: &str, port: u16) -> Result<(), String> {
+    let store = crate::store::Endpoint { host: host.to_string(), port };
     let go = async {
-        let addr = tokio::net::lookup_host((host, port))
+        let deadline = tokio::time::Instant::now() + ASK_WAIT;
+        let never = tokio_util::sync::CancellationToken::new();
+        let mut c = crate::store::connect_quietly(&store, None, deadline, &never)
             .await
-            .map_err(|e| format!("cannot resolve the worker store {host}:{port}: {e}"))?
-            .next()
-            .ok_or_else(|| format!("the worker store {host}:{port} resolves to no address"))?;
-        let mut c = crate::store::Client::connect(addr)
-            .await
-            .map_err(|e| format!("cannot reach the worker store {addr}: {e}"))?;
+            .map_err(|e| format!("cannot reach the worker store {store}: {e}"))?;
         c.set_checked(flight::DUMP_KEY, &(-1i32).to_ne_bytes())
             .await
-            .map_err(|e| format!("the worker store {addr} did not take the key: {e}"))
+            .map_err(|e| format!("the worker store {store} did not take the key: {e}"))
     };
-    tokio::time::timeout(ASK_WAIT, go).await.map_err(|_| format!("the worker store {host}:{port} did not answer"))?
+    tokio::time::timeout(ASK_WAIT, go).await.map_err(|_| format!("the worker store {store} did not answer"))?
 }
 
 /// Each target's dump, looked for until all are read or `wait` is over;

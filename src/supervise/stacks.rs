@@ -29,10 +29,8 @@ pub(super) const MAX_POD_STACKS: usize = 256 * 1024;
 /// Frames per thread kept when a pod's stacks are over [`MAX_POD_STACKS`].
 const TRIMMED_FRAMES: usize = 12;
 
-/// Read every live worker's stacks, in rank order; with the indices of
-/// those that run NCCL's heartbeat monitor (looked at first: another pod's
-/// ask for the Flight Recorder's dumps may end them once they dumped).
-pub(super) async fn capture(world: &WorldView<'_>, core: &Attempt, crew: &Crew) -> (Vec<RankStacks>, Vec<usize>) {
+/// Read every live worker's stacks, in rank order.
+pub(super) async fn capture(world: &WorldView<'_>, core: &Attempt, crew: &Crew) -> Vec<RankStacks> {
     let mut live: Vec<(u32, u32, i32)> = core
         .alive()
         .filter_map(|lr| {
@@ -41,12 +39,10 @@ pub(super) async fn capture(world: &WorldView<'_>, core: &Attempt, crew: &Crew) 
         })
         .collect();
     live.sort_unstable();
-    let monitored: Vec<bool> = live.iter().map(|&(_, _, pid)| crate::stacks::flight::has_monitor(pid)).collect();
     let out = read_all(&world.plan.output.host, (world.group_rank, lane_of(world)), live).await;
     let took: f64 = out.iter().map(|r| r.stacks.took_ms).fold(0.0, f64::max);
     tracing::info!(workers = out.len(), slowest_ms = took, "read the workers' stacks before stopping them");
-    let with_nccl = (0..out.len()).filter(|&i| monitored[i]).collect();
-    (out, with_nccl)
+    out
 }
 
 /// The stacks of `workers` (`(rank, local rank, pid)`), read in parallel;
