@@ -429,7 +429,18 @@ network() {
   [[ $(cat /proc/sys/net/ipv4/ip_forward) == 1 ]] || echo 1 >/proc/sys/net/ipv4/ip_forward
   for ((n = 0; n < NODES; n++)); do
     b=$(bridge_name "$n")
-    ip link show "$b" >/dev/null 2>&1 && die "bridge $b exists: another cluster on port base $BASE? run: bash tests/cluster.sh down"
+    # This cluster's etcd and API server hold the port base by now, so no
+    # other cluster of this base runs: a bridge of this name is a leftover
+    # of one that ended without `down` (another checkout's, or a machine
+    # reused after a run was killed: seen in CI). It goes, with its DNAT.
+    if ip link show "$b" >/dev/null 2>&1; then
+      say "removing the bridge $b and its DNAT rules, left by a cluster of port base $BASE that no longer runs"
+      local old
+      while read -r -a old; do
+        [[ ${old[0]:-} == -A ]] && iptables -t nat -D "${old[@]:1}" 2>/dev/null || true
+      done < <(iptables -t nat -S PREROUTING 2>/dev/null | grep -F -- "-i $b " || true)
+      ip link del "$b" || die "cannot remove the leftover bridge $b (ip link del $b)"
+    fi
     ip link add "$b" type bridge
     echo "$b" >>"$RUN/bridges"
     # A MAC of its own: without one a bridge takes the lowest of its ports'
