@@ -4,8 +4,9 @@
 //! store trainlet serves, which NCCL's heartbeat monitor polls every
 //! `TORCH_NCCL_COORD_CHECK_MILSEC`). A worker runs that monitor when it has
 //! a thread named `pt_nccl_heartbt`; it then writes a pickle to
-//! `TORCH_FR_DUMP_TEMP_FILE` (or `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`, by
-//! default `/tmp/nccl_trace_rank_`) followed by its global rank.
+//! `TORCH_FR_DUMP_TEMP_FILE` (or `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`)
+//! followed by its global rank, or where none is set, to torch's cache
+//! directory ([`dump_paths`]).
 //!
 //! The dump is the worker's file, so hostile input: it is opened without
 //! following a link, must be a regular file of the worker's own uid written
@@ -27,8 +28,11 @@ pub const MONITOR_THREAD: &str = "pt_nccl_heartbt";
 /// (its keys are prefixed with `/`). Its value is the asking rank, an i32
 /// (-1: none; trainlet is not a rank).
 pub const DUMP_KEY: &str = "/exception_dump";
-/// The dump's path before the rank when the worker's environment names none.
-const DEFAULT_PREFIX: &str = "/tmp/nccl_trace_rank_";
+/// The dump's file name before the rank in torch's cache directory: torch
+/// 2.11's and 2.15's (seen), then earlier versions'.
+const DEFAULT_NAMES: [&str; 2] = ["comm_lib_trace_rank_", "nccl_trace_rank_"];
+/// Where older versions of torch wrote the dump, the rank after it.
+const OLD_DEFAULT: &str = "/tmp/nccl_trace_rank_";
 /// Largest dump read (2000 entries with their stack traces fit many times).
 pub const MAX_DUMP: u64 = 8 << 20;
 /// Most process groups kept from one dump.
@@ -112,10 +116,10 @@ fn var(raw: &[u8], name: &str) -> Option<String> {
     })
 }
 
-/// Where rank `rank` (process `pid`) writes its dump, and how often its
+/// Where rank `rank` (process `pid`) may write its dump, and how often its
 /// monitor polls the store; Err says why it will not dump: its
 /// environment turned the recorder or its dump at a timeout off.
-pub fn dump_target(pid: i32, rank: u32) -> Result<(PathBuf, Duration), String> {
+pub fn dump_target(pid: i32, rank: u32) -> Result<(Vec<PathBuf>, Duration), String> {
     let env = environ(pid);
     for off in ["TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_ON_TIMEOUT"] {
         if var(&env, off)
@@ -129,14 +133,39 @@ pub fn dump_target(pid: i32, rank: u32) -> Result<(PathBuf, Duration), String> {
             return Err(format!("its Flight Recorder is off ({size}=0)"));
         }
     }
-    let prefix = ["TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
-        .iter()
-        .find_map(|n| var(&env, n).filter(|v| !v.is_empty()))
-        .unwrap_or_else(|| DEFAULT_PREFIX.to_string());
     let poll = var(&env, "TORCH_NCCL_COORD_CHECK_MILSEC")
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map_or(DEFAULT_POLL, Duration::from_millis);
-    Ok((PathBuf::from(format!("{prefix}{rank}")), poll))
+    // A relative path is the worker's working directory's.
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_else(|_| PathBuf::from("/"));
+    Ok((dump_paths(&env, rank).into_iter().map(|p| cwd.join(p)).collect(), poll))
+}
+
+/// The files rank `rank` may write its dump to, given its environment
+/// `env`: the prefix `TORCH_FR_DUMP_TEMP_FILE` (else
+/// `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`) names, plus the rank; where neither
+/// is set, torch's cache directory, which differs by version (the dump is
+/// looked for in each, and only one written since the ask is read):
+/// torch 2.15 writes `comm_lib_trace_rank_N` in `$XDG_CACHE_HOME/torch`
+/// where that is set (even empty), else in `$HOME/.cache/torch` (`/tmp`
+/// for an unset HOME), as torch 2.11 does in `$HOME/.cache/torch` (seen
+/// with NCCL on a GPU); earlier versions wrote `nccl_trace_rank_N` there,
+/// and older ones `/tmp/nccl_trace_rank_N`.
+pub fn dump_paths(env: &[u8], rank: u32) -> Vec<PathBuf> {
+    if let Some(prefix) = ["TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
+        .iter()
+        .find_map(|n| var(env, n).filter(|v| !v.is_empty()))
+    {
+        return vec![PathBuf::from(format!("{prefix}{rank}"))];
+    }
+    let home = var(env, "HOME").filter(|h| !h.is_empty()).unwrap_or_else(|| "/tmp".into());
+    let mut dirs: Vec<String> = var(env, "XDG_CACHE_HOME").map(|x| format!("{x}/torch")).into_iter().collect();
+    dirs.push(format!("{home}/.cache/torch"));
+    let mut paths: Vec<PathBuf> =
+        dirs.iter().flat_map(|d| DEFAULT_NAMES.iter().map(move |n| PathBuf::from(format!("{d}/{n}{rank}")))).collect();
+    paths.push(PathBuf::from(format!("{OLD_DEFAULT}{rank}")));
+    paths.dedup();
+    paths
 }
 
 /// The uid process `pid` runs as (the owner of its `/proc` directory).
@@ -237,6 +266,7 @@ pub fn summarize(p: &Pickle) -> Flight {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use test_case::test_case;
 
     /// A dump of torch 2.15's gloo process group (the same format as
     /// NCCL's), taken with `_dump_fr_trace(backend="gloo")` on rank 0 of 2
@@ -254,6 +284,19 @@ mod tests {
         assert_eq!(f.groups, vec![group(5, "all_reduce", false)]);
         let f = summarize(&pickle::read(&fixture("gloo_rank1.pkl")).expect("a real dump reads"));
         assert_eq!(f.groups, vec![group(4, "barrier", true)]);
+    }
+
+    /// NCCL's own dumps, as its heartbeat monitor wrote them when trainlet
+    /// asked (torch 2.11, NCCL 2.28.9, on an H200: tests/gpu/nccl_flight.sh,
+    /// 2 pods x 2 workers): rank 0 waited in all_reduce #4, scheduled,
+    /// while rank 2 slept after #3.
+    #[test]
+    fn a_real_nccl_dump_gives_each_groups_last_collective() {
+        let group = |seq, done| Group { id: "0".into(), pg: "default_pg".into(), seq, op: "all_reduce".into(), done };
+        let f = summarize(&pickle::read(&fixture("nccl_rank0.pkl")).expect("NCCL's dump reads"));
+        assert_eq!(f, Flight { groups: vec![group(4, false)], note: None });
+        let f = summarize(&pickle::read(&fixture("nccl_rank2.pkl")).expect("NCCL's dump reads"));
+        assert_eq!(f, Flight { groups: vec![group(3, true)], note: None });
     }
 
     /// A small dump whose entries are one dict of many pairs, referenced
@@ -316,14 +359,36 @@ mod tests {
         let _ = child.wait();
     }
 
+    #[test_case(b"TORCH_FR_DUMP_TEMP_FILE=/d/fr_\0HOME=/h\0".as_slice(), &["/d/fr_3"]; "set")]
+    #[test_case(b"TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/d/nccl_\0".as_slice(), &["/d/nccl_3"]; "old_name")]
+    #[test_case(b"TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/b_\0TORCH_FR_DUMP_TEMP_FILE=/a_\0".as_slice(), &["/a_3"]; "first_wins")]
+    #[test_case(b"TORCH_FR_DUMP_TEMP_FILE=\0HOME=/h\0".as_slice(), &[
+        "/h/.cache/torch/comm_lib_trace_rank_3", "/h/.cache/torch/nccl_trace_rank_3", "/tmp/nccl_trace_rank_3"]; "empty_is_unset")]
+    #[test_case(b"TORCH_FR_DUMP_TEMP_FILE=fr/x_\0".as_slice(), &["fr/x_3"]; "relative")]
+    #[test_case(b"HOME=/home/u\0".as_slice(), &[
+        "/home/u/.cache/torch/comm_lib_trace_rank_3", "/home/u/.cache/torch/nccl_trace_rank_3", "/tmp/nccl_trace_rank_3"]; "home")]
+    #[test_case(b"A=1\0".as_slice(), &[
+        "/tmp/.cache/torch/comm_lib_trace_rank_3", "/tmp/.cache/torch/nccl_trace_rank_3", "/tmp/nccl_trace_rank_3"]; "no_home")]
+    #[test_case(b"HOME=/h\0XDG_CACHE_HOME=/x\0".as_slice(), &[
+        "/x/torch/comm_lib_trace_rank_3", "/x/torch/nccl_trace_rank_3",
+        "/h/.cache/torch/comm_lib_trace_rank_3", "/h/.cache/torch/nccl_trace_rank_3", "/tmp/nccl_trace_rank_3"]; "xdg")]
+    #[test_case(b"XDG_CACHE_HOME=\0HOME=/h\0".as_slice(), &[
+        "/torch/comm_lib_trace_rank_3", "/torch/nccl_trace_rank_3",
+        "/h/.cache/torch/comm_lib_trace_rank_3", "/h/.cache/torch/nccl_trace_rank_3", "/tmp/nccl_trace_rank_3"]; "xdg_empty")]
+    fn the_dump_is_looked_for_where_each_torch_writes_it(env: &[u8], want: &[&str]) {
+        let got: Vec<String> = dump_paths(env, 3).iter().map(|p| p.display().to_string()).collect();
+        assert_eq!(got, want);
+    }
+
     #[test]
     fn the_dump_path_follows_the_workers_environment() {
         let me = i32::try_from(std::process::id()).expect("pid");
-        let (path, _) = dump_target(me, 3).expect("no recorder setting here");
-        let want = std::env::var("TORCH_FR_DUMP_TEMP_FILE")
-            .or_else(|_| std::env::var("TORCH_NCCL_DEBUG_INFO_TEMP_FILE"))
-            .unwrap_or_else(|_| DEFAULT_PREFIX.into());
-        assert_eq!(path, PathBuf::from(format!("{want}3")));
+        let (paths, _) = dump_target(me, 3).expect("no recorder setting here");
+        let cwd = std::env::current_dir().expect("cwd");
+        let env = environ(me);
+        let want: Vec<PathBuf> = dump_paths(&env, 3).into_iter().map(|p| cwd.join(p)).collect();
+        assert_eq!(paths, want);
+        assert!(paths.iter().all(|p| p.is_absolute()), "{paths:?}");
         assert!(!has_monitor(me), "this test process runs no NCCL monitor");
     }
 }

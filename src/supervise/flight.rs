@@ -29,11 +29,12 @@ const TARGETS_WAIT: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(100);
 
 /// Where one worker's dump will be: its index in the stacks read, the
-/// file, the uid that must own it, and how often its monitor polls.
+/// files it may be written to (torch's default differs by version), the
+/// uid that must own it, and how often its monitor polls.
 #[derive(Debug, Clone)]
 pub(super) struct Target {
     index: usize,
-    path: PathBuf,
+    paths: Vec<PathBuf>,
     owner: Option<u32>,
     poll: Duration,
 }
@@ -53,7 +54,7 @@ pub(super) async fn targets(read: &mut [RankStacks]) -> Vec<Target> {
                 .filter(|&(_, pid, _)| pid > 0 && flight::has_monitor(pid))
                 .map(|(index, pid, rank)| {
                     flight::dump_target(pid, rank)
-                        .map(|(path, poll)| Target { index, path, owner: flight::owner_of(pid), poll })
+                        .map(|(paths, poll)| Target { index, paths, owner: flight::owner_of(pid), poll })
                         .map_err(|why| (index, why))
                 })
                 .collect::<Vec<_>>()
@@ -131,14 +132,20 @@ async fn ask(host: &str, port: u16) -> Result<(), String> {
     tokio::time::timeout(ASK_WAIT, go).await.map_err(|_| format!("the worker store {store} did not answer"))?
 }
 
-/// Each target's dump, looked for until all are read or `wait` is over;
-/// a target with none says why. A dump that did not read is read again
-/// only once it changed (it was being written).
+/// Each target's dump, looked for at each of its paths until all are read
+/// or `wait` is over; a target with none says why (no dump in time, or
+/// what was wrong with each file found). A file that did not read is read
+/// again only once it changed (it was being written); one refused is not
+/// looked at again.
 fn collect(targets: &[Target], since: SystemTime, wait: Duration) -> Vec<Flight> {
     let deadline = Instant::now() + wait;
     let mut got: Vec<Option<Flight>> = vec![None; targets.len()];
-    let mut last: Vec<String> = vec![format!("no dump within {:.1} s", wait.as_secs_f64()); targets.len()];
-    let mut tried: Vec<Option<(u64, SystemTime)>> = vec![None; targets.len()];
+    let none = format!("no dump within {:.1} s", wait.as_secs_f64());
+    let mut last: Vec<Option<String>> = vec![None; targets.len()];
+    // Per target and path: the stamp of a file that did not read, or
+    // whether the path is refused.
+    let mut tried: Vec<Vec<Option<(u64, SystemTime)>>> = targets.iter().map(|t| vec![None; t.paths.len()]).collect();
+    let mut refused: Vec<Vec<bool>> = targets.iter().map(|t| vec![false; t.paths.len()]).collect();
     loop {
         for (i, t) in targets.iter().enumerate() {
             if got[i].is_some() {
@@ -148,18 +155,32 @@ fn collect(targets: &[Target], since: SystemTime, wait: Duration) -> Vec<Flight>
                 got[i] = Some(missing("the worker is gone".into()));
                 continue;
             };
-            let stamp = flight::stamp(&t.path);
-            if stamp.is_some() && stamp == tried[i] {
-                continue;
-            }
-            match flight::read_dump(&t.path, since, owner) {
-                Ok(f) => got[i] = Some(f),
-                Err(DumpError::NotYet) => {}
-                Err(e @ DumpError::Unreadable(_)) => {
-                    tried[i] = stamp;
-                    last[i] = format!("{}: {e}", t.path.display());
+            for (k, path) in t.paths.iter().enumerate() {
+                if refused[i][k] {
+                    continue;
                 }
-                Err(e @ DumpError::Refused(_)) => got[i] = Some(missing(format!("{}: {e}", t.path.display()))),
+                let stamp = flight::stamp(path);
+                if stamp.is_some() && stamp == tried[i][k] {
+                    continue;
+                }
+                match flight::read_dump(path, since, owner) {
+                    Ok(f) => {
+                        got[i] = Some(f);
+                        break;
+                    }
+                    Err(DumpError::NotYet) => {}
+                    Err(e @ DumpError::Unreadable(_)) => {
+                        tried[i][k] = stamp;
+                        last[i] = Some(format!("{}: {e}", path.display()));
+                    }
+                    Err(e @ DumpError::Refused(_)) => {
+                        refused[i][k] = true;
+                        last[i] = Some(format!("{}: {e}", path.display()));
+                    }
+                }
+            }
+            if got[i].is_none() && refused[i].iter().all(|r| *r) {
+                got[i] = Some(missing(last[i].take().unwrap_or_else(|| none.clone())));
             }
         }
         if got.iter().all(Option::is_some) || Instant::now() >= deadline {
@@ -167,7 +188,10 @@ fn collect(targets: &[Target], since: SystemTime, wait: Duration) -> Vec<Flight>
         }
         std::thread::sleep(POLL);
     }
-    got.into_iter().zip(last).map(|(g, why)| g.unwrap_or_else(|| missing(why))).collect()
+    got.into_iter()
+        .zip(last)
+        .map(|(g, why)| g.unwrap_or_else(|| missing(why.unwrap_or_else(|| none.clone()))))
+        .collect()
 }
 
 fn missing(why: String) -> Flight {

@@ -68,16 +68,17 @@ fn report_in(dir: &std::path::Path) -> serde_json::Value {
 /// `stall` stalls by `how`; each pod with a log directory and a
 /// termination message file of its own.
 fn stall_job(nnodes: u32, nproc: u32, stall: u32, how: &str) -> (Vec<Pod>, Vec<tempfile::TempDir>) {
-    stall_job_with(nnodes, nproc, stall, how, |_| Vec::new())
+    stall_job_with(nnodes, nproc, stall, how, |_, _| Vec::new())
 }
 
-/// [`stall_job`] with more environment for each pod (given its directory).
+/// [`stall_job`] with more environment for each pod (given its node rank
+/// and directory).
 fn stall_job_with(
     nnodes: u32,
     nproc: u32,
     stall: u32,
     how: &str,
-    extra: impl Fn(&std::path::Path) -> Vec<(String, String)>,
+    extra: impl Fn(u32, &std::path::Path) -> Vec<(String, String)>,
 ) -> (Vec<Pod>, Vec<tempfile::TempDir>) {
     let dirs: Vec<tempfile::TempDir> = (0..nnodes).map(|_| tempfile::tempdir().expect("tmp")).collect();
     let port = crate::util::free_port();
@@ -90,7 +91,7 @@ fn stall_job_with(
             env.push(("STALL_RANK".into(), stall.to_string()));
             env.push(("STALL_HOW".into(), how.into()));
             env.push(("TRAINLET_TERMINATION_LOG".into(), dir.join("termination-log").display().to_string()));
-            env.extend(extra(dir));
+            env.extend(extra(i, dir));
             let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
             let logs = dir.join("logs").display().to_string();
             let args = ["run", "--progress-timeout", "3", "--max-restarts", "0", "--log-dir", &logs, &script];
@@ -145,18 +146,21 @@ fn a_rank_outside_the_collective_is_named_with_where_it_stalled() {
 /// dumps' sequence numbers name the rank that never entered the collective
 /// the others wait in. NCCL needs a GPU, so the monitor is a test double
 /// (tests/fixtures/nccl_monitor_double: a thread named as NCCL's that polls
-/// the real store key through torch's own TCPStore client, then writes the
-/// real recorder of torch's gloo group, in NCCL's format, and aborts as
-/// NCCL does); trainlet's side, the store, the dumps and torch are real.
+/// the real store key through torch's own TCPStore client, then has torch
+/// write the real recorder of its gloo group, in NCCL's format, where
+/// NCCL's would go); trainlet's side, the store, the dumps and torch are
+/// real. tests/gpu/nccl_flight.sh runs the same job with NCCL on a GPU.
 #[test]
 fn the_flight_recorders_dumps_name_the_rank_that_never_entered_the_collective() {
     let double = repo().join("tests/fixtures/nccl_monitor_double").display().to_string();
-    let (mut pods, dirs) = stall_job_with(2, 2, 2, "sleep", |dir| {
-        vec![
-            ("PYTHONPATH".into(), double.clone()),
-            ("TORCH_NCCL_COORD_CHECK_MILSEC".into(), "200".into()),
-            ("TORCH_FR_DUMP_TEMP_FILE".into(), dir.join("fr_").display().to_string()),
-        ]
+    // Pod 0's workers name their dump file; pod 1's write where torch does
+    // by default (its cache directory in HOME).
+    let (mut pods, dirs) = stall_job_with(2, 2, 2, "sleep", |node, dir| {
+        let place = match node {
+            0 => ("TORCH_FR_DUMP_TEMP_FILE".into(), dir.join("fr_").display().to_string()),
+            _ => ("HOME".into(), dir.display().to_string()),
+        };
+        vec![("PYTHONPATH".into(), double.clone()), ("TORCH_NCCL_COORD_CHECK_MILSEC".into(), "200".into()), place]
     });
     for pod in &mut pods {
         assert_eq!(pod.code(LIMIT), 206, "{}", pod.stderr());
@@ -188,7 +192,8 @@ fn the_flight_recorders_dumps_name_the_rank_that_never_entered_the_collective() 
         let err = pod.stderr();
         assert!(err.contains("waiting for the workers' Flight Recorder dumps"), "{err}");
         assert!(err.contains(&format!("the job hung: {want}")), "{err}");
-        for f in [format!("fr_{}", node * 2), format!("fr_{}", node * 2 + 1)] {
+        let prefix = if node == 0 { "fr_" } else { ".cache/torch/comm_lib_trace_rank_" };
+        for f in [format!("{prefix}{}", node * 2), format!("{prefix}{}", node * 2 + 1)] {
             assert!(dir.path().join(&f).exists(), "no dump {f} on pod {node}");
         }
     }
