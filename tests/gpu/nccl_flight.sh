@@ -25,6 +25,7 @@ fail=0
 cache=${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/torch
 check() { if eval "$2"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi; }
 
+[ -x "$bin" ] || { echo "error: no trainlet at $bin (build it: cargo build --release)"; exit 2; }
 nvidia-smi -L || { echo "error: no NVIDIA GPU here (nvidia-smi -L failed)"; exit 2; }
 python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count())' ||
   { echo "error: python3 has no CUDA build of torch"; exit 2; }
