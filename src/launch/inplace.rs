@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use std::time::Duration;
 
 use super::Result;
-use super::round::reconnect;
+use super::round::rejoin;
 use super::wait::until_stop;
 use crate::config::{InPlace, Plan};
 use crate::exit;
@@ -121,5 +121,8 @@ pub(super) async fn outwait_stale_store(
     }
     // Its host's container restarts: a moment before the new store listens.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    reconnect(session, plan, events, cancel, "the previous containers' store closed").await
+    // Its host announced the job's end as it left (`JOB_ENDED`): that is
+    // the previous containers' job, already read, not the end of this one.
+    tracing::info!("in-place restarts: the previous containers' store closed; joining its host's new store");
+    rejoin(session, plan, events, cancel).await
 }

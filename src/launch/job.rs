@@ -298,7 +298,9 @@ impl Job {
 
     /// The store went away (`cause`): wait for it to come back, then on to the next round.
     async fn reconnect<T>(&mut self, cause: &str) -> Flow<T> {
-        match reconnect(&mut self.session, &self.plan, &mut self.events, &self.cancel, cause).await {
+        let before_any_round = self.plan.in_place.is_some() && self.known.round.is_none();
+        match reconnect(&mut self.session, &self.plan, &mut self.events, &self.cancel, (cause, before_any_round)).await
+        {
             Ok(()) => Flow::Again,
             Err(code) => Flow::Exit(code),
         }

@@ -131,21 +131,37 @@ impl Job for RoundJob<'_> {
 
 /// The store went away: reconnect until the join deadline (the store host
 /// restarting). Err(exit code) when it does not come back or we are stopped.
+/// `before_any_round`: this pod of an in-place job has run no round since
+/// its container started, so a failed job's end its host announced is the
+/// previous containers' (their store, reached before it closed), not this
+/// pod's: it rejoins.
 pub(super) async fn reconnect(
     session: &mut Session,
     plan: &Plan,
     events: &mut UnboundedReceiver<SysEvent>,
     cancel: &CancellationToken,
-    cause: &str,
+    (cause, before_any_round): (&str, bool),
 ) -> std::result::Result<(), u8> {
     let timeout_s = plan.join_timeout.as_secs_f64();
-    match session.host_left_settled(HOST_LEFT_SETTLE).await {
+    let why = session.host_left_settled(HOST_LEFT_SETTLE).await;
+    // The job's end its host announced, and whether it succeeded.
+    let ended = why
+        .as_deref()
+        .and_then(|w| w.strip_prefix(rendezvous::JOB_ENDED))
+        .map(|verdict| verdict.is_empty() || verdict.parse::<Verdict>().is_ok_and(|v| v == Verdict::Success));
+    match why {
+        Some(why) if before_any_round && ended == Some(false) => tracing::info!(
+            store_host = %why,
+            timeout_s,
+            "in-place restarts: the store that closed held the previous containers' job; joining its host's new store"
+        ),
         // The job is over (a spare waiting between rounds hears it here).
-        Some(why) if why.starts_with(rendezvous::JOB_ENDED) => {
-            let verdict = why.trim_start_matches(rendezvous::JOB_ENDED);
-            tracing::info!(verdict, "the job ended while this pod waited; leaving");
-            let ok = verdict.is_empty() || verdict.parse::<Verdict>().is_ok_and(|v| v == Verdict::Success);
-            return Err(if ok { exit::SUCCESS } else { exit::PEER_LOST });
+        Some(why) if ended.is_some() => {
+            tracing::info!(
+                verdict = why.trim_start_matches(rendezvous::JOB_ENDED),
+                "the job ended while this pod waited; leaving"
+            );
+            return Err(if ended == Some(true) { exit::SUCCESS } else { exit::PEER_LOST });
         }
         Some(why) => tracing::warn!(
             store_host = %why,
@@ -158,6 +174,18 @@ pub(super) async fn reconnect(
             "lost the rendezvous store; waiting for the store host to come back"
         ),
     }
+    rejoin(session, plan, events, cancel).await
+}
+
+/// Reconnect to the rendezvous store until the join deadline, whatever its
+/// host announced as it left (the caller weighed that). Err(exit code)
+/// when it does not come back or we are stopped.
+pub(super) async fn rejoin(
+    session: &mut Session,
+    plan: &Plan,
+    events: &mut UnboundedReceiver<SysEvent>,
+    cancel: &CancellationToken,
+) -> std::result::Result<(), u8> {
     let deadline = Instant::now() + plan.join_timeout;
     match until_stop(events, plan, session.reconnect(deadline, cancel)).await {
         Ok(Ok(())) => {
