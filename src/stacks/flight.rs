@@ -161,10 +161,11 @@ pub fn dump_paths(env: &[u8], rank: u32) -> Vec<PathBuf> {
     let home = var(env, "HOME").filter(|h| !h.is_empty()).unwrap_or_else(|| "/tmp".into());
     let mut dirs: Vec<String> = var(env, "XDG_CACHE_HOME").map(|x| format!("{x}/torch")).into_iter().collect();
     dirs.push(format!("{home}/.cache/torch"));
+    // XDG_CACHE_HOME may be HOME's own .cache.
+    dirs.dedup();
     let mut paths: Vec<PathBuf> =
         dirs.iter().flat_map(|d| DEFAULT_NAMES.iter().map(move |n| PathBuf::from(format!("{d}/{n}{rank}")))).collect();
     paths.push(PathBuf::from(format!("{OLD_DEFAULT}{rank}")));
-    paths.dedup();
     paths
 }
 
@@ -375,6 +376,8 @@ mod tests {
     #[test_case(b"XDG_CACHE_HOME=\0HOME=/h\0".as_slice(), &[
         "/torch/comm_lib_trace_rank_3", "/torch/nccl_trace_rank_3",
         "/h/.cache/torch/comm_lib_trace_rank_3", "/h/.cache/torch/nccl_trace_rank_3", "/tmp/nccl_trace_rank_3"]; "xdg_empty")]
+    #[test_case(b"HOME=/h\0XDG_CACHE_HOME=/h/.cache\0".as_slice(), &[
+        "/h/.cache/torch/comm_lib_trace_rank_3", "/h/.cache/torch/nccl_trace_rank_3", "/tmp/nccl_trace_rank_3"]; "xdg_is_homes")]
     fn the_dump_is_looked_for_where_each_torch_writes_it(env: &[u8], want: &[&str]) {
         let got: Vec<String> = dump_paths(env, 3).iter().map(|p| p.display().to_string()).collect();
         assert_eq!(got, want);

@@ -142,10 +142,7 @@ fn collect(targets: &[Target], since: SystemTime, wait: Duration) -> Vec<Flight>
     let mut got: Vec<Option<Flight>> = vec![None; targets.len()];
     let none = format!("no dump within {:.1} s", wait.as_secs_f64());
     let mut last: Vec<Option<String>> = vec![None; targets.len()];
-    // Per target and path: the stamp of a file that did not read, or
-    // whether the path is refused.
-    let mut tried: Vec<Vec<Option<(u64, SystemTime)>>> = targets.iter().map(|t| vec![None; t.paths.len()]).collect();
-    let mut refused: Vec<Vec<bool>> = targets.iter().map(|t| vec![false; t.paths.len()]).collect();
+    let mut looks: Vec<Vec<Look>> = targets.iter().map(|t| vec![Look::Open(None); t.paths.len()]).collect();
     loop {
         for (i, t) in targets.iter().enumerate() {
             if got[i].is_some() {
@@ -155,12 +152,10 @@ fn collect(targets: &[Target], since: SystemTime, wait: Duration) -> Vec<Flight>
                 got[i] = Some(missing("the worker is gone".into()));
                 continue;
             };
-            for (k, path) in t.paths.iter().enumerate() {
-                if refused[i][k] {
-                    continue;
-                }
+            for (path, look) in t.paths.iter().zip(looks[i].iter_mut()) {
+                let Look::Open(tried) = *look else { continue };
                 let stamp = flight::stamp(path);
-                if stamp.is_some() && stamp == tried[i][k] {
+                if stamp.is_some() && stamp == tried {
                     continue;
                 }
                 match flight::read_dump(path, since, owner) {
@@ -169,17 +164,13 @@ fn collect(targets: &[Target], since: SystemTime, wait: Duration) -> Vec<Flight>
                         break;
                     }
                     Err(DumpError::NotYet) => {}
-                    Err(e @ DumpError::Unreadable(_)) => {
-                        tried[i][k] = stamp;
-                        last[i] = Some(format!("{}: {e}", path.display()));
-                    }
-                    Err(e @ DumpError::Refused(_)) => {
-                        refused[i][k] = true;
+                    Err(e) => {
+                        *look = if matches!(e, DumpError::Refused(_)) { Look::Refused } else { Look::Open(stamp) };
                         last[i] = Some(format!("{}: {e}", path.display()));
                     }
                 }
             }
-            if got[i].is_none() && refused[i].iter().all(|r| *r) {
+            if got[i].is_none() && looks[i].iter().all(|l| *l == Look::Refused) {
                 got[i] = Some(missing(last[i].take().unwrap_or_else(|| none.clone())));
             }
         }
@@ -192,6 +183,16 @@ fn collect(targets: &[Target], since: SystemTime, wait: Duration) -> Vec<Flight>
         .zip(last)
         .map(|(g, why)| g.unwrap_or_else(|| missing(why.unwrap_or_else(|| none.clone()))))
         .collect()
+}
+
+/// Where `collect` stands with one of a target's paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    /// Looked for; with the stamp of a file there that did not read (it is
+    /// read again only once it changed).
+    Open(Option<(u64, SystemTime)>),
+    /// Not a file to read: not looked at again.
+    Refused,
 }
 
 fn missing(why: String) -> Flight {
