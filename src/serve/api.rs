@@ -192,6 +192,12 @@ pub async fn serve(conf: Conf, board: Arc<Board>, cancel: CancellationToken) -> 
     Ok(addr)
 }
 
+/// Whether `req` asks for the status, however its path is spelled
+/// (`/v1/status/`, `//v1/status`): the same parse as the routes below.
+fn is_status(req: &Request) -> bool {
+    req.method == "GET" && req.path.trim_matches('/').split('/').eq(["v1", "status"])
+}
+
 /// One request: its head within [`HEAD_TIME`] and authorized before
 /// anything else (in the lobby until then), then a place among the
 /// requests or the followers, then its body and the answer.
@@ -211,7 +217,7 @@ async fn connection(api: &Api, slots: &Slots, mut conn: TcpStream, ticket: Ticke
     let Some(mut req) = admitted else { return };
     // Status is not use: a monitor or a driver's `ls` polling it does not
     // keep idle pods up.
-    if !(req.method == "GET" && req.path == "/v1/status") {
+    if !is_status(&req) {
         api.board.touch();
     }
     let follow = req.query_has("follow", "true") || req.query_has("follow", "1");
@@ -256,8 +262,8 @@ async fn connection(api: &Api, slots: &Slots, mut conn: TcpStream, ticket: Ticke
             }
             None => fail(Status::NOT_FOUND, &format!("no run {}", shown(id))),
         },
-        ("POST", ["v1", "runs"]) => submit::submit(api, &req, false).await,
-        ("POST", ["v1", "actors"]) => submit::submit(api, &req, true).await,
+        ("POST", ["v1", "runs"]) => submit::submit(api, &req, false, &slots.bodies).await,
+        ("POST", ["v1", "actors"]) => submit::submit(api, &req, true, &slots.bodies).await,
         ("GET", ["v1", "runs"]) => (Status::OK, serde_json::json!({ "runs": api.board.list() }).to_string()),
         ("GET", ["v1", "runs" | "actors", id]) => match api.board.get(id) {
             Some(r) => (Status::OK, serde_json::to_string(&r).unwrap_or_default()),

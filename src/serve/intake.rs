@@ -41,6 +41,23 @@ impl Default for Bodies {
     }
 }
 
+impl Bodies {
+    /// `n` more bytes of the budget, held until the permit is dropped:
+    /// for a body as it is read, and for what a body grows into (an
+    /// archive's inflated files, base64 decoded) before that is held; a
+    /// refusal names the budget.
+    pub fn reserve(&self, n: usize) -> Result<SemaphorePermit<'_>, String> {
+        let claimed = u32::try_from(n).unwrap_or(u32::MAX);
+        self.0.try_acquire_many(claimed).map_err(|_| {
+            let now = BUDGET.saturating_sub(self.0.available_permits());
+            format!(
+                "the requests being read hold {now} bytes of body (and of what bodies inflate or decode to), \
+                 and this one {n} more: at most {BUDGET} at once; try again"
+            )
+        })
+    }
+}
+
 /// The limit of a body sent with `method` to `path`, and the endpoint in
 /// words.
 pub fn limit(method: &str, path: &str) -> (usize, &'static str) {
@@ -68,15 +85,7 @@ pub async fn read<'a, C: AsyncRead + Unpin>(
     if claimed > limit {
         return Err((Status::TOO_LARGE, format!("a body of {claimed} bytes; {what} takes at most {limit}")));
     }
-    let n = u32::try_from(claimed).unwrap_or(u32::MAX);
-    let Ok(held) = bodies.0.try_acquire_many(n) else {
-        let now = BUDGET.saturating_sub(bodies.0.available_permits());
-        let why = format!(
-            "the requests being read hold {now} bytes of body, and this one {claimed} more: \
-             at most {BUDGET} at once; try again"
-        );
-        return Err((Status::UNAVAILABLE, why));
-    };
+    let held = bodies.reserve(claimed).map_err(|why| (Status::UNAVAILABLE, why))?;
     match tokio::time::timeout(time, read_body(conn, req, Limits { head: HEAD, body: limit })).await {
         Ok(Ok(())) => Ok(held),
         Ok(Err(status)) => Err((status, "malformed or oversized request body".into())),

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::manifest::Manifest;
-use super::spec::{env_name_refused, sha256_hex, shown};
+use super::spec::{EXEC_ROOM, env_name_refused, exec_size, sha256_hex, shown};
 
 /// Most steps.
 const MAX_STEPS: usize = 256;
@@ -121,7 +121,39 @@ pub fn check(body: &[u8]) -> Result<Vec<Step>, String> {
             ));
         }
     }
+    exec_fits(&s.steps)?;
     Ok(s.steps)
+}
+
+/// Whether the steps' variables (every env step, a later value replacing
+/// an earlier one, as workers get them), with the longest pip step's
+/// arguments, fit their share of a worker's or a step's `execve`
+/// ([`EXEC_ROOM`]): past it, every run would fail to start (E2BIG, issue 53).
+fn exec_fits(steps: &[Step]) -> Result<(), String> {
+    let mut vars: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in steps {
+        if let Step::Env(e) = s {
+            vars.extend(e.iter().map(|(k, v)| (k.as_str(), k.len() + 1 + v.len())));
+        }
+    }
+    let env = exec_size(vars.values().copied());
+    let (pip, args) = steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s {
+            Step::Pip(a) => Some((i, exec_size(a.iter().map(String::len)))),
+            _ => None,
+        })
+        .max_by_key(|(_, n)| *n)
+        .unwrap_or((0, 0));
+    let all = env.saturating_add(args);
+    if all > EXEC_ROOM {
+        let with = if args > 0 { format!(" and steps[{pip}]'s pip arguments ({args} bytes)") } else { String::new() };
+        return Err(format!(
+            "steps: the env steps' variables ({env} bytes){with} take {all} bytes of a worker's command line and environment (each string with its NUL and pointer), at most {EXEC_ROOM} (the kernel's ARG_MAX is 2 MiB with an 8 MiB stack, shared with the pod's own variables and the run's); put large values in a file"
+        ));
+    }
+    Ok(())
 }
 
 /// Record the steps of `body` (sealed) for every pod; how many. Err((true,
@@ -332,5 +364,35 @@ mod tests {
             assert!(e.contains(want), "{body}: {e}");
         }
         assert_eq!(check(br#"{"steps": [{"bash": "true"}]}"#).expect("ok"), [Step::Bash("true".into())]);
+    }
+
+    /// Issue 53: 13 env steps of 25 variables of 120 KiB each (2.9 MiB)
+    /// were taken, and every later run failed E2BIG. The steps' variables
+    /// are counted as workers get them (a later value replaces an earlier
+    /// one), with the longest pip step's arguments.
+    #[test]
+    fn steps_that_would_not_fit_a_workers_exec_are_refused() {
+        let value = "x".repeat(120 * 1024);
+        let step = |from: usize, n: usize| {
+            let vars: Vec<String> = (from..from + n).map(|k| format!(r#""V{k}": "{value}""#)).collect();
+            format!(r#"{{"env": {{{}}}}}"#, vars.join(", "))
+        };
+        let steps = |list: Vec<String>| format!(r#"{{"steps": [{}]}}"#, list.join(", "));
+        // Two variables a step (a step holds at most 256 KiB).
+        let vars = |from: usize, n: usize| -> Vec<String> {
+            (from..from + n).step_by(2).map(|k| step(k, (from + n - k).min(2))).collect()
+        };
+        let attack = steps(vars(0, 25));
+        let e = check(attack.as_bytes()).expect_err("2.9 MiB of variables");
+        assert!(e.contains("at most 786432") && e.contains("put large values in a file"), "{e}");
+        // Six variables fit; the same six set again in later steps still do.
+        let six = steps([vars(0, 6), vars(0, 6)].concat());
+        assert_eq!(check(six.as_bytes()).expect("they fit").len(), 6);
+        assert!(check(steps(vars(0, 7)).as_bytes()).is_err(), "seven are 840 KiB");
+        // A pip step's arguments count with the variables.
+        let arg = "y".repeat(100 * 1024);
+        let pip = format!(r#"{{"pip": ["{arg}", "{arg}"]}}"#);
+        let e = check(steps([vars(0, 5), vec![pip]].concat()).as_bytes()).expect_err("env and pip");
+        assert!(e.contains("steps[3]'s pip arguments (204818 bytes)"), "{e}");
     }
 }

@@ -9,10 +9,24 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 pub use super::paths::{MAX_FILES, MAX_FILES_BYTES, check_path, shown};
+pub use super::tar::Room;
 /// Most words in command + args, and most env entries.
 const MAX_WORDS: usize = 4096;
 /// Longest word, name or value.
 const MAX_WORD: usize = 128 * 1024;
+/// Most bytes a run's command and variables, and apart from them the setup
+/// steps' variables (with a pip step's arguments), may take of a worker's
+/// `execve` (each string with its NUL and its 8-byte pointer, as the kernel
+/// counts them against `ARG_MAX`). Linux's `ARG_MAX` is a quarter of the
+/// stack limit, 2 MiB with the usual 8 MiB: the two shares leave 512 KiB
+/// for the pod's own environment and what trainlet adds.
+pub const EXEC_ROOM: usize = 768 * 1024;
+
+/// What strings of these lengths take of an `execve`'s `ARG_MAX`.
+pub fn exec_size(lengths: impl IntoIterator<Item = usize>) -> usize {
+    lengths.into_iter().map(|n| n.saturating_add(1 + 8)).fold(0, usize::saturating_add)
+}
+
 /// Most workers per pod a run may ask for.
 const MAX_NPROC: u32 = 1024;
 /// Most restarts a run may ask for.
@@ -213,22 +227,24 @@ pub fn sha256_hex(data: &[u8]) -> String {
 
 /// Parse and check a submission sent as a tar (or tar.gz) body of its
 /// files, with the JSON (without `files`) in a header.
-pub fn check_archive(json: &str, body: &[u8]) -> Result<Checked, String> {
+pub fn check_archive(json: &str, body: &[u8], room: Room<'_>) -> Result<Checked, String> {
     let s: Submit = serde_json::from_str(json).map_err(|e| format!("X-Trainlet-Run is not a valid run: {e}"))?;
     if !s.files.is_empty() {
         return Err("X-Trainlet-Run: give the files in the archive, not in \"files\"".into());
     }
-    let files = super::tar::files(body)?;
+    let files = super::tar::files(body, room)?;
     checked(s, files)
 }
 
-/// Parse and check a JSON submission.
-pub fn check(body: &[u8]) -> Result<Checked, String> {
+/// Parse and check a JSON submission; each file's bytes are asked of
+/// `room` before they are decoded.
+pub fn check(body: &[u8], room: Room<'_>) -> Result<Checked, String> {
     let mut s: Submit = serde_json::from_slice(body).map_err(|e| format!("the body is not a valid run: {e}"))?;
     let mut files = Vec::new();
     // Each file's base64 is dropped once decoded: the body, its text and
     // its bytes are never all held at once.
     for (path, b64) in std::mem::take(&mut s.files) {
+        room(data_encoding::BASE64.decode_len(b64.len()).unwrap_or(b64.len()))?;
         let data = data_encoding::BASE64
             .decode(b64.as_bytes())
             .map_err(|e| format!("files[{}]: not base64 ({e})", shown(&path)))?;
@@ -362,6 +378,12 @@ pub fn check_parts(
             return Err(format!("env: {k} holds a NUL byte or is longer than {MAX_WORD} bytes"));
         }
     }
+    let exec = exec_size(command.iter().map(String::len).chain(env.iter().map(|(k, v)| k.len() + 1 + v.len())));
+    if exec > EXEC_ROOM {
+        return Err(format!(
+            "command, args and env: {exec} bytes of a worker's command line and environment (each string with its NUL and pointer), at most {EXEC_ROOM} (the kernel's ARG_MAX is 2 MiB with an 8 MiB stack, shared with the pod's own variables and the setup steps'); put large values in a file"
+        ));
+    }
     if let Some(n) = nproc.filter(|n| *n == 0 || *n > MAX_NPROC) {
         return Err(format!("nproc_per_node: {n}, must be 1-{MAX_NPROC}"));
     }
@@ -413,20 +435,26 @@ mod tests {
     use super::*;
 
     fn err(body: &str) -> String {
-        check(body.as_bytes()).expect_err("refused")
+        check(body.as_bytes(), &mut |_| Ok(())).expect_err("refused")
     }
 
     #[test]
     fn a_run_carries_its_files_by_content() {
         let b64 = data_encoding::BASE64.encode(b"print(1)\n");
+        let mut asked = Vec::new();
         let c = check(
             format!(
                 r#"{{"command": ["python", "train.py"], "args": ["--lr", "0.1"], "env": {{"A": "1"}},
                    "nproc_per_node": 2, "files": {{"train.py": "{b64}", "lib/util.py": "{b64}"}}}}"#
             )
             .as_bytes(),
+            &mut |n| {
+                asked.push(n);
+                Ok(())
+            },
         )
         .expect("ok");
+        assert_eq!(asked, [9, 9], "each file's bytes asked for before they are decoded");
         assert_eq!(c.command, ["python", "train.py", "--lr", "0.1"]);
         assert_eq!(c.env, [("A".to_string(), "1".to_string())]);
         assert_eq!((c.nproc, c.max_restarts, c.replace), (Some(2), None, false));
@@ -442,6 +470,9 @@ mod tests {
 
     #[test]
     fn bad_submissions_name_what_was_wrong() {
+        // Seven arguments of 120 KiB: past a run's share of a worker's exec.
+        let arg = "x".repeat(120 * 1024);
+        let too_long = format!(r#"{{"command": ["python"], "args": [{}]}}"#, vec![format!(r#""{arg}""#); 7].join(", "));
         for (body, want) in [
             ("{", "not a valid run"),
             (r#"{"command": []}"#, "command: must name a program"),
@@ -456,6 +487,7 @@ mod tests {
             (r#"{"command": ["python"], "files": {"a//b": ""}}"#, "empty"),
             (r#"{"command": ["python"], "files": {"a\\b": ""}}"#, "backslash"),
             (r#"{"command": ["python"], "files": {"a": "", "a/b": ""}}"#, "both a file and a directory"),
+            (too_long.as_str(), "at most 786432"),
         ] {
             let e = err(body);
             assert!(e.contains(want), "{body}: {e}");

@@ -102,6 +102,13 @@ fn a_trainer_and_a_rollout_actor_run_side_by_side_and_hand_weights_over_through_
     }
     assert!(message.contains("nproc_per_node"), "{message}");
 
+    // A replace asking for both slots, with the lane on slot 1: refused
+    // before anything is stopped; the main actor answers, same processes.
+    let refused = step("replace_refused");
+    assert_eq!(refused["status"], 409, "{refused}");
+    assert!(refused["message"].as_str().is_some_and(|m| m.contains("was not stopped")), "{refused}");
+    assert_eq!(pids(&refused["before"]), pids(&refused["after"]), "{refused}");
+
     // The rollout's rank 1 killed: it restarts (the rollout answers again,
     // both ranks anew), the trainer keeps its processes and state.
     let die = step("die");

@@ -139,6 +139,85 @@ fn json_bodies_are_bounded_before_and_while_they_are_parsed() {
     assert!(read <= 3 && read + budget == 64, "{:?}", replies.iter().map(|(st, _)| st).collect::<Vec<_>>());
 }
 
+/// A tar.gz of one file of `size` zero bytes (a ustar header written
+/// here: the point is the ratio, 47 KiB of gzip for 47 MiB).
+fn zeros_tar_gz(size: usize) -> Vec<u8> {
+    let mut h = vec![0u8; 512];
+    h[..8].copy_from_slice(b"zero.bin");
+    h[100..107].copy_from_slice(b"0000644");
+    h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+    h[156] = b'0';
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h.iter().map(|b| u32::from(*b)).sum();
+    h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(&h).expect("gz");
+    let block = vec![0u8; 1 << 20];
+    for _ in 0..size.div_ceil(block.len()) {
+        gz.write_all(&block).expect("gz");
+    }
+    gz.write_all(&[0u8; 1024]).expect("gz");
+    gz.finish().expect("gz")
+}
+
+/// Issue 53, finding 1: 64 tar.gz runs of 47 KiB at once, each of a
+/// 47 MiB file, took a 2 GiB pod (the budget counted the compressed
+/// bytes; each archive was inflated, and its files kept, before anything
+/// else was judged). What a body inflates to is now asked of the body
+/// budget before it is held: the pod stays well under its limit, one run
+/// is taken, and every other submission is answered (409: the run is not
+/// over, or 503 naming the budget).
+#[test]
+fn archives_are_counted_inflated() {
+    let cg = MemCgroup::new("inflate", LIMIT);
+    let mut s = start_some(1, 1, &["--standalone"], Some(&cg));
+    cg.reset_peak();
+    let body = Arc::new(zeros_tar_gz(47 * MIB));
+    assert!(body.len() < 100 << 10, "{}", body.len());
+    let run = r#"{"command": ["python", "-c", "import time; time.sleep(30)"], "nproc_per_node": 1}"#;
+    let all = Arc::new(Barrier::new(64));
+    let clients: Vec<_> = (0..64)
+        .map(|_| {
+            let c = TcpStream::connect(s.url.trim_start_matches("http://")).expect("connect");
+            let (all, body) = (Arc::clone(&all), Arc::clone(&body));
+            std::thread::spawn(move || {
+                all.wait();
+                send_archive(c, run, &body)
+            })
+        })
+        .collect();
+    let replies: Vec<(u16, String)> = clients.into_iter().map(|c| c.join().expect("client")).collect();
+    still_serving(&mut s, &cg, "64 tar.gz runs of 47 KiB inflating to 47 MiB at once");
+    let count = |want: u16, says: &str| replies.iter().filter(|(st, r)| *st == want && r.contains(says)).count();
+    let (taken, busy, budget) =
+        (count(201, "run-"), count(409, "is not over"), count(503, "at most 268435456 at once"));
+    assert!(
+        taken == 1 && taken + busy + budget == 64,
+        "{:?}",
+        replies.iter().map(|(st, r)| format!("{st} {}", &r[..r.len().min(120)])).collect::<Vec<_>>()
+    );
+}
+
+/// POST `body` as a run's tar.gz with `run` in X-Trainlet-Run on `c`;
+/// (status, reply body).
+fn send_archive(mut c: TcpStream, run: &str, body: &[u8]) -> (u16, String) {
+    let head = format!(
+        "POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/gzip\r\n\
+         X-Trainlet-Run: {run}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let _ = c.write_all(head.as_bytes());
+    let _ = c.write_all(body);
+    let _ = c.set_read_timeout(Some(Duration::from_secs(120)));
+    let mut raw = Vec::new();
+    let _ = c.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0), rest.to_string())
+}
+
 /// The actor of the tests below: a method that sleeps on its arguments,
 /// and attacks on the agent's socket from the actor's own code.
 const ACTOR: &str = r#"

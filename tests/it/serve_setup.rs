@@ -132,3 +132,50 @@ fn only_the_setup_steps_write_what_runs_import_and_a_new_agent_applies_them_agai
     assert_eq!((count(0), count(1)), (2, 3), "the bash step ran again in the restarted container only");
     assert_serving(&mut s);
 }
+
+/// Issue 53, findings 5 and 6. Setup steps whose variables would not fit
+/// a worker's exec (13 env steps, 25 variables of 120 KiB: every later run
+/// failed E2BIG) are refused with the limit, and runs go on. A module a
+/// bash step writes into the site directory, imported by two runs, makes
+/// no pod apply the steps again: Python's `__pycache__` is not a run's
+/// change.
+#[test]
+fn setups_past_a_workers_exec_are_refused_and_imports_change_nothing() {
+    let mut s = start(2, &[]);
+    let value = "x".repeat(120 * 1024);
+    let steps: Vec<serde_json::Value> = (0..13)
+        .map(|i| {
+            let vars: serde_json::Map<String, serde_json::Value> =
+                (2 * i..(2 * i + 2).min(25)).map(|k| (format!("V{k}"), value.clone().into())).collect();
+            serde_json::json!({ "env": vars })
+        })
+        .collect();
+    let body = serde_json::json!({ "steps": steps }).to_string();
+    let (status, reply) = http(&s.url, "POST", "/v1/setup", Some(TOKEN), &body);
+    assert!(status == 400 && reply.contains("at most 786432"), "{status}: {reply}");
+
+    let marks = s.dir.path().join("marks");
+    std::fs::create_dir_all(&marks).expect("marks");
+    let count = |n: u32| std::fs::read_to_string(marks.join(format!("pod-{n}"))).unwrap_or_default().lines().count();
+    let step = format!(
+        "echo applied >> {}/pod-$PET_NODE_RANK\nsite=${{PYTHONPATH%%:*}}\nmkdir -p $site/helper\n\
+         echo 'WORD = \"from-a-step\"' > $site/helper_mod.py\necho 'X = 1' > $site/helper/__init__.py",
+        marks.display()
+    );
+    declare(&s, &serde_json::json!([{ "bash": step }]));
+    let import = serde_json::json!({
+        "command": ["python", "-c", "import helper, helper_mod; print(helper_mod.WORD)"],
+        "nproc_per_node": 1,
+    })
+    .to_string();
+    for _ in 0..2 {
+        let id = submit(&s, &import);
+        assert_eq!(wait_over(&s, &id), "succeeded", "{}\n{}", logs(&s, &id), s.pods[0].stderr());
+        assert!(logs(&s, &id).contains("from-a-step"), "{}", logs(&s, &id));
+    }
+    assert_eq!((count(0), count(1)), (1, 1), "the step was applied once on each pod");
+    for p in &mut s.pods {
+        assert!(!p.stderr().contains("changed since the steps wrote them"), "{}", p.stderr());
+    }
+    assert_serving(&mut s);
+}

@@ -10,10 +10,10 @@ use crate::http::{Request, Status};
 use crate::serve::board::{Board, State};
 use crate::serve::lane::host::Lanes;
 use crate::serve::spec::{Run, check, check_archive};
-use crate::serve::{Link, files, kind, logs};
+use crate::serve::{Link, files, intake, kind, logs};
 use crate::store::Dial;
 
-pub(super) async fn submit(api: &Api, req: &Request, actor: bool) -> Answer {
+pub(super) async fn submit(api: &Api, req: &Request, actor: bool, bodies: &intake::Bodies) -> Answer {
     // JSON whatever the client called it (curl -d says form-urlencoded),
     // or the files as a tar(.gz) body with the JSON in X-Trainlet-Run.
     let kind = req.header("content-type").unwrap_or("");
@@ -21,23 +21,51 @@ pub(super) async fn submit(api: &Api, req: &Request, actor: bool) -> Answer {
     if kind.contains("multipart") {
         return fail(Status::MEDIA, "send JSON, or a tar.gz body with the JSON in X-Trainlet-Run");
     }
+    // What the body inflates or decodes to (its files) is held only as the
+    // body budget grants it, until the answer: a small gzip body cannot
+    // grow past what every body held at once may take.
+    let mut grown: Option<tokio::sync::SemaphorePermit<'_>> = None;
+    let mut short = false;
+    let mut room = |n: usize| match bodies.reserve(n) {
+        Ok(p) => {
+            match grown.as_mut() {
+                Some(g) => g.merge(p),
+                None => grown = Some(p),
+            }
+            Ok(())
+        }
+        Err(why) => {
+            short = true;
+            Err(why)
+        }
+    };
     let checked = match (archive, req.header("x-trainlet-run")) {
-        (true, Some(json)) => check_archive(json, &req.body),
+        (true, Some(json)) => check_archive(json, &req.body, &mut room),
         (true, None) => Err("a tar.gz body needs the run's JSON in the X-Trainlet-Run header".into()),
-        (false, _) => check(&req.body),
+        (false, _) => check(&req.body, &mut room),
     };
     let checked = match checked {
         Ok(c) if let Some(why) = crate::serve::spec::misrouted(&c, actor, api.conf.calls.is_some()) => {
             return fail(Status::BAD, why);
         }
         Ok(c) => c,
+        Err(why) if short => return fail(Status::UNAVAILABLE, &why),
         Err(why) => return fail(Status::BAD, &why),
     };
     let _one = api.submit.lock().await;
     if api.board.is_shut() {
         return fail(Status::UNAVAILABLE, "the pods are shutting down (idle timeout); submit to a new job");
     }
+    let want = checked.nproc.unwrap_or(api.conf.pod_nproc);
     if let Some((seq, id, _)) = api.board.active().filter(|_| checked.replace) {
+        // Placed before anything is stopped: a replace that would not fit
+        // once the main run (and whatever is stopping) is over is refused
+        // with nothing changed.
+        let left: Vec<_> =
+            api.board.held(api.conf.pod_nproc).into_iter().filter(|h| h.id != id && !h.stopping).collect();
+        if let Err(why) = crate::serve::lane::place(api.conf.pod_nproc, &left, want, checked.actor.is_some()) {
+            return fail(Status::CONFLICT, &format!("{why}; run {id} was not stopped"));
+        }
         if let Err(e) = stop(api, seq).await {
             return fail(Status::UNAVAILABLE, &format!("cannot stop run {id}: {e}"));
         }
@@ -45,7 +73,6 @@ pub(super) async fn submit(api: &Api, req: &Request, actor: bool) -> Answer {
             return fail(Status::UNAVAILABLE, &format!("run {id} is still stopping; try again"));
         }
     }
-    let want = checked.nproc.unwrap_or(api.conf.pod_nproc);
     let (first_slot, lane) = match placed(api, want, checked.actor.is_some()).await {
         Ok(crate::serve::lane::Place::Main(first)) => (first, None),
         Ok(crate::serve::lane::Place::Lane(first)) => match &api.conf.lanes {

@@ -165,7 +165,40 @@ async fn apply_from(
         *applied = digests[..=i].to_vec();
         tracing::info!(step = i + 1, took_s = started.elapsed().as_secs_f64(), "setup step applied");
     }
-    Ok(())
+    compile_site(dirs, &python, (&path, &pythonpath, steps), pod, (events, end)).await
+}
+
+/// Compile what the steps left in the site directory (pip compiles what it
+/// installs; a module a bash step wrote is not), so that a run's imports
+/// find it compiled and write nothing there: Python's own `__pycache__`
+/// would else count as a run's change and make every pod apply every step
+/// again before the next run (issue 53). Python still checks each file
+/// against its source at import. A failure (no such interpreter, a file
+/// that does not compile) is logged: imports then compile as they go.
+async fn compile_site(
+    dirs: &Dirs,
+    python: &str,
+    (path, pythonpath, steps): (&str, &str, &[Step]),
+    pod: &Pod<'_>,
+    (events, end): (&mut UnboundedReceiver<SysEvent>, &mut RoundEnd),
+) -> Result<(), Stop> {
+    let site = dirs.site().display().to_string();
+    let args = ["-m", "compileall", "-q", "-j", "0", site.as_str()].map(str::to_string).to_vec();
+    let mut spec = WorkerSpec::piped(python.to_string(), args, dirs.env(steps, path, pythonpath));
+    spec.cwd = Some(dirs.work());
+    tracing::info!(dir = %site, "compiling what the setup steps left in the site directory");
+    match run(spec, pod, events, end).await {
+        Ok(Exit::Code(0)) => Ok(()),
+        Ok(exit) => {
+            tracing::warn!(dir = %site, %exit, "cannot compile every module the setup steps left (its lines are in the log, as [setup]); runs compile them as they import them, and the pods apply the steps again before the next run");
+            Ok(())
+        }
+        Err(Stop::Failed(why)) => {
+            tracing::warn!(dir = %site, error = %why, "cannot compile the modules the setup steps left; runs compile them as they import them");
+            Ok(())
+        }
+        Err(stop) => Err(stop),
+    }
 }
 
 /// Run one step's process to its end, its lines to the console and the tap.
