@@ -143,7 +143,9 @@ pub fn files(body: &[u8], room: Room<'_>) -> Result<Vec<(String, Vec<u8>)>, Stri
             Some(s) => s,
             None => octal(&h[124..136]).ok_or("a bad size in the archive")?,
         };
-        let size = usize::try_from(size).map_err(|_| "an entry too large")?;
+        let size = usize::try_from(size).ok().filter(|s| *s <= MAX_ARCHIVE).ok_or_else(|| {
+            format!("an entry of {size} bytes in the archive, which inflates to at most {MAX_ARCHIVE}")
+        })?;
         let kind = h[156];
         let mut name = text(&h[0..100])?;
         if &h[257..262] == b"ustar" {
@@ -306,19 +308,22 @@ mod tests {
             asked.set(asked.get() + n);
             Ok(())
         };
-        // A header that claims 1 GiB, with nothing behind it.
-        let huge = header("huge.bin", 1 << 30, b'0');
+        // A header that claims 49 MiB, with nothing behind it.
+        let huge = header("huge.bin", 49 << 20, b'0');
         let e = files(&gzip(&huge), &mut none).expect_err("too large");
         assert!(e.contains("more than 50331648 bytes in all"), "{e}");
         let long = header("PaxHeader", MAX_META + 1, b'x');
         let e = files(&long, &mut none).expect_err("too long");
         assert!(e.contains("header is too long"), "{e}");
         assert_eq!(asked.get(), 0);
-        // An end, then a header that claims 1 GiB: never looked at.
+        // An end, then a header that claims 49 MiB: never looked at.
         let mut tar = archive(&[entry("a.py", b"1", b'0')]);
         tar.extend_from_slice(&huge);
         assert_eq!(files(&gzip(&tar), &mut none).expect("ends at its end").len(), 1);
-        // Entries skipped (directories) still count towards the inflated bound.
+        // A size no archive taken can hold, even for an entry skipped.
+        let e = files(&header("d/", 1 << 32, b'5'), &mut none).expect_err("too large");
+        assert!(e.contains("an entry of 4294967296 bytes"), "{e}");
+        // Entries skipped (directories) are read past, not held.
         let cut = gzip(&header("d/", 1 << 20, b'5'));
         assert_eq!(files(&cut, &mut none).expect_err("cut"), "the archive is cut short");
     }
