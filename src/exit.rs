@@ -8,7 +8,7 @@
 //! | 1-127, 211-255 | the root-cause worker's own exit code, passed through, once the restart budget is spent (1 for a failure that exited 0: an MPI rank that left without `MPI_Finalize` or called `MPI_Abort` with 0, or a `0=restart` rule) |
 //! | 126 / 127 | a worker could not be executed / was not found (exec's errno, reported by the spawner) |
 //! | 128+N | the first failing worker was killed by signal N, or trainlet itself was stopped by signal N (143 = SIGTERM) |
-//! | 200 | configuration error: a bad flag, env var or world mismatch between pods |
+//! | 200 | configuration error: a bad flag, env var or world mismatch between pods, or a node rank another live pod holds |
 //! | 201 | rendezvous timeout: the store, a peer pod, or an MPI host's SSH server was not reachable before the deadline |
 //! | 202 | internal error in trainlet (a bug, or an unexpected OS failure) |
 //! | 203 | the store host went away and did not come back before the join deadline, or a pod neither stopped nor died in time |
@@ -31,7 +31,8 @@ pub const SUCCESS: u8 = 0;
 pub const WORKER_NOT_EXECUTABLE: u8 = 126;
 /// A worker binary was not found.
 pub const WORKER_NOT_FOUND: u8 = 127;
-/// Bad configuration: flags, env, or pods that disagree on the world.
+/// Bad configuration: flags, env, pods that disagree on the world, or a
+/// second live pod of one node rank (it is refused; the first goes on).
 pub const CONFIG: u8 = 200;
 /// The store, a peer, or an MPI host's SSH server did not answer before the deadline.
 pub const RENDEZVOUS_TIMEOUT: u8 = 201;

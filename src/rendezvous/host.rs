@@ -11,7 +11,8 @@
 //! declared dead: `rR/dead` lists it and `rR/end` becomes `dead:<uid>`. If
 //! every member is dead or gone, nobody is left to move the job on, so the
 //! monitor does. Worker stores of rounds older than the previous one are
-//! closed.
+//! closed, and once a round forms the keys of the rounds before the
+//! previous one are deleted ([`forget_rounds`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
@@ -141,6 +142,7 @@ async fn monitor(c: &mut Client, dial: &Dial, base: &str, r: u64, timing: Timing
                 tracing::info!(round = r, nnodes = formed.len(), members = ?hosts, "round formed");
             }
             members = formed.into_iter().map(|m| m.uid).collect();
+            forget_rounds(dial, base, r.saturating_sub(1)).await;
             let now = Instant::now();
             for uid in &members {
                 seen.insert(uid.clone(), (Vec::new(), now));
@@ -177,5 +179,71 @@ async fn monitor(c: &mut Client, dial: &Dial, base: &str, r: u64, timing: Timing
             let to = raise(c, &format!("{base}/round"), r + 1).await?;
             c.compare_set(&next_key, b"", to.to_string().as_bytes()).await?;
         }
+    }
+}
+
+/// Longest the deletion of old rounds' keys may take (it never holds up a
+/// round's liveness watch for longer).
+const FORGET_LIMIT: Duration = Duration::from_secs(5);
+
+/// Delete the keys of every round of the job under `base` before round
+/// `keep`, on a connection of its own; called as round `keep + 1` forms.
+/// Nobody reads them any more: the members of the round that formed have
+/// left every round before it (they settled it and joined this one), and
+/// the previous round, `keep`, stays for whoever may still read it (a
+/// spare that waited beside it and defers to its members, a pod an
+/// elastic round formed without, still settling it). Every key under
+/// `rN/` goes, whoever wrote it, also one written late after an earlier
+/// pass; so the store holds the keys of two rounds whatever the number
+/// of rounds. A failure is logged and the next round tries again.
+async fn forget_rounds(dial: &Dial, base: &str, keep: u64) {
+    if keep == 0 {
+        return;
+    }
+    let work = async {
+        let mut c = dial.connect().await?;
+        let old: Vec<String> =
+            c.list_keys().await?.into_iter().filter(|k| round_of(base, k).is_some_and(|n| n < keep)).collect();
+        c.delete_keys(&old).await
+    };
+    match tokio::time::timeout(FORGET_LIMIT, work).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(n)) => tracing::debug!(before = keep, keys = n, "deleted the keys of past rounds"),
+        Ok(Err(e)) => {
+            tracing::warn!(before = keep, error = %crate::error::error_chain(&e), "cannot delete the keys of past rounds");
+        }
+        Err(_) => {
+            tracing::warn!(before = keep, "deleting the keys of past rounds took too long; the next round tries again")
+        }
+    }
+}
+
+/// The round a key of the job under `base` belongs to (`<base>/r<N>/...`).
+fn round_of(base: &str, key: &str) -> Option<u64> {
+    let rest = key.strip_prefix(base)?.strip_prefix("/r")?;
+    let (n, _) = rest.split_once('/')?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    n.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_of;
+
+    #[test]
+    fn only_round_keys_of_this_job_belong_to_a_round() {
+        let base = "trainlet/none/j0";
+        assert_eq!(round_of(base, "trainlet/none/j0/r12/m/0"), Some(12));
+        assert_eq!(round_of(base, "trainlet/none/j0/r0/pmi/3/in"), Some(0));
+        assert_eq!(round_of(base, "trainlet/none/j0/round"), None);
+        assert_eq!(round_of(base, "trainlet/none/j0/restarts"), None);
+        assert_eq!(round_of(base, "trainlet/none/j0/r/x"), None);
+        assert_eq!(round_of(base, "trainlet/none/j0/r1x/x"), None);
+        assert_eq!(round_of(base, "trainlet/none/j0/r3"), None);
+        assert_eq!(round_of(base, "trainlet/none/j1/r3/end"), None);
+        assert_eq!(round_of(base, "trainlet/none-lane/j0/r3/end"), None);
+        assert_eq!(round_of(base, "trainlet/none/j0/serve/go/3"), None);
     }
 }

@@ -22,6 +22,9 @@ const SPARE_CHECK_EVERY: Duration = Duration::from_secs(60);
 impl Session {
     /// Join the next round (after `known.round`) and wait until it forms.
     pub async fn next_round(&mut self, known: &mut Known, deadline: Instant) -> Result<Joined, Error> {
+        // Still ours (a store host that restarted lost it; an agent taken
+        // for gone by a newcomer finds the newcomer holding it).
+        self.claim().await?;
         known.restarts =
             u32::try_from(self.raise(&self.key("restarts"), u64::from(known.restarts)).await?).unwrap_or(u32::MAX);
         let mut want = known.round.map_or(0, |r| r + 1);
@@ -261,10 +264,11 @@ impl Session {
         if let Some(m) = members
             .iter()
             .enumerate()
-            .find_map(|(i, a)| members[..i].iter().find(|b| b.host == a.host && b.node_rank == a.node_rank).map(|_| a))
+            .find_map(|(i, a)| members[..i].iter().find(|b| b.place() == a.place()).map(|_| a))
         {
             // A pod left (or died) while the round was open and came back:
-            // its old slot is stale. The live pods meet again in a new round.
+            // its old slot is stale (only one live agent holds a place,
+            // `super::claim`). The live pods meet again in a new round.
             tracing::warn!(round = r, host = %m.host, node_rank = m.node_rank, "a pod joined this round twice (it restarted while the round was open); starting a new round");
             self.advance(r, r + 1).await?;
             return Ok(());
@@ -305,9 +309,9 @@ impl Session {
             Vec::new()
         };
         let end = self.rkey(r, "end");
-        if let Some(old) = members.iter().find(|m| m.host == self.me.host && m.node_rank == self.me.node_rank) {
-            // The same pod (host and node rank) restarted in place: the
-            // member we replace is our previous incarnation, and it is dead.
+        if let Some(old) = members.iter().find(|m| m.place() == self.me.place() && m.uid != self.me.uid) {
+            // The pod restarted in place (or was replaced): we hold its
+            // place, taken over from the member we replace, which is gone.
             tracing::warn!(round = r, previous = %old.uid, "this pod restarted while its previous incarnation was a member; declaring it gone");
             let dead = serde_json::to_vec(&[&old.uid]).unwrap_or_default();
             self.client.compare_set(&self.rkey(r, "dead"), b"", &dead).await.map_err(|e| self.lost(e))?;
@@ -315,10 +319,6 @@ impl Session {
                 .compare_set(&end, b"", format!("dead:{}", old.uid).as_bytes())
                 .await
                 .map_err(|e| self.lost(e))?;
-        } else if let Some(holder) =
-            members.iter().find(|m| self.me.ranked_by_env() && m.node_rank == self.me.node_rank)
-        {
-            return Err(Error::Duplicate { node_rank: self.me.node_rank, holder: holder.who() });
         } else if size < u64::from(self.me.max_nodes) {
             tracing::info!(
                 round = r,

@@ -41,6 +41,14 @@ impl Member {
         format!("node rank {} ({} pid {})", self.node_rank, self.host, self.pid)
     }
 
+    /// What no two live agents of the job may share: the node rank of a
+    /// static job (its rank in every round), the host and node rank of an
+    /// elastic one (there the node rank is only an ordering hint, which
+    /// pods may share). It names the agent's `claim/` key.
+    pub(super) fn place(&self) -> String {
+        if self.elastic() { format!("{}@{}", self.node_rank, self.host) } else { self.node_rank.to_string() }
+    }
+
     pub(super) fn elastic(&self) -> bool {
         self.min_nodes != self.max_nodes
     }

@@ -20,6 +20,7 @@
 //! | `round` | raised to the max | the open (or running) round R |
 //! | `restarts` | raised to the max | restarts used, job-wide |
 //! | `hb/<uid>` | each agent, every interval | heartbeat counter, `bye` on exit |
+//! | `claim/<place>` | each agent, first COMPARE_SET wins | the uid of the live agent that holds a node rank (elastic: `<node rank>@<host>`); taken over only from one that said `bye` or stopped heartbeating ([`claim`]) |
 //! | `rR/lead` | the store host's agent | its `--spares`, once it joined: in jobs with spares the others join after it, so it is always a member |
 //! | `rR/join` | ADD per pod | arrival slots |
 //! | `rR/m/<slot>` | each pod | its [`Member`] record |
@@ -42,11 +43,16 @@
 //!
 //! Every wait is bounded by the join deadline or the heartbeat timeout,
 //! except a spare's wait for room (it waits while the job runs). Rounds
-//! never share keys or worker stores. Everything job-wide (`round`,
+//! never share keys or worker stores. When round R forms, the store host
+//! deletes the keys of every round before R - 1 ([`host`]): R's members
+//! have left them, and R - 1's stay for the spares and the pods an
+//! elastic round left behind, so the store holds two rounds' keys
+//! whatever the number of rounds. Everything job-wide (`round`,
 //! `restarts`, `attempt`) is raised to the maximum any agent knows when it
 //! joins, so a store host that restarts with an empty store is rebuilt by
 //! the agents that reconnect.
 
+mod claim;
 mod end;
 pub mod host;
 mod join;
@@ -98,13 +104,19 @@ pub enum Error {
     /// Pods disagree on the job.
     #[error("pods disagree on the job: {0}")]
     Mismatch(String),
-    /// Two pods claim the same node rank.
-    #[error("node rank {node_rank} is already held by {holder}; each pod needs its own node rank")]
+    /// Two live pods claim the same node rank (in an elastic job: the same
+    /// host and node rank).
+    #[error(
+        "node rank {node_rank} is already held by {holder}, which is alive; this pod ({ours}) claims it too: \
+         each pod needs its own node rank"
+    )]
     Duplicate {
         /// The contested rank.
         node_rank: u32,
         /// Who holds it.
         holder: String,
+        /// This agent: host and pid.
+        ours: String,
     },
     /// This pod belongs to an older JobSet restart attempt than the job.
     #[error(

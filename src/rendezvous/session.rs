@@ -154,13 +154,6 @@ impl Session {
         let addr = client.peer_addr().map_err(|e| Error::Unreachable(ClientError::Io(e)))?;
         let dial = Dial { addr, guard };
         let base = job_base(run_id, jobset_attempt);
-        let heartbeat = tokio::spawn(heartbeat(
-            endpoint.clone(),
-            dial.guard.clone(),
-            format!("{base}/hb/{}", me.uid),
-            timing.heartbeat,
-            cancel.clone(),
-        ));
         let mut s = Self {
             endpoint: endpoint.clone(),
             dial,
@@ -170,7 +163,7 @@ impl Session {
             timing,
             jobset_attempt,
             run_id: run_id.to_string(),
-            heartbeat,
+            heartbeat: tokio::spawn(async {}),
             open: None,
             spare_in: None,
             was_spare: false,
@@ -182,6 +175,16 @@ impl Session {
         };
         s.watch_host();
         s.check_attempt().await?;
+        // Refused here, a second claimant of a node rank leaves no trace
+        // (its heartbeat starts only once the place is its own).
+        s.claim().await?;
+        s.heartbeat = tokio::spawn(heartbeat(
+            endpoint.clone(),
+            s.dial.guard.clone(),
+            s.heartbeat_key(),
+            timing.heartbeat,
+            cancel.clone(),
+        ));
         Ok(s)
     }
 

@@ -477,6 +477,8 @@ impl Served {
         };
         if let Err(e) = marked {
             tracing::warn!(error = %e, "cannot mark the run over in the store");
+        } else if self.board.is_some() && self.lane.is_none() && (1..seq).contains(&self.ended) {
+            self.forget_markers(self.ended).await;
         }
         let Some(c) = &self.current else { return };
         let ranks = (0..world)
@@ -493,6 +495,21 @@ impl Served {
         let report = report.and_then(|r| serde_json::to_value(r).ok());
         tracing::info!(run = %c.run.id, state = state.word(), "served run over; the pods stay up for the next");
         self.over(seq, state, ranks, report);
+    }
+
+    /// The store host, once a later main run is over: main run `seq`'s
+    /// go signal and end marker go, so that the store does not grow by two
+    /// keys a run. Nobody reads them any more: every pod reads the newest
+    /// run (`serve/run`, a later one) and its end marker, and waits for a
+    /// later go signal. A lane's markers are its own (its agents read
+    /// them until they exit), and are left alone.
+    async fn forget_markers(&mut self, seq: u64) {
+        for key in [self.link.keys.go(seq), self.link.keys.ended(seq)] {
+            if let Err(e) = self.link.delete(&key).await {
+                tracing::warn!(run = seq, error = %crate::error::error_chain(&e), "cannot delete an earlier run's markers");
+                return;
+            }
+        }
     }
 
     fn over(&mut self, seq: u64, state: State, ranks: Vec<RankExit>, report: Option<serde_json::Value>) {

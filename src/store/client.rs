@@ -275,6 +275,38 @@ impl Client {
         Ok(self.read_i64().await? == 1)
     }
 
+    /// DELETE_KEY of every key in `keys`, pipelined a batch at a time (one
+    /// round trip per batch, not per key); returns how many were deleted.
+    pub async fn delete_keys(&mut self, keys: &[String]) -> Result<u64, ClientError> {
+        // A batch's replies (8 bytes each) fit the socket buffers, so the
+        // server never blocks writing them while we still write requests.
+        const BATCH: usize = 1024;
+        let mut deleted = 0;
+        for batch in keys.chunks(BATCH) {
+            for key in batch {
+                self.queue(&Command::DeleteKey(key.as_bytes().to_vec()));
+            }
+            self.flush().await?;
+            for _ in batch {
+                deleted += u64::from(self.read_i64().await? == 1);
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// LIST_KEYS: every key of the store.
+    pub async fn list_keys(&mut self) -> Result<Vec<String>, ClientError> {
+        self.send(&Command::ListKeys).await?;
+        let n = self.read_i64().await?;
+        let n = usize::try_from(n).map_err(|_| ClientError::Protocol("negative key count"))?;
+        // Grown as the keys arrive: the count alone reserves nothing.
+        let mut keys = Vec::with_capacity(n.min(4096));
+        for _ in 0..n {
+            keys.push(String::from_utf8_lossy(&self.read_bytes().await?).into_owned());
+        }
+        Ok(keys)
+    }
+
     /// GETNUMKEYS.
     pub async fn num_keys(&mut self) -> Result<i64, ClientError> {
         self.send(&Command::GetNumKeys).await?;

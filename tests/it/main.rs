@@ -28,6 +28,7 @@ mod preload;
 mod progress;
 mod rendezvous;
 mod rendezvous_time;
+mod round_keys;
 mod replicas;
 mod runtimes;
 mod serve;

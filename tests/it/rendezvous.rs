@@ -48,6 +48,57 @@ fn a_second_pod_with_the_same_node_rank_is_refused() {
     assert_eq!(b.code(LIMIT), 0, "{}", b.stderr());
 }
 
+/// Issue 53, finding 4: a second live agent of node rank 1 on the same
+/// address (a stale pod back, a misconfigured job) is refused at once,
+/// naming both agents, before it takes a slot in any round: the running
+/// job keeps its one round (no churn: the store holds the same keys) and
+/// ends well.
+#[test]
+fn a_second_live_agent_of_a_node_rank_is_refused_at_once_and_no_round_churns() {
+    let port = free_port();
+    let mut a = pod(2, 1, 0, port, "echo READY; sleep 8");
+    let mut b = pod(2, 1, 1, port, "echo READY; sleep 8");
+    a.wait_for_output("READY", LIMIT);
+    b.wait_for_output("READY", LIMIT);
+    let before = crate::round_keys::store_keys(port, None);
+    // Same address, same node rank, same env: only its pid differs.
+    let started = std::time::Instant::now();
+    let mut dup = pod(2, 1, 1, port, "echo DUP");
+    assert_eq!(dup.code(Duration::from_secs(20)), 200, "{}", dup.stderr());
+    assert!(started.elapsed() < Duration::from_secs(8), "refused only after {:?}", started.elapsed());
+    let err = dup.stderr();
+    let both = format!(
+        "node rank 1 is already held by node rank 1 (127.0.0.2 pid {}), which is alive; this pod (127.0.0.2 pid {}) claims it too",
+        b.pid(),
+        dup.pid()
+    );
+    assert!(err.contains(&both), "{err}");
+    assert!(!dup.stdout().contains("DUP"), "the duplicate started no worker");
+    let after = crate::round_keys::store_keys(port, None);
+    assert_eq!(after, before, "the duplicate left nothing in the store and no round began");
+    for p in [&mut a, &mut b] {
+        assert_eq!(p.code(LIMIT), 0, "{}", p.stderr());
+        assert_eq!(p.stderr().matches("starting workers").count(), 1, "one round only:\n{}", p.stderr());
+    }
+}
+
+/// A pod whose agent was SIGKILLed and that comes back at once (the
+/// container restarted in place: same address and node rank) is not a
+/// duplicate: its predecessor stopped heartbeating, so it takes the node
+/// rank over, and the job goes on with it.
+#[test]
+fn a_pod_restarted_in_place_takes_its_node_rank_back_from_its_dead_self() {
+    let (dir, port, script, mut a, mut b) = two_running_pods();
+    b.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = b.wait(LIMIT);
+    std::fs::write(dir.path().join("again"), "").expect("flag");
+    let mut b2 = pod(2, 1, 1, port, &script);
+    assert_eq!(b2.code(LIMIT), 0, "{}", b2.stderr());
+    assert!(b2.stderr().contains("the agent that held this pod's place is gone"), "{}", b2.stderr());
+    assert_eq!(a.code(LIMIT), 0, "{}", a.stderr());
+    assert!(a.stdout().contains("DONE"), "{}", a.stdout());
+}
+
 /// Workers that run until `flag` exists, then succeed.
 fn until_flag(flag: &std::path::Path) -> String {
     format!("if [ -e {f} ]; then echo DONE; else echo READY; exec sleep 100; fi", f = flag.display())

@@ -1,0 +1,129 @@
+//! Who holds a place in the job: one live agent per `claim/<place>` key (a
+//! static job's node rank, an elastic job's host and node rank:
+//! [`super::Member::place`]). An agent claims its place when it connects
+//! and checks it before every round, so a second live claimant (a stale
+//! pod back, two pods given the same rank) is refused before it takes a
+//! slot in any round: the running job never sees it. An agent whose
+//! predecessor in the place is gone (it said `bye`, or its heartbeat stood
+//! still for two periods) takes the place over, as a pod restarted in
+//! place does.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Error;
+use super::session::Session;
+
+/// Most holders one claim contests before it gives up (each contest
+/// watches a heartbeat, so a claim never loops fast).
+const CONTESTS: u32 = 4;
+
+/// How long a holder's heartbeat may stand still before the holder is
+/// taken for gone: two periods (one beat may be late or lost to a
+/// reconnect) and a second for a loaded machine. The store host declares
+/// a member dead only after the whole heartbeat timeout; a claim need not
+/// wait that long, because a live holder shows itself within one period.
+fn still_limit(heartbeat: Duration) -> Duration {
+    heartbeat * 2 + Duration::from_secs(1)
+}
+
+/// `node rank N (host pid P)` for an agent uid (`host#pid#nonce`).
+pub(super) fn who_holds(node_rank: u32, uid: &str) -> String {
+    let mut parts = uid.rsplitn(3, '#');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(_nonce), Some(pid), Some(host)) => format!("node rank {node_rank} ({host} pid {pid})"),
+        _ => format!("node rank {node_rank} ({uid})"),
+    }
+}
+
+impl Session {
+    /// Hold this agent's place in the job, taking it over from a holder
+    /// that is gone; [`Error::Duplicate`] naming both agents when another
+    /// live agent holds it. Called when the agent connects and before
+    /// every round (one GET when the place is ours).
+    pub(super) async fn claim(&mut self) -> Result<(), Error> {
+        let key = self.key(&format!("claim/{}", self.me.place()));
+        let mine = self.me.uid.clone().into_bytes();
+        let mut held = self.get(&key).await?;
+        let mut holder = String::new();
+        for _ in 0..CONTESTS {
+            if held == mine {
+                return Ok(());
+            }
+            if held.is_empty() {
+                held = self.client.compare_set(&key, b"", &mine).await.map_err(|e| self.lost(e))?;
+                if held.is_empty() {
+                    held = self.get(&key).await?;
+                }
+                continue;
+            }
+            holder = String::from_utf8_lossy(&held).chars().take(256).collect();
+            let Some(why) = self.gone(&holder).await? else { return Err(self.duplicate(&holder)) };
+            tracing::warn!(
+                node_rank = self.me.node_rank,
+                previous = %holder,
+                "the agent that held this pod's place is gone ({why}); this agent takes it over"
+            );
+            let got = self.client.compare_set(&key, &held, &mine).await.map_err(|e| self.lost(e))?;
+            // A missing key answers with the expected value: read it again.
+            held = if got == held { self.get(&key).await? } else { got };
+        }
+        if held == mine { Ok(()) } else { Err(self.duplicate(&holder)) }
+    }
+
+    /// Whether the agent `uid` is gone: Some(why) when it said `bye` or
+    /// its heartbeat stood still for [`still_limit`]; None when it beat.
+    async fn gone(&mut self, uid: &str) -> Result<Option<String>, Error> {
+        let hb = self.key(&format!("hb/{uid}"));
+        let first = self.get(&hb).await?;
+        if first == b"bye" {
+            return Ok(Some("it left the job".into()));
+        }
+        let limit = still_limit(self.timing.heartbeat);
+        tracing::info!(
+            node_rank = self.me.node_rank,
+            holder = %uid,
+            limit_s = limit.as_secs_f64(),
+            "another agent holds this pod's place; watching its heartbeat"
+        );
+        let poll = (self.timing.heartbeat / 4).clamp(Duration::from_millis(20), Duration::from_millis(250));
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            tokio::time::sleep(poll).await;
+            let now = self.get(&hb).await?;
+            if now == b"bye" {
+                return Ok(Some("it left the job".into()));
+            }
+            if now != first {
+                return Ok(None);
+            }
+        }
+        Ok(Some(format!("its heartbeat stood still for {:.1} s", limit.as_secs_f64())))
+    }
+
+    fn duplicate(&self, holder: &str) -> Error {
+        Error::Duplicate {
+            node_rank: self.me.node_rank,
+            holder: who_holds(self.me.node_rank, holder),
+            ours: format!("{} pid {}", self.me.host, self.me.pid),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holders_are_named_by_host_and_pid() {
+        assert_eq!(who_holds(1, "127.0.0.2#4242#0a1b2c3d"), "node rank 1 (127.0.0.2 pid 4242)");
+        assert_eq!(who_holds(0, "odd"), "node rank 0 (odd)");
+    }
+
+    #[test]
+    fn a_holder_may_miss_one_beat_and_stay_alive() {
+        assert_eq!(still_limit(Duration::from_secs(1)), Duration::from_secs(3));
+        assert!(still_limit(Duration::from_millis(100)) > Duration::from_millis(200));
+    }
+}
