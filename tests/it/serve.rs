@@ -167,11 +167,12 @@ pub(crate) fn drive(s: &Served, steps: &[&str]) -> Vec<serde_json::Value> {
         .output()
         .expect("driver");
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let pods: Vec<String> = s.pods.iter().enumerate().map(|(i, p)| format!("pod {i}:\n{}", p.stderr())).collect();
     assert!(
         out.status.success(),
-        "driver failed: {}\n{stdout}\npod 0:\n{}",
+        "driver failed: {}\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr),
-        s.pods[0].stderr()
+        pods.join("\n")
     );
     stdout.lines().map(json).collect()
 }
