@@ -2,19 +2,32 @@
 //! mapped file and to name the function around an address: the program
 //! headers (for the load bias), the section headers, and the symbol tables
 //! (`.dynsym`, then `.symtab` when the file has one). Every read is bounded
-//! and checked: a file is data, never trusted.
+//! and checked: a file is data, never trusted. Every size and count the
+//! file states is bounded from both sides before anything is allocated for
+//! it, and what is kept is counted against the read's [`Budget`] first.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::time::Instant;
+
+use super::budget::{Budget, Spent, over};
 
 /// Most section headers read from one file.
-const MAX_SECTIONS: usize = 4096;
+const MAX_SECTIONS: u64 = 4096;
 /// Most program headers read from one file.
-const MAX_SEGMENTS: usize = 256;
+const MAX_SEGMENTS: u64 = 256;
+/// Largest header entry accepted (ELF64's are 64 bytes for sections and 56
+/// for segments; a larger size is allowed for extensions, not for making
+/// the table huge: at most 4096 x 256 bytes, 1 MiB, of section headers).
+const MAX_ENTRY: u64 = 256;
 /// Largest symbol or string table read (libtorch's `.dynsym` is ~20 MiB).
 const MAX_TABLE: u64 = 64 << 20;
+/// Largest section-name table read.
+const MAX_SHSTRTAB: u64 = 1 << 20;
+/// One symbol table entry (`Elf64_Sym`).
+const SYM: usize = 24;
+/// Symbols read from the file at once (1 MiB).
+const SYMS_AT_ONCE: usize = 43_690;
 
 const SHT_SYMTAB: u32 = 2;
 const SHT_DYNSYM: u32 = 11;
@@ -49,15 +62,26 @@ struct Segment {
     filesz: u64,
 }
 
-/// A function or object symbol.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Symbol {
-    /// Its name (mangled as stored).
-    pub name: String,
+/// A function of a file's index: where it is and where its name is (the
+/// name is read from the file when a frame needs it, so the index costs
+/// 16 bytes a function, not the name's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Func {
     /// Its address in the file's own address space.
     pub addr: u64,
-    /// Its size in bytes (0: unknown).
-    pub size: u64,
+    /// Its size in bytes (0: unknown; saturated at 4 GiB).
+    pub size: u32,
+    /// Where its name is in the table's strings.
+    name_at: u32,
+}
+
+/// A file's functions, sorted by address, and where their names are.
+#[derive(Debug, Default)]
+pub struct Functions {
+    /// The functions.
+    pub all: Vec<Func>,
+    /// The string table's offset and size in the file.
+    strings: (u64, u64),
 }
 
 /// An opened ELF file.
@@ -66,8 +90,8 @@ pub struct Elf {
     file: File,
     sections: Vec<Section>,
     segments: Vec<Segment>,
-    /// Walks of its symbol tables stop here (the read's time bound).
-    deadline: Option<Instant>,
+    /// What the read may still keep, and until when.
+    budget: Budget,
 }
 
 fn invalid(what: &str) -> std::io::Error {
@@ -89,8 +113,6 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 /// Longest symbol name read (C++ names run to a few hundred bytes; a
 /// longer one is skipped, so a crafted table costs at most this per entry).
 const MAX_NAME: usize = 1024;
-/// Most bytes of names one file's function list keeps.
-const MAX_NAMES: usize = 32 << 20;
 /// Symbols walked between two looks at the deadline.
 const DEADLINE_EVERY: usize = 4096;
 
@@ -104,9 +126,21 @@ fn str_at(table: &[u8], at: usize) -> Option<&str> {
     std::ffi::CStr::from_bytes_until_nul(head).ok()?.to_str().ok()
 }
 
+/// `num` entries of `entsize` bytes: both bounded (`entsize` from below by
+/// what is parsed of an entry, from above by [`MAX_ENTRY`]; `num` by `max`).
+fn table_len(entsize: u64, num: u64, min_entry: u64, max: u64, what: &str) -> std::io::Result<u64> {
+    if !(min_entry..=MAX_ENTRY).contains(&entsize) || num > max {
+        return Err(invalid(what));
+    }
+    Ok(entsize * num)
+}
+
 impl Elf {
-    /// Open `path` and read its headers.
-    pub fn open(path: &Path) -> std::io::Result<Elf> {
+    /// Open `path` and read its headers, counted against `budget`.
+    pub fn open(path: &Path, budget: &Budget) -> std::io::Result<Elf> {
+        if budget.late() {
+            return Err(over(Spent::Time));
+        }
         let file = File::open(path)?;
         let mut head = [0u8; 64];
         file.read_exact_at(&mut head, 0)?;
@@ -121,21 +155,17 @@ impl Elf {
         let shentsize = field(u16_at(&head, 58).map(u64::from))?;
         let shnum = field(u16_at(&head, 60).map(u64::from))?;
         let shstrndx = usize::from(u16_at(&head, 62).ok_or_else(|| invalid("short header"))?);
-        let segments = read_segments(&file, phoff, phentsize, phnum)?;
-        let mut sections = read_sections(&file, shoff, shentsize, shnum)?;
+        let segments = read_segments(&file, budget, phoff, phentsize, phnum)?;
+        let mut sections = read_sections(&file, budget, shoff, shentsize, shnum)?;
         if let Some(names) = sections.get(shstrndx).cloned() {
-            let table = read_bytes(&file, names.offset, names.size.min(1 << 20))?;
+            let table = budget.read_file(&file, names.offset, names.size.min(MAX_SHSTRTAB))?;
             for s in &mut sections {
-                s.name = str_at(&table, usize::try_from(s.name_at).unwrap_or(usize::MAX)).unwrap_or("").to_string();
+                let name = str_at(&table, usize::try_from(s.name_at).unwrap_or(usize::MAX)).unwrap_or("");
+                budget.charge(u64::try_from(name.len()).unwrap_or(u64::MAX))?;
+                s.name = name.to_string();
             }
         }
-        Ok(Elf { file, sections, segments, deadline: None })
-    }
-
-    /// The same file, its symbol walks bounded by `deadline`.
-    pub fn until(mut self, deadline: Option<Instant>) -> Elf {
-        self.deadline = deadline;
-        self
+        Ok(Elf { file, sections, segments, budget: budget.clone() })
     }
 
     /// The section named `name`.
@@ -143,12 +173,22 @@ impl Elf {
         self.sections.iter().find(|s| s.name == name)
     }
 
-    /// A section's bytes, at most `max`.
+    /// A section's bytes, at most `max`, counted against the budget.
     pub fn section_bytes(&self, s: &Section, max: u64) -> std::io::Result<Vec<u8>> {
         if s.size > max {
             return Err(invalid("section too large"));
         }
-        read_bytes(&self.file, s.offset, s.size)
+        self.budget.read_file(&self.file, s.offset, s.size)
+    }
+
+    /// The bytes of sections that are of use only together, each at most
+    /// `max`: all counted before any is read (so none is read in vain).
+    pub fn sections_bytes(&self, all: &[&Section], max: u64) -> std::io::Result<Vec<Vec<u8>>> {
+        if all.iter().any(|s| s.size > max) {
+            return Err(invalid("section too large"));
+        }
+        self.budget.charge(all.iter().fold(0u64, |n, s| n.saturating_add(s.size)))?;
+        all.iter().map(|s| self.budget.read_counted(&self.file, s.offset, s.size)).collect()
     }
 
     /// The load bias of a mapping of this file at `start` from file offset
@@ -160,7 +200,7 @@ impl Elf {
         let seg = self
             .segments
             .iter()
-            .filter(|s| offset >= s.offset & !0xfff && offset < s.offset + s.filesz.max(1))
+            .filter(|s| offset >= s.offset & !0xfff && offset < s.offset.saturating_add(s.filesz.max(1)))
             .max_by_key(|s| s.offset)?;
         // File offset `offset` is address `seg.vaddr + (offset - seg.offset)`.
         let file_addr = seg.vaddr.wrapping_add(offset).wrapping_sub(seg.offset);
@@ -171,44 +211,73 @@ impl Elf {
     /// `.dynsym`, else `.symtab`.
     pub fn symbol(&self, name: &str) -> Option<u64> {
         for kind in [SHT_DYNSYM, SHT_SYMTAB] {
-            let found = self.each_symbol(kind, |sym_name, _, _, _| sym_name == name).ok().flatten();
-            if let Some(s) = found {
-                return Some(s.addr);
+            let Some((table, strings)) = self.symbol_table(kind).ok().flatten() else { continue };
+            let Ok(names) = self.budget.read_file(&self.file, strings.offset, strings.size) else { continue };
+            let mut found = None;
+            let _ = self.each_symbol(table, |name_at, _, addr, _| {
+                let hit = str_at(&names, usize::try_from(name_at).unwrap_or(usize::MAX)) == Some(name);
+                if hit {
+                    found = Some(addr);
+                }
+                hit
+            });
+            if found.is_some() {
+                return found;
             }
         }
         None
     }
 
-    /// Every named function with an address, sorted by address, from
-    /// `.symtab` when the file has one (it names static functions too),
-    /// else `.dynsym`.
-    pub fn functions(&self) -> Vec<Symbol> {
-        let mut out = Vec::new();
-        let mut bytes = 0usize;
+    /// Every function with an address, sorted by address, from `.symtab`
+    /// when the file has one (it names static functions too), else
+    /// `.dynsym`; the index is counted against the budget as it grows
+    /// (an error: none, rather than a part that names frames wrongly).
+    pub fn functions(&self) -> std::io::Result<Functions> {
         for kind in [SHT_SYMTAB, SHT_DYNSYM] {
-            let _ = self.each_symbol(kind, |name, info, addr, size| {
-                if info & 0xf == STT_FUNC && addr != 0 && !name.is_empty() {
-                    bytes += name.len();
-                    out.push(Symbol { name: name.to_string(), addr, size });
+            let Some((table, strings)) = self.symbol_table(kind)? else { continue };
+            let mut all: Vec<Func> = Vec::new();
+            let mut failed = None;
+            self.each_symbol(table, |name_at, info, addr, size| {
+                if info & 0xf != STT_FUNC || addr == 0 || name_at == 0 {
+                    return false;
                 }
-                bytes > MAX_NAMES
-            });
-            if !out.is_empty() {
-                break;
+                if all.len() == all.capacity() {
+                    // Grow by what is counted first.
+                    let more = all.capacity().max(1024);
+                    let bytes = u64::try_from(more * std::mem::size_of::<Func>()).unwrap_or(u64::MAX);
+                    if let Err(e) = self.budget.charge(bytes) {
+                        failed = Some(e);
+                        return true;
+                    }
+                    all.reserve_exact(more);
+                }
+                all.push(Func { addr, size: u32::try_from(size).unwrap_or(u32::MAX), name_at });
+                false
+            })?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            if !all.is_empty() {
+                all.sort_unstable_by_key(|f| f.addr);
+                all.dedup_by_key(|f| f.addr);
+                return Ok(Functions { all, strings: (strings.offset, strings.size) });
             }
         }
-        out.sort_by_key(|s| s.addr);
-        out.dedup_by_key(|s| s.addr);
-        out
+        Ok(Functions::default())
     }
 
-    /// Walk the symbols of the first table of `kind` until `stop` says so;
-    /// the symbol it stopped at.
-    fn each_symbol(
-        &self,
-        kind: u32,
-        mut stop: impl FnMut(&str, u8, u64, u64) -> bool,
-    ) -> std::io::Result<Option<Symbol>> {
+    /// The name of `f`, one of [`Self::functions`]'s, read from the file.
+    pub fn name_of(&self, functions: &Functions, f: &Func) -> Option<String> {
+        let (offset, size) = functions.strings;
+        let at = u64::from(f.name_at);
+        let len = size.checked_sub(at)?.min(u64::try_from(MAX_NAME + 1).unwrap_or(u64::MAX));
+        let mut buf = vec![0u8; usize::try_from(len).ok()?];
+        let n = self.file.read_at(&mut buf, offset.checked_add(at)?).ok()?;
+        str_at(buf.get(..n)?, 0).map(str::to_string)
+    }
+
+    /// The first symbol table of `kind` and its strings, both bounded.
+    fn symbol_table(&self, kind: u32) -> std::io::Result<Option<(&Section, &Section)>> {
         let Some(table) = self.sections.iter().find(|s| s.kind == kind) else { return Ok(None) };
         let strings = self
             .sections
@@ -217,43 +286,59 @@ impl Elf {
         if table.size > MAX_TABLE || strings.size > MAX_TABLE {
             return Err(invalid("symbol table too large"));
         }
-        let syms = read_bytes(&self.file, table.offset, table.size)?;
-        let names = read_bytes(&self.file, strings.offset, strings.size)?;
-        for (i, entry) in syms.chunks_exact(24).enumerate() {
-            if i % DEADLINE_EVERY == DEADLINE_EVERY - 1 && self.deadline.is_some_and(|d| Instant::now() > d) {
-                return Err(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        Ok(Some((table, strings)))
+    }
+
+    /// Walk the function and object symbols of `table` (`name_at, info,
+    /// value, size`) until
+    /// `stop` says so, reading the table a piece at a time (one piece's
+    /// buffer is counted) and looking at the deadline as it goes.
+    fn each_symbol(&self, table: &Section, mut stop: impl FnMut(u32, u8, u64, u64) -> bool) -> std::io::Result<()> {
+        let piece = u64::try_from(SYM * SYMS_AT_ONCE).unwrap_or(u64::MAX);
+        let mut buf = Vec::new();
+        let mut at = 0u64;
+        let mut walked = 0usize;
+        while at < table.size {
+            if self.budget.late() {
+                return Err(over(Spent::Time));
             }
-            let (Some(name_at), Some(&info), Some(value), Some(size)) =
-                (u32_at(entry, 0), entry.get(4), u64_at(entry, 8), u64_at(entry, 16))
-            else {
-                continue;
-            };
-            let kind = info & 0xf;
-            if kind != STT_FUNC && kind != STT_OBJECT {
-                continue;
+            let len = piece.min(table.size - at);
+            if buf.is_empty() {
+                self.budget.charge(len)?;
             }
-            let Some(name) = str_at(&names, usize::try_from(name_at).unwrap_or(usize::MAX)) else { continue };
-            if stop(name, info, value, size) {
-                return Ok(Some(Symbol { name: name.to_string(), addr: value, size }));
+            buf.resize(usize::try_from(len).map_err(|_| invalid("size"))?, 0);
+            self.file.read_exact_at(&mut buf, table.offset.checked_add(at).ok_or_else(|| invalid("offset"))?)?;
+            at += len;
+            for entry in buf.chunks_exact(SYM) {
+                walked += 1;
+                if walked.is_multiple_of(DEADLINE_EVERY) && self.budget.late() {
+                    return Err(over(Spent::Time));
+                }
+                // Only functions and objects are asked for: the others
+                // (most of a table, all of a crafted one of zeros) are
+                // passed over before they are parsed.
+                if !entry.get(4).is_some_and(|i| matches!(i & 0xf, STT_FUNC | STT_OBJECT)) {
+                    continue;
+                }
+                let (Some(name_at), Some(&info), Some(value), Some(size)) =
+                    (u32_at(entry, 0), entry.get(4), u64_at(entry, 8), u64_at(entry, 16))
+                else {
+                    continue;
+                };
+                if stop(name_at, info, value, size) {
+                    return Ok(());
+                }
             }
         }
-        Ok(None)
+        Ok(())
     }
 }
 
-fn read_bytes(file: &File, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
-    let len = usize::try_from(len).map_err(|_| invalid("size"))?;
-    let mut buf = vec![0u8; len];
-    file.read_exact_at(&mut buf, offset)?;
-    Ok(buf)
-}
-
-fn read_segments(file: &File, off: u64, entsize: u64, num: u64) -> std::io::Result<Vec<Segment>> {
-    if entsize < 56 || num > MAX_SEGMENTS as u64 {
-        return Err(invalid("program headers"));
-    }
-    let table = read_bytes(file, off, entsize * num)?;
+fn read_segments(file: &File, budget: &Budget, off: u64, entsize: u64, num: u64) -> std::io::Result<Vec<Segment>> {
+    let len = table_len(entsize, num, 56, MAX_SEGMENTS, "program headers")?;
+    let table = budget.read_file(file, off, len)?;
     let step = usize::try_from(entsize).map_err(|_| invalid("program headers"))?;
+    budget.charge(num * u64::try_from(std::mem::size_of::<Segment>()).unwrap_or(u64::MAX))?;
     Ok(table
         .chunks_exact(step)
         .filter(|e| u32_at(e, 0) == Some(PT_LOAD))
@@ -261,15 +346,14 @@ fn read_segments(file: &File, off: u64, entsize: u64, num: u64) -> std::io::Resu
         .collect())
 }
 
-fn read_sections(file: &File, off: u64, entsize: u64, num: u64) -> std::io::Result<Vec<Section>> {
+fn read_sections(file: &File, budget: &Budget, off: u64, entsize: u64, num: u64) -> std::io::Result<Vec<Section>> {
     if num == 0 {
         return Ok(Vec::new());
     }
-    if entsize < 64 || num > MAX_SECTIONS as u64 {
-        return Err(invalid("section headers"));
-    }
-    let table = read_bytes(file, off, entsize * num)?;
+    let len = table_len(entsize, num, 64, MAX_SECTIONS, "section headers")?;
+    let table = budget.read_file(file, off, len)?;
     let step = usize::try_from(entsize).map_err(|_| invalid("section headers"))?;
+    budget.charge(num * u64::try_from(std::mem::size_of::<Section>()).unwrap_or(u64::MAX))?;
     Ok(table
         .chunks_exact(step)
         .filter_map(|e| {
@@ -290,16 +374,102 @@ fn read_sections(file: &File, off: u64, entsize: u64, num: u64) -> std::io::Resu
 mod tests {
     use super::*;
 
+    fn unbounded() -> Budget {
+        Budget::new(u64::MAX, None)
+    }
+
+    /// A sparse ELF64 header: `shentsize` x `shnum` section headers at
+    /// `shoff`, the file `len` bytes long (holes cost no disk).
+    fn crafted(shentsize: u16, shnum: u16, shoff: u64, len: u64) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new().expect("tmp");
+        let mut head = [0u8; 64];
+        head[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        head[40..48].copy_from_slice(&shoff.to_le_bytes());
+        head[54..56].copy_from_slice(&56u16.to_le_bytes());
+        head[58..60].copy_from_slice(&shentsize.to_le_bytes());
+        head[60..62].copy_from_slice(&shnum.to_le_bytes());
+        f.as_file().write_all_at(&head, 0).expect("write");
+        f.as_file().set_len(len).expect("len");
+        f
+    }
+
+    /// Section header `i` of a table of 64-byte entries at `shoff`:
+    /// `(kind, offset, size, link)`.
+    fn section(f: &File, shoff: u64, i: u64, (kind, offset, size, link): (u32, u64, u64, u32)) {
+        let mut e = [0u8; 64];
+        e[4..8].copy_from_slice(&kind.to_le_bytes());
+        e[24..32].copy_from_slice(&offset.to_le_bytes());
+        e[32..40].copy_from_slice(&size.to_le_bytes());
+        e[40..44].copy_from_slice(&link.to_le_bytes());
+        f.write_all_at(&e, shoff + i * 64).expect("write");
+    }
+
+    /// Issue 53: an entry size of 65535 with 4096 entries (a 256 MiB table)
+    /// passed a bound checked only from below; it is refused before
+    /// anything is read, and so is a table past the budget.
+    #[test]
+    fn header_tables_are_bounded_from_both_sides() {
+        let huge = crafted(65535, 4096, 4096, 4096 + 65535 * 4096);
+        let budget = Budget::new(u64::MAX, None);
+        let e = Elf::open(huge.path(), &budget).expect_err("a 256 MiB table");
+        assert!(e.to_string().contains("section headers"), "{e}");
+        assert_eq!(budget.used(), 0);
+        assert!(Elf::open(crafted(63, 4, 64, 4096).path(), &budget).is_err());
+        let fine = crafted(64, 4096, 64, 64 + 64 * 4096);
+        assert!(Elf::open(fine.path(), &unbounded()).is_ok());
+        let small = Budget::new(64 << 10, None);
+        let e = Elf::open(fine.path(), &small).expect_err("256 KiB of headers on a 64 KiB budget");
+        assert!(e.get_ref().is_some_and(|e| e.is::<super::super::budget::OverBudget>()), "{e}");
+        assert_eq!(small.used(), 0);
+    }
+
+    /// 64 MiB symbol and string tables (sparse): the walk keeps one piece
+    /// of the table and the index it builds, both counted, and stops at
+    /// the budget rather than reading on.
+    #[test]
+    fn symbol_tables_cost_their_index_within_the_budget() {
+        let (shoff, big) = (4096u64, 64u64 << 20);
+        let f = crafted(64, 3, shoff, 8192 + 2 * big);
+        section(f.as_file(), shoff, 1, (SHT_SYMTAB, 8192, big, 2));
+        section(f.as_file(), shoff, 2, (3, 8192 + big, big, 0));
+        // Every symbol a function named at offset 1, at its own address.
+        let mut syms = vec![0u8; 4 << 20];
+        for (i, e) in syms.chunks_exact_mut(SYM).enumerate() {
+            e[0..4].copy_from_slice(&1u32.to_le_bytes());
+            e[4] = STT_FUNC;
+            e[8..16].copy_from_slice(&(u64::try_from(i).expect("i") + 1).to_le_bytes());
+        }
+        f.as_file().write_all_at(&syms, 8192).expect("write");
+        f.as_file().write_all_at(b"\0f\0", 8192 + big).expect("write");
+        let budget = Budget::new(4 << 20, None);
+        let elf = Elf::open(f.path(), &budget).expect("open");
+        let e = elf.functions().expect_err("over the budget");
+        assert!(e.get_ref().is_some_and(|e| e.is::<super::super::budget::OverBudget>()), "{e}");
+        assert!(budget.used() <= 4 << 20, "{}", budget.used());
+        // With room: 174,762 functions of 16 bytes, not their 24-byte entries and names.
+        let roomy = Budget::new(64 << 20, None);
+        let elf = Elf::open(f.path(), &roomy).expect("open");
+        let fns = elf.functions().expect("functions");
+        assert_eq!(fns.all.len(), (4 << 20) / SYM);
+        assert_eq!(elf.name_of(&fns, &fns.all[7]).as_deref(), Some("f"));
+        assert!(roomy.used() < 8 << 20, "{}", roomy.used());
+        // A deadline already past: nothing is read.
+        let late = Budget::new(u64::MAX, Some(std::time::Instant::now()));
+        assert!(Elf::open(f.path(), &late).is_err());
+    }
+
     #[test]
     fn finds_its_own_symbols_and_bias() {
         // The test binary itself: a static PIE with a symbol table.
         let exe = std::env::current_exe().expect("exe");
-        let elf = Elf::open(&exe).expect("open");
+        let elf = Elf::open(&exe, &unbounded()).expect("open");
         assert!(elf.section(".text").is_some());
-        let fns = elf.functions();
-        assert!(fns.len() > 100, "{}", fns.len());
-        assert!(fns.windows(2).all(|w| w[0].addr < w[1].addr));
-        assert!(Elf::open(Path::new("/proc/self/status")).is_err());
+        let fns = elf.functions().expect("functions");
+        assert!(fns.all.len() > 100, "{}", fns.all.len());
+        assert!(fns.all.windows(2).all(|w| w[0].addr < w[1].addr));
+        let mut names = fns.all.iter().filter_map(|f| elf.name_of(&fns, f));
+        assert!(names.any(|n| n.contains("finds_its_own_symbols")));
+        assert!(Elf::open(Path::new("/proc/self/status"), &unbounded()).is_err());
     }
 
     /// Every mapping of the loaded image (the run of mappings around the
@@ -307,7 +477,7 @@ mod tests {
     #[test]
     fn every_mapping_of_a_file_has_one_bias() {
         let exe = std::env::current_exe().expect("exe");
-        let elf = Elf::open(&exe).expect("open");
+        let elf = Elf::open(&exe, &unbounded()).expect("open");
         let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
         let exe = exe.to_string_lossy();
         let mine: Vec<(u64, u64, u64, bool)> = maps

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use super::Error;
+use super::budget::Budget;
 use crate::sys;
 
 /// Most lines of `/proc/PID/maps` read (torch's workers have a few thousand).
@@ -52,8 +53,9 @@ pub fn parse_line(line: &str) -> Option<Mapping> {
 
 /// The file mappings of `pid`: at most [`MAX_MAPS_BYTES`] of the file
 /// read, names that are not UTF-8 kept lossily, paths of at most
-/// [`MAX_PATH`] bytes (a longer one is no file the reader opens).
-pub fn read(pid: i32) -> Result<Vec<Mapping>, Error> {
+/// [`MAX_PATH`] bytes (a longer one is no file the reader opens); what is
+/// kept counted against `budget`.
+pub fn read(pid: i32, budget: &Budget) -> Result<Vec<Mapping>, Error> {
     use std::io::Read;
     let file = std::fs::File::open(format!("/proc/{pid}/maps")).map_err(|e| Error::from_io(pid, &e))?;
     let mut raw = Vec::new();
@@ -62,12 +64,19 @@ pub fn read(pid: i32) -> Result<Vec<Mapping>, Error> {
         // A zombie's maps are empty.
         return Err(Error::Gone);
     }
-    Ok(raw
+    let size = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+    budget.charge(size(raw.capacity())).map_err(|e| Error::from_io(pid, &e))?;
+    let mut out = Vec::new();
+    for m in raw
         .split(|b| *b == b'\n')
         .take(MAX_MAPS)
         .filter(|l| l.len() <= MAX_PATH + 128)
         .filter_map(|l| parse_line(&String::from_utf8_lossy(l)))
-        .collect())
+    {
+        budget.charge(size(std::mem::size_of::<Mapping>() + m.path.len())).map_err(|e| Error::from_io(pid, &e))?;
+        out.push(m);
+    }
+    Ok(out)
 }
 
 /// Where the process sees `path`: through its root, so a worker in
@@ -149,6 +158,6 @@ mod tests {
         let mem = Mem { pid: i32::try_from(std::process::id()).expect("pid") };
         assert_eq!(mem.u64(std::ptr::addr_of!(word) as u64).expect("read"), word);
         assert!(matches!(mem.u64(0), Err(Error::BadAddress)));
-        assert!(!read(mem.pid).expect("maps").is_empty());
+        assert!(!read(mem.pid, &Budget::new(u64::MAX, None)).expect("maps").is_empty());
     }
 }

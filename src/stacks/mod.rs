@@ -5,7 +5,10 @@
 //! signal is sent, nothing is paused: its memory is read with
 //! `process_vm_readv`, which needs ptrace access (the same uid and, under
 //! Yama's `ptrace_scope` 1, being an ancestor, as the agent is of its
-//! workers). Each read is bounded in time and size.
+//! workers). Each read is bounded in time and size: in bytes per worker
+//! and for the whole pod (`budget`: every table a worker's files or
+//! memory state the size of is counted before it is kept), and by a
+//! deadline its loops and big reads look at, so a read ends by itself.
 //!
 //! `python` walks CPython's own structures, `native` unwinds and names what
 //! the kernel shows of a blocked thread, `elf` and `maps` read the files and memory
@@ -17,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+pub mod budget;
 mod elf;
 pub mod flight;
 mod maps;
@@ -45,6 +49,21 @@ pub enum Error {
     /// A Python this reader does not know.
     #[error("no Python stack: {0} is not supported")]
     Unsupported(String),
+    /// The read would keep more than its budget of bytes.
+    #[error(
+        "not read: over the read's memory budget ({} MiB of the worker's files and memory; a file it maps states huge tables?)",
+        budget::WORKER_BYTES >> 20
+    )]
+    OverBudget,
+    /// The read's time ran out before its Python stacks were read.
+    #[error("not read: the read's time ran out")]
+    TimedOut,
+    /// The pod's reads of stacks were all taken until the deadline.
+    #[error(
+        "not read: the pod's reads of stacks ({} at once) were all taken until the deadline",
+        budget::READS_AT_ONCE
+    )]
+    NoSlot,
     /// Anything else the system said.
     #[error("cannot read the process: {0}")]
     Other(String),
@@ -57,6 +76,8 @@ impl Error {
             Some(libc::ESRCH | libc::ENOENT) => Error::Gone,
             Some(libc::EPERM | libc::EACCES) => Error::Denied,
             Some(libc::EFAULT | libc::EIO) => Error::BadAddress,
+            _ if e.get_ref().is_some_and(|e| e.is::<budget::OverBudget>()) => Error::OverBudget,
+            _ if e.kind() == std::io::ErrorKind::TimedOut => Error::TimedOut,
             _ if e.kind() == std::io::ErrorKind::NotFound => Error::Gone,
             _ => Error::Other(e.to_string()),
         }
@@ -129,6 +150,44 @@ pub struct Process {
     pub note: Option<String>,
     /// How long the read took, in milliseconds.
     pub took_ms: f64,
+    /// Its Python stacks were not read in full, and why (None: they were,
+    /// or it runs no Python). Who waits for whom does not take such a
+    /// rank for one outside a collective: it says it could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unread: Option<Unread>,
+}
+
+/// Why a worker's Python stacks were not read in full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unread {
+    /// The read's memory budget, or the pod's, ran out.
+    Budget,
+    /// The read's time ran out.
+    Time,
+    /// The read failed.
+    Failed,
+}
+
+impl Unread {
+    /// In words, for a verdict.
+    pub fn text(self) -> &'static str {
+        match self {
+            Unread::Budget => "over the read's memory budget",
+            Unread::Time => "the read's time ran out",
+            Unread::Failed => "the read failed",
+        }
+    }
+
+    /// Why, for a read that ended in `e` (None: nothing to read).
+    fn of(e: &Error) -> Option<Unread> {
+        match e {
+            Error::Gone | Error::NotPython | Error::Unsupported(_) => None,
+            Error::OverBudget | Error::NoSlot => Some(Unread::Budget),
+            Error::TimedOut => Some(Unread::Time),
+            Error::Denied | Error::BadAddress | Error::Other(_) => Some(Unread::Failed),
+        }
+    }
 }
 
 /// Bounds on one read.
@@ -154,40 +213,77 @@ const MAX_CHILDREN: usize = 8;
 /// Read `pid`'s stacks; when `pid` is not Python (a shell or launcher
 /// wrapping the script), its first Python child's.
 pub fn read(pid: i32, limits: &Limits) -> Process {
+    read_before(pid, limits, None)
+}
+
+/// [`read`], ended by `end` when whoever asked stops waiting then: the
+/// read waits for one of the pod's slots (its share of the pod's bytes)
+/// until `end` (None: for its own time bound), and stops at its time
+/// bound or `end`, whichever comes first, with what it has.
+pub fn read_before(pid: i32, limits: &Limits, end: Option<Instant>) -> Process {
+    let asked = Instant::now();
+    let wait = end.or_else(|| asked.checked_add(limits.time)).unwrap_or(asked);
+    let Some(_slot) = budget::Slot::take(wait) else {
+        return failed(pid, &Error::NoSlot, asked);
+    };
     let started = Instant::now();
-    let mut out = match read_one(pid, limits, started) {
+    // None: a bound past the clock's range, that is none.
+    let deadline = match (started.checked_add(limits.time), end) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let spend = budget::Budget::new(budget::WORKER_BYTES, deadline);
+    let mut out = match read_one(pid, limits, &spend) {
         Err(Error::NotPython) => {
             let kids = crate::sys::children(pid).unwrap_or_default();
-            let found = kids.into_iter().take(MAX_CHILDREN).find_map(|c| read_one(c, limits, started).ok());
+            let found = kids.into_iter().take(MAX_CHILDREN).find_map(|c| read_one(c, limits, &spend).ok());
             found.ok_or(Error::NotPython)
         }
         other => other,
     }
-    .unwrap_or_else(|e| Process {
-        pid,
-        python: None,
-        threads: Vec::new(),
-        note: Some(e.to_string()),
-        took_ms: 0.0,
-    });
+    // An interpreter's file that could not be read within the budget is
+    // no proof there is none.
+    .map_err(|e| match (e, spend.spent()) {
+        (Error::NotPython, Some(budget::Spent::Bytes)) => Error::OverBudget,
+        (Error::NotPython, Some(budget::Spent::Time)) => Error::TimedOut,
+        (e, _) => e,
+    })
+    .unwrap_or_else(|e| failed(pid, &e, asked));
     out.took_ms = started.elapsed().as_secs_f64() * 1e3;
     out
 }
 
-fn read_one(pid: i32, limits: &Limits, started: Instant) -> Result<Process, Error> {
+/// A read that ended in `e`.
+fn failed(pid: i32, e: &Error, asked: Instant) -> Process {
+    Process {
+        pid,
+        python: None,
+        threads: Vec::new(),
+        note: Some(e.to_string()),
+        took_ms: asked.elapsed().as_secs_f64() * 1e3,
+        unread: Unread::of(e),
+    }
+}
+
+fn read_one(pid: i32, limits: &Limits, spend: &budget::Budget) -> Result<Process, Error> {
     let mem = maps::Mem { pid };
-    let all = maps::read(pid)?;
-    let py = python::find(&mem, &all, started.checked_add(limits.time))?;
-    let walked = python::threads(&mem, &py, limits, started)?;
-    let mut symbols = native::Symbols::default();
-    // None: a bound past the clock's range, that is none.
-    let deadline = started.checked_add(limits.time);
+    let all = maps::read(pid, spend)?;
+    let py = python::find(&mem, &all, spend)?;
+    let walked = python::threads(&mem, &py, limits, spend)?;
+    // What stopped the Python walk, if anything did (the native frames
+    // read after it only name what it found).
+    let unread = match spend.spent() {
+        Some(budget::Spent::Bytes) => Some(Unread::Budget),
+        Some(budget::Spent::Time) => Some(Unread::Time),
+        None => None,
+    };
+    let mut symbols = native::Symbols::new(spend);
     let mut threads: Vec<Thread> = walked
         .into_iter()
         .map(|t| {
             let name = std::fs::read_to_string(format!("/proc/{pid}/task/{}/comm", t.tid)).unwrap_or_default();
-            let (native, kernel) = if started.elapsed() < limits.time {
-                native::frames(pid, t.tid, &all, &mut symbols, deadline)
+            let (native, kernel) = if !spend.late() {
+                native::frames(pid, t.tid, &all, &mut symbols)
             } else {
                 (Vec::new(), "not read: the time bound was reached".into())
             };
@@ -207,8 +303,16 @@ fn read_one(pid: i32, limits: &Limits, started: Instant) -> Result<Process, Erro
         })
         .collect();
     threads.sort_by_key(|t| !t.main);
-    let note = (started.elapsed() > limits.time).then(|| format!("stopped at the {:?} bound", limits.time));
-    Ok(Process { pid, python: Some(py.version), threads, note, took_ms: 0.0 })
+    let note = match spend.spent() {
+        Some(budget::Spent::Time) => Some(format!("stopped at the {:?} bound", limits.time)),
+        Some(budget::Spent::Bytes) => Some(format!(
+            "stopped at the read's memory budget ({} MiB of the worker's files and memory): {}",
+            budget::WORKER_BYTES >> 20,
+            if unread.is_some() { "Python frames left out" } else { "native frames left out" }
+        )),
+        None => None,
+    };
+    Ok(Process { pid, python: Some(py.version), threads, note, took_ms: 0.0, unread })
 }
 
 /// A name from another process, as data: control characters replaced,

@@ -18,10 +18,10 @@
 #[cfg(target_arch = "x86_64")]
 use std::cell::OnceCell;
 use std::collections::HashMap;
-use std::time::Instant;
 
 use super::NativeFrame;
-use super::elf::{Elf, Symbol};
+use super::budget::Budget;
+use super::elf::{Elf, Functions};
 use super::maps::{Mapping, file_of};
 
 /// Most files whose symbols one read keeps.
@@ -56,33 +56,39 @@ fn syscall_name(nr: i64) -> Option<&'static str> {
 struct Object {
     elf: Elf,
     /// Its functions, sorted by address.
-    symbols: Vec<Symbol>,
+    symbols: Functions,
     /// Its unwind tables, read when a walk first needs them (None: it has
     /// none that can be used).
     #[cfg(target_arch = "x86_64")]
     cfi: OnceCell<Option<unwind::Cfi>>,
 }
 
-/// Symbol tables and unwind tables of the files read so far (bounded).
-#[derive(Debug, Default)]
+/// Symbol tables and unwind tables of the files read so far (bounded in
+/// count, and in bytes by the read's budget).
+#[derive(Debug)]
 pub struct Symbols {
     files: HashMap<String, Option<Object>>,
-    /// The read's time bound, for the files' symbol walks.
-    deadline: Option<Instant>,
+    /// What the read may still keep, and until when.
+    budget: Budget,
 }
 
 impl Symbols {
+    /// None read yet; what they keep is counted against `budget`.
+    pub fn new(budget: &Budget) -> Symbols {
+        Symbols { files: HashMap::new(), budget: budget.clone() }
+    }
+
     /// The file mapped at `m`, opened on first use (None: it cannot be
     /// read, or the bound on files is reached).
     fn object(&mut self, pid: i32, m: &Mapping) -> Option<&Object> {
         if !self.files.contains_key(&m.path) && self.files.len() >= MAX_FILES {
             return None;
         }
-        let deadline = self.deadline;
+        let budget = &self.budget;
         let entry = self.files.entry(m.path.clone()).or_insert_with(|| {
-            let elf = Elf::open(&file_of(pid, &m.path)).ok()?.until(deadline);
+            let elf = Elf::open(&file_of(pid, &m.path), budget).ok()?;
             Some(Object {
-                symbols: elf.functions(),
+                symbols: elf.functions().ok()?,
                 elf,
                 #[cfg(target_arch = "x86_64")]
                 cfi: OnceCell::new(),
@@ -99,13 +105,17 @@ impl Symbols {
         let object = super::clean(m.path.rsplit('/').next().unwrap_or(&m.path));
         let function = self.object(pid, m).and_then(|o| {
             let addr = pc.wrapping_sub(o.elf.bias(m.start, m.offset)?);
-            let i = o.symbols.partition_point(|s| s.addr <= addr).checked_sub(1)?;
-            let s = o.symbols.get(i)?;
+            let i = o.symbols.all.partition_point(|s| s.addr <= addr).checked_sub(1)?;
+            let s = o.symbols.all.get(i)?;
             // Past a sized symbol's end is a function the file does not
             // name (a static one, in a file without .symtab): no name
             // rather than its neighbour's.
             let off = addr - s.addr;
-            (s.size == 0 || off < s.size).then(|| super::clean(&format!("{}+{off:#x}", s.name)))
+            if s.size != 0 && off >= u64::from(s.size) {
+                return None;
+            }
+            let name = o.elf.name_of(&o.symbols, s).filter(|n| !n.is_empty())?;
+            Some(super::clean(&format!("{name}+{off:#x}")))
         });
         NativeFrame { pc: format!("{pc:#x}"), function, object }
     }
@@ -138,16 +148,9 @@ pub fn parse_syscall(text: &str) -> Option<Kernel> {
 }
 
 /// The thread's native frames, innermost first, and what they mean in
-/// words. The walk up the stack stops at `deadline` (None: at the bound
-/// on frames only).
-pub fn frames(
-    pid: i32,
-    tid: i32,
-    maps: &[Mapping],
-    symbols: &mut Symbols,
-    deadline: Option<Instant>,
-) -> (Vec<NativeFrame>, String) {
-    symbols.deadline = deadline;
+/// words. The walk up the stack stops at the deadline of the budget of
+/// `symbols`.
+pub fn frames(pid: i32, tid: i32, maps: &[Mapping], symbols: &mut Symbols) -> (Vec<NativeFrame>, String) {
     let text = match std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")) {
         Ok(t) => t,
         Err(e) => return (Vec::new(), format!("no native frames: {}", super::Error::from_io(pid, &e))),
@@ -164,9 +167,9 @@ pub fn frames(
             };
             let mut out = vec![symbols.name(pid, maps, pc)];
             #[cfg(target_arch = "x86_64")]
-            out.extend(unwind::callers(pid, maps, symbols, unwind::Regs { pc, sp, bp: None }, deadline));
+            out.extend(unwind::callers(pid, maps, symbols, unwind::Regs { pc, sp, bp: None }));
             #[cfg(not(target_arch = "x86_64"))]
-            let _ = (sp, deadline);
+            let _ = sp;
             (out, what)
         }
         None => (Vec::new(), "no native frames: unreadable syscall record".into()),
@@ -178,8 +181,6 @@ pub fn frames(
 /// that finds each row and reads the stack ([`callers`]).
 #[cfg(target_arch = "x86_64")]
 mod unwind {
-    use std::time::Instant;
-
     use gimli::{
         BaseAddresses, CfaRule, EhFrame, EhFrameHdr, FrameDescriptionEntry, LittleEndian, Register, RegisterRule,
         UnwindContext, UnwindSection, UnwindTableRow, X86_64,
@@ -215,9 +216,22 @@ mod unwind {
         /// cannot be read.
         pub fn read(elf: &Elf) -> Option<Cfi> {
             let eh = elf.section(".eh_frame")?;
-            let eh_frame = elf.section_bytes(eh, MAX_CFI).ok()?;
-            let hdr = elf.section(".eh_frame_hdr").and_then(|h| Some((elf.section_bytes(h, MAX_CFI).ok()?, h.addr)));
-            Some(Cfi { eh_frame, eh_frame_addr: eh.addr, hdr, text_addr: elf.section(".text").map(|t| t.addr) })
+            let text_addr = elf.section(".text").map(|t| t.addr);
+            // Both tables counted before either is read. Without the index,
+            // a large `.eh_frame` is not searched (see [`MAX_SCAN`]), so it
+            // is not read either.
+            match elf.section(".eh_frame_hdr").filter(|h| h.size <= MAX_CFI) {
+                Some(h) => {
+                    let mut both = elf.sections_bytes(&[eh, h], MAX_CFI).ok()?;
+                    let (hdr, eh_frame) = (both.pop()?, both.pop()?);
+                    Some(Cfi { eh_frame, eh_frame_addr: eh.addr, hdr: Some((hdr, h.addr)), text_addr })
+                }
+                None if eh.size > u64::try_from(MAX_SCAN).unwrap_or(u64::MAX) => None,
+                None => {
+                    let eh_frame = elf.section_bytes(eh, MAX_CFI).ok()?;
+                    Some(Cfi { eh_frame, eh_frame_addr: eh.addr, hdr: None, text_addr })
+                }
+            }
         }
 
         /// The row of the unwind table at `addr` (the file's address).
@@ -417,14 +431,8 @@ mod unwind {
     }
 
     /// The callers of the frame `first` (its caller first), named, until
-    /// the walk ends, [`MAX_FRAMES`] in all, or `deadline`.
-    pub fn callers(
-        pid: i32,
-        maps: &[Mapping],
-        symbols: &mut Symbols,
-        first: Regs,
-        deadline: Option<Instant>,
-    ) -> Vec<NativeFrame> {
+    /// the walk ends, [`MAX_FRAMES`] in all, or the read's deadline.
+    pub fn callers(pid: i32, maps: &[Mapping], symbols: &mut Symbols, first: Regs) -> Vec<NativeFrame> {
         let mem = Mem { pid };
         let mut ctx = UnwindContext::new();
         let mut out = Vec::new();
@@ -433,7 +441,7 @@ mod unwind {
         // return address, just after its call, which may end a function:
         // its row is the call's, one byte before.
         let mut at = regs.pc;
-        while out.len() + 1 < MAX_FRAMES && deadline.is_none_or(|d| Instant::now() < d) {
+        while out.len() + 1 < MAX_FRAMES && !symbols.budget.late() {
             let Some(m) = maps.iter().find(|m| m.exec && m.start <= at && at < m.end) else { break };
             let row = symbols.object(pid, m).and_then(|o| {
                 let bias = o.elf.bias(m.start, m.offset)?;
@@ -502,9 +510,10 @@ mod tests {
             .expect("spawn");
         let tid = blocked_thread("unwind-probe", 0);
         let pid = i32::try_from(std::process::id()).expect("pid");
-        let maps = super::super::maps::read(pid).expect("maps");
-        let deadline = Instant::now() + std::time::Duration::from_secs(10);
-        let (frames, what) = frames(pid, tid, &maps, &mut Symbols::default(), Some(deadline));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let budget = Budget::new(super::super::budget::WORKER_BYTES, Some(deadline));
+        let maps = super::super::maps::read(pid, &budget).expect("maps");
+        let (frames, what) = frames(pid, tid, &maps, &mut Symbols::new(&budget));
         writer.write_all(b"x").expect("write");
         assert_eq!(blocked.join().expect("join"), 1);
 

@@ -13,8 +13,8 @@
 //! values as the fallback for the parts it does not list.
 
 use std::collections::HashMap;
-use std::time::Instant;
 
+use super::budget::Budget;
 use super::elf::Elf;
 use super::maps::{Mapping, Mem, file_of};
 use super::{Error, Frame, Limits};
@@ -133,8 +133,9 @@ pub struct Interpreter {
 /// Find the interpreter among `maps`: the executable or a `libpython`
 /// with `_PyRuntime`. The load bias comes from the file's executable
 /// mapping: a process may also map the file as data (a reader of its own
-/// debug information), at another bias.
-pub fn find(mem: &Mem, maps: &[Mapping], deadline: Option<Instant>) -> Result<Interpreter, Error> {
+/// debug information), at another bias. The files' tables are counted
+/// against `budget`.
+pub fn find(mem: &Mem, maps: &[Mapping], budget: &Budget) -> Result<Interpreter, Error> {
     let candidates = maps.iter().filter(|m| m.exec).filter(|m| {
         let name = m.path.rsplit('/').next().unwrap_or("");
         name.starts_with("libpython3") || name.starts_with("python3") || name == "python"
@@ -151,8 +152,7 @@ pub fn find(mem: &Mem, maps: &[Mapping], deadline: Option<Instant>) -> Result<In
         // A file replaced while it runs is shown "(deleted)"; its new
         // version at the path is tried (a mismatch fails the reads after).
         let path = m.path.strip_suffix(" (deleted)").unwrap_or(&m.path);
-        let Ok(elf) = Elf::open(&file_of(mem.pid, path)) else { continue };
-        let elf = elf.until(deadline);
+        let Ok(elf) = Elf::open(&file_of(mem.pid, path), budget) else { continue };
         let Some(runtime) = elf.symbol("_PyRuntime") else { continue };
         let Some(bias) = elf.bias(m.start, m.offset) else { continue };
         let version = match elf.symbol("Py_Version") {
@@ -230,14 +230,16 @@ struct Code {
 
 /// Every thread's stack. Addresses come from the worker, so every sum
 /// with one wraps rather than overflows (a wrong address fails its read);
-/// a thread state that cannot be read ends the list with what was read.
-pub fn threads(mem: &Mem, py: &Interpreter, limits: &Limits, started: Instant) -> Result<Vec<PyThread>, Error> {
+/// a thread state that cannot be read ends the list with what was read,
+/// and so does the read's budget (time, or the bytes of the names and
+/// tables kept).
+pub fn threads(mem: &Mem, py: &Interpreter, limits: &Limits, budget: &Budget) -> Result<Vec<PyThread>, Error> {
     let l = &py.layout;
     let interp = mem.u64(py.runtime.wrapping_add(l.interpreters_head))?;
     let mut tstate = mem.u64(interp.wrapping_add(l.threads_head))?;
     let mut out = Vec::new();
     let mut codes = Codes::default();
-    while tstate != 0 && out.len() < MAX_THREADS {
+    while tstate != 0 && out.len() < MAX_THREADS && !budget.late() {
         let Ok(tid) = mem.u64(tstate.wrapping_add(l.native_thread_id)) else { break };
         let tid = i32::try_from(tid).unwrap_or(0);
         let mut frame = match l.cframe {
@@ -250,7 +252,7 @@ pub fn threads(mem: &Mem, py: &Interpreter, limits: &Limits, started: Instant) -
         let mut frames = Vec::new();
         let mut truncated = false;
         while frame != 0 {
-            if frames.len() >= limits.frames || started.elapsed() > limits.time {
+            if frames.len() >= limits.frames || budget.late() {
                 truncated = true;
                 break;
             }
@@ -262,11 +264,16 @@ pub fn threads(mem: &Mem, py: &Interpreter, limits: &Limits, started: Instant) -
             let owner = head.get(usize::try_from(l.frame_owner).unwrap_or(usize::MAX)).copied();
             let (code_at, instr, previous) = (word(l.frame_code), word(l.frame_instr), word(l.frame_previous));
             if (l.owner_cstack.is_none() || owner != l.owner_cstack)
-                && let Some(c) = codes.get(mem, l, code_at)
+                && let Some(c) = codes.get(mem, l, code_at, budget)
             {
                 let first = code_at.wrapping_add(l.code_adaptive);
                 let line = instr.checked_sub(first).map(|b| b / 2).and_then(|i| line_at(&c.table, c.first_line, i));
                 let line = line.or(u32::try_from(c.first_line).ok());
+                // Each frame keeps its own copy of the names: counted.
+                if budget.charge(held(c.function.len() + c.file.len() + FRAME_BYTES)).is_err() {
+                    truncated = true;
+                    break;
+                }
                 frames.push(Frame { function: c.function.clone(), file: c.file.clone(), line });
             }
             if previous == frame {
@@ -284,8 +291,16 @@ pub fn threads(mem: &Mem, py: &Interpreter, limits: &Limits, started: Instant) -
     Ok(out)
 }
 
+/// What a [`Frame`] itself takes, besides its names.
+const FRAME_BYTES: usize = std::mem::size_of::<Frame>();
+
+fn held(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
 /// The code objects read in one walk, and the bytes of location tables
-/// they hold (bounded by [`MAX_TABLES`]).
+/// they hold (bounded by [`MAX_TABLES`], and with their names by the
+/// read's budget).
 #[derive(Debug, Default)]
 struct Codes {
     read: HashMap<u64, Option<Code>>,
@@ -294,11 +309,14 @@ struct Codes {
 }
 
 impl Codes {
-    /// The code object at `at` (None: it is not one).
-    fn get(&mut self, mem: &Mem, l: &Layout, at: u64) -> Option<&Code> {
+    /// The code object at `at` (None: it is not one, or it would take
+    /// the read past its budget).
+    fn get(&mut self, mem: &Mem, l: &Layout, at: u64, budget: &Budget) -> Option<&Code> {
         if !self.read.contains_key(&at) {
-            let budget = MAX_TABLES.saturating_sub(self.table_bytes);
-            let code = read_code(mem, l, at, &mut self.code_type, budget);
+            let room = MAX_TABLES.saturating_sub(self.table_bytes);
+            let code = read_code(mem, l, at, &mut self.code_type, room);
+            let cost = code.as_ref().map_or(0, |c| c.table.len() + c.function.len() + c.file.len());
+            budget.charge(held(cost + std::mem::size_of::<Code>() + 8)).ok()?;
             self.table_bytes += code.as_ref().map_or(0, |c| c.table.len());
             self.read.insert(at, code);
         }
@@ -319,9 +337,11 @@ fn read_code(mem: &Mem, l: &Layout, at: u64, code_type: &mut Option<u64>, budget
         }
         *code_type = Some(ty);
     }
-    let file = string(mem, l, mem.u64(at.wrapping_add(l.code_filename)).ok()?).unwrap_or_else(|| "<unknown>".into());
-    let function =
-        string(mem, l, mem.u64(at.wrapping_add(l.code_qualname)).ok()?).unwrap_or_else(|| "<unknown>".into());
+    // Names are cut to what is shown of them before they are kept (a
+    // frame per thread and depth copies them).
+    let name = |s: Option<String>| s.map_or_else(|| "<unknown>".into(), |s| super::clean(&s));
+    let file = name(string(mem, l, mem.u64(at.wrapping_add(l.code_filename)).ok()?));
+    let function = name(string(mem, l, mem.u64(at.wrapping_add(l.code_qualname)).ok()?));
     let first_line = i32::try_from(mem.u32(at.wrapping_add(l.code_firstlineno)).ok()?).ok()?;
     let table = mem.u64(at.wrapping_add(l.code_linetable)).ok().and_then(|t| bytes_object(mem, t, budget));
     Some(Code { function, file, first_line, table: table.unwrap_or_default() })

@@ -1,6 +1,9 @@
 //! Who a stalled job waits for, from every rank's stacks: the ranks inside
 //! a `torch.distributed` collective (or rendezvous) wait; a rank outside
-//! it, or inside another one, is the one they wait for. Where the ranks'
+//! it, or inside another one, is the one they wait for. A rank whose read
+//! stopped short (its budget, its time, a failure) and showed no
+//! collective is neither: it is named as not read, and a verdict it could
+//! change says so. Where the ranks'
 //! Flight Recorder dumps are at hand, their collective sequence numbers
 //! decide first: in a process group, the ranks whose last collective is
 //! behind the others' never entered the one the others wait in. Pure: the
@@ -12,7 +15,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use super::flight::{Flight, Group};
-use super::{Frame, Process};
+use super::{Frame, Process, Unread};
 
 /// `torch.distributed` calls that block until every rank of the group
 /// makes them.
@@ -82,6 +85,11 @@ pub struct Stall {
     pub waiting_ranks: Vec<u32>,
     /// Ranks with no Python stack.
     pub unknown_ranks: Vec<u32>,
+    /// Ranks whose Python stacks could not be read in full (over the read
+    /// budget, out of time, a failed read) and showed no collective: they
+    /// may be the ones the others wait for.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unread_ranks: Vec<u32>,
     /// The verdict in one line.
     pub summary: String,
 }
@@ -95,6 +103,8 @@ enum Where {
     Outside { at: String },
     /// No stack.
     Unknown,
+    /// Not read in full, and no collective in what was read.
+    Unread(Unread),
 }
 
 fn is_torch(f: &Frame) -> bool {
@@ -111,8 +121,17 @@ fn place(f: &Frame) -> String {
 }
 
 /// Where a rank is: the first collective on any of its threads (the main
-/// thread first), else its main thread's innermost frame.
+/// thread first), else its main thread's innermost frame; a rank whose read
+/// stopped short is in a collective it shows, or not read.
 fn locate(p: &Process) -> Where {
+    let found = locate_read(p);
+    match (p.unread, &found) {
+        (Some(why), Where::Outside { .. } | Where::Unknown) => Where::Unread(why),
+        _ => found,
+    }
+}
+
+fn locate_read(p: &Process) -> Where {
     for t in &p.threads {
         let frames = &t.python;
         let hit = frames.iter().position(|f| {
@@ -145,6 +164,7 @@ fn whereabouts(w: &Where) -> String {
         Where::Collective { op, site } => format!("in {op} at {site}"),
         Where::Outside { at } => at.clone(),
         Where::Unknown => "no Python stack".into(),
+        Where::Unread(why) => format!("not read ({})", why.text()),
     }
 }
 
@@ -191,8 +211,12 @@ pub fn judge(all: &[RankStacks]) -> Stall {
     ranks.sort_by_key(|r| r.rank);
     let placed: Vec<(u32, Where)> = ranks.iter().map(|r| (r.rank, locate(&r.stacks))).collect();
     let unknown: Vec<u32> = placed.iter().filter(|(_, w)| *w == Where::Unknown).map(|(r, _)| *r).collect();
-    if let Some((stalled, waiting, summary)) = judge_flight(&placed, &ranks) {
-        return Stall { stalled_ranks: stalled, waiting_ranks: waiting, unknown_ranks: unknown, summary };
+    let unread: Vec<(u32, Unread)> =
+        placed.iter().filter_map(|(r, w)| if let Where::Unread(why) = w { Some((*r, *why)) } else { None }).collect();
+    let unread_ranks: Vec<u32> = unread.iter().map(|(r, _)| *r).collect();
+    if let Some((stalled, waiting, mut summary)) = judge_flight(&placed, &ranks) {
+        summary.push_str(&unread_text(&unread));
+        return Stall { stalled_ranks: stalled, waiting_ranks: waiting, unknown_ranks: unknown, unread_ranks, summary };
     }
     // (op, site) -> ranks in it.
     let mut groups: BTreeMap<(String, String), Vec<u32>> = BTreeMap::new();
@@ -201,7 +225,7 @@ pub fn judge(all: &[RankStacks]) -> Stall {
         match w {
             Where::Collective { op, site } => groups.entry((op.clone(), site.clone())).or_default().push(*rank),
             Where::Outside { at } => outside.push((*rank, at.clone())),
-            Where::Unknown => {}
+            Where::Unknown | Where::Unread(_) => {}
         }
     }
     let mut summary = String::new();
@@ -209,6 +233,8 @@ pub fn judge(all: &[RankStacks]) -> Stall {
         let stalled: Vec<u32> = outside.iter().map(|(r, _)| *r).collect();
         if stalled.is_empty() {
             summary.push_str("no rank's Python stack could be read");
+        } else if !unread.is_empty() {
+            let _ = write!(summary, "no rank read is in a collective: {}", at_list(&outside));
         } else {
             let _ = write!(summary, "no rank is in a collective: {}", at_list(&outside));
         }
@@ -228,6 +254,10 @@ pub fn judge(all: &[RankStacks]) -> Stall {
             at_list(&outside)
         );
         (stalled, waiting)
+    } else if groups.len() == 1 && !unread.is_empty() {
+        let ((op, site), waiting) = groups.iter().next().map(|(k, v)| (k.clone(), v.clone())).unwrap_or_default();
+        let _ = write!(summary, "every rank read waits in {op} at {site}");
+        (Vec::new(), waiting)
     } else if groups.len() == 1 {
         let ((op, site), waiting) = groups.iter().next().map(|(k, v)| (k.clone(), v.clone())).unwrap_or_default();
         let _ = write!(
@@ -264,7 +294,18 @@ pub fn judge(all: &[RankStacks]) -> Stall {
     if !unknown.is_empty() {
         let _ = write!(summary, "; no Python stack from {}", ranks_text(&unknown));
     }
-    Stall { stalled_ranks: stalled, waiting_ranks: waiting, unknown_ranks: unknown, summary }
+    summary.push_str(&unread_text(&unread));
+    Stall { stalled_ranks: stalled, waiting_ranks: waiting, unknown_ranks: unknown, unread_ranks, summary }
+}
+
+/// "; rank 2 could not be read in full (over the read's memory budget): it
+/// may be what the others wait for", or nothing when every rank was read.
+fn unread_text(unread: &[(u32, Unread)]) -> String {
+    let Some((_, first)) = unread.first() else { return String::new() };
+    let ranks: Vec<u32> = unread.iter().map(|(r, _)| *r).collect();
+    let why = if unread.iter().all(|(_, w)| w == first) { first.text() } else { "over a bound, or a failed read" };
+    let it = if ranks.len() == 1 { "it" } else { "they" };
+    format!("; {} could not be read in full ({why}): {it} may be what the others wait for", ranks_text(&ranks))
 }
 
 /// "rank 2 at a.py:3 in f" for one, "rank 2 at ...; rank 3 at ..." for more.
@@ -307,7 +348,7 @@ mod tests {
             local_rank: rank % 2,
             node_rank: rank / 2,
             host: "h".into(),
-            stacks: Process { pid: 1, python: Some("3.11.7".into()), threads, note: None, took_ms: 1.0 },
+            stacks: Process { pid: 1, python: Some("3.11.7".into()), threads, note: None, took_ms: 1.0, unread: None },
             lane: None,
             flight: None,
         }
@@ -425,5 +466,37 @@ mod tests {
             s.summary
         );
         assert!(s.summary.ends_with("; 4 more"), "{}", s.summary);
+    }
+
+    /// Issue 53: a rank whose read stopped at its budget is not counted
+    /// as outside the collective, nor as in it: the verdict names it.
+    #[test]
+    fn a_rank_not_read_in_full_is_named_as_such() {
+        let cut = |mut r: RankStacks, why| {
+            r.stacks.unread = Some(why);
+            r
+        };
+        let main_only = rank(2, vec![frame("<module>", "/job/stall_job.py", 29)]);
+        let s = judge(&[in_all_reduce(0), in_all_reduce(1), cut(main_only, Unread::Budget)]);
+        assert!(s.stalled_ranks.is_empty(), "{s:?}");
+        assert_eq!((s.waiting_ranks.clone(), s.unread_ranks.clone()), (vec![0, 1], vec![2]));
+        assert_eq!(
+            s.summary,
+            "every rank read waits in all_reduce at stall_job.py:20 in step; rank 2 could not be read in full (over the read's memory budget): it may be what the others wait for"
+        );
+        // Beside a rank read in full outside it: that one is named, and the unread one too.
+        let sleeper = rank(3, vec![frame("stall_here", "/job/stall_job.py", 13)]);
+        let s = judge(&[in_all_reduce(0), sleeper, cut(rank(2, Vec::new()), Unread::Time)]);
+        assert_eq!((s.stalled_ranks.clone(), s.unread_ranks.clone()), (vec![3], vec![2]));
+        assert!(
+            s.summary.ends_with(
+                "rank 2 could not be read in full (the read's time ran out): it may be what the others wait for"
+            ),
+            "{}",
+            s.summary
+        );
+        // A cut read that shows a collective is in it.
+        let s = judge(&[in_all_reduce(0), cut(in_all_reduce(1), Unread::Budget)]);
+        assert!(s.unread_ranks.is_empty() && s.summary.starts_with("every rank waits in all_reduce"), "{s:?}");
     }
 }

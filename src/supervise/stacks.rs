@@ -1,9 +1,11 @@
 //! This pod's workers' stacks at a hang verdict, read before they are
 //! stopped: each live worker is read from outside ([`crate::stacks`]) on a
-//! blocking thread of its own, all at once, and the whole capture is
-//! bounded in time (a read that blocks, e.g. on a worker in uninterruptible
-//! sleep, is left behind, not waited for) and in size (what goes into the
-//! store).
+//! blocking thread of its own, as many at once as the pod's read budget
+//! has slots for (`stacks::budget`: the others wait for one), and the whole
+//! capture is bounded in time (every read stops by itself at the capture's
+//! deadline; one that blocks in the kernel, e.g. on a worker in
+//! uninterruptible sleep, is left behind, not waited for) and in size
+//! (what goes into the store).
 //!
 //! On demand (`trainlet stacks`), the agent answers on its stacks door: an
 //! abstract Unix socket named after its pid, open to its own uid and root
@@ -17,13 +19,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::stacks::stall::RankStacks;
-use crate::stacks::{Limits, Process};
+use crate::stacks::{Limits, Process, Unread};
 use crate::supervise::crew::Crew;
 use crate::supervise::policy::Attempt;
 use crate::supervise::worker::WorldView;
 
 /// Longest the whole capture waits, over the per-worker bound.
 const CAPTURE_MARGIN: Duration = Duration::from_millis(800);
+/// How much sooner than the capture's end its reads stop by themselves
+/// (what is left to hand back what they read).
+const READ_MARGIN: Duration = Duration::from_millis(100);
 /// Most bytes of one pod's stacks put in the store.
 pub(super) const MAX_POD_STACKS: usize = 256 * 1024;
 /// Frames per thread kept when a pod's stacks are over [`MAX_POD_STACKS`].
@@ -45,32 +50,42 @@ pub(super) async fn capture(world: &WorldView<'_>, core: &Attempt, crew: &Crew) 
     out
 }
 
-/// The stacks of `workers` (`(rank, local rank, pid)`), read in parallel;
-/// a read still going at the bound is left behind and said so, and no
-/// second read of a worker starts while one is still going (a worker
-/// stuck in the kernel, or hostile to the reader, holds one thread, not
-/// one per request).
+/// The stacks of `workers` (`(rank, local rank, pid)`), read in parallel
+/// as the pod's read slots allow; every read stops by itself before the
+/// capture's end, one still going then (blocked in the kernel) is left
+/// behind and said so, and no second read of a worker starts while one is
+/// still going (a worker stuck in the kernel, or hostile to the reader,
+/// holds one thread, not one per request).
 async fn read_all(host: &str, (node_rank, lane): (u32, Option<u64>), workers: Vec<(u32, u32, i32)>) -> Vec<RankStacks> {
     let limits = Limits::default();
+    let deadline = tokio::time::Instant::now() + limits.time + CAPTURE_MARGIN;
+    let end = deadline.into_std().checked_sub(READ_MARGIN);
     let reads: Vec<_> = workers
         .iter()
         .map(|&(_, _, pid)| {
             let held = Reading::start(pid)?;
             Some(tokio::task::spawn_blocking(move || {
                 let _held = held;
-                crate::stacks::read(pid, &limits)
+                crate::stacks::read_before(pid, &limits, end)
             }))
         })
         .collect();
-    let deadline = tokio::time::Instant::now() + limits.time + CAPTURE_MARGIN;
     let mut out = Vec::with_capacity(workers.len());
     for ((rank, local_rank, pid), read) in workers.into_iter().zip(reads) {
         let stacks = match read {
-            None => unread(pid, "an earlier read of this worker is still going (it may be in uninterruptible sleep)"),
+            None => unread(
+                pid,
+                "an earlier read of this worker is still going (it may be in uninterruptible sleep)",
+                Unread::Time,
+            ),
             Some(read) => match tokio::time::timeout_at(deadline, read).await {
                 Ok(Ok(p)) => p,
-                Ok(Err(_)) => unread(pid, "the read failed"),
-                Err(_) => unread(pid, "the read did not finish in time (the worker may be in uninterruptible sleep)"),
+                Ok(Err(_)) => unread(pid, "the read failed", Unread::Failed),
+                Err(_) => unread(
+                    pid,
+                    "the read did not finish in time (the worker may be in uninterruptible sleep)",
+                    Unread::Time,
+                ),
             },
         };
         out.push(RankStacks { rank, local_rank, node_rank, host: host.to_string(), stacks, lane, flight: None });
@@ -300,8 +315,8 @@ pub fn ask_door(pid: i32) -> Result<Vec<RankStacks>, String> {
     serde_json::from_slice(&answer).map_err(|e| format!("an unreadable answer: {e}"))
 }
 
-fn unread(pid: i32, why: &str) -> Process {
-    Process { pid, python: None, threads: Vec::new(), note: Some(why.into()), took_ms: 0.0 }
+fn unread(pid: i32, why: &str, unread: Unread) -> Process {
+    Process { pid, python: None, threads: Vec::new(), note: Some(why.into()), took_ms: 0.0, unread: Some(unread) }
 }
 
 /// The pod's stacks as JSON of at most [`MAX_POD_STACKS`] bytes: trimmed
@@ -383,7 +398,14 @@ mod tests {
             local_rank: rank,
             node_rank: 0,
             host: "h".into(),
-            stacks: Process { pid: 1, python: None, threads: (1..=8).map(thread).collect(), note: None, took_ms: 1.0 },
+            stacks: Process {
+                pid: 1,
+                python: None,
+                threads: (1..=8).map(thread).collect(),
+                note: None,
+                took_ms: 1.0,
+                unread: None,
+            },
             lane: None,
             flight: None,
         };
