@@ -3,7 +3,9 @@
 //! [`super::Member::place`]). An agent claims its place when it connects
 //! and checks it before every round, so a second live claimant (a stale
 //! pod back, two pods given the same rank) is refused before it takes a
-//! slot in any round: the running job never sees it. An agent whose
+//! slot in any round: the running job never sees it. A holder that is
+//! leaving (it got a stop signal and wrote `leaving/<uid>`: a pod being
+//! deleted while its replacement starts) is waited for instead. An agent whose
 //! predecessor in the place is gone (it said `bye`, or its heartbeat stood
 //! still for two periods) takes the place over, as a pod restarted in
 //! place does.
@@ -18,6 +20,11 @@ use super::session::Session;
 /// Most holders one claim contests before it gives up (each contest
 /// watches a heartbeat, so a claim never loops fast).
 const CONTESTS: u32 = 4;
+
+/// Longest a new agent waits for a live holder of its place that is
+/// leaving (its stop grace, a checkpoint, then the kernel's kill: a
+/// Kubernetes pod's termination grace is 30 s by default).
+const LEAVING_LIMIT: Duration = Duration::from_secs(600);
 
 /// How long a holder's heartbeat may stand still before the holder is
 /// taken for gone: two periods (one beat may be late or lost to a
@@ -59,7 +66,10 @@ impl Session {
                 continue;
             }
             holder = String::from_utf8_lossy(&held).chars().take(256).collect();
-            let Some(why) = self.gone(&holder).await? else { return Err(self.duplicate(&holder)) };
+            let why = match self.gone(&holder, true).await? {
+                Some(why) => why,
+                None => self.outwait(&holder).await?.ok_or_else(|| self.duplicate(&holder))?,
+            };
             tracing::warn!(
                 node_rank = self.me.node_rank,
                 previous = %holder,
@@ -72,21 +82,48 @@ impl Session {
         if held == mine { Ok(()) } else { Err(self.duplicate(&holder)) }
     }
 
+    /// A live holder that is leaving (it got a stop signal and said so,
+    /// `leaving/<uid>`: a pod being deleted while its replacement starts)
+    /// is waited for, at most [`LEAVING_LIMIT`]: Some(why) once it is
+    /// gone. None at once for a holder that is not leaving (a second live
+    /// claimant), or one still alive at the limit.
+    async fn outwait(&mut self, holder: &str) -> Result<Option<String>, Error> {
+        let leaving = self.key(&format!("leaving/{holder}"));
+        if self.get(&leaving).await?.is_empty() {
+            return Ok(None);
+        }
+        tracing::info!(
+            node_rank = self.me.node_rank,
+            holder = %holder,
+            limit_s = LEAVING_LIMIT.as_secs_f64(),
+            "the agent that holds this pod's place is leaving (it got a stop signal); waiting for it to go"
+        );
+        let until = Instant::now() + LEAVING_LIMIT;
+        while Instant::now() < until {
+            if let Some(why) = self.gone(holder, false).await? {
+                return Ok(Some(why));
+            }
+        }
+        Ok(None)
+    }
+
     /// Whether the agent `uid` is gone: Some(why) when it said `bye` or
     /// its heartbeat stood still for [`still_limit`]; None when it beat.
-    async fn gone(&mut self, uid: &str) -> Result<Option<String>, Error> {
+    async fn gone(&mut self, uid: &str, say: bool) -> Result<Option<String>, Error> {
         let hb = self.key(&format!("hb/{uid}"));
         let first = self.get(&hb).await?;
         if first == b"bye" {
             return Ok(Some("it left the job".into()));
         }
         let limit = still_limit(self.timing.heartbeat);
-        tracing::info!(
-            node_rank = self.me.node_rank,
-            holder = %uid,
-            limit_s = limit.as_secs_f64(),
-            "another agent holds this pod's place; watching its heartbeat"
-        );
+        if say {
+            tracing::info!(
+                node_rank = self.me.node_rank,
+                holder = %uid,
+                limit_s = limit.as_secs_f64(),
+                "another agent holds this pod's place; watching its heartbeat"
+            );
+        }
         let poll = (self.timing.heartbeat / 4).clamp(Duration::from_millis(20), Duration::from_millis(250));
         let until = Instant::now() + limit;
         while Instant::now() < until {

@@ -74,8 +74,13 @@ impl Session {
         Ok(out)
     }
 
-    /// This agent is leaving because of `signal`.
+    /// This agent is leaving because of `signal`: it says so for a pod
+    /// that comes to take its place meanwhile (`leaving/<uid>`: a
+    /// replacement created while this pod terminates waits for it rather
+    /// than being refused as a second live claimant), then ends the round.
     pub async fn publish_abort(&mut self, r: u64, signal: i32) -> Result<(), Error> {
+        let leaving = self.key(&format!("leaving/{}", self.me.uid));
+        self.client.set(&leaving, signal.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
         let v = format!("abort:{}:{signal}", self.me.uid);
         self.end(r, &v).await
     }

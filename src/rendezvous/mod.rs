@@ -21,6 +21,7 @@
 //! | `restarts` | raised to the max | restarts used, job-wide |
 //! | `hb/<uid>` | each agent, every interval | heartbeat counter, `bye` on exit |
 //! | `claim/<place>` | each agent, first COMPARE_SET wins | the uid of the live agent that holds a node rank (elastic: `<node rank>@<host>`); taken over only from one that said `bye` or stopped heartbeating ([`claim`]) |
+//! | `leaving/<uid>` | an agent that got a stop signal | its signal: a pod that comes for its place waits for it to go instead of being refused |
 //! | `rR/lead` | the store host's agent | its `--spares`, once it joined: in jobs with spares the others join after it, so it is always a member |
 //! | `rR/join` | ADD per pod | arrival slots |
 //! | `rR/m/<slot>` | each pod | its [`Member`] record |

@@ -99,6 +99,37 @@ fn a_pod_restarted_in_place_takes_its_node_rank_back_from_its_dead_self() {
     assert!(a.stdout().contains("DONE"), "{}", a.stdout());
 }
 
+/// A pod being deleted (SIGTERM; its worker takes 4 s to stop) while its
+/// replacement, same address and node rank, starts (a Job creates it as
+/// soon as the old pod terminates): the old agent said it is leaving, so
+/// the replacement waits for it to go instead of being refused as a
+/// second live claimant, then takes its place, and the job completes.
+#[test]
+fn a_replacement_waits_for_the_pod_it_replaces_to_finish_terminating() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let flag = dir.path().join("again");
+    let script = format!(
+        "if [ -e {f} ]; then echo DONE; else echo READY; trap 'sleep 4; exit 1' TERM; sleep 100 & wait; fi",
+        f = flag.display()
+    );
+    let port = free_port();
+    let mut a = pod(2, 1, 0, port, &script);
+    let mut b = pod(2, 1, 1, port, &script);
+    a.wait_for_output("READY", LIMIT);
+    b.wait_for_output("READY", LIMIT);
+    b.signal(nix::sys::signal::Signal::SIGTERM);
+    b.wait_for_stderr("stop signal; stopping workers", LIMIT);
+    std::fs::write(&flag, "").expect("flag");
+    let mut b2 = pod(2, 1, 1, port, &script);
+    b2.wait_for_stderr("is leaving (it got a stop signal); waiting for it to go", LIMIT);
+    assert!(b.child.try_wait().expect("try_wait").is_none(), "the old pod was still terminating:\n{}", b.stderr());
+    assert_eq!(b.code(LIMIT), 143, "{}", b.stderr());
+    assert_eq!(b2.code(LIMIT), 0, "{}", b2.stderr());
+    assert!(b2.stderr().contains("the agent that held this pod's place is gone"), "{}", b2.stderr());
+    assert_eq!(a.code(LIMIT), 0, "{}", a.stderr());
+    assert!(a.stdout().contains("DONE"), "{}", a.stdout());
+}
+
 /// Workers that run until `flag` exists, then succeed.
 fn until_flag(flag: &std::path::Path) -> String {
     format!("if [ -e {f} ]; then echo DONE; else echo READY; exec sleep 100; fi", f = flag.display())
