@@ -8,6 +8,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 
 use super::budget::{Budget, Spent, over};
@@ -141,7 +142,16 @@ impl Elf {
         if budget.late() {
             return Err(over(Spent::Time));
         }
-        let file = File::open(path)?;
+        // The path is the worker's to choose (a FIFO or a device where its
+        // mapped file was): opened without blocking, and read only when it
+        // is a regular file, so that an open or a read never waits on it.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+            .open(path)?;
+        if !file.metadata()?.is_file() {
+            return Err(invalid("not a regular file"));
+        }
         let mut head = [0u8; 64];
         file.read_exact_at(&mut head, 0)?;
         if &head[..4] != b"\x7fELF" || head[4] != 2 || head[5] != 1 {
@@ -421,6 +431,12 @@ mod tests {
         let e = Elf::open(fine.path(), &small).expect_err("256 KiB of headers on a 64 KiB budget");
         assert!(e.get_ref().is_some_and(|e| e.is::<super::super::budget::OverBudget>()), "{e}");
         assert_eq!(small.used(), 0);
+        // A FIFO where a mapped file was: refused at once, never waited on.
+        let dir = tempfile::tempdir().expect("tmp");
+        let fifo = dir.path().join("libpython3.so");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("fifo");
+        let e = Elf::open(&fifo, &unbounded()).expect_err("a FIFO");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 
     /// 64 MiB symbol and string tables (sparse): the walk keeps one piece

@@ -167,6 +167,8 @@ pub enum Unread {
     Time,
     /// The read failed.
     Failed,
+    /// The pod's reads of stacks were all taken until its deadline.
+    Busy,
 }
 
 impl Unread {
@@ -176,6 +178,7 @@ impl Unread {
             Unread::Budget => "over the read's memory budget",
             Unread::Time => "the read's time ran out",
             Unread::Failed => "the read failed",
+            Unread::Busy => "the pod's other reads of stacks took its time",
         }
     }
 
@@ -183,7 +186,8 @@ impl Unread {
     fn of(e: &Error) -> Option<Unread> {
         match e {
             Error::Gone | Error::NotPython | Error::Unsupported(_) => None,
-            Error::OverBudget | Error::NoSlot => Some(Unread::Budget),
+            Error::OverBudget => Some(Unread::Budget),
+            Error::NoSlot => Some(Unread::Busy),
             Error::TimedOut => Some(Unread::Time),
             Error::Denied | Error::BadAddress | Error::Other(_) => Some(Unread::Failed),
         }
