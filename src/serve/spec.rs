@@ -12,8 +12,10 @@ pub use super::paths::{MAX_FILES, MAX_FILES_BYTES, check_path, shown};
 pub use super::tar::Room;
 /// Most words in command + args, and most env entries.
 const MAX_WORDS: usize = 4096;
-/// Longest word, name or value.
-const MAX_WORD: usize = 128 * 1024;
+/// Longest word, or variable (`NAME=value`): what the kernel lets one
+/// string of a command line or environment hold (MAX_ARG_STRLEN, 32
+/// pages, with its NUL byte).
+const MAX_WORD: usize = 128 * 1024 - 1;
 /// Most bytes a run's command and variables, and apart from them the setup
 /// steps' variables (with a pip step's arguments), may take of a worker's
 /// `execve` (each string with its NUL and its 8-byte pointer, as the kernel
@@ -374,8 +376,8 @@ pub fn check_parts(
         if let Some(why) = env_name_refused(k) {
             return Err(format!("env: {why}"));
         }
-        if v.contains('\0') || v.len() > MAX_WORD {
-            return Err(format!("env: {k} holds a NUL byte or is longer than {MAX_WORD} bytes"));
+        if v.contains('\0') || k.len() + 1 + v.len() > MAX_WORD {
+            return Err(format!("env: {k} holds a NUL byte or, as {k}=value, is longer than {MAX_WORD} bytes"));
         }
     }
     let exec = exec_size(command.iter().map(String::len).chain(env.iter().map(|(k, v)| k.len() + 1 + v.len())));
@@ -473,7 +475,13 @@ mod tests {
         // Seven arguments of 120 KiB: past a run's share of a worker's exec.
         let arg = "x".repeat(120 * 1024);
         let too_long = format!(r#"{{"command": ["python"], "args": [{}]}}"#, vec![format!(r#""{arg}""#); 7].join(", "));
+        // One argument of 128 KiB: with its NUL past what one string of an
+        // exec may hold.
+        let edge = format!(r#"{{"command": ["python"], "args": ["{}"]}}"#, "x".repeat(128 * 1024));
+        let var = format!(r#"{{"command": ["python"], "env": {{"K": "{}"}}}}"#, "x".repeat(128 * 1024 - 2));
         for (body, want) in [
+            (edge.as_str(), "longer than 131071 bytes"),
+            (var.as_str(), "as K=value, is longer than 131071 bytes"),
             ("{", "not a valid run"),
             (r#"{"command": []}"#, "command: must name a program"),
             (r#"{"command": ["python"], "bogus": 1}"#, "unknown field `bogus`"),

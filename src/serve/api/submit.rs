@@ -59,12 +59,34 @@ pub(super) async fn submit(api: &Api, req: &Request, actor: bool, bodies: &intak
     let want = checked.nproc.unwrap_or(api.conf.pod_nproc);
     if let Some((seq, id, _)) = api.board.active().filter(|_| checked.replace) {
         // Placed before anything is stopped: a replace that would not fit
-        // once the main run (and whatever is stopping) is over is refused
-        // with nothing changed.
-        let left: Vec<_> =
-            api.board.held(api.conf.pod_nproc).into_iter().filter(|h| h.id != id && !h.stopping).collect();
-        if let Err(why) = crate::serve::lane::place(api.conf.pod_nproc, &left, want, checked.actor.is_some()) {
-            return fail(Status::CONFLICT, &format!("{why}; run {id} was not stopped"));
+        // once the main run is over is refused with nothing changed; one
+        // that fits only once what is being stopped is over waits for that
+        // first (at most the stop limit), and is refused, still with
+        // nothing changed, if it is not over by then.
+        let until = tokio::time::Instant::now() + api.conf.stop_limit;
+        let mut w = api.board.watch();
+        loop {
+            let held: Vec<_> = api.board.held(api.conf.pod_nproc).into_iter().filter(|h| h.id != id).collect();
+            let settled: Vec<_> = held.iter().filter(|h| !h.stopping).cloned().collect();
+            let (now, then) = (
+                crate::serve::lane::place(api.conf.pod_nproc, &held, want, checked.actor.is_some()),
+                crate::serve::lane::place(api.conf.pod_nproc, &settled, want, checked.actor.is_some()),
+            );
+            match (now, then) {
+                (Ok(_), _) => break,
+                (Err(why), Err(_)) => return fail(Status::CONFLICT, &format!("{why}; run {id} was not stopped")),
+                (Err(why), Ok(_)) if tokio::time::Instant::now() >= until => {
+                    return fail(
+                        Status::UNAVAILABLE,
+                        &format!("{why}: what is being stopped is not over yet; run {id} was not stopped; try again"),
+                    );
+                }
+                (Err(_), Ok(_)) => {
+                    if tokio::time::timeout_at(until, w.changed()).await.is_ok_and(|r| r.is_err()) {
+                        return fail(Status::UNAVAILABLE, "the control API is stopping");
+                    }
+                }
+            }
         }
         if let Err(e) = stop(api, seq).await {
             return fail(Status::UNAVAILABLE, &format!("cannot stop run {id}: {e}"));
