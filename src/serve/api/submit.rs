@@ -58,35 +58,8 @@ pub(super) async fn submit(api: &Api, req: &Request, actor: bool, bodies: &intak
     }
     let want = checked.nproc.unwrap_or(api.conf.pod_nproc);
     if let Some((seq, id, _)) = api.board.active().filter(|_| checked.replace) {
-        // Placed before anything is stopped: a replace that would not fit
-        // once the main run is over is refused with nothing changed; one
-        // that fits only once what is being stopped is over waits for that
-        // first (at most the stop limit), and is refused, still with
-        // nothing changed, if it is not over by then.
-        let until = tokio::time::Instant::now() + api.conf.stop_limit;
-        let mut w = api.board.watch();
-        loop {
-            let held: Vec<_> = api.board.held(api.conf.pod_nproc).into_iter().filter(|h| h.id != id).collect();
-            let settled: Vec<_> = held.iter().filter(|h| !h.stopping).cloned().collect();
-            let (now, then) = (
-                crate::serve::lane::place(api.conf.pod_nproc, &held, want, checked.actor.is_some()),
-                crate::serve::lane::place(api.conf.pod_nproc, &settled, want, checked.actor.is_some()),
-            );
-            match (now, then) {
-                (Ok(_), _) => break,
-                (Err(why), Err(_)) => return fail(Status::CONFLICT, &format!("{why}; run {id} was not stopped")),
-                (Err(why), Ok(_)) if tokio::time::Instant::now() >= until => {
-                    return fail(
-                        Status::UNAVAILABLE,
-                        &format!("{why}: what is being stopped is not over yet; run {id} was not stopped; try again"),
-                    );
-                }
-                (Err(_), Ok(_)) => {
-                    if tokio::time::timeout_at(until, w.changed()).await.is_ok_and(|r| r.is_err()) {
-                        return fail(Status::UNAVAILABLE, "the control API is stopping");
-                    }
-                }
-            }
+        if let Err(refused) = replaceable(api, &id, want, checked.actor.is_some()).await {
+            return refused;
         }
         if let Err(e) = stop(api, seq).await {
             return fail(Status::UNAVAILABLE, &format!("cannot stop run {id}: {e}"));
@@ -172,6 +145,41 @@ pub(super) async fn submit(api: &Api, req: &Request, actor: bool, bodies: &intak
             fail(Status::UNAVAILABLE, &format!("cannot publish the run to the pods: {why}"))
         }
     }
+}
+
+/// Whether a replace of the main run `id` by `want` workers per pod fits
+/// once that run is over, decided before anything is stopped (a 4xx
+/// changes nothing): a replace that would not fit is refused; one that fits
+/// only once what is being stopped is over waits for that first (at most
+/// the stop limit), and is refused, still with nothing changed, if it is
+/// not over by then.
+async fn replaceable(api: &Api, id: &str, want: u32, actor: bool) -> Result<(), Answer> {
+    let until = tokio::time::Instant::now() + api.conf.stop_limit;
+    let mut w = api.board.watch();
+    loop {
+        let held: Vec<_> = api.board.held(api.conf.pod_nproc).into_iter().filter(|h| h.id != id).collect();
+        let settled: Vec<_> = held.iter().filter(|h| !h.stopping).cloned().collect();
+        let (now, then) = (
+            crate::serve::lane::place(api.conf.pod_nproc, &held, want, actor),
+            crate::serve::lane::place(api.conf.pod_nproc, &settled, want, actor),
+        );
+        match (now, then) {
+            (Ok(_), _) => break,
+            (Err(why), Err(_)) => return Err(fail(Status::CONFLICT, &format!("{why}; run {id} was not stopped"))),
+            (Err(why), Ok(_)) if tokio::time::Instant::now() >= until => {
+                return Err(fail(
+                    Status::UNAVAILABLE,
+                    &format!("{why}: what is being stopped is not over yet; run {id} was not stopped; try again"),
+                ));
+            }
+            (Err(_), Ok(_)) => {
+                if tokio::time::timeout_at(until, w.changed()).await.is_ok_and(|r| r.is_err()) {
+                    return Err(fail(Status::UNAVAILABLE, "the control API is stopping"));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where a submission of `want` workers per pod goes
