@@ -439,6 +439,10 @@ pub struct RunArgs {
     /// Not supported yet.
     #[arg(long = "duplicate-stderr-filters", alias = "duplicate_stderr_filters", hide = true)]
     pub duplicate_stderr_filters: Option<String>,
+    /// Not supported: torchrun's shell completion script (torch 2.15, through
+    /// the `shtab` package).
+    #[arg(long = "print-completion", alias = "print_completion", hide = true)]
+    pub print_completion: Option<String>,
     /// torchrun's spelling of `--gpu-visibility single`.
     #[arg(long = "virtual-local-rank", alias = "virtual_local_rank", help_heading = "GPU and NUMA")]
     pub virtual_local_rank: bool,
@@ -479,6 +483,7 @@ impl RunArgs {
             (self.logs_specs.is_some(), "--logs-specs"),
             (self.duplicate_stdout_filters.is_some(), "--duplicate-stdout-filters"),
             (self.duplicate_stderr_filters.is_some(), "--duplicate-stderr-filters"),
+            (self.print_completion.is_some(), "--print-completion"),
         ]
         .into_iter()
         .find_map(|(given, name)| given.then_some(name))
@@ -519,6 +524,7 @@ mod tests {
     #[test]
     fn unsupported_options_are_named() {
         assert_eq!(run(&["--logs-specs", "x", "t.py"]).unsupported(), Some("--logs-specs"));
+        assert_eq!(run(&["--print-completion", "bash"]).unsupported(), Some("--print-completion"));
         assert_eq!(run(&["--numa-binding", "node", "t.py"]).unsupported(), None);
         assert_eq!(run(&["t.py"]).unsupported(), None);
     }

@@ -251,6 +251,8 @@ impl Plan {
             "store",
             if self.standalone {
                 "served by this pod on a free loopback port".to_string()
+            } else if self.serve_store && self.endpoint.port == 0 {
+                "served by this pod on a free port".to_string()
             } else if self.serve_store {
                 format!("served by this pod on port {}, peers dial {}", self.endpoint.port, self.endpoint)
             } else {

@@ -66,6 +66,10 @@ pub struct Output {
     /// `TRAINLET_TERMINATION_LOG`: where a failed job's one-line reason
     /// goes (None: `/dev/termination-log` when it exists).
     pub termination_log: Option<PathBuf>,
+    /// `TORCHELASTIC_ERROR_FILE` in the agent's own environment: where a
+    /// failed or stopped job's root cause goes, as torchrun's `@record`
+    /// writes it (`crate::launch::error_file`).
+    pub error_file: Option<PathBuf>,
 }
 
 /// Resolve the output settings.
@@ -115,5 +119,9 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>, machine: &Machine) -
     let source = if l.value.is_some() { l.source } else { Source::Derived("host name".into()) };
     s.prov.push(("host", host.clone(), source));
     let termination_log = env.get(env::TRAINLET_TERMINATION_LOG).map(PathBuf::from);
-    Ok(Output { role, log_dir, redirects, tee, console_ranks, prefix_template, host, termination_log })
+    let error_file = env.get(env::TORCHELASTIC_ERROR_FILE).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(path) = &error_file {
+        s.prov.push(("error file", path.display().to_string(), Source::Env(env::TORCHELASTIC_ERROR_FILE)));
+    }
+    Ok(Output { role, log_dir, redirects, tee, console_ranks, prefix_template, host, termination_log, error_file })
 }

@@ -12,7 +12,7 @@ use super::framework::Framework;
 use super::machine::Machine;
 use super::nodes::Nodes;
 use super::setting::{Settings, flag_or_env, invalid, lookup, parse_secs};
-use super::setting::{parse_port, store_memory};
+use super::setting::{parse_port_or_free, store_memory};
 use super::{Error, Source};
 use crate::cli::RunArgs;
 use crate::env;
@@ -58,7 +58,7 @@ pub(super) fn resolve(
     let conf = conf_l.value.map_or(Ok(RdzvConf::default()), |v| parse_rdzv_conf(&conf_l.origin(), v))?;
     let (standalone_flag, standalone_src) = flag_or_env(args.standalone, "--standalone", env, env::PET_STANDALONE)?;
     let port_l = lookup(args.master_port.as_deref(), "--master-port", env, fw.port_env());
-    let master_port = port_l.value.map_or(Ok(DEFAULT_PORT), |v| parse_port(&port_l.origin(), v))?;
+    let master_port = port_l.value.map_or(Ok(DEFAULT_PORT), |v| parse_port_or_free(&port_l.origin(), v))?;
     let addr_l = lookup(args.master_addr.as_deref(), "--master-addr", env, fw.addr_env());
     let ep_l = lookup(args.rdzv_endpoint.as_deref(), "--rdzv-endpoint", env, fw.endpoint_env());
     let implicit = backend == "static" && ep_l.value.is_none() && port_l.value.is_none() && nnodes == 1;
@@ -80,12 +80,20 @@ pub(super) fn resolve(
         let src = if addr_l.value.is_some() { addr_l.source.clone() } else { port_l.source.clone() };
         (Endpoint { host, port: master_port }, src)
     };
+    let serve_store = standalone || conf.is_host.unwrap_or(node_rank == 0);
+    if endpoint.port == 0 && !standalone {
+        let origin = if ep_l.value.is_some() { ep_l.origin() } else { port_l.origin() };
+        free_port_fits(nnodes, serve_store, &origin)?;
+    }
     s.prov.push((
         "store endpoint",
-        if standalone { "127.0.0.1:<free port>".into() } else { endpoint.to_string() },
+        match (standalone, endpoint.port) {
+            (true, _) => "127.0.0.1:<free port>".into(),
+            (false, 0) => format!("{}:<free port>", endpoint.host),
+            (false, _) => endpoint.to_string(),
+        },
         ep_src,
     ));
-    let serve_store = standalone || conf.is_host.unwrap_or(node_rank == 0);
     if fw != Framework::Torch {
         // JAX's process 0 and XGBoost's tracker run next to the store, on
         // the pod of node rank 0, and both frameworks have a fixed world.
@@ -172,6 +180,26 @@ pub(super) fn resolve(
     })
 }
 
+/// Port 0 (a free port, picked when the store binds, as torchrun's
+/// `--rdzv-endpoint=localhost:0` for stacked single-node jobs): only a
+/// single node that serves the store itself can use it, as no other pod
+/// could learn the port picked.
+fn free_port_fits(nnodes: u32, serve_store: bool, origin: &str) -> Result<(), Error> {
+    if nnodes > 1 {
+        return Err(Error::Usage(format!(
+            "{origin} gives port 0 (a free port) to a job of up to {nnodes} nodes: the other nodes could not learn \
+             the port picked; give a fixed port, or --nnodes 1"
+        )));
+    }
+    if !serve_store {
+        return Err(Error::Usage(format!(
+            "{origin} gives port 0 (a free port), but is_host=false in --rdzv-conf makes another pod serve the \
+             store: give that pod's fixed port"
+        )));
+    }
+    Ok(())
+}
+
 /// `host`, `host:port`, `[v6]`, `[v6]:port`.
 fn parse_endpoint(origin: &str, v: &str, default_port: u16) -> Result<Endpoint, Error> {
     let bad = || invalid(origin, v, "host[:port] or [ipv6][:port]");
@@ -192,9 +220,28 @@ fn parse_endpoint(origin: &str, v: &str, default_port: u16) -> Result<Endpoint, 
     if host.is_empty() {
         return Err(bad());
     }
-    let port = port.map_or(Ok(default_port), |p| parse_port(origin, p))?;
+    let port = port.map_or(Ok(default_port), |p| parse_port_or_free(origin, p))?;
     Ok(Endpoint { host: host.to_string(), port })
 }
+
+/// Every key `--rdzv-conf` takes (torch's c10d and static handlers' own,
+/// some of them read and ignored: [`parse_rdzv_conf`]), as its error lists
+/// them.
+const CONF_KEYS: [&str; 13] = [
+    "join_timeout",
+    "timeout",
+    "read_timeout",
+    "is_host",
+    "last_call_timeout",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+    "progress_timeout",
+    "close_timeout",
+    "heartbeat_timeout",
+    "cas_backoff_max_seconds",
+    "use_libuv",
+    "store_type=tcp",
+];
 
 /// Settings accepted in `--rdzv-conf`.
 #[derive(Debug, Default)]
@@ -258,11 +305,7 @@ fn parse_rdzv_conf(origin: &str, v: &str) -> Result<RdzvConf, Error> {
                 });
             }
             _ => {
-                return Err(invalid(
-                    origin,
-                    v,
-                    "keys among join_timeout, timeout, read_timeout, is_host, last_call_timeout, keep_alive_interval, keep_alive_max_attempt, progress_timeout",
-                ));
+                return Err(invalid(origin, v, &format!("keys among {}", CONF_KEYS.join(", "))));
             }
         }
     }
@@ -271,4 +314,28 @@ fn parse_rdzv_conf(origin: &str, v: &str) -> Result<RdzvConf, Error> {
 
 fn random_id() -> String {
     format!("{:016x}", crate::sys::random_u64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key the error lists is taken (with a value of its kind), so
+    /// the list and the parser cannot drift apart.
+    #[test]
+    fn every_key_the_error_lists_is_taken() {
+        for key in CONF_KEYS {
+            let item = match key {
+                "is_host" | "use_libuv" => format!("{key}=true"),
+                "keep_alive_max_attempt" => format!("{key}=3"),
+                k if k.contains('=') => k.to_string(),
+                k => format!("{k}=2.5"),
+            };
+            assert!(parse_rdzv_conf("--rdzv-conf", &item).is_ok(), "{item}");
+        }
+        let err = parse_rdzv_conf("--rdzv-conf", "bogus=1").expect_err("an unknown key").to_string();
+        for key in CONF_KEYS {
+            assert!(err.contains(key), "{key} missing from: {err}");
+        }
+    }
 }

@@ -374,6 +374,21 @@ mod tests {
         assert_eq!(p.entry.args, ["-u", "t.py"]);
     }
 
+    /// torchrun's stacked single-node recipe (`--rdzv-endpoint=localhost:0
+    /// --nnodes=1`) and a static `--master-port 0`: this pod serves the
+    /// store on a port picked when it binds.
+    #[test_case(&["--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--nnodes=1", "t.py"], "localhost"; "stacked")]
+    #[test_case(&["--master-port", "0", "--nnodes", "1", "t.py"], "127.0.0.1"; "static")]
+    #[test_case(&["--master-port", "0", "--nnodes", "1:1", "t.py"], "127.0.0.1"; "elastic of one")]
+    fn port_0_on_one_node_is_a_free_port_this_pod_serves(a: &[&str], host: &str) {
+        let mut full = vec!["--python", "py"];
+        full.extend_from_slice(a);
+        let p = plan(&full, &[]).expect("plan");
+        assert!(!p.standalone && p.serve_store, "{p:?}");
+        assert_eq!(p.endpoint, Endpoint { host: host.into(), port: 0 });
+        assert!(p.describe().contains("served by this pod on a free port"), "{}", p.describe());
+    }
+
     #[test]
     fn trainer_env_is_read() {
         let env = [
@@ -410,7 +425,11 @@ mod tests {
     #[test_case(&["t.py"], &[("PET_NNODES", "2"), ("PET_NODE_RANK", "2")], "PET_NODE_RANK value \"2\": expected a node rank below nnodes (2)"; "rank too big")]
     #[test_case(&["--node-rank", "-1", "t.py"], &[], "--node-rank value \"-1\""; "negative rank")]
     #[test_case(&["t.py"], &[("JOB_COMPLETION_INDEX", "abc")], "JOB_COMPLETION_INDEX value \"abc\""; "completion index")]
-    #[test_case(&["--master-port", "70000", "t.py"], &[], "--master-port value \"70000\": expected a TCP port 1-65535"; "port range")]
+    #[test_case(&["--master-port", "70000", "t.py"], &[], "--master-port value \"70000\": expected a TCP port 1-65535, or 0 for a free port"; "port range")]
+    #[test_case(&["--master-port", "0", "--nnodes", "2", "t.py"], &[], "--master-port gives port 0 (a free port) to a job of up to 2 nodes"; "free port multi")]
+    #[test_case(&["--rdzv-endpoint", "h:0", "--nnodes", "1:2", "t.py"], &[], "--rdzv-endpoint gives port 0 (a free port) to a job of up to 2 nodes"; "free port elastic")]
+    #[test_case(&["--rdzv-endpoint", "h:0", "--rdzv-conf", "is_host=false", "t.py"], &[], "is_host=false in --rdzv-conf makes another pod serve"; "free port not host")]
+    #[test_case(&["--rdzv-conf", "bogus=1", "t.py"], &[], "use_libuv, store_type=tcp"; "every conf key listed")]
     #[test_case(&["t.py"], &[("PET_MASTER_PORT", "http")], "PET_MASTER_PORT value \"http\""; "port env")]
     #[test_case(&["--nproc-per-node", "0", "t.py"], &[], "--nproc-per-node value \"0\""; "nproc zero")]
     #[test_case(&["t.py"], &[("PET_NPROC_PER_NODE", "many")], "PET_NPROC_PER_NODE value \"many\": expected an integer >= 1, auto, cpu or gpu"; "nproc env")]

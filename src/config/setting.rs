@@ -139,3 +139,10 @@ pub(super) fn parse_secs(l: &Lookup<'_>, default: Duration) -> Result<Duration, 
 pub fn parse_port(origin: &str, v: &str) -> Result<u16, Error> {
     v.trim().parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| invalid(origin, v, "a TCP port 1-65535"))
 }
+
+/// A TCP port 0-65535, 0 meaning a free port picked when the store binds
+/// (torchrun's `--rdzv-endpoint=localhost:0`); whether 0 can work is the
+/// caller's to check.
+pub(super) fn parse_port_or_free(origin: &str, v: &str) -> Result<u16, Error> {
+    v.trim().parse::<u16>().map_err(|_| invalid(origin, v, "a TCP port 1-65535, or 0 for a free port"))
+}

@@ -133,6 +133,11 @@ pub(super) fn report(
     // A served run's failure ends the run, not the pod.
     if plan.serve.is_none() {
         termination_message(plan, &line);
+        if let Some(path) = &plan.output.error_file {
+            let now_s = crate::clock::now_us() / 1_000_000;
+            let record = super::error_file::for_job(report.root_cause.as_ref(), plan.node_rank, &line, now_s);
+            super::error_file::write(path, &record);
+        }
     }
     report
 }

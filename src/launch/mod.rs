@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Plan;
 use crate::process::signals::SysEvent;
 
+pub(crate) mod error_file;
 mod feature;
 mod features;
 mod finish;

@@ -108,8 +108,18 @@ impl Failure {
 
     /// Fill message/traceback from the worker's error file, if it exists.
     pub fn read_error_file(&mut self, path: &Path) {
-        let Ok(text) = std::fs::read_to_string(path) else { return };
-        let Ok(json) = serde_json::from_str::<serde_json::Value>(&text) else { return };
+        use std::io::Read as _;
+        // The worker writes the file: at most 1 MiB of it is read (torch's
+        // are kilobytes), so a worker cannot make PID 1 read without end.
+        const MAX: u64 = 1 << 20;
+        let Ok(file) = std::fs::File::open(path) else { return };
+        let mut text = Vec::new();
+        if file.take(MAX + 1).read_to_end(&mut text).is_err() || text.len() as u64 > MAX {
+            self.error_file = Some(path.display().to_string());
+            self.message = Some(format!("(the worker's error file is over {MAX} bytes; not read)"));
+            return;
+        }
+        let Ok(json) = serde_json::from_slice::<serde_json::Value>(&text) else { return };
         let msg = &json["message"];
         self.error_file = Some(path.display().to_string());
         self.message = msg["message"].as_str().map(str::to_string).or_else(|| msg.as_str().map(str::to_string));

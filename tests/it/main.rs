@@ -26,6 +26,7 @@ mod pmi;
 mod pmi_suite;
 mod preload;
 mod progress;
+mod recipes;
 mod rendezvous;
 mod rendezvous_time;
 mod replicas;

@@ -398,6 +398,37 @@ class ActorClientTest(unittest.TestCase):
             self.assertEqual(json.loads(out.getvalue())[1]["error"]["type"], "ValueError")
         a.close()
 
+    def test_cli_actor_beside_and_replace(self):
+        import contextlib
+        import tempfile
+        from trainlet_client.__main__ import main
+        with tempfile.TemporaryDirectory() as src, tempfile.NamedTemporaryFile("w", suffix=".token") as tok:
+            with open(os.path.join(src, "trainer.py"), "w") as f:
+                f.write(self.src["trainer.py"])
+            tok.write(TOKEN + "\n")
+            tok.flush()
+            common = ["--url", self.t_url(), "--token-file", tok.name, "actor", "trainer:Trainer", "--dir", src]
+            bodies = []
+            for extra in (["--beside", "--nproc-per-node", "1", "--init-kwargs", '{"width": 8}'], [],
+                          ["--no-replace", "--restart", "survivors", "--init-json", "[3]"]):
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out):
+                    rc = main(common + extra)
+                self.assertEqual(rc, 0)
+                actor_id = out.getvalue().strip()
+                rec = self.fake.actors[actor_id]
+                self.assertEqual(rec["state"], "running")
+                bodies.append(rec["body"])
+            self.assertEqual((bodies[0]["replace"], bodies[0]["nproc_per_node"]), (False, 1))
+            self.assertEqual(bodies[0]["actor"]["kwargs"], {"width": 8})
+            self.assertEqual(base64.b64decode(bodies[0]["files"]["trainer.py"]), self.src["trainer.py"].encode())
+            self.assertTrue(bodies[1]["replace"])
+            self.assertEqual((bodies[2]["replace"], bodies[2]["actor"]["restart"], bodies[2]["actor"]["args"]),
+                             (False, "survivors", [3]))
+            with self.assertRaises(SystemExit):
+                with contextlib.redirect_stderr(io.StringIO()):
+                    main(common + ["--beside", "--no-replace"])
+
     def test_exports(self):
         for name in ("Actor", "Function", "Call", "ActorError", "WorkerDied", "ActorRestarted",
                      "ActorGone", "CallCancelled"):

@@ -1,4 +1,4 @@
-"""``trainlet-client run|status|stop|logs|get|call``: the control API from a shell;
+"""``trainlet-client run|status|stop|logs|get|actor|call``: the control API from a shell;
 ``trainlet-client up|connect|down|ls``: warm pods on a cluster (the ``k8s`` extra).
 
 The URL and token come from ``--url``/``--token-file`` or the variables
@@ -35,6 +35,23 @@ def main(argv=None):
         s.add_argument("run_id")
         if name == "logs":
             s.add_argument("-f", "--follow", action="store_true")
+    ac = sub.add_parser("actor", help="deploy an actor: every worker instantiates TARGET once; "
+                        "print its id once it runs (then: call ID METHOD, stop ID)")
+    ac.add_argument("target", help="pkg.module:Name, importable from --dir")
+    ac.add_argument("--dir", help="directory whose files the actor's workers get")
+    ac.add_argument("--init-json", default="[]", metavar="ARGS", help="the class's positional arguments, a JSON list")
+    ac.add_argument("--init-kwargs", default="{}", metavar="JSON", help="its keyword arguments, a JSON object")
+    ac.add_argument("--env", action="append", default=[], metavar="K=V")
+    ac.add_argument("--nproc-per-node", type=int)
+    ac.add_argument("--max-restarts", type=int)
+    ac.add_argument("--restart", choices=("all", "survivors"), default="all",
+                    help="what a dead worker restarts: every rank, or only the missing ones")
+    place = ac.add_mutually_exclusive_group()
+    place.add_argument("--beside", action="store_true",
+                       help="run beside what runs, in slots nobody holds (409 naming the holder when taken)")
+    place.add_argument("--no-replace", action="store_true",
+                       help="refuse (409) when the pods run something, instead of stopping it")
+    ac.add_argument("--ready-timeout", type=float, default=300.0)
     c = sub.add_parser("call", help="call a method of an actor on every rank (or --rank), print the results as JSON")
     c.add_argument("actor_id")
     c.add_argument("method")
@@ -98,6 +115,16 @@ def main(argv=None):
             print(t.stop(a.run_id))
         elif a.cmd == "get":
             print(json.dumps(t.get(a.run_id).record, indent=2))
+        elif a.cmd == "actor":
+            args, kwargs = json.loads(a.init_json), json.loads(a.init_kwargs)
+            if not isinstance(args, list) or not isinstance(kwargs, dict):
+                p.error("--init-json takes a JSON list, --init-kwargs a JSON object")
+            env = dict(kv.split("=", 1) for kv in a.env)
+            actor = t.actor(a.target, files=a.dir, init_args=args, init_kwargs=kwargs, env=env,
+                            nproc_per_node=a.nproc_per_node, max_restarts=a.max_restarts,
+                            replace=not a.no_replace, beside=a.beside, restart=a.restart,
+                            ready_timeout=a.ready_timeout)
+            print(actor.id)
         elif a.cmd == "call":
             args, kwargs = json.loads(a.json), json.loads(a.kwargs)
             if not isinstance(args, list) or not isinstance(kwargs, dict):
