@@ -5,9 +5,17 @@
 //!
 //! Only ratios are gated, never absolute times: both sides of a ratio are
 //! measured in this one process, interleaved where a row has several runs,
-//! so a loaded machine slows both. A floor is a goal of benches/README.md,
-//! or half the last measured ratio where the README has no goal yet; it is
-//! raised when a ratio improves, never lowered to pass.
+//! so a loaded machine slows both.
+//!
+//! Every floor names its record: `runs`, the ratios of at least
+//! [`MIN_RUNS`] whole gate runs with both CPUs kept busy by two other
+//! processes (`bash benches/floor_runs.sh`), and is either the lowest of
+//! them halved or the row's `goal` where every run met it. A floor without
+//! such a record, or above what its runs allow, fails the gate before
+//! anything is measured: a floor that would fail a healthy build is a bug
+//! of the gate. Each run appends its ratios to `target/bench-gate-runs.jsonl`,
+//! where `floor_runs.sh` reads them. A floor is raised when the ratios
+//! improve, never lowered to pass.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -19,6 +27,9 @@ use super::{
     stacks_bench, store_throughput, torchft_bench,
 };
 
+/// Fewest gate runs under load a floor's record holds.
+const MIN_RUNS: usize = 10;
+
 /// One floor of `benches/floors.toml`.
 #[derive(Debug)]
 struct Floor {
@@ -26,24 +37,61 @@ struct Floor {
     source: String,
 }
 
+/// A number of TOML (a float or an integer).
+fn number(v: &toml::Value) -> Option<f64> {
+    v.as_float().or_else(|| v.as_integer().map(|i| i as f64))
+}
+
+/// Whether `floor` is what the record allows: at most the lowest run
+/// halved, or the goal when every run met it.
+fn check_record(key: &str, floor: f64, goal: Option<f64>, runs: &[f64]) -> Result<(), String> {
+    if runs.len() < MIN_RUNS {
+        return Err(format!(
+            "[{key}] records {} runs under load; a floor needs at least {MIN_RUNS} (bash benches/floor_runs.sh)",
+            runs.len()
+        ));
+    }
+    let lowest = runs.iter().copied().fold(f64::INFINITY, f64::min);
+    let halved = lowest / 2.0;
+    let by_goal = goal.is_some_and(|g| (floor - g).abs() < 1e-9 && g <= lowest);
+    if floor <= halved + 1e-9 || by_goal {
+        return Ok(());
+    }
+    Err(format!(
+        "[{key}] floor {floor} is above what its runs allow: the lowest of {} runs is {lowest:.3}x, halved {halved:.3}x{}",
+        runs.len(),
+        goal.map_or(String::new(), |g| format!(", and the goal {g} was not met by every run"))
+    ))
+}
+
 fn floors_file() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/floors.toml")
 }
 
-/// `[key]` tables with `floor = <ratio>` and `source = "<why this floor>"`.
+/// `[key]` tables with `floor = <ratio>`, `source = "<why this floor>"`,
+/// `runs = [<ratio>, ...]` and, where the row has one, `goal = <ratio>`.
 fn read_floors() -> Result<HashMap<String, Floor>, String> {
     let path = floors_file();
     let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let table: toml::Table = text.parse().map_err(|e| format!("{}: {e}", path.display()))?;
     let mut out = HashMap::new();
     for (key, v) in table {
-        let floor = v.get("floor").and_then(|f| f.as_float().or_else(|| f.as_integer().map(|i| i as f64)));
+        let floor = v.get("floor").and_then(number);
         let source = v.get("source").and_then(|s| s.as_str());
-        match (floor, source) {
-            (Some(floor), Some(source)) => {
+        let runs: Option<Vec<f64>> =
+            v.get("runs").and_then(|r| r.as_array()).map(|a| a.iter().filter_map(number).collect());
+        let goal = v.get("goal").and_then(number);
+        match (floor, source, runs) {
+            (Some(floor), Some(source), Some(runs)) => {
+                check_record(&key, floor, goal, &runs).map_err(|e| format!("{}: {e}", path.display()))?;
                 out.insert(key, Floor { floor, source: source.to_string() });
             }
-            _ => return Err(format!("{}: [{key}] needs a number `floor` and a text `source`", path.display())),
+            _ => {
+                return Err(format!(
+                    "{}: [{key}] needs a number `floor`, a text `source` and `runs`, the ratios it comes from",
+                    path.display()
+                ));
+            }
         }
     }
     Ok(out)
@@ -121,8 +169,31 @@ fn measure() -> Vec<(&'static str, Row)> {
     gated
 }
 
+/// Append this run's ratios to `target/bench-gate-runs.jsonl`, one line per
+/// run (`benches/floor_runs.sh` collects them into a floor's record).
+fn record_runs(gated: &[(&'static str, Row)]) {
+    use std::io::Write as _;
+    let ratios: serde_json::Map<String, serde_json::Value> =
+        gated.iter().map(|(k, r)| ((*k).to_string(), serde_json::json!(r.ratio))).collect();
+    let line = serde_json::json!({ "ratios": ratios }).to_string();
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-gate-runs.jsonl");
+    let written =
+        std::fs::OpenOptions::new().create(true).append(true).open(&path).and_then(|mut f| writeln!(f, "{line}"));
+    if let Err(e) = written {
+        eprintln!("gate: cannot append this run's ratios to {}: {e}", path.display());
+    }
+}
+
 /// Run the gate: 0 when every ratio is at or above its floor.
 pub fn run() -> ExitCode {
+    // `benches/floor_runs.sh` measures the records themselves: every row,
+    // whatever floors.toml holds.
+    if std::env::var_os("TRAINLET_GATE_RECORD_ONLY").is_some() {
+        let gated = measure();
+        record_runs(&gated);
+        println!("gate: {} ratios recorded (TRAINLET_GATE_RECORD_ONLY: no floor checked)", gated.len());
+        return ExitCode::SUCCESS;
+    }
     let floors = match read_floors() {
         Ok(f) => f,
         Err(e) => {
@@ -163,6 +234,7 @@ pub fn run() -> ExitCode {
     println!("gate: {} ratios in {:.0} s", gated.len(), took.as_secs_f64());
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-gate.md");
     let _ = std::fs::write(out, &table);
+    record_runs(&gated);
     if failures.is_empty() {
         println!("gate: every ratio is at or above its floor");
         return ExitCode::SUCCESS;

@@ -1,0 +1,67 @@
+"""Each gate row's record from target/bench-gate-runs.jsonl (one line per
+gate run: {"ratios": {key: ratio}}): its runs, lowest, lowest halved, goal and
+the floor they allow (the goal where every run met it, else the lowest
+halved). With --write, benches/floors.toml takes `runs` and that `floor`
+for every row measured (its `goal` and `source` are kept: review the source).
+
+    python3 benches/floors.py target/bench-gate-runs.jsonl [--write]
+"""
+import json
+import math
+import sys
+import tomllib
+
+FLOORS = "benches/floors.toml"
+
+
+def floor_of(runs, goal):
+    lowest = min(runs)
+    if goal is not None and goal <= lowest:
+        return goal
+    scale = 100 if lowest >= 0.2 else 10000
+    return math.floor(lowest / 2 * scale) / scale
+
+
+def toml_str(s):
+    return json.dumps(s, ensure_ascii=False)
+
+
+def main():
+    path, write = sys.argv[1], "--write" in sys.argv[2:]
+    runs = {}
+    with open(path) as f:
+        for line in f:
+            for key, ratio in json.loads(line)["ratios"].items():
+                runs.setdefault(key, []).append(ratio)
+    with open(FLOORS, "rb") as f:
+        floors = tomllib.load(f)
+    for key in floors:
+        r = runs.get(key, [])
+        if not r:
+            print("%-45s not measured" % key)
+            continue
+        goal = floors[key].get("goal")
+        print("%-45s %2d runs, lowest %.3fx, halved %.3fx, goal %s -> floor %s (now %s)"
+              % (key, len(r), min(r), min(r) / 2, goal, floor_of(r, goal), floors[key].get("floor")))
+    if not write:
+        return
+    with open(FLOORS) as f:
+        header = "".join(line for line in f if line.startswith("#") or not line.strip())
+        header = header.split("\n\n")[0] + "\n"
+    out = [header]
+    for key, row in floors.items():
+        r = runs.get(key) or row.get("runs", [])
+        goal = row.get("goal")
+        out.append("\n[%s]\n" % key)
+        out.append("floor = %s\n" % (floor_of(r, goal) if r else row["floor"]))
+        if goal is not None:
+            out.append("goal = %s\n" % goal)
+        out.append("runs = [%s]\n" % ", ".join("%.3f" % x for x in r))
+        out.append("source = %s\n" % toml_str(row["source"]))
+    with open(FLOORS, "w") as f:
+        f.write("".join(out))
+    print("wrote", FLOORS)
+
+
+if __name__ == "__main__":
+    main()
