@@ -32,6 +32,8 @@
 #   bash tests/cluster.sh restart-apiserver [--compact]   stop the API server and start it
 #                                 again (--compact: compact etcd's history in between)
 #   bash tests/cluster.sh kubectl ARGS...   kubectl against the cluster
+#   bash tests/cluster.sh torch-patch   the runtimePatches entry (JSON) that mounts the test
+#                                 venv's torch at /opt/torch (the test images carry none)
 #
 # Runs as root (bridges, iptables, cgroups, namespaces). State
 # (certificates, kubeconfigs, etcd's data, logs, pids) lives in
@@ -832,6 +834,20 @@ case "${1:-}" in
     start_apiserver
     ;;
   status) status ;;
+  torch-patch)
+    # The runtimePatches entry that mounts this machine's PyTorch (the test
+    # venv's site-packages, read only) at /opt/torch in the `node` container
+    # of a TrainJob: the test images carry no torch. For `trainlet-client up
+    # --patch` (with --env PYTHONPATH=/opt/torch) and trainlet_client.up(patches=).
+    site=$(ls -d "$ROOT"/.venv/lib/python3*/site-packages 2>/dev/null | head -1 || true)
+    [[ -n $site && -d $site/torch ]] || die "no torch in $ROOT/.venv: bash tests/venv.sh"
+    python3 -c 'import json, sys
+site = sys.argv[1]
+c = {"name": "node", "volumeMounts": [{"name": "torch", "mountPath": "/opt/torch", "readOnly": True}]}
+v = [{"name": "torch", "hostPath": {"path": site, "type": "Directory"}}]
+job = {"name": "node", "template": {"spec": {"template": {"spec": {"containers": [c], "volumes": v}}}}}
+print(json.dumps({"manager": "trainlet.dev/tests", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [job]}}}}))' "$site"
+    ;;
   kubectl)
     shift
     exec "$KUBE" kubectl --kubeconfig "$RUN/admin.kubeconfig" --cache-dir "$RUN/kubectl-cache" "$@"

@@ -73,6 +73,8 @@ def main(argv=None):
     u.add_argument("--env", action="append", default=[], metavar="K=V")
     u.add_argument("--ttl", type=int, help="seconds idle after which the pods end")
     u.add_argument("--timeout", type=float, default=600.0)
+    u.add_argument("--patch", action="append", default=[], metavar="JSON",
+                   help="a runtimePatches entry of the TrainJob (Trainer's API), a JSON object (repeatable)")
     sub.add_parser("connect", help="check that warm pods --job answer").add_argument("name")
     sub.add_parser("down", help="delete warm pods: the TrainJob, its Secret, its pods").add_argument("name")
     sub.add_parser("ls", help="list warm pods in the namespace")
@@ -145,9 +147,18 @@ def cluster_command(a, where):
     if a.cmd == "up":
         env = dict(kv.split("=", 1) for kv in a.env)
         resources = {"limits": {"nvidia.com/gpu": a.gpus}} if a.gpus else None
+        patches = []
+        for text in a.patch:
+            try:
+                patch = json.loads(text)
+            except ValueError as e:
+                raise _cluster.UpError("--patch %.60r is not JSON: %s" % (text, e)) from None
+            if not isinstance(patch, dict):
+                raise _cluster.UpError("--patch takes one runtimePatches entry, a JSON object; got %.60r" % text)
+            patches.append(patch)
         t = _cluster.up(a.name, nodes=a.nodes, nproc_per_node=a.nproc_per_node, runtime=a.runtime,
                         image=a.image, resources=resources, env=env, ttl=a.ttl, keep=True,
-                        timeout=a.timeout, **where)
+                        timeout=a.timeout, patches=patches or None, **where)
         t.close()
         print(a.name)
     elif a.cmd == "connect":
