@@ -14,31 +14,23 @@
 //!   the root cause has no error file; a scheduler reading the file is
 //!   better told why.
 //!
-//! A worker's file is read at most [`WORKER_FILE_MAX`] bytes: a worker
-//! cannot make PID 1 read without end.
+//! A worker's file is read at most `report::ERROR_FILE_MAX` bytes, as
+//! every reading of it is: a worker cannot make PID 1 read without end.
 
-use std::io::Read as _;
 use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::supervise::report::Failure;
+use crate::supervise::report::{ERROR_FILE_MAX, Failure, read_error_file};
 use crate::sys::Exit;
 
-/// Most bytes of a worker's error file read (torch writes a message and a
-/// traceback: kilobytes).
-pub(crate) const WORKER_FILE_MAX: u64 = 1 << 20;
-
 /// A worker's error file as JSON, when it is a torch error record (an
-/// object with `message`) of at most [`WORKER_FILE_MAX`] bytes.
+/// object with `message`) of at most `ERROR_FILE_MAX` bytes.
 fn read_worker_file(path: &Path) -> Option<Value> {
-    let file = std::fs::File::open(path).ok()?;
-    let mut text = Vec::new();
-    file.take(WORKER_FILE_MAX + 1).read_to_end(&mut text).ok()?;
-    if text.len() as u64 > WORKER_FILE_MAX {
-        tracing::warn!(path = %path.display(), max = WORKER_FILE_MAX, "a worker's error file is too large to copy");
+    let Ok(text) = read_error_file(path)? else {
+        tracing::warn!(path = %path.display(), max = ERROR_FILE_MAX, "a worker's error file is too large to copy");
         return None;
-    }
+    };
     let value: Value = serde_json::from_slice(&text).ok()?;
     value.get("message").is_some().then_some(value)
 }
@@ -119,28 +111,15 @@ pub fn write(path: &Path, record: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::rules::RuleAction;
 
     fn failure(node_rank: u32, error_file: Option<String>) -> Failure {
-        Failure {
-            attempt: 0,
-            rank: 1,
-            local_rank: 1,
-            node_rank,
-            host: "h".into(),
-            pid: 10,
-            exit_code: Some(3),
-            signal: None,
-            at_us: 1_795_369_936_000_000,
-            error_file,
-            message: Some("ValueError: boom".into()),
-            traceback: Some("Traceback ...".into()),
-            action: RuleAction::Restart,
-            hung: false,
-            no_progress: false,
-            not_started: None,
-            stall: None,
-        }
+        let mut f = crate::supervise::report::tests::failure(1, 1_795_369_936_000_000);
+        f.local_rank = 1;
+        f.node_rank = node_rank;
+        f.error_file = error_file;
+        f.message = Some("ValueError: boom".into());
+        f.traceback = Some("Traceback ...".into());
+        f
     }
 
     #[test]

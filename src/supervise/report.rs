@@ -108,23 +108,39 @@ impl Failure {
 
     /// Fill message/traceback from the worker's error file, if it exists.
     pub fn read_error_file(&mut self, path: &Path) {
-        use std::io::Read as _;
-        // The worker writes the file: at most 1 MiB of it is read (torch's
-        // are kilobytes), so a worker cannot make PID 1 read without end.
-        const MAX: u64 = 1 << 20;
-        let Ok(file) = std::fs::File::open(path) else { return };
-        let mut text = Vec::new();
-        if file.take(MAX + 1).read_to_end(&mut text).is_err() || text.len() as u64 > MAX {
-            self.error_file = Some(path.display().to_string());
-            self.message = Some(format!("(the worker's error file is over {MAX} bytes; not read)"));
-            return;
-        }
+        let text = match read_error_file(path) {
+            None => return,
+            Some(Ok(text)) => text,
+            Some(Err(TooLarge)) => {
+                self.error_file = Some(path.display().to_string());
+                self.message = Some(format!("(the worker's error file is over {ERROR_FILE_MAX} bytes; not read)"));
+                return;
+            }
+        };
         let Ok(json) = serde_json::from_slice::<serde_json::Value>(&text) else { return };
         let msg = &json["message"];
         self.error_file = Some(path.display().to_string());
         self.message = msg["message"].as_str().map(str::to_string).or_else(|| msg.as_str().map(str::to_string));
         self.traceback = msg["extraInfo"]["py_callstack"].as_str().map(str::to_string);
     }
+}
+
+/// Most bytes of a worker's error file read: the worker writes it, and
+/// torch's are kilobytes, so a worker cannot make PID 1 read without end.
+pub(crate) const ERROR_FILE_MAX: u64 = 1 << 20;
+
+/// A worker's error file over [`ERROR_FILE_MAX`] bytes.
+#[derive(Debug)]
+pub(crate) struct TooLarge;
+
+/// A worker's error file, read at most [`ERROR_FILE_MAX`] bytes: None when
+/// it cannot be opened or read.
+pub(crate) fn read_error_file(path: &Path) -> Option<Result<Vec<u8>, TooLarge>> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path).ok()?;
+    let mut text = Vec::new();
+    file.take(ERROR_FILE_MAX + 1).read_to_end(&mut text).ok()?;
+    Some(if text.len() as u64 > ERROR_FILE_MAX { Err(TooLarge) } else { Ok(text) })
 }
 
 /// The earliest failure; ties broken by rank so every pod agrees.
@@ -294,10 +310,12 @@ impl Report {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn failure(rank: u32, at_us: u64) -> Failure {
+    /// A failure of `rank` at `at_us` (exit 3), for this module's and
+    /// `launch::error_file`'s tests.
+    pub(crate) fn failure(rank: u32, at_us: u64) -> Failure {
         Failure {
             attempt: 0,
             rank,
