@@ -749,6 +749,10 @@ fn main() -> std::process::ExitCode {
     if wanted.iter().any(|w| w == "gate") {
         return gate::run();
     }
+    // `floors`: benches/floors.toml's records checked, nothing measured.
+    if wanted.iter().any(|w| w == "floors") {
+        return gate::check_floors();
+    }
     let on = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
     let dir = tempfile::tempdir().expect("tmp");
     let script = dir.path().join("start.py");

@@ -32,7 +32,9 @@ def main():
     with open(path) as f:
         for line in f:
             for key, ratio in json.loads(line)["ratios"].items():
-                runs.setdefault(key, []).append(ratio)
+                # As floors.toml keeps it (4 significant digits): the floor
+                # is computed from the runs as written, which the gate checks.
+                runs.setdefault(key, []).append(float("%.4g" % ratio))
     with open(FLOORS, "rb") as f:
         floors = tomllib.load(f)
     for key in floors:
@@ -56,7 +58,7 @@ def main():
         out.append("floor = %s\n" % (floor_of(r, goal) if r else row["floor"]))
         if goal is not None:
             out.append("goal = %s\n" % goal)
-        out.append("runs = [%s]\n" % ", ".join("%.3f" % x for x in r))
+        out.append("runs = [%s]\n" % ", ".join("%.4g" % x for x in r))
         out.append("source = %s\n" % toml_str(row["source"]))
     with open(FLOORS, "w") as f:
         f.write("".join(out))

@@ -13,10 +13,15 @@
 //! the row's `goal` where every run met it. A record that is too short, or
 //! a floor above what its runs allow, fails the gate before anything is
 //! measured: a floor that would fail a healthy build is a bug of the gate.
-//! (Rows measured before records existed have none yet; issue 54 gives
-//! every row one.) Each run appends its ratios to `target/bench-gate-runs.jsonl`,
+//! A row without a record fails it too: a new row earns its floor from its
+//! own runs. Each run appends its ratios to `target/bench-gate-runs.jsonl`,
 //! where `floor_runs.sh` reads them. A floor is raised when the ratios
 //! improve, never lowered to pass.
+//!
+//! `cargo test --bench compare -- floors` checks `benches/floors.toml`
+//! alone, measuring nothing (seconds): the test command runs it right after
+//! its build, so a floor without its record fails the run at once, not
+//! after the tests.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -84,9 +89,14 @@ fn read_floors() -> Result<HashMap<String, Floor>, String> {
         let goal = v.get("goal").and_then(number);
         match (floor, source) {
             (Some(floor), Some(source)) => {
-                if let Some(runs) = runs {
-                    check_record(&key, floor, goal, &runs).map_err(|e| format!("{}: {e}", path.display()))?;
-                }
+                let runs = runs.ok_or_else(|| {
+                    format!(
+                        "{}: [{key}] has no `runs`: a floor needs its record, the ratios of at least {MIN_RUNS} \
+                         gate runs with both CPUs kept busy (bash benches/floor_runs.sh)",
+                        path.display()
+                    )
+                })?;
+                check_record(&key, floor, goal, &runs).map_err(|e| format!("{}: {e}", path.display()))?;
                 out.insert(key, Floor { floor, source: source.to_string() });
             }
             _ => return Err(format!("{}: [{key}] needs a number `floor` and a text `source`", path.display())),
@@ -179,6 +189,21 @@ fn record_runs(gated: &[(&'static str, Row)]) {
         std::fs::OpenOptions::new().create(true).append(true).open(&path).and_then(|mut f| writeln!(f, "{line}"));
     if let Err(e) = written {
         eprintln!("gate: cannot append this run's ratios to {}: {e}", path.display());
+    }
+}
+
+/// Check `benches/floors.toml` alone (`-- floors`): 0 when every row has a
+/// floor its record allows.
+pub fn check_floors() -> ExitCode {
+    match read_floors() {
+        Ok(f) => {
+            println!("gate: every floor of {} has its record ({} rows)", floors_file().display(), f.len());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("gate: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -67,7 +67,7 @@ finish() {
 }
 trap finish EXIT
 
-rm -f target/release-build.time target/cluster-up.time
+rm -f target/release-build.time target/cluster-build.time target/cluster-up.time
 step setup bash tests/setup.sh
 # The book (docs/) builds; its links are checked by tests/it/docs.rs.
 step book bash tests/book.sh
@@ -87,12 +87,16 @@ step "python client" client_check
 unset RUSTFLAGS RUSTC_WORKSPACE_WRAPPER
 step fmt cargo fmt --check
 
-# The builds at once: the release build ends in about 230 s on one CPU
-# (the trainlet crate with one codegen unit, then fat LTO), which the test
-# build, the cluster build and then the first tests fill. The release
-# binary is needed by the images (the container tests and the cluster's
-# nodes: tests/images.sh waits on cargo's lock until it is built) and the
-# gate.
+# The builds at once: the release build runs beside the test build, which
+# runs at a lower priority (nice 10), so that the release binary is ready
+# when the tests start: the container tests and the cluster's nodes need it
+# for their images (tests/images.sh waits on cargo's lock until it is
+# built), and the gate measures it. In the clean-clone run of eedf57d, at
+# the same priority, the release build ended 520 s after the tests began:
+# the first container tests held both test threads for minutes, waiting
+# for it, and the cluster tests started after it. The release build itself
+# ends in about 230 s on one CPU (the trainlet crate with one codegen unit,
+# then fat LTO), which the test build fills.
 release_build() {
   local started=$SECONDS status=0
   cargo build --locked --release >target/release-build.log 2>&1 || status=$?
@@ -112,7 +116,7 @@ release_pid=$!
 export RUSTC_WORKSPACE_WRAPPER=clippy-driver
 test_build() {
   local status=0
-  cargo test --locked --workspace --all-targets --no-run 2>&1 | tee target/test-build.log || status=$?
+  nice -n 10 cargo test --locked --workspace --all-targets --no-run 2>&1 | tee target/test-build.log || status=$?
   [ "$status" = 0 ] || return "$status"
   # cargo's closing line for a crate that warned (also for a crate that was
   # already built: cargo shows its warnings again).
@@ -121,14 +125,12 @@ test_build() {
     return 1
   fi
 }
-build_status=0
-step "test build (clippy's lints in it)" test_build || build_status=$?
-# The real Kubernetes, JobSet and Trainer of tests/it/cluster.rs, from their
-# Go modules (about 13 minutes cold on 2 cores, cached under target/cluster).
-[ $build_status != 0 ] || step "cluster build" bash tests/cluster.sh build || build_status=$?
-[ $build_status = 0 ] || exit $build_status
+step "test build (clippy's lints in it)" test_build || exit $?
+# Every floor of the gate has its record (benches/floors.toml): checked
+# now, in seconds, not when the gate runs after the tests.
+step "the gate's floors" cargo test --locked --bench compare -- floors
 # The release build's end, its row and its check come after the other
-# tests (below): they start while its one-CPU tail still runs.
+# tests (below): they start whether or not it has ended.
 release_check() {
   local release_status=0 release_time
   wait "$release_pid" || release_status=$?
@@ -175,12 +177,25 @@ cluster_group() {
   "$it" cluster:: $(printf -- '--skip %s ' "${alone[@]}") --test-threads "${TRAINLET_CLUSTER_TEST_THREADS:-1}" || status=1
   return $status
 }
-# The cluster every cluster test shares comes up beside the other tests
-# (it mostly waits), then the cluster tests run; it stops at the end of
-# this script, or when this script's process is gone however it ended (the
-# keeper of `ensure --owner`).
+# The real Kubernetes, JobSet and Trainer of tests/it/cluster.rs are built
+# from their Go modules (about 13 minutes cold on 2 cores, seconds when
+# cached under target/cluster), then the cluster every cluster test shares
+# comes up, then the cluster tests run: all of it beside the other tests
+# (the build was a step of its own before them: on a fresh machine, 1151 s
+# before any test ran). The cluster stops at the end of this script, or
+# when this script's process is gone however it ended (the keeper of
+# `ensure --owner`).
 cluster_part() {
   local started=$SECONDS
+  if ! bash tests/cluster.sh build >target/cluster-build.log 2>&1; then
+    echo "$((SECONDS - started)) FAILED" >target/cluster-build.time
+    echo "0 FAILED" >target/cluster-up.time
+    tail -40 target/cluster-build.log
+    echo "error: the test cluster's binaries did not build; the log: target/cluster-build.log"
+    return 1
+  fi
+  echo "$((SECONDS - started))" >target/cluster-build.time
+  started=$SECONDS
   if ! bash tests/cluster.sh ensure --owner $$ >target/cluster-up.log 2>&1; then
     echo "$((SECONDS - started)) FAILED" >target/cluster-up.time
     tail -40 target/cluster-up.log
@@ -207,9 +222,11 @@ while IFS= read -r line; do rows+=("$line"); done <target/test-binaries.txt
 release_check
 cluster_status=0
 wait "$cluster_tests" || cluster_status=$?
+read -r build_time build_failed <target/cluster-build.time || { build_time=0; build_failed=FAILED; }
 read -r up_time up_failed <target/cluster-up.time || { up_time=0; up_failed=FAILED; }
-row "cluster up (beside the other tests)" "$up_time" "${up_failed:+  FAILED}"
-row "cluster tests (after it, $(grep -c '^test .* \.\.\. ' target/test-cluster.log) tests)" $((SECONDS - cluster_tests_started - up_time)) "$([ $cluster_status = 0 ] || echo "  FAILED")"
+row "cluster build (beside the other tests)" "$build_time" "${build_failed:+  FAILED}"
+row "cluster up (after it)" "$up_time" "${up_failed:+  FAILED}"
+row "cluster tests (after it, $(grep -c '^test .* \.\.\. ' target/test-cluster.log) tests)" $((SECONDS - cluster_tests_started - build_time - up_time)) "$([ $cluster_status = 0 ] || echo "  FAILED")"
 echo "=== the cluster tests (target/test-cluster.log)" >&2
 cat target/test-cluster.log
 if [ $status != 0 ] || [ $cluster_status != 0 ]; then
@@ -217,7 +234,10 @@ if [ $status != 0 ] || [ $cluster_status != 0 ]; then
   awk '/^failures:$/{on=1} on' target/test.log target/test-cluster.log | grep -v '^ *[0-9]*: \|^ *at ' | tail -300 >&2
   echo "=== where each failing test panicked ===" >&2
   grep -h -A4 "panicked at" target/test.log target/test-cluster.log | cut -c1-400 | head -120 >&2
-  if [ -n "$up_failed" ] && [ -f target/cluster-up.log ]; then
+  if [ -n "$build_failed" ] && [ -f target/cluster-build.log ]; then
+    echo "=== why the cluster's binaries did not build (target/cluster-build.log) ===" >&2
+    tail -40 target/cluster-build.log | cut -c1-400 >&2
+  elif [ -n "$up_failed" ] && [ -f target/cluster-up.log ]; then
     echo "=== why the cluster did not come up (target/cluster-up.log) ===" >&2
     grep -h -B16 "cluster: \[[0-9]* s\] error:" target/cluster-up.log | cut -c1-400 | tail -40 >&2
     grep -h "up failed" target/cluster-up.log >&2
