@@ -9,8 +9,9 @@
 //!
 //! A floor's record is `runs`, the ratios of at least [`MIN_RUNS`] whole
 //! gate runs with both CPUs kept busy by two other processes (`bash
-//! benches/floor_runs.sh`); the floor is either the lowest of them halved or
-//! the row's `goal` where every run met it. A record that is too short, or
+//! benches/floor_runs.sh`), and `idle`, those of whole gate runs on an
+//! otherwise idle machine (`--idle`); the floor is either the lowest of them
+//! all halved or the row's `goal` where every run met it. A record that is too short, or
 //! a floor above what its runs allow, fails the gate before anything is
 //! measured: a floor that would fail a healthy build is a bug of the gate.
 //! A row without a record fails it too: a new row earns its floor from its
@@ -49,14 +50,18 @@ fn number(v: &toml::Value) -> Option<f64> {
 }
 
 /// Whether `floor` is what the record allows: at most the lowest run
-/// halved, or the goal when every run met it.
-fn check_record(key: &str, floor: f64, goal: Option<f64>, runs: &[f64]) -> Result<(), String> {
+/// (under load or idle) halved, or the goal when every run met it. Idle
+/// runs count because some ratios are lower idle than under load: a cold
+/// torchrun, the reference of several rows, slows more under load than
+/// trainlet does.
+fn check_record(key: &str, floor: f64, goal: Option<f64>, runs: &[f64], idle: &[f64]) -> Result<(), String> {
     if runs.len() < MIN_RUNS {
         return Err(format!(
             "[{key}] records {} runs under load; a floor needs at least {MIN_RUNS} (bash benches/floor_runs.sh)",
             runs.len()
         ));
     }
+    let runs: Vec<f64> = runs.iter().chain(idle).copied().collect();
     let lowest = runs.iter().copied().fold(f64::INFINITY, f64::min);
     let halved = lowest / 2.0;
     let by_goal = goal.is_some_and(|g| (floor - g).abs() < 1e-9 && g <= lowest);
@@ -84,8 +89,10 @@ fn read_floors() -> Result<HashMap<String, Floor>, String> {
     for (key, v) in table {
         let floor = v.get("floor").and_then(number);
         let source = v.get("source").and_then(|s| s.as_str());
-        let runs: Option<Vec<f64>> =
-            v.get("runs").and_then(|r| r.as_array()).map(|a| a.iter().filter_map(number).collect());
+        let numbers = |name: &str| -> Option<Vec<f64>> {
+            v.get(name).and_then(|r| r.as_array()).map(|a| a.iter().filter_map(number).collect())
+        };
+        let (runs, idle) = (numbers("runs"), numbers("idle").unwrap_or_default());
         let goal = v.get("goal").and_then(number);
         match (floor, source) {
             (Some(floor), Some(source)) => {
@@ -96,7 +103,7 @@ fn read_floors() -> Result<HashMap<String, Floor>, String> {
                         path.display()
                     )
                 })?;
-                check_record(&key, floor, goal, &runs).map_err(|e| format!("{}: {e}", path.display()))?;
+                check_record(&key, floor, goal, &runs, &idle).map_err(|e| format!("{}: {e}", path.display()))?;
                 out.insert(key, Floor { floor, source: source.to_string() });
             }
             _ => return Err(format!("{}: [{key}] needs a number `floor` and a text `source`", path.display())),
