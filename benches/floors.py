@@ -44,6 +44,12 @@ def read_runs(path):
     return runs
 
 
+def record(key, row, runs, idles):
+    """A row's runs under load and idle: this file's measured ones, else the
+    ones floors.toml holds."""
+    return runs.get(key) or row.get("runs", []), idles.get(key) or row.get("idle", [])
+
+
 def main():
     args = sys.argv[1:]
     write = "--write" in args
@@ -53,8 +59,7 @@ def main():
     with open(FLOORS, "rb") as f:
         floors = tomllib.load(f)
     for key in floors:
-        r = runs.get(key, []) or floors[key].get("runs", [])
-        i = idles.get(key, []) or floors[key].get("idle", [])
+        r, i = record(key, floors[key], runs, idles)
         if not r:
             print("%-45s not measured" % key)
             continue
@@ -69,8 +74,7 @@ def main():
         header = header.split("\n\n")[0] + "\n"
     out = [header]
     for key, row in floors.items():
-        r = runs.get(key) or row.get("runs", [])
-        i = idles.get(key) or row.get("idle", [])
+        r, i = record(key, row, runs, idles)
         goal = row.get("goal")
         out.append("\n[%s]\n" % key)
         out.append("floor = %s\n" % (floor_of(r + i, goal) if r else row["floor"]))
