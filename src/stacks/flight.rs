@@ -10,7 +10,7 @@
 //!
 //! The dump is the worker's file, so hostile input: it is opened without
 //! following a link, must be a regular file of the worker's own uid written
-//! since the ask, at most [`MAX_DUMP`] bytes, and is read by the bounded
+//! since the round began, at most [`MAX_DUMP`] bytes, and is read by the bounded
 //! [`super::pickle`] reader, which runs no code.
 
 use std::io::Read as _;
@@ -77,7 +77,7 @@ pub struct Flight {
 /// Why a dump could not be read (yet).
 #[derive(Debug, thiserror::Error)]
 pub enum DumpError {
-    /// Not there, or not written since the ask.
+    /// Not there, or not written since the round began.
     #[error("no dump yet")]
     NotYet,
     /// There, but not one to read.
@@ -145,7 +145,7 @@ pub fn dump_target(pid: i32, rank: u32) -> Result<(Vec<PathBuf>, Duration), Stri
 /// `env`: the prefix `TORCH_FR_DUMP_TEMP_FILE` (else
 /// `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`) names, plus the rank; where neither
 /// is set, torch's cache directory, which differs by version (the dump is
-/// looked for in each, and only one written since the ask is read):
+/// looked for in each, and only one written since the round began is read):
 /// torch 2.15 writes `comm_lib_trace_rank_N` in `$XDG_CACHE_HOME/torch`
 /// where that is set (even empty), else in `$HOME/.cache/torch` (`/tmp`
 /// for an unset HOME), as torch 2.11 does in `$HOME/.cache/torch` (seen

@@ -276,7 +276,7 @@ async fn read_at_hang<J: Job>(
         }
     }
     every_pod(job, false, STACKS_IN_WAIT).await;
-    super::flight::gather(world, &mut read, targets).await;
+    super::flight::gather(world, &mut read, targets, crew.started).await;
     if let Err(e) = job.publish_stacks(stacks::encode(read), true).await {
         tracing::warn!(error = %e, "cannot put this pod's Flight Recorder dumps in the store");
     }

@@ -50,6 +50,10 @@ pub(super) struct Crew {
     pub(super) early: Vec<Event>,
     /// Workers told silent past --progress-timeout, and for how long.
     pub(super) silent_for: HashMap<u32, Duration>,
+    /// When this attempt began, before any of its workers started or
+    /// rejoined: a Flight Recorder dump older than that is an earlier
+    /// round's.
+    pub(super) started: std::time::SystemTime,
 }
 
 /// Start every local rank's worker (or give a kept one its rank).
@@ -87,6 +91,7 @@ pub(super) async fn spawn_all(
         mpi: Ranks::new(world.pmi.and_then(crate::mpi::pmi::round::Link::take_notes)),
         early: Vec::new(),
         silent_for: HashMap::new(),
+        started: std::time::SystemTime::now(),
     };
     let (placed, _) = crate::gpu::prepare::placements(&plan.gpu, plan.nproc);
     let nics = if plan.gpu.nic_hint { crate::gpu::sysfs::Sysfs::new(&plan.gpu.root).nics() } else { Vec::new() };

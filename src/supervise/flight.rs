@@ -27,6 +27,8 @@ const ASK_WAIT: Duration = Duration::from_secs(3);
 const TARGETS_WAIT: Duration = Duration::from_secs(1);
 /// How often the dumps are looked for.
 const POLL: Duration = Duration::from_millis(100);
+/// How far a dump's modification time may trail the agent's clock.
+const CLOCK_SLACK: Duration = Duration::from_secs(1);
 
 /// Where one worker's dump will be: its index in the stacks read, the
 /// files it may be written to (torch's default differs by version), the
@@ -78,14 +80,18 @@ pub(super) async fn targets(read: &mut [RankStacks]) -> Vec<Target> {
 }
 
 /// Ask for and read the Flight Recorder dumps at `targets`, and put each
-/// in its worker's entry of `read`.
-pub(super) async fn gather(world: &WorldView<'_>, read: &mut [RankStacks], targets: Vec<Target>) {
+/// in its worker's entry of `read`. A dump older than `started`, when
+/// this attempt began, is an earlier round's. Not the time of this pod's
+/// ask: the key is the whole job's, so the workers dump at the first
+/// pod's ask, and a pod that heard the hang later (its stacks came in the
+/// last, or past the others' wait) asks after its workers dumped.
+pub(super) async fn gather(world: &WorldView<'_>, read: &mut [RankStacks], targets: Vec<Target>, started: SystemTime) {
     if targets.is_empty() {
         return;
     }
-    // A dump older than the ask is an earlier hang's (the file system's
-    // clock may trail by its granularity).
-    let since = SystemTime::now().checked_sub(Duration::from_secs(1)).unwrap_or(SystemTime::UNIX_EPOCH);
+    // The file system's clock may trail, by its granularity or, on a
+    // network volume, by the server's clock.
+    let since = started.checked_sub(CLOCK_SLACK).unwrap_or(SystemTime::UNIX_EPOCH);
     if let Err(why) = ask(world.master_addr, world.master_port).await {
         tracing::warn!(reason = %why, "cannot ask the workers' Flight Recorders for a dump");
         for t in &targets {

@@ -64,6 +64,21 @@ fn report_in(dir: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&text).expect("json")
 }
 
+/// What a stall report says, the short facts first (a failure's message
+/// may be cut): its verdict, then each rank's read and dump.
+fn gist(report: &serde_json::Value) -> String {
+    let mut s = format!("stall: {}\nstalled_ranks: {}\n", report["stall"], report["stalled_ranks"]);
+    for r in report["stacks"].as_array().into_iter().flatten() {
+        let p = &r["stacks"];
+        let g = &r["flight"]["groups"][0];
+        s += &format!(
+            "rank {}: took_ms {} unread {} note {} | flight seq {} op {} done {} note {}\n",
+            r["rank"], p["took_ms"], p["unread"], p["note"], g["seq"], g["op"], g["done"], r["flight"]["note"]
+        );
+    }
+    s
+}
+
 /// Pods of `nproc` workers running tests/fixtures/stall_job.py, where rank
 /// `stall` stalls by `how`; each pod with a log directory and a
 /// termination message file of its own.
@@ -122,8 +137,8 @@ fn a_rank_outside_the_collective_is_named_with_where_it_stalled() {
     );
     for (pod, dir) in pods.iter().zip(&dirs) {
         let report = report_in(&dir.path().join("logs"));
-        assert_eq!(report["stalled_ranks"], serde_json::json!([2]), "{report:#}");
-        assert_eq!(report["stall"], want.as_str(), "{report:#}");
+        assert_eq!(report["stalled_ranks"], serde_json::json!([2]), "{}\n{report:#}", gist(&report));
+        assert_eq!(report["stall"], want.as_str(), "{}\n{report:#}", gist(&report));
         assert_eq!(report["root_cause"]["stall"], want.as_str(), "{report:#}");
         let stacks = report["stacks"].as_array().expect("stacks");
         let ranks: Vec<u64> = stacks.iter().filter_map(|r| r["rank"].as_u64()).collect();
@@ -152,17 +167,63 @@ fn a_rank_outside_the_collective_is_named_with_where_it_stalled() {
 /// real. tests/gpu/nccl_flight.sh runs the same job with NCCL on a GPU.
 #[test]
 fn the_flight_recorders_dumps_name_the_rank_that_never_entered_the_collective() {
-    let double = repo().join("tests/fixtures/nccl_monitor_double").display().to_string();
     // Pod 0's workers name their dump file; pod 1's write where torch does
     // by default (its cache directory in HOME).
-    let (mut pods, dirs) = stall_job_with(2, 2, 2, "sleep", |node, dir| {
-        let place = match node {
-            0 => ("TORCH_FR_DUMP_TEMP_FILE".into(), dir.join("fr_").display().to_string()),
-            _ => ("HOME".into(), dir.display().to_string()),
-        };
-        vec![("PYTHONPATH".into(), double.clone()), ("TORCH_NCCL_COORD_CHECK_MILSEC".into(), "200".into()), place]
+    let (mut pods, dirs) = flight_job(|node, dir| match node {
+        0 => ("TORCH_FR_DUMP_TEMP_FILE".into(), dir.join("fr_").display().to_string()),
+        _ => ("HOME".into(), dir.display().to_string()),
     });
-    for pod in &mut pods {
+    check_flight_verdict(&mut pods, &dirs, |node| if node == 0 { "fr_" } else { ".cache/torch/comm_lib_trace_rank_" });
+}
+
+/// A pod that hears the hang late still reads its workers' dumps. The key
+/// that asks for them is the job's, so every worker dumps at the first
+/// pod's ask; a pod whose stacks came in last, or past the others' wait,
+/// asks after its own workers dumped, and takes the dumps written since
+/// its round began. The schedule: pod 1's agent is stopped (SIGSTOP) from
+/// rank 2's stall until its workers have dumped at pod 0's ask and 1.5 s
+/// more have passed, then resumed, inside pod 0's wait for its dumps. A
+/// pod that took only dumps written since its own ask (less 1 s for the
+/// file system's clock) found none and named no rank from them.
+#[test]
+fn a_pod_that_hears_the_hang_late_still_reads_its_workers_dumps() {
+    let (mut pods, dirs) =
+        flight_job(|_, dir| ("TORCH_FR_DUMP_TEMP_FILE".into(), dir.join("fr_").display().to_string()));
+    pods[1].wait_for_output("STALL rank=2", LIMIT);
+    pods[1].signal(nix::sys::signal::Signal::SIGSTOP);
+    pods[0].wait_for_stderr("read the workers' Flight Recorder dumps", LIMIT);
+    let dumps = [dirs[1].path().join("fr_2"), dirs[1].path().join("fr_3")];
+    let asked = std::time::Instant::now();
+    while !dumps.iter().all(|d| d.exists()) {
+        assert!(asked.elapsed() < LIMIT, "pod 1's workers never dumped at pod 0's ask: {}", pods[0].stderr());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    pods[1].signal(nix::sys::signal::Signal::SIGCONT);
+    check_flight_verdict(&mut pods, &dirs, |_| "fr_");
+}
+
+/// [`stall_job`] with rank 2 stalled by a sleep and the NCCL monitor
+/// double in every worker, polling every 200 ms; `place` says where each
+/// pod's workers dump (a variable and its value, given the node rank and
+/// the pod's directory).
+fn flight_job(place: impl Fn(u32, &std::path::Path) -> (String, String)) -> (Vec<Pod>, Vec<tempfile::TempDir>) {
+    let double = repo().join("tests/fixtures/nccl_monitor_double").display().to_string();
+    stall_job_with(2, 2, 2, "sleep", |node, dir| {
+        vec![
+            ("PYTHONPATH".into(), double.clone()),
+            ("TORCH_NCCL_COORD_CHECK_MILSEC".into(), "200".into()),
+            place(node, dir),
+        ]
+    })
+}
+
+/// Every pod of a [`flight_job`] ends 206, and its report and log name
+/// rank 2 from the dumps (its last collective done, the others' one
+/// further and waiting), whose files are in the pod's directory under
+/// `prefix(node)` plus the rank.
+fn check_flight_verdict(pods: &mut [Pod], dirs: &[tempfile::TempDir], prefix: impl Fn(usize) -> &'static str) {
+    for pod in pods.iter_mut() {
         assert_eq!(pod.code(LIMIT), 206, "{}", pod.stderr());
     }
     let want = format!(
@@ -171,10 +232,11 @@ fn the_flight_recorders_dumps_name_the_rank_that_never_entered_the_collective() 
         3 + 1,
         line_of("stall_job.py", "STALL_LINE_SLEEP")
     );
-    for (node, (pod, dir)) in pods.iter().zip(&dirs).enumerate() {
+    for (node, (pod, dir)) in pods.iter().zip(dirs).enumerate() {
         let report = report_in(&dir.path().join("logs"));
         let said = format!(
-            "{report:#}\n--- the pods' output:\n{}",
+            "{}\n{report:#}\n--- the pods' output:\n{}",
+            gist(&report),
             pods.iter().map(|p| p.stdout() + &p.stderr()).collect::<String>()
         );
         assert_eq!(report["stalled_ranks"], serde_json::json!([2]), "{said}");
@@ -192,8 +254,7 @@ fn the_flight_recorders_dumps_name_the_rank_that_never_entered_the_collective() 
         let err = pod.stderr();
         assert!(err.contains("waiting for the workers' Flight Recorder dumps"), "{err}");
         assert!(err.contains(&format!("the job hung: {want}")), "{err}");
-        let prefix = if node == 0 { "fr_" } else { ".cache/torch/comm_lib_trace_rank_" };
-        for f in [format!("{prefix}{}", node * 2), format!("{prefix}{}", node * 2 + 1)] {
+        for f in [format!("{}{}", prefix(node), node * 2), format!("{}{}", prefix(node), node * 2 + 1)] {
             assert!(dir.path().join(&f).exists(), "no dump {f} on pod {node}");
         }
     }
