@@ -121,12 +121,15 @@ fn deepspeed_runtime_env() -> Vec<(String, String)> {
 /// takes trainlet's torchrun env, ZeRO stage 1 trains on CPU (gloo) on 2
 /// pods x 2 workers under the runtime's own env, and every rank ends with
 /// the same parameters. (DeepSpeed builds its shared-memory op with ninja
-/// and g++ on first use: the venv's bin is on PATH for ninja.)
+/// and g++ on first use: the venv's bin is on PATH for ninja. It is built
+/// before the pods start, by [`deepspeed_op_dir`]: the cluster test
+/// compiles it in the pods.)
 #[test]
 fn deepspeed_trains_zero_stage_1_on_two_pods_under_the_runtimes_env() {
     let script = fixture("ds_train.py");
     let venv_bin = std::path::Path::new(&python()).parent().expect("venv bin").display().to_string();
     let path = format!("{venv_bin}:{}", std::env::var("PATH").unwrap_or_default());
+    let ops = deepspeed_op_dir(&path);
     let runtime = deepspeed_runtime_env();
     let port = free_port();
     let mut pods = pods(port, &["run", &script], |i, port| {
@@ -134,6 +137,7 @@ fn deepspeed_trains_zero_stage_1_on_two_pods_under_the_runtimes_env() {
         e.extend(runtime.iter().cloned());
         e.push(("DS_ACCELERATOR".into(), "cpu".into()));
         e.push(("PATH".into(), path.clone()));
+        e.push(("TORCH_EXTENSIONS_DIR".into(), ops.clone()));
         e
     });
     let seen = lines(&mut pods, "DEEPSPEED");
@@ -145,6 +149,22 @@ fn deepspeed_trains_zero_stage_1_on_two_pods_under_the_runtimes_env() {
         assert_eq!(kv["identical"], "True", "ZeRO-1 keeps every rank's parameters equal: {kv:?}");
         assert_eq!(kv["learned"], "True", "the held-out loss went down: {kv:?}");
     }
+}
+
+/// Where DeepSpeed's shared-memory op is built (target/torch-extensions),
+/// once, by one process (tests/fixtures/ds_build_op.py), with `path` for
+/// ninja: compiled on first use in the pods, it took 250 s of the pods'
+/// 300 s on a loaded 2-core machine with a cold cache, and a pod killed at
+/// the bound left torch's build lock behind, on which every later run
+/// waited. Seconds once built.
+fn deepspeed_op_dir(path: &str) -> String {
+    let dir = repo().join("target/torch-extensions").display().to_string();
+    let script = fixture("ds_build_op.py");
+    let mut build =
+        Pod::start_as(std::path::Path::new(&python()), &[&script, &dir], &[("DS_ACCELERATOR", "cpu"), ("PATH", path)]);
+    let code = build.code(Duration::from_secs(900));
+    assert_eq!(code, 0, "DeepSpeed's op did not build:\n{}\n{}", build.stdout(), build.stderr());
+    dir
 }
 
 /// The TrainJob command the Kubeflow SDK's own code makes for
