@@ -31,6 +31,7 @@ use crate::supervise::attempt::run_attempt;
 use crate::supervise::carry::Carry;
 use crate::supervise::policy::{Outcome, Verdict, backoff, verdict};
 use crate::supervise::report::{Failure, root_cause};
+use crate::supervise::round_end::RoundEnd;
 use crate::supervise::worker::WorldView;
 use crate::sys;
 
@@ -111,8 +112,8 @@ struct Ran {
 /// What the pods decided about a round.
 struct Decided<'a> {
     verdict: Verdict,
-    /// How the round ended (`stop:` when serve mode's run was stopped).
-    end: &'a str,
+    /// How the round ended (None: no end was published).
+    end: Option<&'a RoundEnd>,
     /// Every pod's failures in the round.
     failures: &'a [Failure],
     /// The restarts used before the run started (serve mode).
@@ -187,8 +188,7 @@ impl Job {
         }
         let timing =
             Timing { last_call: plan.last_call, heartbeat: plan.heartbeat, heartbeat_timeout: plan.heartbeat_timeout };
-        // Serve mode's control token; the agents' store (and the rounds'
-        // worker stores), when this pod hosts it.
+        // Serve mode's control token; the agents' store (and the rounds' worker stores), when this pod hosts it.
         let hosting::Hosted { token_file, guard, control, endpoint, host_dial, rounds } =
             hosting::store(&plan, timing, &cancel)?;
         let mut replicas = replicas::Replicas::start(&plan, &spawner, host_dial, &cancel);
@@ -426,7 +426,7 @@ impl Job {
                     |e| crate::error::error_chain(&e),
                 );
                 if let Some(sv) = &self.served {
-                    sv.round_over(round.number, &failures, &cause);
+                    sv.round_over(round.number, &failures, &cause, false);
                 }
                 self.story.rounds.push(record(round, "store lost", "regroup"));
                 self.story.failures.extend(failures);
@@ -435,28 +435,29 @@ impl Job {
         };
         self.story.failures.extend(all_failures.iter().cloned());
         self.story.stalled = stalled.or(self.story.stalled.take());
+        let shown = end.as_ref().map(RoundEnd::to_string).unwrap_or_default();
         if let Some(sv) = &self.served {
-            sv.round_over(round.number, &all_failures, &end);
+            sv.round_over(round.number, &all_failures, &shown, end.as_ref().is_some_and(RoundEnd::is_stop));
         }
         let agreed = match self.session.decide(round.number, verdict(&facts)).await {
             Ok(v) => v,
             Err(e) => return self.reconnect(&crate::error::error_chain(&e)).await,
         };
         // Kept workers go on only into a restart or regroup of their run.
-        if !matches!(agreed, Verdict::Restart(_) | Verdict::Regroup) || end.starts_with("stop:") {
+        if !matches!(agreed, Verdict::Restart(_) | Verdict::Regroup) || end.as_ref().is_some_and(RoundEnd::is_stop) {
             self.carry.stop(plan.grace).await;
             if self.served.is_some() {
                 crate::process::sweep::between_rounds("after the run's kept workers stopped");
             }
         }
-        self.story.rounds.push(record(round, &end, &agreed.to_string()));
+        self.story.rounds.push(record(round, &shown, &agreed.to_string()));
         let root = root_cause(&all_failures);
         for f in &mut self.features {
             f.decided(root);
         }
         tracing::info!(
             round = round.number,
-            end = %end,
+            end = %shown,
             verdict = %agreed,
             dead = facts.dead,
             all_stopped = facts.all_stopped,
@@ -465,7 +466,7 @@ impl Job {
             restarts_left = plan.max_restarts.saturating_sub(facts.restarts),
             "round decided"
         );
-        let decided = Decided { verdict: agreed, end: &end, failures: &all_failures, base_restarts };
+        let decided = Decided { verdict: agreed, end: end.as_ref(), failures: &all_failures, base_restarts };
         self.follow(round, &plan, decided).await
     }
 
@@ -509,7 +510,7 @@ impl Job {
                 return Flow::Exit(exit::SUCCESS);
             }
             Verdict::Regroup => {
-                if d.end.starts_with("stop:")
+                if d.end.is_some_and(RoundEnd::is_stop)
                     && let Some(sv) = self.served.as_mut()
                 {
                     sv.run_over(RunState::Stopped, world, d.failures, None).await;

@@ -15,8 +15,9 @@ use crate::process::signals::SysEvent;
 use crate::rendezvous::{self, Round, STOP_SYNC_MARGIN, Session};
 use crate::stacks::stall::judge;
 use crate::supervise::attempt::Job;
-use crate::supervise::policy::{JobEnd, RoundFacts, Verdict, is_hang_end};
+use crate::supervise::policy::{RoundFacts, Verdict};
 use crate::supervise::report::Failure;
+use crate::supervise::round_end::RoundEnd;
 
 /// Longest the loss of the store waits for the watch of the store host's
 /// "leaving" announcement to settle (it ends as the connection does).
@@ -30,14 +31,14 @@ pub(super) async fn stop_sync(
     round: &Round,
     (plan, restarts): (&Plan, u32),
     failures: &[Failure],
-) -> std::result::Result<(RoundFacts, Vec<Failure>, String, Option<Stalled>), rendezvous::Error> {
+) -> std::result::Result<(RoundFacts, Vec<Failure>, Option<RoundEnd>, Option<Stalled>), rendezvous::Error> {
     session.report_stopped(round, failures).await?;
     let limit = plan.grace + plan.kill_timeout + STOP_SYNC_MARGIN;
     let stopped = session.wait_stopped(round, limit).await?;
     let all = if stopped.all_stopped || stopped.dead { session.failures(round).await? } else { failures.to_vec() };
-    let end_text = session.end_text(round.number).await?;
+    let end = session.round_end(round.number).await?;
     let facts = RoundFacts {
-        end: (!end_text.is_empty()).then(|| rendezvous::parse_end(&end_text)),
+        end: end.as_ref().map(RoundEnd::job_end),
         dead: stopped.dead,
         all_stopped: stopped.all_stopped,
         fatal: all.iter().any(|f| f.action == RuleAction::Fail),
@@ -45,7 +46,7 @@ pub(super) async fn stop_sync(
         restarts,
         max_restarts: plan.max_restarts,
     };
-    let stalled = if is_hang_end(&end_text) { Some(stalled(session, round).await?) } else { None };
+    let stalled = if end.as_ref().is_some_and(RoundEnd::is_hang) { Some(stalled(session, round).await?) } else { None };
     let mut all = all;
     if let Some(s) = &stalled {
         // Every consumer of the failure (the termination message, the
@@ -54,7 +55,7 @@ pub(super) async fn stop_sync(
             f.stall = Some(s.stall.summary.clone());
         }
     }
-    Ok((facts, all, end_text, stalled))
+    Ok((facts, all, end, stalled))
 }
 
 /// Most ranks whose innermost frame is logged at a stall.
@@ -96,7 +97,7 @@ impl Job for RoundJob<'_> {
         self.round.number
     }
 
-    fn watch_end(&self) -> impl std::future::Future<Output = (JobEnd, String)> + Send + 'static {
+    fn watch_end(&self) -> impl std::future::Future<Output = Option<RoundEnd>> + Send + 'static {
         self.session.watch_end(self.round.number)
     }
 

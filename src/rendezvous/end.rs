@@ -10,8 +10,9 @@ use super::Error;
 use super::join::MISSING_SHOWN;
 use super::session::{Round, Session, Stopped, progress_tick, wait_get, wait_on};
 use crate::stacks::stall::RankStacks;
-use crate::supervise::policy::{HANG_END, JobEnd, Verdict, is_hang_end};
+use crate::supervise::policy::Verdict;
 use crate::supervise::report::Failure;
+use crate::supervise::round_end::RoundEnd;
 use crate::waiting::Waiting;
 
 /// How the store host's announcement of the job's end begins; the
@@ -27,18 +28,16 @@ const SPARES_READ_WAIT: Duration = Duration::from_secs(3);
 const STACKS_PER_GET: usize = 16;
 
 impl Session {
-    async fn end(&mut self, r: u64, value: &str) -> Result<(), Error> {
+    async fn end(&mut self, r: u64, end: &RoundEnd) -> Result<(), Error> {
         let key = self.rkey(r, "end");
-        self.client.compare_set(&key, b"", value.as_bytes()).await.map_err(|e| self.lost(e))?;
+        self.client.compare_set(&key, b"", end.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
         Ok(())
     }
 
     /// A worker failed here: end the round as failed (first writer wins);
     /// `hang` marks the end so every pod reads its workers' stacks first.
     pub async fn publish_failure(&mut self, r: u64, fatal: bool, hang: bool) -> Result<(), Error> {
-        let what = if fatal { "fatal" } else { "failure" };
-        let value = if hang { format!("{what}{HANG_END}") } else { what.to_string() };
-        self.end(r, &value).await
+        self.end(r, &RoundEnd::Failure { fatal, hang }).await
     }
 
     /// This pod's workers' stacks at a hang, for the job's view; `dumped`:
@@ -81,33 +80,24 @@ impl Session {
     pub async fn publish_abort(&mut self, r: u64, signal: i32) -> Result<(), Error> {
         let leaving = self.key(&format!("leaving/{}", self.me.uid));
         self.client.set(&leaving, signal.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
-        let v = format!("abort:{}:{signal}", self.me.uid);
-        self.end(r, &v).await
+        self.end(r, &RoundEnd::Abort { uid: self.me.uid.to_string(), signal }).await
     }
 
     /// Every worker here is done; the last pod to say so ends the round.
     pub async fn publish_local_done(&mut self, round: &Round) -> Result<(), Error> {
         let n = self.client.add(&self.rkey(round.number, "done"), 1).await.map_err(|e| self.lost(e))?;
         if n >= i64::from(round.nnodes) {
-            self.end(round.number, "success").await?;
+            self.end(round.number, &RoundEnd::Success).await?;
         }
         Ok(())
     }
 
     /// A future that resolves when the round's end is published, on its
-    /// own connection. A broken connection reads as [`JobEnd::Lost`].
-    pub fn watch_end(&self, r: u64) -> impl std::future::Future<Output = (JobEnd, String)> + Send + 'static {
+    /// own connection; None when that connection broke (the store is lost).
+    pub fn watch_end(&self, r: u64) -> impl std::future::Future<Output = Option<RoundEnd>> + Send + 'static {
         let dial = self.dial.clone();
         let key = self.rkey(r, "end");
-        async move {
-            match wait_get(dial, &key).await {
-                Ok(v) => {
-                    let v = String::from_utf8_lossy(&v).to_string();
-                    (parse_end(&v), v)
-                }
-                Err(_) => (JobEnd::Lost, String::new()),
-            }
-        }
+        async move { wait_get(dial, &key).await.ok().map(|v| RoundEnd::read(&String::from_utf8_lossy(&v))) }
     }
 
     /// Record our failures and that our workers are gone; the last pod
@@ -158,9 +148,10 @@ impl Session {
         Ok(Stopped { all_stopped: !present[0].is_empty(), dead: !present[1].is_empty() })
     }
 
-    /// The round's published end as written (empty when none).
-    pub async fn end_text(&mut self, r: u64) -> Result<String, Error> {
-        Ok(String::from_utf8_lossy(&self.get(&self.rkey(r, "end")).await?).to_string())
+    /// The round's published end (None when none is).
+    pub async fn round_end(&mut self, r: u64) -> Result<Option<RoundEnd>, Error> {
+        let v = self.get(&self.rkey(r, "end")).await?;
+        Ok((!v.is_empty()).then(|| RoundEnd::read(&String::from_utf8_lossy(&v))))
     }
 
     /// Every member's failures in round `round` (members that did not report count as none).
@@ -244,34 +235,5 @@ impl Session {
         self.heartbeat.abort();
         let key = self.key(&format!("hb/{}", self.me.uid));
         let _ = tokio::time::timeout(Duration::from_secs(2), self.client.set(&key, b"bye")).await;
-    }
-}
-
-/// How a published end reads to the supervisor.
-pub fn parse_end(v: &str) -> JobEnd {
-    match v {
-        "success" => JobEnd::Success,
-        "failure" | "fatal" => JobEnd::Failure,
-        v if is_hang_end(v) => JobEnd::Failure,
-        v if v.starts_with("dead:") => JobEnd::Regroup { planned: false },
-        _ => JobEnd::Regroup { planned: true },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use test_case::test_case;
-
-    #[test_case("success", JobEnd::Success; "success")]
-    #[test_case("failure", JobEnd::Failure; "failure")]
-    #[test_case("fatal", JobEnd::Failure; "fatal")]
-    #[test_case("failure:hang", JobEnd::Failure; "hang")]
-    #[test_case("fatal:hang", JobEnd::Failure; "fatal hang")]
-    #[test_case("dead:h#1#2", JobEnd::Regroup { planned: false }; "dead")]
-    #[test_case("waiting:h#1#2", JobEnd::Regroup { planned: true }; "waiting")]
-    #[test_case("abort:h#1#2:15", JobEnd::Regroup { planned: true }; "abort")]
-    fn ends(v: &str, want: JobEnd) {
-        assert_eq!(parse_end(v), want);
     }
 }

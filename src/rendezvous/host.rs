@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::session::{raise, wait_on};
 use super::{Assignment, Member, Timing};
 use crate::store::{Client, ClientError, Dial, ServerError, StoreServer};
+use crate::supervise::round_end::RoundEnd;
 
 /// Serves a fresh worker store; called once per round.
 pub type ServeFn = Box<dyn Fn() -> Result<StoreServer, ServerError> + Send + Sync>;
@@ -148,7 +149,7 @@ async fn monitor(c: &mut Client, dial: &Dial, base: &str, r: u64, timing: Timing
                 seen.insert(uid.clone(), (Vec::new(), now));
             }
         }
-        if c.get(&key("end")).await? == b"success" {
+        if RoundEnd::read(&String::from_utf8_lossy(&c.get(&key("end")).await?)) == RoundEnd::Success {
             continue;
         }
         let hb: Vec<String> = members.iter().map(|u| format!("{base}/hb/{u}")).collect();
@@ -172,7 +173,7 @@ async fn monitor(c: &mut Client, dial: &Dial, base: &str, r: u64, timing: Timing
             tracing::warn!(round = r, dead = ?newly, timeout_s = timing.heartbeat_timeout.as_secs_f64(), "members stopped heartbeating; declaring them dead");
             dead.extend(newly.iter().cloned());
             c.set(&key("dead"), &serde_json::to_vec(&dead).unwrap_or_default()).await?;
-            c.compare_set(&key("end"), b"", format!("dead:{}", newly[0]).as_bytes()).await?;
+            c.compare_set(&key("end"), b"", RoundEnd::Dead(newly[0].clone()).to_string().as_bytes()).await?;
         }
         if gone == members.len() && !dead.is_empty() {
             tracing::warn!(round = r, "every member of the round is gone; opening the next round");

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::Error;
 use super::member::{Assignment, Member, assign};
 use crate::supervise::policy::Verdict;
+use crate::supervise::round_end::RoundEnd;
 use crate::waiting::Waiting;
 
 use super::session::{Joined, Known, Round, Session, Try, parse_u64, progress_tick, wait_on};
@@ -316,7 +317,7 @@ impl Session {
             let dead = serde_json::to_vec(&[&old.uid]).unwrap_or_default();
             self.client.compare_set(&self.rkey(r, "dead"), b"", &dead).await.map_err(|e| self.lost(e))?;
             self.client
-                .compare_set(&end, b"", format!("dead:{}", old.uid).as_bytes())
+                .compare_set(&end, b"", RoundEnd::Dead(old.uid.clone()).to_string().as_bytes())
                 .await
                 .map_err(|e| self.lost(e))?;
         } else if size < u64::from(self.me.max_nodes) {
@@ -325,7 +326,7 @@ impl Session {
                 running = size,
                 "a smaller round is running; asking it to regroup and admit this pod"
             );
-            let v = format!("waiting:{}", self.me.uid);
+            let v = RoundEnd::Waiting(self.me.uid.clone()).to_string();
             self.client.compare_set(&end, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
         } else {
             tracing::info!(round = r, running = size, "the round is full; waiting as a spare");

@@ -31,7 +31,7 @@
 //! | `rR/port` | the store host | `PORT,AUX`: the round's fresh worker store, and a free port for the coordinator or tracker |
 //! | `rR/service` | the store host's agent | `ready` or `failed: <why>`: XGBoost's tracker for the round |
 //! | `status/<node rank>` | each pod's progress relay | its workers' newest `trainerStatus` (`crate::status::relay`) |
-//! | `rR/end` | first COMPARE_SET wins | `success`, `failure`, `fatal` (with `:hang` at a hang), `waiting:<uid>`, `abort:<uid>:<sig>`, `dead:<uid>` |
+//! | `rR/end` | first COMPARE_SET wins | a [`crate::supervise::round_end::RoundEnd`]: `success`, `failure`, `fatal` (with `:hang` at a hang), `waiting:<uid>`, `abort:<uid>:<sig>`, `dead:<uid>`, `stop:<run>` (serve mode) |
 //! | `rR/done`, `rR/stopped`, `rR/all_stopped` | ADD per pod, then the last | workers done / gone everywhere |
 //! | `rR/failures/<group rank>` | each pod | JSON list of its failures |
 //! | `rR/stacks/<group rank>`, `rR/dumped/<group rank>` | each pod, at a hang | its workers' stacks (JSON, with their Flight Recorder dumps once `dumped` is set) |
@@ -62,7 +62,7 @@ mod service;
 mod session;
 mod spares;
 
-pub use end::{JOB_ENDED, parse_end};
+pub use end::JOB_ENDED;
 
 /// Extra time, beyond the grace period and the kill timeout, for the other
 /// pods to report their workers stopped.

@@ -372,7 +372,8 @@ async fn stop(api: &Api, seq: u64) -> Result<(), super::Error> {
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or(0);
-    link.compare_set(&format!("{base}/r{round}/end"), b"", format!("stop:{seq}").as_bytes()).await?;
+    let stop = crate::supervise::round_end::RoundEnd::Stop(seq).to_string();
+    link.compare_set(&format!("{base}/r{round}/end"), b"", stop.as_bytes()).await?;
     tracing::info!(run = seq, round, "stopping a run on request");
     Ok(())
 }

@@ -25,7 +25,7 @@ use crate::serve::{Go, Link, Scope, wait_go, wait_key};
 use crate::store::Dial;
 use crate::supervise::carry::Carry;
 use crate::supervise::output::LineTap;
-use crate::supervise::policy::{JobEnd, Outcome};
+use crate::supervise::policy::Outcome;
 use crate::supervise::report::{Failure, Report};
 use crate::sys;
 
@@ -271,9 +271,13 @@ impl Served {
                         Some(Work::Idle(Outcome::Lost))
                     }
                 },
-                (e, text) = &mut end => {
-                    tracing::info!(round = round.number, end = %text, "the idle round ended");
-                    break Some(Work::Idle(if e == JobEnd::Lost { Outcome::Lost } else { Outcome::Regroup }));
+                ended = &mut end => {
+                    let Some(ended) = ended else {
+                        tracing::info!(round = round.number, "the store was lost in an idle round");
+                        break Some(Work::Idle(Outcome::Lost));
+                    };
+                    tracing::info!(round = round.number, end = %ended, "the idle round ended");
+                    break Some(Work::Idle(Outcome::Regroup));
                 }
                 ev = events.recv() => match Heard::of(ev, &plan.stop_signals) {
                     Heard::Stop { signal, asked } => {
@@ -405,7 +409,7 @@ impl Served {
 
     /// The current run's `round` is over on every pod (`failures`: the
     /// workers that died on their own; `why`: how it ended).
-    pub fn round_over(&self, round: u64, failures: &[Failure], why: &str) {
+    pub fn round_over(&self, round: u64, failures: &[Failure], why: &str, stopped: bool) {
         self.cache_poke.notify_one();
         let Some(c) = &self.current else { return };
         if let Some(b) = &self.board {
@@ -413,7 +417,7 @@ impl Served {
         }
         self.note(Note::RoundOver { seq: c.run.seq });
         if let Some(b) = &c.bridge {
-            b.round_over(round, failures, why);
+            b.round_over(round, failures, why, stopped);
         }
     }
 

@@ -20,8 +20,9 @@ use crate::process::spawn::Spawner;
 use crate::process::sweep;
 use crate::supervise::carry::{Carry, Kept};
 use crate::supervise::crew::{Crew, Recorded, Worker, record, spawn_all};
-use crate::supervise::policy::{Action, Attempt, Event, JobEnd, Outcome, Timer, is_hang_end};
+use crate::supervise::policy::{Action, Attempt, Event, JobEnd, Outcome, Timer};
 use crate::supervise::report::Failure;
+use crate::supervise::round_end::RoundEnd;
 use crate::supervise::stacks;
 use crate::supervise::worker::{Rejoin, WorldView};
 use crate::sys;
@@ -39,8 +40,8 @@ pub trait Job {
     type Error: std::fmt::Display;
     /// The round this attempt runs in.
     fn round(&self) -> u64;
-    /// Resolves when the round ends anywhere: how, and the end's text.
-    fn watch_end(&self) -> impl std::future::Future<Output = (JobEnd, String)> + Send + 'static;
+    /// Resolves when the round ends anywhere: how (None: the store was lost).
+    fn watch_end(&self) -> impl std::future::Future<Output = Option<RoundEnd>> + Send + 'static;
     /// Why the store host said it left, if it did.
     fn host_left(&self) -> Option<String>;
     /// A worker failed here: end the round as failed (`fatal`: by a `fail`
@@ -142,22 +143,28 @@ async fn supervise(
                         None => continue,
                     }
                 }
-                (end, text) = &mut watch, if watching => {
+                ended = &mut watch, if watching => {
                     watching = false;
-                    if text.starts_with("stop:") {
-                        // The run is stopped (closed, replaced): nobody is kept.
-                        core.set_survivors(false);
+                    match ended {
+                        None => {
+                            match job.host_left() {
+                                Some(why) => tracing::warn!(store_host = %why, "the store host left the job; stopping workers"),
+                                None => tracing::error!("lost the rendezvous store; stopping workers"),
+                            }
+                            Event::Job(JobEnd::Lost)
+                        }
+                        Some(ended) => {
+                            if ended.is_stop() {
+                                // The run is stopped (closed, replaced): nobody is kept.
+                                core.set_survivors(false);
+                            }
+                            heard_hang = ended.is_hang();
+                            if ended != RoundEnd::Success {
+                                tracing::warn!(round, end = %ended, "the round ended; stopping workers");
+                            }
+                            Event::Job(ended.job_end())
+                        }
                     }
-                    heard_hang = is_hang_end(&text);
-                    match end {
-                        JobEnd::Lost => match job.host_left() {
-                            Some(why) => tracing::warn!(store_host = %why, "the store host left the job; stopping workers"),
-                            None => tracing::error!("lost the rendezvous store; stopping workers"),
-                        },
-                        JobEnd::Success => {}
-                        _ => tracing::warn!(round, end = %text, "the round ended; stopping workers"),
-                    }
-                    Event::Job(end)
                 }
                 () = crate::waiting::sleep_until(next_timer.map(|(_, at)| at)) => {
                     let Some((t, _)) = next_timer else { continue };

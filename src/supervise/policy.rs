@@ -34,16 +34,6 @@ use std::collections::BTreeSet;
 use crate::config::rules::{RuleAction, Rules};
 use crate::sys::Exit;
 
-/// The tail of a round's end text when a worker hung or stopped making
-/// progress (`failure:hang`, `fatal:hang`): every pod reads its workers'
-/// stacks before it stops them.
-pub const HANG_END: &str = ":hang";
-
-/// Does a round's end text say a worker hung?
-pub fn is_hang_end(text: &str) -> bool {
-    text.ends_with(HANG_END)
-}
-
 /// How the job's current round ended, as published in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobEnd {

@@ -160,6 +160,24 @@ fn sources() -> Vec<std::path::PathBuf> {
     files
 }
 
+/// A round's end is written and read only through
+/// `supervise::round_end::RoundEnd`: no other source spells its text
+/// (`stop:SEQ`, `dead:UID`, `abort:UID:SIGNAL`, `waiting:UID`, `:hang`) in
+/// a string literal, so nothing matches it as text.
+#[test]
+fn a_rounds_end_is_spelled_only_by_its_type() {
+    let words = ["\"stop:", "\"dead:", "\"abort:", "\"waiting:", "\":hang\""];
+    let spelled: Vec<String> = sources()
+        .iter()
+        .filter(|f| !f.ends_with("supervise/round_end.rs"))
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).expect("read");
+            words.iter().filter(|w| text.contains(**w)).map(|w| format!("{}: {w}", f.display())).collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(spelled.is_empty(), "{spelled:?}");
+}
+
 /// No source file holds more than 600 lines of code before its unit tests
 /// (tables of tests may make a file longer): past that, a file does several
 /// jobs and is split by job.

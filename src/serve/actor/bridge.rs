@@ -118,9 +118,10 @@ impl Bridge {
     }
 
     /// `round` is over on every pod: `failures` are the workers that died
-    /// on their own, `why` how the round ended.
-    pub fn round_over(&self, round: u64, failures: &[Failure], why: &str) {
-        let _ = self.tx.send(Event::RoundOver { round, failures: failures.to_vec(), why: why.to_string() });
+    /// on their own, `why` how the round ended (`stopped`: the run was
+    /// stopped, so the actor is gone).
+    pub fn round_over(&self, round: u64, failures: &[Failure], why: &str, stopped: bool) {
+        let _ = self.tx.send(Event::RoundOver { round, failures: failures.to_vec(), why: why.to_string(), stopped });
     }
 }
 
@@ -285,7 +286,7 @@ impl Core {
                     self.op(op);
                 }
             }
-            Event::RoundOver { round, failures, why } => self.round_over(round, &failures, &why),
+            Event::RoundOver { round, failures, why, stopped } => self.round_over(round, &failures, &why, stopped),
         }
     }
 
@@ -432,13 +433,12 @@ impl Core {
         }
     }
 
-    fn round_over(&mut self, round: u64, failures: &[Failure], why: &str) {
+    fn round_over(&mut self, round: u64, failures: &[Failure], why: &str, gone: bool) {
         if self.round != Some(round) {
             return;
         }
         let root = root_cause(failures);
         let cause = root.map_or_else(|| why.to_string(), |f| format!("rank {} {}", f.rank, died(f)));
-        let gone = why.starts_with("stop:");
         let calls = std::mem::take(&mut self.calls);
         for (n, c) in calls {
             for (rank, phase) in c.ranks {

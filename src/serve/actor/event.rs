@@ -24,7 +24,7 @@ pub(super) enum Event {
     Result { conn: u64, id: u64, outcome: Outcome },
     Gone { conn: u64 },
     RoundStarted { round: u64, ranks: Vec<u32> },
-    RoundOver { round: u64, failures: Vec<Failure>, why: String },
+    RoundOver { round: u64, failures: Vec<Failure>, why: String, stopped: bool },
     Rejoin { pid: i32, start: u64, rank: u32, env: BTreeMap<String, String> },
 }
 

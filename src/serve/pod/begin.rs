@@ -44,7 +44,8 @@ impl Served {
         let spawner = self.spawner.clone();
         let pod = super::setup::Pod { plan, spawner: &spawner, tap: Some(shipper.tap()) };
         let end = session.watch_end(round.number);
-        let mut end: super::setup::RoundEnd = Box::pin(async move { end.await.1 });
+        let mut end: super::setup::EndWatch =
+            Box::pin(async move { end.await.map_or_else(|| "the store was lost".to_string(), |e| e.to_string()) });
         let unstartable = match self.setup(&pod, (events, &mut end)).await {
             Err(super::setup::Stop::Signal(s)) => return Some(Work::Idle(Outcome::Stopped(s))),
             // Not ready: the next round begins it again, if it is not over.
@@ -92,7 +93,7 @@ impl Served {
     async fn setup(
         &mut self,
         pod: &super::setup::Pod<'_>,
-        round: (&mut UnboundedReceiver<SysEvent>, &mut super::setup::RoundEnd),
+        round: (&mut UnboundedReceiver<SysEvent>, &mut super::setup::EndWatch),
     ) -> Result<(), super::setup::Stop> {
         let Some(scope) = &self.scope else { return Ok(()) };
         let token = crate::serve::read_token(&self.token_file).unwrap_or_default();

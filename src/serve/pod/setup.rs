@@ -29,7 +29,7 @@ pub(super) enum Stop {
 }
 
 /// The end of the round the steps are applied in.
-pub(super) type RoundEnd = std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>>;
+pub(super) type EndWatch = std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>>;
 
 /// What applying a step needs of the pod.
 pub(super) struct Pod<'a> {
@@ -45,7 +45,7 @@ pub(super) async fn apply(
     steps: &[Step],
     (dirs, applied): (&Dirs, &mut Applied),
     pod: &Pod<'_>,
-    round: (&mut UnboundedReceiver<SysEvent>, &mut RoundEnd),
+    round: (&mut UnboundedReceiver<SysEvent>, &mut EndWatch),
 ) -> Result<(), Stop> {
     let host = &pod.plan.output.host;
     // Off the runtime's threads: the walk is bounded, but a run decides
@@ -103,7 +103,7 @@ async fn apply_from(
     steps: &[Step],
     (dirs, applied): (&Dirs, &mut Vec<String>),
     pod: &Pod<'_>,
-    (events, end): (&mut UnboundedReceiver<SysEvent>, &mut RoundEnd),
+    (events, end): (&mut UnboundedReceiver<SysEvent>, &mut EndWatch),
 ) -> Result<(), Stop> {
     let from = first_to_apply(steps, applied);
     if from == steps.len() {
@@ -180,7 +180,7 @@ async fn compile_site(
     python: &str,
     (path, pythonpath, steps): (&str, &str, &[Step]),
     pod: &Pod<'_>,
-    (events, end): (&mut UnboundedReceiver<SysEvent>, &mut RoundEnd),
+    (events, end): (&mut UnboundedReceiver<SysEvent>, &mut EndWatch),
 ) -> Result<(), Stop> {
     let site = dirs.site().display().to_string();
     let args = ["-m", "compileall", "-q", "-j", "0", site.as_str()].map(str::to_string).to_vec();
@@ -206,7 +206,7 @@ async fn run(
     spec: WorkerSpec,
     pod: &Pod<'_>,
     events: &mut UnboundedReceiver<SysEvent>,
-    end: &mut RoundEnd,
+    end: &mut EndWatch,
 ) -> Result<Exit, Stop> {
     let program = spec.program.clone();
     let sp = pod
