@@ -354,7 +354,7 @@ fn rendezvous_scale(rows: &mut Vec<Row>) {
                 let Ok(Joined::Round(r)) = s.next_round(&mut known, deadline).await else { panic!("round") };
                 let formed = Instant::now();
                 // Run until the round ends (a member dies), then re-form.
-                let (_end, _) = s.watch_end(r.number).await;
+                let _end = s.watch_end(r.number).await;
                 s.report_stopped(&r, &[]).await.expect("stopped");
                 let _ = s.wait_stopped(&r, Duration::from_secs(30)).await.expect("wait");
                 s.decide(r.number, trainlet::supervise::policy::Verdict::Regroup).await.expect("decide");
