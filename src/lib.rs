@@ -13,7 +13,7 @@
 //! | layer | modules | what they own |
 //! |---|---|---|
 //! | 0 | `sys` | every unsafe block and raw syscall, each with its SAFETY note |
-//! | 1 | `exit`, `env`, `error`, `ratelimit`, `waiting`, `clock`, `lobby` | exit codes (public API), every env var name, error text, log rate limits, "waiting for" lines, UTC time formats, the bounded waiting room of connections without a credential |
+//! | 1 | `exit`, `env`, `error`, `ratelimit`, `waiting`, `clock`, `lobby`, `keys` | exit codes (public API), every env var name, every key of the agents' store, error text, log rate limits, "waiting for" lines, UTC time formats, the bounded waiting room of connections without a credential |
 //! | 2 | `process` | the one signal/reaper thread, the spawner thread, sweeps of leftovers, the frame of every mode that owns processes |
 //! | 3 | `gpu`, `store`, `ssh`, `http`, `stacks` | the pod's GPUs and placement; the c10d TCPStore wire, server and client; SSH keys, server, client, hostfiles; the bounded HTTP/1.1 requests of trainlet's endpoints; workers' Python and native stacks read from outside them, and who a stalled job waits for |
 //! | 4 | `cli`, `config`, `metrics`, `mpi`, `status` | clap definitions; CLI + env -> `config::Plan` (with the failure rules); Prometheus families; MPI in one tree: the launcher role over SSH (hosts, environment, `trainlet mpi`'s flow), the worker role (`trainlet sshd`) and the PMI-1/PMI-2 server of ranks started without mpirun; workers' progress, relayed to Trainer's status endpoint |
@@ -36,6 +36,7 @@ pub mod exit;
 pub mod gpu;
 pub(crate) mod http;
 pub(crate) mod inplace;
+pub(crate) mod keys;
 pub(crate) mod launch;
 pub(crate) mod lobby;
 pub(crate) mod metrics;

@@ -102,7 +102,7 @@ pub(super) async fn outwait_stale_store(
     let dial = session.dial();
     // A key nobody sets: the WAIT ends only when the store closes.
     let closed = async {
-        let key = format!("trainlet/{}/stale-store-watch", plan.run_id);
+        let key = crate::keys::JobKeys::never_set(&plan.run_id);
         match dial.connect().await {
             Ok(mut c) => c.wait(std::slice::from_ref(&key)).await.is_err(),
             Err(_) => true,

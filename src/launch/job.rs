@@ -112,8 +112,8 @@ struct Ran {
 /// What the pods decided about a round.
 struct Decided<'a> {
     verdict: Verdict,
-    /// How the round ended (None: no end was published).
-    end: Option<&'a RoundEnd>,
+    /// A stop of the run (serve mode) ended the round.
+    stopped: bool,
     /// Every pod's failures in the round.
     failures: &'a [Failure],
     /// The restarts used before the run started (serve mode).
@@ -268,8 +268,7 @@ impl Job {
                 self.reconnect(&crate::error::error_chain(&source)).await
             }
             Ok(Err(e @ rendezvous::Error::Mismatch(_))) => {
-                // Every member reads the same assignment; the store host
-                // lingers a moment so that all of them can.
+                // Every member reads the same assignment; the store host lingers so that all of them can.
                 if self.plan.serve_store {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
@@ -436,15 +435,16 @@ impl Job {
         self.story.failures.extend(all_failures.iter().cloned());
         self.story.stalled = stalled.or(self.story.stalled.take());
         let shown = end.as_ref().map(RoundEnd::to_string).unwrap_or_default();
+        let stopped = end.as_ref().is_some_and(RoundEnd::is_stop);
         if let Some(sv) = &self.served {
-            sv.round_over(round.number, &all_failures, &shown, end.as_ref().is_some_and(RoundEnd::is_stop));
+            sv.round_over(round.number, &all_failures, &shown, stopped);
         }
         let agreed = match self.session.decide(round.number, verdict(&facts)).await {
             Ok(v) => v,
             Err(e) => return self.reconnect(&crate::error::error_chain(&e)).await,
         };
         // Kept workers go on only into a restart or regroup of their run.
-        if !matches!(agreed, Verdict::Restart(_) | Verdict::Regroup) || end.as_ref().is_some_and(RoundEnd::is_stop) {
+        if !matches!(agreed, Verdict::Restart(_) | Verdict::Regroup) || stopped {
             self.carry.stop(plan.grace).await;
             if self.served.is_some() {
                 crate::process::sweep::between_rounds("after the run's kept workers stopped");
@@ -466,7 +466,7 @@ impl Job {
             restarts_left = plan.max_restarts.saturating_sub(facts.restarts),
             "round decided"
         );
-        let decided = Decided { verdict: agreed, end: end.as_ref(), failures: &all_failures, base_restarts };
+        let decided = Decided { verdict: agreed, stopped, failures: &all_failures, base_restarts };
         self.follow(round, &plan, decided).await
     }
 
@@ -510,7 +510,7 @@ impl Job {
                 return Flow::Exit(exit::SUCCESS);
             }
             Verdict::Regroup => {
-                if d.end.is_some_and(RoundEnd::is_stop)
+                if d.stopped
                     && let Some(sv) = self.served.as_mut()
                 {
                     sv.run_over(RunState::Stopped, world, d.failures, None).await;

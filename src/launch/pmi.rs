@@ -51,7 +51,7 @@ fn start(session: &Session, round: &Round, plan: &Plan) -> Result<Link, String> 
     let fence = StoreFence {
         dial: session.dial(),
         client: None,
-        prefix: session.pmi_prefix(round.number),
+        keys: session.pmi_keys(round.number),
         node: round.group_rank as usize,
         nnodes: round.nnodes as usize,
     };

@@ -22,9 +22,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Lighthouse, Plan, RunLighthouse};
+use crate::keys::JobKeys;
 use crate::process::signals::{Heard, SysEvent};
 use crate::process::spawn::{Spawner, WorkerSpec};
-use crate::rendezvous::{self, job_base};
+use crate::rendezvous;
 use crate::store::{Dial, Endpoint};
 use crate::supervise::output::{self, Sink};
 use crate::sys::{self, Exit};
@@ -43,8 +44,8 @@ const STOP_GRACE: Duration = Duration::from_secs(3);
 /// How often a long wait says what it waits for.
 const SAY_EVERY: Duration = Duration::from_secs(60);
 
-fn job_key(plan: &Plan, rest: &str) -> String {
-    format!("{}/{rest}", job_base(&plan.run_id, plan.jobset_attempt))
+fn job_keys(plan: &Plan) -> JobKeys {
+    JobKeys::new(&plan.run_id, plan.jobset_attempt)
 }
 
 /// The Lighthouse this agent runs, until [`Supervised::stop`].
@@ -159,7 +160,7 @@ fn start(plan: &Plan, spawner: &Spawner, dial: Dial, cancel: &CancellationToken)
     let port = if run.port == 0 { crate::rendezvous::host::free_port() } else { run.port };
     let url = format!("http://{}:{port}", bracketed(&plan.endpoint.host));
     let cancel = cancel.child_token();
-    let job = Job { program, port, url, run: run.clone(), key: job_key(plan, "lighthouse"), dial };
+    let job = Job { program, port, url, run: run.clone(), key: job_keys(plan).lighthouse(), dial };
     let task = tokio::spawn(supervise(job, spawner.clone(), cancel.clone()));
     Some(Supervised { cancel, task })
 }
@@ -343,7 +344,7 @@ async fn address(
     if let Lighthouse::External(url) = &g.lighthouse {
         return Ok(Some(url.clone()));
     }
-    let key = job_key(plan, "lighthouse");
+    let key = job_keys(plan).lighthouse();
     tracing::info!(limit_s = limit.as_secs_f64(), "waiting for the TorchFT Lighthouse's address from the store host");
     match super::wait::until_stop(events, plan, tokio::time::timeout(limit, read_when_set(dial, &key))).await {
         Ok(Ok(Ok(v))) => {
@@ -369,7 +370,7 @@ async fn address(
 /// bounded: the address known so far stays otherwise.
 async fn refresh(plan: &Plan, dial: &Dial, url: &mut Option<String>) {
     let Some(Lighthouse::Run(_)) = plan.groups.as_ref().map(|g| &g.lighthouse) else { return };
-    let key = job_key(plan, "lighthouse");
+    let key = job_keys(plan).lighthouse();
     if let Ok(Ok(v)) = tokio::time::timeout(Duration::from_secs(5), read_when_set(dial, &key)).await {
         let now = String::from_utf8_lossy(&v).into_owned();
         if url.as_deref() != Some(now.as_str()) {
@@ -386,8 +387,8 @@ async fn announce_leaving(plan: &Plan, dial: &Dial, why: &str) {
     let tell = async {
         let mut c = dial.connect().await?;
         for i in (0..g.count).filter(|i| *i != g.group) {
-            let base = job_base(&crate::config::group_rdzv_id(&plan.run_id, i), plan.jobset_attempt);
-            c.set(&format!("{base}/host_left"), why.as_bytes()).await?;
+            let group = JobKeys::new(&crate::config::group_rdzv_id(&plan.run_id, i), plan.jobset_attempt);
+            c.set(&group.host_left(), why.as_bytes()).await?;
         }
         Ok::<(), crate::store::ClientError>(())
     };
@@ -398,7 +399,7 @@ async fn announce_leaving(plan: &Plan, dial: &Dial, why: &str) {
 /// knows it is still there (best effort: a lost store shows elsewhere).
 async fn register(plan: &Plan, dial: &Dial, heartbeat_key: &str) {
     let Some(g) = &plan.groups else { return };
-    let key = job_key(plan, &format!("pod/{}", g.job_node_rank));
+    let key = job_keys(plan).pod(g.job_node_rank);
     let told = async {
         let mut c = dial.connect().await?;
         c.set(&key, heartbeat_key.as_bytes()).await
@@ -441,7 +442,7 @@ async fn outlast_other_groups(plan: &Plan, dial: &Dial, events: &mut UnboundedRe
             client = dial.connect().await.ok();
         }
         let Some(c) = client.as_mut() else { return Ok(()) };
-        let regs: Vec<String> = others.iter().map(|r| job_key(plan, &format!("pod/{r}"))).collect();
+        let regs: Vec<String> = others.iter().map(|r| job_keys(plan).pod(*r)).collect();
         let Ok(regs) = c.multi_get(&regs).await else { return Ok(()) };
         let hb_keys: Vec<String> = regs.iter().map(|v| String::from_utf8_lossy(v).into_owned()).collect();
         let asked: Vec<String> = hb_keys.iter().filter(|k| !k.is_empty()).cloned().collect();

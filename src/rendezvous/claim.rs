@@ -50,7 +50,7 @@ impl Session {
     /// live agent holds it. Called when the agent connects and before
     /// every round (one GET when the place is ours).
     pub(super) async fn claim(&mut self) -> Result<(), Error> {
-        let key = self.key(&format!("claim/{}", self.me.place()));
+        let key = self.keys.claim(&self.me.place());
         let mine = self.me.uid.clone().into_bytes();
         let mut held = self.get(&key).await?;
         let mut holder = String::new();
@@ -88,7 +88,7 @@ impl Session {
     /// gone. None at once for a holder that is not leaving (a second live
     /// claimant), or one still alive at the limit.
     async fn outwait(&mut self, holder: &str) -> Result<Option<String>, Error> {
-        let leaving = self.key(&format!("leaving/{holder}"));
+        let leaving = self.keys.leaving(holder);
         if self.get(&leaving).await?.is_empty() {
             return Ok(None);
         }
@@ -110,7 +110,7 @@ impl Session {
     /// Whether the agent `uid` is gone: Some(why) when it said `bye` or
     /// its heartbeat stood still for [`still_limit`]; None when it beat.
     async fn gone(&mut self, uid: &str, say: bool) -> Result<Option<String>, Error> {
-        let hb = self.key(&format!("hb/{uid}"));
+        let hb = self.keys.heartbeat(uid);
         let first = self.get(&hb).await?;
         if first == b"bye" {
             return Ok(Some("it left the job".into()));

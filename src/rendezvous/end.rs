@@ -29,7 +29,7 @@ const STACKS_PER_GET: usize = 16;
 
 impl Session {
     async fn end(&mut self, r: u64, end: &RoundEnd) -> Result<(), Error> {
-        let key = self.rkey(r, "end");
+        let key = self.keys.round_keys(r).end();
         self.client.compare_set(&key, b"", end.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
         Ok(())
     }
@@ -43,10 +43,10 @@ impl Session {
     /// This pod's workers' stacks at a hang, for the job's view; `dumped`:
     /// with the Flight Recorder's dumps (they were asked for and waited for).
     pub async fn publish_stacks(&mut self, round: &Round, json: &[u8], dumped: bool) -> Result<(), Error> {
-        let key = self.rkey(round.number, &format!("stacks/{}", round.group_rank));
+        let key = self.keys.round_keys(round.number).stacks(round.group_rank);
         self.client.set(&key, json).await.map_err(|e| self.lost(e))?;
         if dumped {
-            let key = self.rkey(round.number, &format!("dumped/{}", round.group_rank));
+            let key = self.keys.round_keys(round.number).dumped(round.group_rank);
             self.client.set(&key, b"1").await.map_err(|e| self.lost(e))?;
         }
         Ok(())
@@ -56,15 +56,15 @@ impl Session {
     /// round `round` (`dumped`: with its Flight Recorder's dumps); false
     /// when the limit came first.
     pub async fn wait_stacks(&mut self, round: &Round, dumped: bool, limit: Duration) -> Result<bool, Error> {
-        let what = if dumped { "dumped" } else { "stacks" };
-        let keys: Vec<String> = (0..round.nnodes).map(|n| self.rkey(round.number, &format!("{what}/{n}"))).collect();
+        let of = self.keys.round_keys(round.number);
+        let keys: Vec<String> = (0..round.nnodes).map(|n| if dumped { of.dumped(n) } else { of.stacks(n) }).collect();
         self.wait_for(&keys, limit).await
     }
 
     /// Every member's stacks of round `round` (members that put none are
     /// left out), fetched a few pods at a time.
     pub async fn stacks(&mut self, round: &Round) -> Result<Vec<RankStacks>, Error> {
-        let keys: Vec<String> = (0..round.nnodes).map(|n| self.rkey(round.number, &format!("stacks/{n}"))).collect();
+        let keys: Vec<String> = (0..round.nnodes).map(|n| self.keys.round_keys(round.number).stacks(n)).collect();
         let mut out = Vec::new();
         for chunk in keys.chunks(STACKS_PER_GET) {
             let values = self.client.multi_get(chunk).await.map_err(|e| self.lost(e))?;
@@ -78,14 +78,14 @@ impl Session {
     /// replacement created while this pod terminates waits for it rather
     /// than being refused as a second live claimant), then ends the round.
     pub async fn publish_abort(&mut self, r: u64, signal: i32) -> Result<(), Error> {
-        let leaving = self.key(&format!("leaving/{}", self.me.uid));
+        let leaving = self.keys.leaving(&self.me.uid);
         self.client.set(&leaving, signal.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
         self.end(r, &RoundEnd::Abort { uid: self.me.uid.to_string(), signal }).await
     }
 
     /// Every worker here is done; the last pod to say so ends the round.
     pub async fn publish_local_done(&mut self, round: &Round) -> Result<(), Error> {
-        let n = self.client.add(&self.rkey(round.number, "done"), 1).await.map_err(|e| self.lost(e))?;
+        let n = self.client.add(&self.keys.round_keys(round.number).done(), 1).await.map_err(|e| self.lost(e))?;
         if n >= i64::from(round.nnodes) {
             self.end(round.number, &RoundEnd::Success).await?;
         }
@@ -96,19 +96,19 @@ impl Session {
     /// own connection; None when that connection broke (the store is lost).
     pub fn watch_end(&self, r: u64) -> impl std::future::Future<Output = Option<RoundEnd>> + Send + 'static {
         let dial = self.dial.clone();
-        let key = self.rkey(r, "end");
-        async move { wait_get(dial, &key).await.ok().map(|v| RoundEnd::read(&String::from_utf8_lossy(&v))) }
+        let key = self.keys.round_keys(r).end();
+        async move { wait_get(dial, &key).await.ok().map(|v| RoundEnd::from_bytes(&v)) }
     }
 
     /// Record our failures and that our workers are gone; the last pod
     /// marks the round fully stopped.
     pub async fn report_stopped(&mut self, round: &Round, failures: &[Failure]) -> Result<(), Error> {
-        let key = self.rkey(round.number, &format!("failures/{}", round.group_rank));
+        let key = self.keys.round_keys(round.number).failures(round.group_rank);
         let v = serde_json::to_vec(failures).unwrap_or_default();
         self.client.set(&key, &v).await.map_err(|e| self.lost(e))?;
-        let n = self.client.add(&self.rkey(round.number, "stopped"), 1).await.map_err(|e| self.lost(e))?;
+        let n = self.client.add(&self.keys.round_keys(round.number).stopped(), 1).await.map_err(|e| self.lost(e))?;
         if n >= i64::from(round.nnodes) {
-            let k = self.rkey(round.number, "all_stopped");
+            let k = self.keys.round_keys(round.number).all_stopped();
             self.client.set(&k, b"1").await.map_err(|e| self.lost(e))?;
         }
         Ok(())
@@ -118,15 +118,15 @@ impl Session {
     /// host declared one dead, saying which group ranks are still running.
     pub async fn wait_stopped(&mut self, round: &Round, limit: Duration) -> Result<Stopped, Error> {
         let r = round.number;
-        let all = self.rkey(r, "all_stopped");
-        let dead = self.rkey(r, "dead");
+        let all = self.keys.round_keys(r).all_stopped();
+        let dead = self.keys.round_keys(r).dead();
         let all_w = wait_on(self.dial.clone(), std::slice::from_ref(&all), limit);
         let dead_w = wait_on(self.dial.clone(), std::slice::from_ref(&dead), limit);
         tokio::pin!(all_w, dead_w);
         let what = format!("the other pods of round {r} to stop their workers");
         let mut waiting = Waiting::new(what, Some(Instant::now() + limit));
         let mut tick = progress_tick();
-        let keys: Vec<String> = (0..round.nnodes).map(|n| self.rkey(r, &format!("failures/{n}"))).collect();
+        let keys: Vec<String> = (0..round.nnodes).map(|n| self.keys.round_keys(r).failures(n)).collect();
         loop {
             tokio::select! {
                 ok = &mut all_w => { ok.map_err(|e| self.lost(e))?; break; }
@@ -150,13 +150,13 @@ impl Session {
 
     /// The round's published end (None when none is).
     pub async fn round_end(&mut self, r: u64) -> Result<Option<RoundEnd>, Error> {
-        let v = self.get(&self.rkey(r, "end")).await?;
-        Ok((!v.is_empty()).then(|| RoundEnd::read(&String::from_utf8_lossy(&v))))
+        let v = self.get(&self.keys.round_keys(r).end()).await?;
+        Ok((!v.is_empty()).then(|| RoundEnd::from_bytes(&v)))
     }
 
     /// Every member's failures in round `round` (members that did not report count as none).
     pub async fn failures(&mut self, round: &Round) -> Result<Vec<Failure>, Error> {
-        let keys: Vec<String> = (0..round.nnodes).map(|n| self.rkey(round.number, &format!("failures/{n}"))).collect();
+        let keys: Vec<String> = (0..round.nnodes).map(|n| self.keys.round_keys(round.number).failures(n)).collect();
         let values = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
         Ok(values.iter().flat_map(|v| serde_json::from_slice::<Vec<Failure>>(v).unwrap_or_default()).collect())
     }
@@ -164,11 +164,11 @@ impl Session {
     /// Propose `v` as the round's verdict; returns the one every pod follows.
     /// A restart raises the job-wide counter.
     pub async fn decide(&mut self, r: u64, v: Verdict) -> Result<Verdict, Error> {
-        let key = self.rkey(r, "verdict");
+        let key = self.keys.round_keys(r).verdict();
         let got = self.client.compare_set(&key, b"", v.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
         let agreed = String::from_utf8_lossy(&got).parse::<Verdict>().unwrap_or(v);
         if let Verdict::Restart(n) = agreed {
-            self.raise(&self.key("restarts"), u64::from(n)).await?;
+            self.raise(&self.keys.restarts(), u64::from(n)).await?;
         }
         Ok(agreed)
     }
@@ -186,11 +186,11 @@ impl Session {
     /// before it read the verdict (between two rounds, say) reads it there.
     pub async fn leave(&mut self, round: &Round, host: bool, limit: Duration) -> Result<(), Error> {
         if host {
-            let verdict = self.get(&self.rkey(round.number, "verdict")).await.unwrap_or_default();
+            let verdict = self.get(&self.keys.round_keys(round.number).verdict()).await.unwrap_or_default();
             self.announce_leaving(&format!("{JOB_ENDED}{}", String::from_utf8_lossy(&verdict))).await;
         }
-        let n = self.client.add(&self.rkey(round.number, "left"), 1).await.map_err(|e| self.lost(e))?;
-        let all = self.rkey(round.number, "all_left");
+        let n = self.client.add(&self.keys.round_keys(round.number).left(), 1).await.map_err(|e| self.lost(e))?;
+        let all = self.keys.round_keys(round.number).all_left();
         if n >= i64::from(round.nnodes) {
             self.client.set(&all, b"1").await.map_err(|e| self.lost(e))?;
         }
@@ -212,12 +212,12 @@ impl Session {
     /// has read its verdict (`rR/spare_left`), so none loses the store
     /// between the verdict's wake-up and its read.
     async fn spares_read_the_end(&mut self, round: &Round) -> Result<(), Error> {
-        let joined = self.client.add(&self.rkey(round.number, "join"), 0).await.map_err(|e| self.lost(e))?;
+        let joined = self.client.add(&self.keys.round_keys(round.number).join(), 0).await.map_err(|e| self.lost(e))?;
         let spares = joined.saturating_sub(i64::from(round.nnodes));
         if spares <= 0 {
             return Ok(());
         }
-        let key = self.rkey(round.number, "spare_left");
+        let key = self.keys.round_keys(round.number).spare_left();
         let until = Instant::now() + SPARES_READ_WAIT;
         tracing::info!(spares, "waiting for the spares to read the end of the job");
         while self.client.add(&key, 0).await.map_err(|e| self.lost(e))? < spares {
@@ -233,7 +233,7 @@ impl Session {
     /// Stop heartbeating and tell the store host this agent left cleanly.
     pub async fn bye(&mut self) {
         self.heartbeat.abort();
-        let key = self.key(&format!("hb/{}", self.me.uid));
+        let key = self.keys.heartbeat(&self.me.uid);
         let _ = tokio::time::timeout(Duration::from_secs(2), self.client.set(&key, b"bye")).await;
     }
 }

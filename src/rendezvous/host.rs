@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::session::{raise, wait_on};
 use super::{Assignment, Member, Timing};
+use crate::keys::JobKeys;
 use crate::store::{Client, ClientError, Dial, ServerError, StoreServer};
 use crate::supervise::round_end::RoundEnd;
 
@@ -74,15 +75,16 @@ pub async fn serve_rounds(dial: Dial, base: String, timing: Timing, serve: Serve
 
 /// Serve and watch round after round; returns only when the store is gone.
 async fn rounds(dial: &Dial, base: &str, timing: Timing, serve: &ServeFn) -> Result<Infallible, ClientError> {
+    let keys = JobKeys::under(base);
     let mut c = dial.connect().await?;
-    let mut round = raise(&mut c, &format!("{base}/round"), 0).await?;
+    let mut round = raise(&mut c, &keys.round(), 0).await?;
     let mut stores: VecDeque<StoreServer> = VecDeque::new();
     loop {
         match serve() {
             Ok(s) => {
                 let port = s.local_addr().port();
                 let aux = free_port();
-                c.set(&format!("{base}/r{round}/port"), format!("{port},{aux}").as_bytes()).await?;
+                c.set(&keys.round_keys(round).port(), format!("{port},{aux}").as_bytes()).await?;
                 tracing::debug!(round, port, aux, "serving the round's worker store");
                 stores.push_back(s);
             }
@@ -93,7 +95,7 @@ async fn rounds(dial: &Dial, base: &str, timing: Timing, serve: &ServeFn) -> Res
                 old.shutdown().await;
             }
         }
-        round = monitor(&mut c, dial, base, round, timing).await?;
+        round = monitor(&mut c, dial, &keys, round, timing).await?;
     }
 }
 
@@ -105,10 +107,10 @@ pub fn free_port() -> u16 {
 }
 
 /// Watch round `r` until the job moves on; returns the next round.
-async fn monitor(c: &mut Client, dial: &Dial, base: &str, r: u64, timing: Timing) -> Result<u64, ClientError> {
-    let key = |rest: &str| format!("{base}/r{r}/{rest}");
-    let next_key = key("next");
-    let members_key = key("members");
+async fn monitor(c: &mut Client, dial: &Dial, job: &JobKeys, r: u64, timing: Timing) -> Result<u64, ClientError> {
+    let keys = job.round_keys(r);
+    let next_key = keys.next();
+    let members_key = keys.members();
     let year = Duration::from_secs(86_400 * 365);
     let next = wait_on(dial.clone(), std::slice::from_ref(&next_key), year);
     let formed = wait_on(dial.clone(), std::slice::from_ref(&members_key), year);
@@ -137,22 +139,22 @@ async fn monitor(c: &mut Client, dial: &Dial, base: &str, r: u64, timing: Timing
                 continue;
             }
             let formed: Vec<Member> = serde_json::from_slice(&v).unwrap_or_default();
-            let assigned: Option<Assignment> = serde_json::from_slice(&c.get(&key("rank/0")).await?).ok();
+            let assigned: Option<Assignment> = serde_json::from_slice(&c.get(&keys.rank(0)).await?).ok();
             if assigned.is_some_and(|a| a.error.is_none()) {
                 let hosts: Vec<&str> = formed.iter().map(|m| m.host.as_str()).collect();
                 tracing::info!(round = r, nnodes = formed.len(), members = ?hosts, "round formed");
             }
             members = formed.into_iter().map(|m| m.uid).collect();
-            forget_rounds(dial, base, r.saturating_sub(1)).await;
+            forget_rounds(dial, job, r.saturating_sub(1)).await;
             let now = Instant::now();
             for uid in &members {
                 seen.insert(uid.clone(), (Vec::new(), now));
             }
         }
-        if RoundEnd::read(&String::from_utf8_lossy(&c.get(&key("end")).await?)) == RoundEnd::Success {
+        if RoundEnd::from_bytes(&c.get(&keys.end()).await?) == RoundEnd::Success {
             continue;
         }
-        let hb: Vec<String> = members.iter().map(|u| format!("{base}/hb/{u}")).collect();
+        let hb: Vec<String> = members.iter().map(|u| job.heartbeat(u)).collect();
         let values = c.multi_get(&hb).await?;
         let now = Instant::now();
         let mut newly = Vec::new();
@@ -172,12 +174,12 @@ async fn monitor(c: &mut Client, dial: &Dial, base: &str, r: u64, timing: Timing
         if !newly.is_empty() {
             tracing::warn!(round = r, dead = ?newly, timeout_s = timing.heartbeat_timeout.as_secs_f64(), "members stopped heartbeating; declaring them dead");
             dead.extend(newly.iter().cloned());
-            c.set(&key("dead"), &serde_json::to_vec(&dead).unwrap_or_default()).await?;
-            c.compare_set(&key("end"), b"", RoundEnd::Dead(newly[0].clone()).to_string().as_bytes()).await?;
+            c.set(&keys.dead(), &serde_json::to_vec(&dead).unwrap_or_default()).await?;
+            c.compare_set(&keys.end(), b"", RoundEnd::Dead(newly[0].clone()).to_string().as_bytes()).await?;
         }
         if gone == members.len() && !dead.is_empty() {
             tracing::warn!(round = r, "every member of the round is gone; opening the next round");
-            let to = raise(c, &format!("{base}/round"), r + 1).await?;
+            let to = raise(c, &job.round(), r + 1).await?;
             c.compare_set(&next_key, b"", to.to_string().as_bytes()).await?;
         }
     }
@@ -197,14 +199,14 @@ const FORGET_LIMIT: Duration = Duration::from_secs(5);
 /// `rN/` goes, whoever wrote it, also one written late after an earlier
 /// pass; so the store holds the keys of two rounds whatever the number
 /// of rounds. A failure is logged and the next round tries again.
-async fn forget_rounds(dial: &Dial, base: &str, keep: u64) {
+async fn forget_rounds(dial: &Dial, job: &JobKeys, keep: u64) {
     if keep == 0 {
         return;
     }
     let work = async {
         let mut c = dial.connect().await?;
         let old: Vec<String> =
-            c.list_keys().await?.into_iter().filter(|k| round_of(base, k).is_some_and(|n| n < keep)).collect();
+            c.list_keys().await?.into_iter().filter(|k| job.round_of(k).is_some_and(|n| n < keep)).collect();
         c.delete_keys(&old).await
     };
     match tokio::time::timeout(FORGET_LIMIT, work).await {
@@ -216,35 +218,5 @@ async fn forget_rounds(dial: &Dial, base: &str, keep: u64) {
         Err(_) => {
             tracing::warn!(before = keep, "deleting the keys of past rounds took too long; the next round tries again")
         }
-    }
-}
-
-/// The round a key of the job under `base` belongs to (`<base>/r<N>/...`).
-fn round_of(base: &str, key: &str) -> Option<u64> {
-    let rest = key.strip_prefix(base)?.strip_prefix("/r")?;
-    let (n, _) = rest.split_once('/')?;
-    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    n.parse().ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::round_of;
-
-    #[test]
-    fn only_round_keys_of_this_job_belong_to_a_round() {
-        let base = "trainlet/none/j0";
-        assert_eq!(round_of(base, "trainlet/none/j0/r12/m/0"), Some(12));
-        assert_eq!(round_of(base, "trainlet/none/j0/r0/pmi/3/in"), Some(0));
-        assert_eq!(round_of(base, "trainlet/none/j0/round"), None);
-        assert_eq!(round_of(base, "trainlet/none/j0/restarts"), None);
-        assert_eq!(round_of(base, "trainlet/none/j0/r/x"), None);
-        assert_eq!(round_of(base, "trainlet/none/j0/r1x/x"), None);
-        assert_eq!(round_of(base, "trainlet/none/j0/r3"), None);
-        assert_eq!(round_of(base, "trainlet/none/j1/r3/end"), None);
-        assert_eq!(round_of(base, "trainlet/none-lane/j0/r3/end"), None);
-        assert_eq!(round_of(base, "trainlet/none/j0/serve/go/3"), None);
     }
 }

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use super::Error;
 use super::member::{Assignment, Member, assign};
+use crate::keys::Closed;
 use crate::supervise::policy::Verdict;
 use crate::supervise::round_end::RoundEnd;
 use crate::waiting::Waiting;
@@ -27,11 +28,11 @@ impl Session {
         // for gone by a newcomer finds the newcomer holding it).
         self.claim().await?;
         known.restarts =
-            u32::try_from(self.raise(&self.key("restarts"), u64::from(known.restarts)).await?).unwrap_or(u32::MAX);
+            u32::try_from(self.raise(&self.keys.restarts(), u64::from(known.restarts)).await?).unwrap_or(u32::MAX);
         let mut want = known.round.map_or(0, |r| r + 1);
         let started = Instant::now();
         loop {
-            let current = self.raise(&self.key("round"), 0).await?;
+            let current = self.raise(&self.keys.round(), 0).await?;
             if current < want {
                 self.advance(current, want).await?;
                 continue;
@@ -67,7 +68,7 @@ impl Session {
         metrics.spare.set(0);
         if std::mem::take(&mut self.was_spare) && round.number > 0 {
             metrics.takeovers.inc();
-            self.client.add(&self.key("takeovers"), 1).await.map_err(|e| self.lost(e))?;
+            self.client.add(&self.keys.takeovers(), 1).await.map_err(|e| self.lost(e))?;
             tracing::info!(
                 round = round.number,
                 group_rank = round.group_rank,
@@ -85,31 +86,31 @@ impl Session {
         if let Some(moved) = self.join_order(r, deadline, started).await? {
             return Ok(moved);
         }
-        let n = self.client.add(&self.rkey(r, "join"), 1).await.map_err(|e| self.lost(e))?;
+        let n = self.client.add(&self.keys.round_keys(r).join(), 1).await.map_err(|e| self.lost(e))?;
         if self.leads {
             let spares = self.me.spares.to_string();
-            self.client.set(&self.rkey(r, "lead"), spares.as_bytes()).await.map_err(|e| self.lost(e))?;
+            self.client.set(&self.keys.round_keys(r).lead(), spares.as_bytes()).await.map_err(|e| self.lost(e))?;
         }
         self.open = Some(r);
         let slot = u64::try_from(n - 1).unwrap_or(0);
         let record = serde_json::to_vec(&self.me).unwrap_or_default();
-        self.client.set(&self.rkey(r, &format!("m/{slot}")), &record).await.map_err(|e| self.lost(e))?;
-        let closed = self.rkey(r, "closed");
+        self.client.set(&self.keys.round_keys(r).member(slot), &record).await.map_err(|e| self.lost(e))?;
+        let closed = self.keys.round_keys(r).closed();
         let n = u64::try_from(n).unwrap_or(0);
         if n == max {
             self.client
-                .compare_set(&closed, b"", format!("{max}:{slot}").as_bytes())
+                .compare_set(&closed, b"", Closed { size: max, slot }.value().as_bytes())
                 .await
                 .map_err(|e| self.lost(e))?;
         } else if n == min && min < max {
-            self.client.set(&self.rkey(r, "quorum"), b"1").await.map_err(|e| self.lost(e))?;
+            self.client.set(&self.keys.round_keys(r).quorum(), b"1").await.map_err(|e| self.lost(e))?;
         }
         tracing::debug!(round = r, slot, "joined round");
 
         // Wait for the round to close, our last call to end, or the job to
         // move on, saying every so often who is still missing.
-        let next = self.rkey(r, "next");
-        let quorum = self.rkey(r, "quorum");
+        let next = self.keys.round_keys(r).next();
+        let quorum = self.keys.round_keys(r).quorum();
         let limit = deadline.saturating_duration_since(Instant::now());
         let elastic = min < max;
         let closed_w = wait_on(self.dial.clone(), std::slice::from_ref(&closed), limit);
@@ -144,8 +145,8 @@ impl Session {
                     last_call = Some(Instant::now() + self.timing.last_call);
                 }
                 () = crate::waiting::sleep_until(last_call) => {
-                    let count = u64::try_from(self.client.add(&self.rkey(r, "join"), 0).await.map_err(|e| self.lost(e))?).unwrap_or(0);
-                    let v = format!("{}:{slot}", count.min(max));
+                    let count = u64::try_from(self.client.add(&self.keys.round_keys(r).join(), 0).await.map_err(|e| self.lost(e))?).unwrap_or(0);
+                    let v = Closed { size: count.min(max), slot }.value();
                     self.client.compare_set(&closed, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
                     break;
                 }
@@ -157,11 +158,7 @@ impl Session {
         }
         self.open = None;
         let v = self.get(&closed).await?;
-        let v = String::from_utf8_lossy(&v).to_string();
-        let (size, closer) = v
-            .split_once(':')
-            .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
-            .unwrap_or((0, u64::MAX));
+        let Closed { size, slot: closer } = Closed::read(&v).unwrap_or(Closed { size: 0, slot: u64::MAX });
         if slot >= size {
             self.me.last_rank = None;
             self.was_spare = true;
@@ -171,7 +168,7 @@ impl Session {
         if closer == slot {
             self.assign_round(r, size).await?;
         }
-        let rank_key = self.rkey(r, &format!("rank/{slot}"));
+        let rank_key = self.keys.round_keys(r).rank(slot);
         let bound = self.timing.heartbeat_timeout + Duration::from_secs(2);
         let assigned = tokio::select! {
             ok = self.wait_for(std::slice::from_ref(&rank_key), bound) => ok?,
@@ -192,7 +189,7 @@ impl Session {
         if let Some(e) = a.error {
             return Err(Error::Mismatch(e));
         }
-        let port_key = self.rkey(r, "port");
+        let port_key = self.keys.round_keys(r).port();
         let limit = deadline.saturating_duration_since(Instant::now()).max(bound);
         if !self.wait_for(std::slice::from_ref(&port_key), limit).await? {
             return Err(Error::Timeout {
@@ -219,7 +216,7 @@ impl Session {
     /// slot is written once, so each is read once per round), the first
     /// MAX slots only (those past it are spares); returns the slots taken.
     pub(super) async fn read_slots(&mut self, r: u64, seen: &mut Vec<Option<Member>>) -> Result<usize, Error> {
-        let count = self.client.add(&self.rkey(r, "join"), 0).await.map_err(|e| self.lost(e))?;
+        let count = self.client.add(&self.keys.round_keys(r).join(), 0).await.map_err(|e| self.lost(e))?;
         let count = usize::try_from(count).unwrap_or(0);
         let slots = count.min(usize::try_from(self.me.max_nodes).unwrap_or(usize::MAX));
         if seen.len() < slots {
@@ -227,7 +224,7 @@ impl Session {
         }
         let unread: Vec<usize> = (0..seen.len()).filter(|&s| seen[s].is_none()).collect();
         if !unread.is_empty() {
-            let keys: Vec<String> = unread.iter().map(|s| self.rkey(r, &format!("m/{s}"))).collect();
+            let keys: Vec<String> = unread.iter().map(|s| self.keys.round_keys(r).member(s)).collect();
             let values = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
             for (&s, v) in unread.iter().zip(values) {
                 seen[s] = serde_json::from_slice(&v).ok();
@@ -253,7 +250,7 @@ impl Session {
 
     /// We closed the round: read every member, assign ranks, publish.
     async fn assign_round(&mut self, r: u64, size: u64) -> Result<(), Error> {
-        let keys: Vec<String> = (0..size).map(|s| self.rkey(r, &format!("m/{s}"))).collect();
+        let keys: Vec<String> = (0..size).map(|s| self.keys.round_keys(r).member(s)).collect();
         let bound = self.timing.heartbeat_timeout;
         if !self.wait_for(&keys, bound).await? {
             tracing::warn!(round = r, "a pod took a slot but never announced itself; starting a new round");
@@ -285,13 +282,13 @@ impl Session {
             .enumerate()
             .map(|(slot, &group_rank)| {
                 let a = Assignment { group_rank, nnodes, error: error.clone() };
-                (self.rkey(r, &format!("rank/{slot}")), serde_json::to_vec(&a).unwrap_or_default())
+                (self.keys.round_keys(r).rank(slot), serde_json::to_vec(&a).unwrap_or_default())
             })
             .collect();
         let mut by_rank: Vec<(u32, &Member)> = ranks.iter().copied().zip(members.iter()).collect();
         by_rank.sort_by_key(|(rank, _)| *rank);
         let ordered: Vec<&Member> = by_rank.into_iter().map(|(_, m)| m).collect();
-        pairs.push((self.rkey(r, "members"), serde_json::to_vec(&ordered).unwrap_or_default()));
+        pairs.push((self.keys.round_keys(r).members(), serde_json::to_vec(&ordered).unwrap_or_default()));
         self.client.multi_set(&pairs).await.map_err(|e| self.lost(e))?;
         if error.is_none() {
             let hosts: Vec<&str> = ordered.iter().map(|m| m.host.as_str()).collect();
@@ -302,20 +299,20 @@ impl Session {
 
     /// The round is full or running without us.
     async fn spare(&mut self, r: u64, size: u64) -> Result<Try, Error> {
-        let members_key = self.rkey(r, "members");
+        let members_key = self.keys.round_keys(r).members();
         let bound = self.timing.heartbeat_timeout + Duration::from_secs(2);
         let members: Vec<Member> = if self.wait_for(std::slice::from_ref(&members_key), bound).await? {
             serde_json::from_slice(&self.get(&members_key).await?).unwrap_or_default()
         } else {
             Vec::new()
         };
-        let end = self.rkey(r, "end");
+        let end = self.keys.round_keys(r).end();
         if let Some(old) = members.iter().find(|m| m.place() == self.me.place() && m.uid != self.me.uid) {
             // The pod restarted in place (or was replaced): we hold its
             // place, taken over from the member we replace, which is gone.
             tracing::warn!(round = r, previous = %old.uid, "this pod restarted while its previous incarnation was a member; declaring it gone");
             let dead = serde_json::to_vec(&[&old.uid]).unwrap_or_default();
-            self.client.compare_set(&self.rkey(r, "dead"), b"", &dead).await.map_err(|e| self.lost(e))?;
+            self.client.compare_set(&self.keys.round_keys(r).dead(), b"", &dead).await.map_err(|e| self.lost(e))?;
             self.client
                 .compare_set(&end, b"", RoundEnd::Dead(old.uid.clone()).to_string().as_bytes())
                 .await
@@ -339,15 +336,15 @@ impl Session {
     /// Wait as a spare in round `r` (of `size` pods) until the job moves
     /// on, ends without us, or it is time for a health check.
     async fn wait_as_spare(&mut self, r: u64, size: u64) -> Result<Try, Error> {
-        let next = self.rkey(r, "next");
-        let verdict = self.rkey(r, "verdict");
+        let next = self.keys.round_keys(r).next();
+        let verdict = self.keys.round_keys(r).verdict();
         let day = Duration::from_secs(86_400);
         let next_w = wait_on(self.dial.clone(), std::slice::from_ref(&next), day);
         let verdict_w = wait_on(self.dial.clone(), std::slice::from_ref(&verdict), day);
         // Serve mode: the members left the job with no verdict for us (the
         // idle timeout's shutdown). Elsewhere every end has a verdict, and
         // `all_left` may be an old store's (a pod restarted in place).
-        let all_left = self.rkey(r, "all_left");
+        let all_left = self.keys.round_keys(r).all_left();
         let left_w = watch_if(self.serving, self.dial.clone(), all_left.clone(), day);
         tokio::pin!(next_w, verdict_w, left_w);
         let mut waiting = Waiting::new(format!("room in the job at {} (a spare)", self.endpoint), None);
@@ -387,7 +384,7 @@ impl Session {
                         // In serve mode they end a run; the pods go on serving.
                         Ok(v @ (Verdict::Success | Verdict::Fail(_))) if !self.serving => {
                             // The store host waits for this before it closes the store.
-                            let _ = self.client.add(&self.rkey(r, "spare_left"), 1).await;
+                            let _ = self.client.add(&self.keys.round_keys(r).spare_left(), 1).await;
                             return Ok(Try::Ended(v));
                         }
                         // Members move the job on right after a regroup or restart verdict.
@@ -415,8 +412,8 @@ impl Session {
     }
 
     pub(super) async fn timeout(&mut self, r: u64, started: Instant) -> Error {
-        let count = self.client.add(&self.rkey(r, "join"), 0).await.unwrap_or(0);
-        let keys: Vec<String> = (0..count).map(|s| self.rkey(r, &format!("m/{s}"))).collect();
+        let count = self.client.add(&self.keys.round_keys(r).join(), 0).await.unwrap_or(0);
+        let keys: Vec<String> = (0..count).map(|s| self.keys.round_keys(r).member(s)).collect();
         let present: Vec<Member> = self
             .client
             .multi_get(&keys)

@@ -11,36 +11,7 @@
 //! a spare takes the rank a lost pod left ([`member`]). Liveness is one heartbeat key per agent
 //! (O(pods) traffic), judged by the store host's clock ([`host`]).
 //!
-//! Keys, under `trainlet/<run_id>/j<jobset restart attempt>/` (torch's
-//! clients prefix their keys with `/`, so they never collide):
-//!
-//! | key | written by | meaning |
-//! |---|---|---|
-//! | `../attempt` | every agent, raised to the max | the newest JobSet restart attempt seen |
-//! | `round` | raised to the max | the open (or running) round R |
-//! | `restarts` | raised to the max | restarts used, job-wide |
-//! | `hb/<uid>` | each agent, every interval | heartbeat counter, `bye` on exit |
-//! | `claim/<place>` | each agent, first COMPARE_SET wins | the uid of the live agent that holds a node rank (elastic: `<node rank>@<host>`); taken over only from one that said `bye` or stopped heartbeating ([`claim`]) |
-//! | `leaving/<uid>` | an agent that got a stop signal | its signal: a pod that comes for its place waits for it to go instead of being refused |
-//! | `rR/lead` | the store host's agent | its `--spares`, once it joined: in jobs with spares the others join after it, so it is always a member |
-//! | `rR/join` | ADD per pod | arrival slots |
-//! | `rR/m/<slot>` | each pod | its [`Member`] record |
-//! | `rR/quorum` | the pod that made MIN | the last call has started |
-//! | `rR/closed` | first COMPARE_SET wins | `N:<slot>`: the first N slots are members, slot assigns ranks |
-//! | `rR/rank/<slot>`, `rR/members` | the assigning pod | each slot's [`Assignment`]; members by group rank |
-//! | `rR/port` | the store host | `PORT,AUX`: the round's fresh worker store, and a free port for the coordinator or tracker |
-//! | `rR/service` | the store host's agent | `ready` or `failed: <why>`: XGBoost's tracker for the round |
-//! | `status/<node rank>` | each pod's progress relay | its workers' newest `trainerStatus` (`crate::status::relay`) |
-//! | `rR/end` | first COMPARE_SET wins | a [`crate::supervise::round_end::RoundEnd`]: `success`, `failure`, `fatal` (with `:hang` at a hang), `waiting:<uid>`, `abort:<uid>:<sig>`, `dead:<uid>`, `stop:<run>` (serve mode) |
-//! | `rR/done`, `rR/stopped`, `rR/all_stopped` | ADD per pod, then the last | workers done / gone everywhere |
-//! | `rR/failures/<group rank>` | each pod | JSON list of its failures |
-//! | `rR/stacks/<group rank>`, `rR/dumped/<group rank>` | each pod, at a hang | its workers' stacks (JSON, with their Flight Recorder dumps once `dumped` is set) |
-//! | `rR/dead` | the store host | uids that stopped heartbeating |
-//! | `rR/verdict` | first COMPARE_SET wins | what every pod does next (`policy::Verdict`) |
-//! | `rR/next` | whoever moves the job on | the next round number |
-//! | `rR/left`, `rR/all_left` | ADD per pod, then the last | the store host may close the store |
-//! | `rR/spare_left` | ADD per spare that read the last verdict | the store host closes the store (at most 3 s later) |
-//! | `takeovers` | ADD per spare that got in | takeovers so far (the TrainJob's status) |
+//! Its keys, and what each holds: [`crate::keys`].
 //!
 //! Every wait is bounded by the join deadline or the heartbeat timeout,
 //! except a spare's wait for room (it waits while the job runs). Rounds
@@ -67,8 +38,9 @@ pub use end::JOB_ENDED;
 /// Extra time, beyond the grace period and the kill timeout, for the other
 /// pods to report their workers stopped.
 pub const STOP_SYNC_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
+pub use crate::keys::job_base;
 pub use member::{Assignment, Member, assign};
-pub use session::{Joined, Known, Round, Session, Stopped, Timing, job_base};
+pub use session::{Joined, Known, Round, Session, Stopped, Timing};
 
 use std::time::Duration;
 

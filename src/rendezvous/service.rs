@@ -10,8 +10,8 @@ use super::session::{Round, Session, wait_on};
 impl Session {
     /// Where round `r`'s PMI fences keep their keys (`--framework mpi`):
     /// under the round, so a new round has a fresh key-value space.
-    pub fn pmi_prefix(&self, r: u64) -> String {
-        self.rkey(r, "pmi")
+    pub fn pmi_keys(&self, r: u64) -> crate::keys::PmiKeys {
+        self.keys.round_keys(r).pmi()
     }
 
     /// Say whether the round's service is up: `ready`, or why not.
@@ -20,15 +20,15 @@ impl Session {
             Ok(()) => "ready".to_string(),
             Err(why) => format!("failed: {why}"),
         };
-        let key = self.rkey(r, "service");
+        let key = self.keys.round_keys(r).service();
         self.client.set(&key, value.as_bytes()).await.map_err(|e| self.lost(e))
     }
 
     /// Wait up to `limit` for the round's service, or for the round's end
     /// (its host failed or stopped first). `Ok(None)` when the limit passed.
     pub async fn wait_service(&mut self, round: &Round, limit: Duration) -> Result<Option<String>, Error> {
-        let service = self.rkey(round.number, "service");
-        let end = self.rkey(round.number, "end");
+        let service = self.keys.round_keys(round.number).service();
+        let end = self.keys.round_keys(round.number).end();
         let (dial, s, e) = (self.dial(), std::slice::from_ref(&service), std::slice::from_ref(&end));
         let up = tokio::select! {
             up = wait_on(dial.clone(), s, limit) => up,

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Error;
 use super::member::Member;
+use crate::keys::JobKeys;
 use crate::store::{Client, ClientError, Dial, Endpoint, Guard, connect_quietly, connect_with_retry};
 use crate::supervise::policy::Verdict;
 
@@ -89,7 +90,7 @@ pub struct Session {
     pub(super) endpoint: Endpoint,
     pub(super) dial: Dial,
     pub(super) client: Client,
-    pub(super) base: String,
+    pub(super) keys: JobKeys,
     pub(super) me: Member,
     pub(super) timing: Timing,
     pub(super) jobset_attempt: u64,
@@ -153,12 +154,11 @@ impl Session {
             connect_with_retry(endpoint, guard.as_ref(), deadline, cancel).await.map_err(Error::Unreachable)?;
         let addr = client.peer_addr().map_err(|e| Error::Unreachable(ClientError::Io(e)))?;
         let dial = Dial { addr, guard };
-        let base = job_base(run_id, jobset_attempt);
         let mut s = Self {
             endpoint: endpoint.clone(),
             dial,
             client,
-            base,
+            keys: JobKeys::new(run_id, jobset_attempt),
             me,
             timing,
             jobset_attempt,
@@ -206,7 +206,7 @@ impl Session {
         if let Ok(mut g) = self.host_left.lock() {
             *g = None;
         }
-        let (dial, key, slot) = (self.dial.clone(), self.key("host_left"), self.host_left.clone());
+        let (dial, key, slot) = (self.dial.clone(), self.keys.host_left(), self.host_left.clone());
         self.host_watch = tokio::spawn(async move {
             let Ok(mut c) = dial.connect().await else { return };
             if c.wait(std::slice::from_ref(&key)).await.is_err() {
@@ -237,7 +237,7 @@ impl Session {
     /// The store host is leaving cleanly (it was told to stop): say so, so
     /// that the pods that lose its store next log why instead of an error.
     pub async fn announce_leaving(&mut self, why: &str) {
-        let key = self.key("host_left");
+        let key = self.keys.host_left();
         let _ = tokio::time::timeout(Duration::from_secs(1), self.client.set(&key, why.as_bytes())).await;
     }
 
@@ -247,7 +247,7 @@ impl Session {
     }
 
     async fn check_attempt(&mut self) -> Result<(), Error> {
-        let key = format!("trainlet/{}/attempt", self.run_id);
+        let key = JobKeys::attempt(&self.run_id);
         let current = self.raise(&key, self.jobset_attempt).await?;
         if current > self.jobset_attempt {
             return Err(Error::Stale { ours: self.jobset_attempt, current });
@@ -259,7 +259,7 @@ impl Session {
     /// pods still waiting in it meet again without our slot.
     pub async fn withdraw(&mut self) {
         if let Some(r) = self.open.take() {
-            let closed = self.rkey(r, "closed");
+            let closed = self.keys.round_keys(r).closed();
             let withdraw = async {
                 if self.client.check(&[closed]).await.ok() == Some(false) {
                     tracing::info!(round = r, "leaving a round that has not formed; the others meet again");
@@ -287,7 +287,7 @@ impl Session {
 
     /// The key this agent heartbeats (`bye` once it left).
     pub fn heartbeat_key(&self) -> String {
-        self.key(&format!("hb/{}", self.me.uid))
+        self.keys.heartbeat(&self.me.uid)
     }
 
     /// The store as resolved, and the token it asks for.
@@ -299,14 +299,6 @@ impl Session {
         Error::Lost { endpoint: self.endpoint.clone(), source }
     }
 
-    pub(super) fn key(&self, rest: &str) -> String {
-        format!("{}/{rest}", self.base)
-    }
-
-    pub(super) fn rkey(&self, round: u64, rest: &str) -> String {
-        format!("{}/r{round}/{rest}", self.base)
-    }
-
     /// Raise a decimal key to at least `to`; returns the value it holds.
     pub(super) async fn raise(&mut self, key: &str, to: u64) -> Result<u64, Error> {
         raise(&mut self.client, key, to).await.map_err(|e| self.lost(e))
@@ -314,8 +306,8 @@ impl Session {
 
     /// Move the job from round `from` to round `to` (first mover wins).
     pub(super) async fn advance(&mut self, from: u64, to: u64) -> Result<(), Error> {
-        let now = self.raise(&self.key("round"), to).await?;
-        let next = self.rkey(from, "next");
+        let now = self.raise(&self.keys.round(), to).await?;
+        let next = self.keys.round_keys(from).next();
         self.client.compare_set(&next, b"", now.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
         Ok(())
     }
@@ -329,11 +321,6 @@ impl Session {
     pub(super) async fn get(&mut self, key: &str) -> Result<Vec<u8>, Error> {
         self.client.get(key).await.map_err(|e| self.lost(e))
     }
-}
-
-/// The prefix of every key of the job: `trainlet/<run id>/j<JobSet restart attempt>`.
-pub fn job_base(run_id: &str, jobset_attempt: u64) -> String {
-    format!("trainlet/{run_id}/j{jobset_attempt}")
 }
 
 /// WAIT for `key` on a fresh connection to `addr`, then read it.

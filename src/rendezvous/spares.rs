@@ -43,7 +43,7 @@ impl Session {
     /// Wait until the store host's agent joined round `r` (it writes `lead`,
     /// its `--spares`, which must be ours).
     async fn after_lead(&mut self, r: u64, deadline: Instant, started: Instant) -> Result<Option<Try>, Error> {
-        let (lead, next) = (self.rkey(r, "lead"), self.rkey(r, "next"));
+        let (lead, next) = (self.keys.round_keys(r).lead(), self.keys.round_keys(r).next());
         let limit = deadline.saturating_duration_since(Instant::now());
         let lead_w = wait_on(self.dial.clone(), std::slice::from_ref(&lead), limit);
         let next_w = wait_on(self.dial.clone(), std::slice::from_ref(&next), limit);
@@ -85,8 +85,8 @@ impl Session {
     /// heartbeat timeout.
     async fn defer_to_members(&mut self, p: u64, r: u64) -> Result<(), Error> {
         let members: Vec<Member> =
-            serde_json::from_slice(&self.get(&self.rkey(p, "members")).await?).unwrap_or_default();
-        let beats: Vec<String> = members.iter().map(|m| self.key(&format!("hb/{}", m.uid))).collect();
+            serde_json::from_slice(&self.get(&self.keys.round_keys(p).members()).await?).unwrap_or_default();
+        let beats: Vec<String> = members.iter().map(|m| self.keys.heartbeat(&m.uid)).collect();
         if beats.is_empty() {
             return Ok(());
         }
@@ -95,7 +95,8 @@ impl Session {
         let mut waiting = Waiting::new(what, Some(until));
         let mut seen: Vec<Option<Member>> = Vec::new();
         loop {
-            let fixed = [self.rkey(p, "dead"), self.rkey(r, "closed"), self.rkey(r, "next")];
+            let fixed =
+                [self.keys.round_keys(p).dead(), self.keys.round_keys(r).closed(), self.keys.round_keys(r).next()];
             let state = self.client.multi_get(&fixed).await.map_err(|e| self.lost(e))?;
             if !state[1].is_empty() || !state[2].is_empty() || Instant::now() >= until {
                 return Ok(());

@@ -368,12 +368,13 @@ async fn stop(api: &Api, seq: u64) -> Result<(), super::Error> {
         // run the next run, which a `stop:` of this one must not end.
         return Ok(());
     }
-    let round = std::str::from_utf8(&link.get(&format!("{base}/round")).await?)
+    let keys = crate::keys::JobKeys::under(&base);
+    let round = std::str::from_utf8(&link.get(&keys.round()).await?)
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or(0);
     let stop = crate::supervise::round_end::RoundEnd::Stop(seq).to_string();
-    link.compare_set(&format!("{base}/r{round}/end"), b"", stop.as_bytes()).await?;
+    link.compare_set(&keys.round_keys(round).end(), b"", stop.as_bytes()).await?;
     tracing::info!(run = seq, round, "stopping a run on request");
     Ok(())
 }

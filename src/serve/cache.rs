@@ -84,11 +84,6 @@ pub fn measure(pod: &str, dir: &Path) -> Usage {
     u
 }
 
-/// The store key of `pod`'s entry under the job's keys `base`.
-fn key(base: &str, pod: &str) -> String {
-    format!("{base}/cache/{pod}")
-}
-
 /// A pod's side: measure `dir` now, whenever `poke` is notified (a round
 /// ended), and every [`MEASURE_EVERY`]; write the entry when it changed.
 pub fn publish(
@@ -107,7 +102,7 @@ pub fn publish(
             if last.as_ref() != Some(&now)
                 && let Ok(v) = serde_json::to_vec(&now)
             {
-                match link.set(&key(&base, &pod), &v).await {
+                match link.set(&crate::keys::serve::cache(&base, &pod), &v).await {
                     Ok(()) => last = Some(now),
                     Err(e) => {
                         tracing::debug!(error = %crate::error::error_chain(&e), "cannot write the cache's use to the store")
@@ -131,7 +126,7 @@ pub fn gather(dial: Dial, base: String, board: Arc<Board>, cancel: CancellationT
         loop {
             let mut all = Vec::new();
             for pod in board.world().pods {
-                let Ok(raw) = link.get(&key(&base, &pod)).await else { break };
+                let Ok(raw) = link.get(&crate::keys::serve::cache(&base, &pod)).await else { break };
                 let entry = (raw.len() <= MAX_ENTRY).then(|| serde_json::from_slice::<Usage>(&raw).ok()).flatten();
                 if let Some(u) = entry.filter(|u| u.pod == pod) {
                     all.push(u);

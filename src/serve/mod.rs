@@ -9,17 +9,7 @@
 //! through the store ([`logs`]); the host's [`board::Board`] keeps each
 //! run's state, exits and failure report.
 //!
-//! Keys, under the job's prefix (`crate::rendezvous::job_base`):
-//!
-//! | key | written by | meaning |
-//! |---|---|---|
-//! | `serve/session` | the control API, at start | this serving session's random id, [`seal`]ed |
-//! | `serve/run` | the control API | the newest run ([`spec::Run`], JSON, sealed) |
-//! | `serve/go/<seq>` | the control API | `run`: run `seq` is published (a wake-up only); `lane`: run `seq` runs in a lane (`lane`), the main run's next signal is a later one; `shutdown`, sealed: the pods exit 0 |
-//! | `serve/ended/<seq>` | the control API, every pod's agent | run `seq` is over: `<id> <state>` (`succeeded`, `failed`, `stopped`), sealed |
-//! | `serve/blob/<sha256>/<i>` | the control API | a file's content in 4 MiB chunks |
-//! | `serve/log/<seq>/n` | ADD per shipping agent | its slot |
-//! | `serve/log/<seq>/<slot>/n`, `.../<i>` | that agent | chunks of its workers' lines, and how many |
+//! Keys, under the job's prefix: [`crate::keys::serve`].
 //!
 //! A run is stopped (`DELETE`, or replaced) by ending the round it runs
 //! in with `stop:<seq>`: every pod stops its workers as for a planned
@@ -56,6 +46,7 @@ pub mod tar;
 
 use std::time::Duration;
 
+use crate::keys::serve::ServeKeys as Keys;
 use crate::store::{Client, ClientError, Dial};
 
 /// Why a serve-mode store operation failed.
@@ -125,89 +116,6 @@ pub mod kind {
 
 /// Most bytes of a session id read from the store.
 const MAX_SESSION: usize = 64;
-
-/// The store keys of serve mode under one job prefix.
-#[derive(Debug, Clone)]
-pub struct Keys {
-    base: String,
-    /// A lane agent's run (`lane::`): its run is the lane's.
-    lane: Option<u64>,
-}
-
-impl Keys {
-    /// Keys under `base` (the job's prefix).
-    pub fn new(base: &str) -> Self {
-        Self { base: format!("{base}/serve"), lane: None }
-    }
-
-    /// The keys of lane `seq`'s agents: the same, but their run is the lane's.
-    pub fn for_lane(base: &str, seq: u64) -> Self {
-        Self { lane: Some(seq), ..Self::new(base) }
-    }
-
-    /// The open lanes.
-    pub fn lanes(&self) -> String {
-        format!("{}/lanes", self.base)
-    }
-
-    /// Version `version` of the lanes record is out.
-    pub fn lanes_wake(&self, version: u64) -> String {
-        format!("{}/lanes/v/{version}", self.base)
-    }
-
-    /// Lane `seq`'s run.
-    pub fn lane_run(&self, seq: u64) -> String {
-        format!("{}/lane/{seq}/run", self.base)
-    }
-
-    /// The serving session.
-    pub fn session(&self) -> String {
-        format!("{}/session", self.base)
-    }
-
-    /// The setup steps ([`setup`]).
-    pub fn setup(&self) -> String {
-        format!("{}/setup", self.base)
-    }
-
-    /// The newest run (a lane agent's: its lane's).
-    pub fn run(&self) -> String {
-        match self.lane {
-            Some(seq) => self.lane_run(seq),
-            None => format!("{}/run", self.base),
-        }
-    }
-
-    /// The go signal of run `seq`.
-    pub fn go(&self, seq: u64) -> String {
-        format!("{}/go/{seq}", self.base)
-    }
-
-    /// Run `seq` is over.
-    pub fn ended(&self, seq: u64) -> String {
-        format!("{}/ended/{seq}", self.base)
-    }
-
-    /// Chunk `i` of a blob.
-    pub fn blob(&self, sha256: &str, i: u64) -> String {
-        format!("{}/blob/{sha256}/{i}", self.base)
-    }
-
-    /// The slot counter of run `seq`'s log shippers.
-    pub fn log_slots(&self, seq: u64) -> String {
-        format!("{}/log/{seq}/n", self.base)
-    }
-
-    /// The chunk count of shipper `slot` in run `seq`.
-    pub fn log_count(&self, seq: u64, slot: i64) -> String {
-        format!("{}/log/{seq}/{slot}/n", self.base)
-    }
-
-    /// Chunk `i` of shipper `slot` in run `seq`.
-    pub fn log_chunk(&self, seq: u64, slot: i64, i: i64) -> String {
-        format!("{}/log/{seq}/{slot}/{i}", self.base)
-    }
-}
 
 /// A store connection of serve mode that reconnects after a failure.
 #[derive(Debug)]

@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::{Link, wait_key};
+use crate::keys::serve::StacksKeys;
 use crate::stacks::stall::{RankStacks, judge};
 use crate::store::Dial;
 
@@ -27,32 +28,17 @@ const POLL: Duration = Duration::from_millis(50);
 /// How long a pod's agent waits after a store error before it listens again.
 const RETRY: Duration = Duration::from_secs(1);
 
-fn ask(base: &str) -> String {
-    format!("{base}/stacks/ask")
-}
-
-fn request(base: &str, n: i64) -> String {
-    format!("{base}/stacks/ask/{n}")
-}
-
-fn count(base: &str, n: i64) -> String {
-    format!("{base}/stacks/answers/{n}")
-}
-
-fn answer(base: &str, n: i64, k: i64) -> String {
-    format!("{base}/stacks/answers/{n}/{k}")
-}
-
 /// A pod's agent: answer every request with this pod's workers' stacks,
 /// until `cancel`.
 pub fn answer_requests(dial: Dial, base: String, cancel: CancellationToken) {
     tokio::spawn(async move {
         let mut link = Link::new(dial.clone(), &base);
+        let keys = StacksKeys::new(&base);
         let mut last = None;
         loop {
             let done = match last {
                 Some(n) => Ok(n),
-                None => link.add(&ask(&base), 0).await,
+                None => link.add(&keys.asks(), 0).await,
             };
             let n = match done {
                 Ok(n) => n + 1,
@@ -63,7 +49,7 @@ pub fn answer_requests(dial: Dial, base: String, cancel: CancellationToken) {
                     }
                 }
             };
-            let key = request(&base, n);
+            let key = keys.request(n);
             let asked = tokio::select! {
                 () = cancel.cancelled() => return,
                 a = wait_key(&dial, &key) => a,
@@ -81,8 +67,8 @@ pub fn answer_requests(dial: Dial, base: String, cancel: CancellationToken) {
                 continue;
             }
             let json = crate::supervise::stacks::encode(crate::supervise::stacks::read_pod().await);
-            let sent = match link.add(&count(&base, n), 1).await {
-                Ok(k) => link.set(&answer(&base, n, k), &json).await,
+            let sent = match link.add(&keys.answers(n), 1).await {
+                Ok(k) => link.set(&keys.answer(n, k), &json).await,
                 Err(e) => Err(e),
             };
             if let Err(e) = sent {
@@ -100,15 +86,15 @@ static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 pub async fn gather(link: &mut Link, pods: u32) -> Result<serde_json::Value, String> {
     let _one = ONE.lock().await;
     let why = |e: super::Error| format!("the agents' store: {}", crate::error::error_chain(&e));
-    let base = link.job.clone();
-    let n = link.add(&ask(&base), 1).await.map_err(why)?;
+    let keys = StacksKeys::new(&link.job);
+    let n = link.add(&keys.asks(), 1).await.map_err(why)?;
     if n > 1 {
-        forget(link, &base, n - 1).await;
+        forget(link, &keys, n - 1).await;
     }
-    link.set(&request(&base, n), b"1").await.map_err(why)?;
+    link.set(&keys.request(n), b"1").await.map_err(why)?;
     let until = tokio::time::Instant::now() + ANSWER_WAIT;
     let answered = loop {
-        let c = link.add(&count(&base, n), 0).await.map_err(why)?;
+        let c = link.add(&keys.answers(n), 0).await.map_err(why)?;
         if c >= i64::from(pods) || tokio::time::Instant::now() >= until {
             break c;
         }
@@ -116,7 +102,7 @@ pub async fn gather(link: &mut Link, pods: u32) -> Result<serde_json::Value, Str
     };
     let mut ranks: Vec<RankStacks> = Vec::new();
     for k in 1..=answered {
-        let raw = link.get(&answer(&base, n, k)).await.map_err(why)?;
+        let raw = link.get(&keys.answer(n, k)).await.map_err(why)?;
         ranks.extend(serde_json::from_slice::<Vec<RankStacks>>(&raw).unwrap_or_default());
     }
     ranks.sort_by_key(|r| (r.lane, r.rank));
@@ -132,11 +118,11 @@ pub async fn gather(link: &mut Link, pods: u32) -> Result<serde_json::Value, Str
 }
 
 /// Delete request `n`'s keys.
-async fn forget(link: &mut Link, base: &str, n: i64) {
-    let answered = link.add(&count(base, n), 0).await.unwrap_or(0);
+async fn forget(link: &mut Link, keys: &StacksKeys, n: i64) {
+    let answered = link.add(&keys.answers(n), 0).await.unwrap_or(0);
     for k in 1..=answered {
-        let _ = link.delete(&answer(base, n, k)).await;
+        let _ = link.delete(&keys.answer(n, k)).await;
     }
-    let _ = link.delete(&count(base, n)).await;
-    let _ = link.delete(&request(base, n)).await;
+    let _ = link.delete(&keys.answers(n)).await;
+    let _ = link.delete(&keys.request(n)).await;
 }

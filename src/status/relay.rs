@@ -159,7 +159,8 @@ async fn run(
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let host = setup.poster.is_some();
-    let key = |rank: u32| format!("{}/status/{rank}", setup.base);
+    let job = crate::keys::JobKeys::under(&setup.base);
+    let key = |rank: u32| job.status(rank);
     loop {
         let mut asked = None;
         let stopping = tokio::select! {
@@ -240,11 +241,12 @@ async fn run(
 /// The spares waiting beside round `round` (the pods that joined it past
 /// its size) and the job's takeovers so far.
 async fn spares(c: &mut Client, base: &str, round: u64) -> Result<(u64, u64), crate::store::ClientError> {
-    let joined = c.add(&format!("{base}/r{round}/join"), 0).await?;
-    let closed = c.get(&format!("{base}/r{round}/closed")).await?;
-    let size = std::str::from_utf8(&closed).ok().and_then(|v| v.split(':').next()?.parse::<i64>().ok());
-    let waiting = size.and_then(|n| joined.checked_sub(n)).map_or(0, |w| u64::try_from(w).unwrap_or(0));
-    let takeovers = u64::try_from(c.add(&format!("{base}/takeovers"), 0).await?).unwrap_or(0);
+    let job = crate::keys::JobKeys::under(base);
+    let keys = job.round_keys(round);
+    let joined = u64::try_from(c.add(&keys.join(), 0).await?).unwrap_or(0);
+    let closed = crate::keys::Closed::read(&c.get(&keys.closed()).await?);
+    let waiting = closed.map_or(0, |c| joined.saturating_sub(c.size));
+    let takeovers = u64::try_from(c.add(&job.takeovers(), 0).await?).unwrap_or(0);
     Ok((waiting, takeovers))
 }
 

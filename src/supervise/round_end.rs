@@ -68,6 +68,11 @@ impl RoundEnd {
         matches!(self, RoundEnd::Stop(_))
     }
 
+    /// The end a store value holds (any bytes read as some end).
+    pub fn from_bytes(value: &[u8]) -> RoundEnd {
+        RoundEnd::read(&String::from_utf8_lossy(value))
+    }
+
     /// The end `text` says (any text reads as some end).
     pub fn read(text: &str) -> RoundEnd {
         let other = || RoundEnd::Other(text.to_string());
@@ -162,6 +167,13 @@ mod tests {
         assert_eq!(end.job_end(), JobEnd::Regroup { planned: true });
         assert_eq!(end.to_string(), text);
         assert!(!end.is_hang() && !end.is_stop());
+    }
+
+    #[test]
+    fn a_store_value_reads_as_its_text_and_bad_utf8_as_other_text() {
+        assert_eq!(RoundEnd::from_bytes(b"stop:12"), RoundEnd::Stop(12));
+        assert_eq!(RoundEnd::from_bytes(b"dead:\xffx"), RoundEnd::Dead("\u{fffd}x".into()));
+        assert_eq!(RoundEnd::from_bytes(b"\xfe"), other("\u{fffd}"));
     }
 
     #[test]

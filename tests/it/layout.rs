@@ -178,6 +178,122 @@ fn a_rounds_end_is_spelled_only_by_its_type() {
     assert!(spelled.is_empty(), "{spelled:?}");
 }
 
+/// Where a string literal spells a key of the agents' store: after a
+/// placeholder (`{base}/`, `{}/`), a key's first segment (`hb/`,
+/// `serve/`, ...), a job-wide key's whole name (`restarts"`), or a round's
+/// prefix (`/r{round}/`); and the job prefix itself (`"trainlet/{`).
+fn key_spellings(literal: &str) -> Vec<String> {
+    const NODES: [&str; 25] = [
+        "hb/",
+        "claim/",
+        "leaving/",
+        "pod/",
+        "status/",
+        "serve/",
+        "actor/",
+        "stacks/",
+        "cache/",
+        "m/",
+        "rank/",
+        "failures/",
+        "dumped/",
+        "pmi/",
+        "lanes/",
+        "lane/",
+        "go/",
+        "ended/",
+        "blob/",
+        "log/",
+        "ask/",
+        "answers/",
+        "op/",
+        "res/",
+        "first/",
+    ];
+    const LEAVES: [&str; 25] = [
+        "round\"",
+        "restarts\"",
+        "takeovers\"",
+        "host_left\"",
+        "lighthouse\"",
+        "attempt\"",
+        "pmi\"",
+        "serve\"",
+        "stacks\"",
+        "lanes\"",
+        "session\"",
+        "setup\"",
+        "ops\"",
+        "ask\"",
+        "end\"",
+        "next\"",
+        "verdict\"",
+        "members\"",
+        "closed\"",
+        "quorum\"",
+        "join\"",
+        "dead\"",
+        "all_left\"",
+        "all_stopped\"",
+        "spare_left\"",
+    ];
+    let mut found = Vec::new();
+    if literal.starts_with("\"trainlet/{") {
+        found.push("\"trainlet/{".to_string());
+    }
+    for (at, _) in literal.match_indices("}/") {
+        let after = &literal[at + 2..];
+        if let Some(w) = NODES.iter().chain(&LEAVES).find(|w| after.starts_with(**w)) {
+            found.push(format!("}}/{w}"));
+        }
+        if after.starts_with("r{") {
+            found.push("}/r{".to_string());
+        }
+    }
+    found
+}
+
+#[test]
+fn the_key_reader_sees_each_form_of_a_key() {
+    for (literal, found) in [
+        ("\"{base}/hb/{uid}\"", true),
+        ("\"{}/r{round}/end\"", true),
+        ("\"{base}/restarts\"", true),
+        ("\"trainlet/{run}/attempt\"", true),
+        ("\"{job}/serve/run\"", true),
+        ("\"{proc}/status\"", false),
+        ("\"{site}/bin\"", false),
+        ("\"round\"", false),
+        ("\"{x}/torch\"", false),
+    ] {
+        assert_eq!(!key_spellings(literal).is_empty(), found, "{literal}");
+    }
+}
+
+/// Every key of the agents' store comes from the schema, `src/keys/`: no
+/// other source spells one in a string literal. The schema itself spells
+/// every kind the reader knows (so the reader is not blind).
+#[test]
+fn no_store_key_is_spelled_outside_the_schema() {
+    let mut in_schema = BTreeSet::new();
+    let mut spelled = Vec::new();
+    for f in sources() {
+        let text = std::fs::read_to_string(&f).expect("read");
+        let schema = f.components().any(|c| c.as_os_str() == "keys");
+        for literal in scan(&text).1 {
+            for form in key_spellings(&literal) {
+                if schema {
+                    in_schema.insert(form);
+                } else {
+                    spelled.push(format!("{}: {literal} ({form})", f.display()));
+                }
+            }
+        }
+    }
+    assert!(spelled.is_empty(), "store keys spelled outside src/keys/: {spelled:#?}");
+    assert!(in_schema.len() >= 15, "the schema's own spellings, as the reader sees them: {in_schema:?}");
+}
+
 /// No source file holds more than 600 lines of code before its unit tests
 /// (tables of tests may make a file longer): past that, a file does several
 /// jobs and is split by job.
@@ -201,6 +317,13 @@ const MAX_FN_LINES: usize = 150;
 /// `text` with every comment, string and character literal blanked out
 /// (newlines kept), so that braces are counted in code only.
 fn code_only(text: &str) -> String {
+    scan(text).0
+}
+
+/// [`code_only`]'s text, and every string literal of `text` (raw strings
+/// too), quotes included, in order.
+fn scan(text: &str) -> (String, Vec<String>) {
+    let mut strings = Vec::new();
     let chars: Vec<char> = text.chars().collect();
     let mut out = String::with_capacity(text.len());
     let mut i = 0;
@@ -221,13 +344,17 @@ fn code_only(text: &str) -> String {
             let close: Vec<char> = std::iter::once('"').chain(std::iter::repeat_n('#', hashes)).collect();
             let body = 2 + hashes;
             let end = rest[body.min(rest.len())..].windows(close.len()).position(|w| w == close.as_slice());
-            (end.map_or(rest.len(), |p| body + p + close.len()), true)
+            let end = end.map_or(rest.len(), |p| body + p + close.len());
+            strings.push(rest[..end].iter().collect());
+            (end, true)
         } else if rest[0] == '"' {
             let mut j = 1;
             while j < rest.len() && rest[j] != '"' {
                 j += if rest[j] == '\\' { 2 } else { 1 };
             }
-            ((j + 1).min(rest.len()), true)
+            let end = (j + 1).min(rest.len());
+            strings.push(rest[..end].iter().collect());
+            (end, true)
         } else if rest[0] == '\'' {
             // A character literal ('{', '\n', '\u{7b}'), not a lifetime.
             let end = if rest.get(1) == Some(&'\\') {
@@ -247,7 +374,7 @@ fn code_only(text: &str) -> String {
         }
         i += skip;
     }
-    out
+    (out, strings)
 }
 
 /// Every function of `text` longer than `limit` lines: (first line, name, lines).

@@ -4,6 +4,7 @@
 //! number of ranks and keys (issue 29).
 
 use super::server::Fence;
+use crate::keys::PmiKeys;
 use crate::store::{Client, Dial};
 
 /// The most bytes of one key or value in a pod's blob (a hostile or broken
@@ -18,8 +19,8 @@ pub struct StoreFence {
     /// The connection, made at the first fence (its own: the agent's
     /// session is busy with the round).
     pub client: Option<Client>,
-    /// `trainlet/<run>/j<jobset attempt>/r<round>/pmi`.
-    pub prefix: String,
+    /// Its keys: under `trainlet/<run>/j<jobset attempt>/r<round>/pmi`.
+    pub keys: PmiKeys,
     /// This pod's node rank.
     pub node: usize,
     /// Pods in the job.
@@ -62,7 +63,7 @@ pub fn decode(mut blob: &[u8]) -> Result<Vec<(String, String)>, String> {
 
 impl Fence for StoreFence {
     async fn fence(&mut self, seq: u64, puts: Vec<(String, String)>) -> Result<Vec<(String, String)>, String> {
-        let key = |n: usize| format!("{}/{seq}/{n}", self.prefix);
+        let key = |n: usize| self.keys.puts(seq, n);
         let why = |e: crate::store::ClientError| format!("PMI fence {seq}: {}", crate::error::error_chain(&e));
         let blob = encode(&puts);
         if blob.len() as u64 > crate::store::MAX_VALUE_LEN {
@@ -78,14 +79,14 @@ impl Fence for StoreFence {
         };
         client.set(&key(self.node), &blob).await.map_err(why)?;
         let pods = i64::try_from(self.nnodes).unwrap_or(i64::MAX);
-        client.barrier(&format!("{}/{seq}/in", self.prefix), pods).await.map_err(why)?;
+        client.barrier(&self.keys.barrier(seq), pods).await.map_err(why)?;
         // Every pod came to this barrier after its reads of the last fence:
         // that fence's keys can go (the store stays small however many
         // fences the ranks make).
         if let Some(last) = seq.checked_sub(1) {
-            client.delete_key(&format!("{}/{last}/{}", self.prefix, self.node)).await.map_err(why)?;
+            client.delete_key(&self.keys.puts(last, self.node)).await.map_err(why)?;
             if self.node == 0 {
-                client.delete_key(&format!("{}/{last}/in", self.prefix)).await.map_err(why)?;
+                client.delete_key(&self.keys.barrier(last)).await.map_err(why)?;
             }
         }
         let keys: Vec<String> = (0..self.nnodes).map(key).collect();
@@ -129,7 +130,13 @@ mod tests {
         let mut pods = Vec::new();
         for node in 0..3 {
             let dial = Dial { addr, guard: None };
-            let mut fence = StoreFence { dial, client: None, prefix: "trainlet/r/pmi/0".into(), node, nnodes: 3 };
+            let mut fence = StoreFence {
+                dial,
+                client: None,
+                keys: crate::keys::JobKeys::under("trainlet/r/j0").round_keys(0).pmi(),
+                node,
+                nnodes: 3,
+            };
             pods.push(tokio::spawn(async move {
                 let mine = vec![(format!("card-{node}"), format!("addr-{node}"))];
                 let first = fence.fence(0, mine).await;

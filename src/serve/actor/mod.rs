@@ -86,38 +86,7 @@ pub enum Error {
     },
 }
 
-/// The store keys of the actor of run `seq`.
-#[derive(Debug, Clone)]
-pub struct Keys {
-    base: String,
-}
-
-impl Keys {
-    /// Keys of run `seq`'s actor under the job prefix `job`.
-    pub fn new(job: &str, seq: u64) -> Self {
-        Self { base: format!("{job}/actor/{seq}") }
-    }
-
-    /// Operation `n`.
-    pub fn op(&self, n: u64) -> String {
-        format!("{}/op/{n}", self.base)
-    }
-
-    /// The number of the first operation for `round`.
-    pub fn first(&self, round: u64) -> String {
-        format!("{}/first/{round}", self.base)
-    }
-
-    /// The newest operation's number.
-    pub fn ops(&self) -> String {
-        format!("{}/ops", self.base)
-    }
-
-    /// `rank`'s outcome of call `n`.
-    pub fn result(&self, n: u64, rank: u32) -> String {
-        format!("{}/res/{n}/{rank}", self.base)
-    }
-}
+pub use crate::keys::serve::ActorKeys as Keys;
 
 /// The kind a sealed operation carries (`crate::serve::seal`).
 pub const OP_KIND: &str = "actor-op";
@@ -263,8 +232,6 @@ mod tests {
         let cancel: Op =
             serde_json::from_str(r#"{"actor":3,"n":8,"round":2,"kind":"cancel","call":7}"#).expect("cancel");
         assert_eq!(cancel.what, What::Cancel { call: 7 });
-        let k = Keys::new("trainlet/job/a0", 3);
-        assert_eq!(k.result(7, 2), "trainlet/job/a0/actor/3/res/7/2");
     }
 
     #[test]

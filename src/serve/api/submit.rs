@@ -86,10 +86,11 @@ pub(super) async fn submit(api: &Api, req: &Request, actor: bool, bodies: &intak
     let mut link = api.link.lock().await;
     let mut visible = false;
     let published: Result<(Run, u64, Option<Run>), crate::serve::Error> = async {
-        let base_restarts = std::str::from_utf8(&link.get(&format!("{}/restarts", api.conf.base)).await?)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0);
+        let base_restarts =
+            std::str::from_utf8(&link.get(&crate::keys::JobKeys::under(&api.conf.base).restarts()).await?)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0);
         let sent = files::put(&mut link, &checked.blobs).await?;
         let run = Run {
             id: id.clone(),
