@@ -108,7 +108,7 @@ pub(super) async fn join(
         Err(sig) => return Err(Ok(exit::for_signal(sig))),
     };
     let lane_reports = plan.serve.as_ref().and_then(|s| s.lane.as_ref()).is_some_and(|l| l.report);
-    session.roles(plan.serve_store || lane_reports, plan.serve.is_some());
+    session.roles(rendezvous::Roles { leads: plan.serve_store || lane_reports, serving: plan.serve.is_some() });
     tracing::info!(
         %endpoint,
         node_rank = plan.node_rank,

@@ -59,7 +59,7 @@ impl Session {
                 return Ok(());
             }
             if held.is_empty() {
-                held = self.client.compare_set(&key, b"", &mine).await.map_err(|e| self.lost(e))?;
+                held = self.store.client.compare_set(&key, b"", &mine).await.map_err(|e| self.lost(e))?;
                 if held.is_empty() {
                     held = self.get(&key).await?;
                 }
@@ -75,7 +75,7 @@ impl Session {
                 previous = %holder,
                 "the agent that held this pod's place is gone ({why}); this agent takes it over"
             );
-            let got = self.client.compare_set(&key, &held, &mine).await.map_err(|e| self.lost(e))?;
+            let got = self.store.client.compare_set(&key, &held, &mine).await.map_err(|e| self.lost(e))?;
             // A missing key answers with the expected value: read it again.
             held = if got == held { self.get(&key).await? } else { got };
         }

@@ -30,7 +30,7 @@ const STACKS_PER_GET: usize = 16;
 impl Session {
     async fn end(&mut self, r: u64, end: &RoundEnd) -> Result<(), Error> {
         let key = self.keys.round_keys(r).end();
-        self.client.compare_set(&key, b"", end.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
+        self.store.client.compare_set(&key, b"", end.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
         Ok(())
     }
 
@@ -44,10 +44,10 @@ impl Session {
     /// with the Flight Recorder's dumps (they were asked for and waited for).
     pub async fn publish_stacks(&mut self, round: &Round, json: &[u8], dumped: bool) -> Result<(), Error> {
         let key = self.keys.round_keys(round.number).stacks(round.group_rank);
-        self.client.set(&key, json).await.map_err(|e| self.lost(e))?;
+        self.store.client.set(&key, json).await.map_err(|e| self.lost(e))?;
         if dumped {
             let key = self.keys.round_keys(round.number).dumped(round.group_rank);
-            self.client.set(&key, b"1").await.map_err(|e| self.lost(e))?;
+            self.store.client.set(&key, b"1").await.map_err(|e| self.lost(e))?;
         }
         Ok(())
     }
@@ -67,7 +67,7 @@ impl Session {
         let keys: Vec<String> = (0..round.nnodes).map(|n| self.keys.round_keys(round.number).stacks(n)).collect();
         let mut out = Vec::new();
         for chunk in keys.chunks(STACKS_PER_GET) {
-            let values = self.client.multi_get(chunk).await.map_err(|e| self.lost(e))?;
+            let values = self.store.client.multi_get(chunk).await.map_err(|e| self.lost(e))?;
             out.extend(values.iter().flat_map(|v| serde_json::from_slice::<Vec<RankStacks>>(v).unwrap_or_default()));
         }
         Ok(out)
@@ -79,13 +79,13 @@ impl Session {
     /// than being refused as a second live claimant), then ends the round.
     pub async fn publish_abort(&mut self, r: u64, signal: i32) -> Result<(), Error> {
         let leaving = self.keys.leaving(&self.me.uid);
-        self.client.set(&leaving, signal.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
+        self.store.client.set(&leaving, signal.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
         self.end(r, &RoundEnd::Abort { uid: self.me.uid.to_string(), signal }).await
     }
 
     /// Every worker here is done; the last pod to say so ends the round.
     pub async fn publish_local_done(&mut self, round: &Round) -> Result<(), Error> {
-        let n = self.client.add(&self.keys.round_keys(round.number).done(), 1).await.map_err(|e| self.lost(e))?;
+        let n = self.store.client.add(&self.keys.round_keys(round.number).done(), 1).await.map_err(|e| self.lost(e))?;
         if n >= i64::from(round.nnodes) {
             self.end(round.number, &RoundEnd::Success).await?;
         }
@@ -95,7 +95,7 @@ impl Session {
     /// A future that resolves when the round's end is published, on its
     /// own connection; None when that connection broke (the store is lost).
     pub fn watch_end(&self, r: u64) -> impl std::future::Future<Output = Option<RoundEnd>> + Send + 'static {
-        let dial = self.dial.clone();
+        let dial = self.store.dial.clone();
         let key = self.keys.round_keys(r).end();
         async move { wait_get(dial, &key).await.ok().map(|v| RoundEnd::from_bytes(&v)) }
     }
@@ -105,11 +105,12 @@ impl Session {
     pub async fn report_stopped(&mut self, round: &Round, failures: &[Failure]) -> Result<(), Error> {
         let key = self.keys.round_keys(round.number).failures(round.group_rank);
         let v = serde_json::to_vec(failures).unwrap_or_default();
-        self.client.set(&key, &v).await.map_err(|e| self.lost(e))?;
-        let n = self.client.add(&self.keys.round_keys(round.number).stopped(), 1).await.map_err(|e| self.lost(e))?;
+        self.store.client.set(&key, &v).await.map_err(|e| self.lost(e))?;
+        let n =
+            self.store.client.add(&self.keys.round_keys(round.number).stopped(), 1).await.map_err(|e| self.lost(e))?;
         if n >= i64::from(round.nnodes) {
             let k = self.keys.round_keys(round.number).all_stopped();
-            self.client.set(&k, b"1").await.map_err(|e| self.lost(e))?;
+            self.store.client.set(&k, b"1").await.map_err(|e| self.lost(e))?;
         }
         Ok(())
     }
@@ -120,8 +121,8 @@ impl Session {
         let r = round.number;
         let all = self.keys.round_keys(r).all_stopped();
         let dead = self.keys.round_keys(r).dead();
-        let all_w = wait_on(self.dial.clone(), std::slice::from_ref(&all), limit);
-        let dead_w = wait_on(self.dial.clone(), std::slice::from_ref(&dead), limit);
+        let all_w = wait_on(self.store.dial.clone(), std::slice::from_ref(&all), limit);
+        let dead_w = wait_on(self.store.dial.clone(), std::slice::from_ref(&dead), limit);
         tokio::pin!(all_w, dead_w);
         let what = format!("the other pods of round {r} to stop their workers");
         let mut waiting = Waiting::new(what, Some(Instant::now() + limit));
@@ -132,7 +133,7 @@ impl Session {
                 ok = &mut all_w => { ok.map_err(|e| self.lost(e))?; break; }
                 ok = &mut dead_w => { ok.map_err(|e| self.lost(e))?; break; }
                 _ = tick.tick() => {
-                    let reported = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
+                    let reported = self.store.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
                     let running: Vec<String> = reported
                         .iter()
                         .enumerate()
@@ -144,7 +145,7 @@ impl Session {
                 }
             }
         }
-        let present = self.client.multi_get(&[all.clone(), dead.clone()]).await.map_err(|e| self.lost(e))?;
+        let present = self.store.client.multi_get(&[all.clone(), dead.clone()]).await.map_err(|e| self.lost(e))?;
         Ok(Stopped { all_stopped: !present[0].is_empty(), dead: !present[1].is_empty() })
     }
 
@@ -157,7 +158,7 @@ impl Session {
     /// Every member's failures in round `round` (members that did not report count as none).
     pub async fn failures(&mut self, round: &Round) -> Result<Vec<Failure>, Error> {
         let keys: Vec<String> = (0..round.nnodes).map(|n| self.keys.round_keys(round.number).failures(n)).collect();
-        let values = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
+        let values = self.store.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
         Ok(values.iter().flat_map(|v| serde_json::from_slice::<Vec<Failure>>(v).unwrap_or_default()).collect())
     }
 
@@ -165,7 +166,7 @@ impl Session {
     /// A restart raises the job-wide counter.
     pub async fn decide(&mut self, r: u64, v: Verdict) -> Result<Verdict, Error> {
         let key = self.keys.round_keys(r).verdict();
-        let got = self.client.compare_set(&key, b"", v.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
+        let got = self.store.client.compare_set(&key, b"", v.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
         let agreed = String::from_utf8_lossy(&got).parse::<Verdict>().unwrap_or(v);
         if let Verdict::Restart(n) = agreed {
             self.raise(&self.keys.restarts(), u64::from(n)).await?;
@@ -189,10 +190,10 @@ impl Session {
             let verdict = self.get(&self.keys.round_keys(round.number).verdict()).await.unwrap_or_default();
             self.announce_leaving(&format!("{JOB_ENDED}{}", String::from_utf8_lossy(&verdict))).await;
         }
-        let n = self.client.add(&self.keys.round_keys(round.number).left(), 1).await.map_err(|e| self.lost(e))?;
+        let n = self.store.client.add(&self.keys.round_keys(round.number).left(), 1).await.map_err(|e| self.lost(e))?;
         let all = self.keys.round_keys(round.number).all_left();
         if n >= i64::from(round.nnodes) {
-            self.client.set(&all, b"1").await.map_err(|e| self.lost(e))?;
+            self.store.client.set(&all, b"1").await.map_err(|e| self.lost(e))?;
         }
         if host && !self.wait_for(&[all], limit).await? {
             tracing::warn!(
@@ -201,7 +202,7 @@ impl Session {
             );
         }
         // Serve mode's spares leave with the members (`all_left`).
-        if host && !self.serving {
+        if host && !self.roles.serving {
             self.spares_read_the_end(round).await?;
         }
         Ok(())
@@ -212,7 +213,8 @@ impl Session {
     /// has read its verdict (`rR/spare_left`), so none loses the store
     /// between the verdict's wake-up and its read.
     async fn spares_read_the_end(&mut self, round: &Round) -> Result<(), Error> {
-        let joined = self.client.add(&self.keys.round_keys(round.number).join(), 0).await.map_err(|e| self.lost(e))?;
+        let joined =
+            self.store.client.add(&self.keys.round_keys(round.number).join(), 0).await.map_err(|e| self.lost(e))?;
         let spares = joined.saturating_sub(i64::from(round.nnodes));
         if spares <= 0 {
             return Ok(());
@@ -220,7 +222,7 @@ impl Session {
         let key = self.keys.round_keys(round.number).spare_left();
         let until = Instant::now() + SPARES_READ_WAIT;
         tracing::info!(spares, "waiting for the spares to read the end of the job");
-        while self.client.add(&key, 0).await.map_err(|e| self.lost(e))? < spares {
+        while self.store.client.add(&key, 0).await.map_err(|e| self.lost(e))? < spares {
             if Instant::now() >= until {
                 tracing::warn!(spares, "not every spare read the end of the job; closing the store anyway");
                 break;
@@ -232,8 +234,8 @@ impl Session {
 
     /// Stop heartbeating and tell the store host this agent left cleanly.
     pub async fn bye(&mut self) {
-        self.heartbeat.abort();
+        self.watch.heartbeat.abort();
         let key = self.keys.heartbeat(&self.me.uid);
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.client.set(&key, b"bye")).await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.store.client.set(&key, b"bye")).await;
     }
 }

@@ -13,7 +13,7 @@ use crate::supervise::policy::Verdict;
 use crate::supervise::round_end::RoundEnd;
 use crate::waiting::Waiting;
 
-use super::session::{Joined, Known, Round, Session, Try, parse_u64, progress_tick, wait_on};
+use super::session::{Joined, Known, Round, Session, Standing, Try, parse_u64, progress_tick, wait_on};
 
 /// Missing node ranks named in a waiting line.
 pub(super) const MISSING_SHOWN: usize = 32;
@@ -37,8 +37,8 @@ impl Session {
                 self.advance(current, want).await?;
                 continue;
             }
-            let tried = match self.spare_in {
-                Some((r, size)) if r == current => self.wait_as_spare(r, size).await?,
+            let tried = match self.standing {
+                Standing::Spare { round, size } if round == current => self.wait_as_spare(round, size).await?,
                 _ => self.try_round(current, deadline, started).await?,
             };
             match tried {
@@ -59,16 +59,16 @@ impl Session {
     /// the next, and a spare that got in says it took over.
     /// The job counts takeovers (`takeovers`) for the TrainJob's status.
     async fn formed(&mut self, round: &Round) -> Result<(), Error> {
-        self.spare_in = None;
-        self.defer_to = None;
+        let took_over = self.standing.was_spare();
+        self.standing = Standing::Member;
         if self.me.spares > 0 {
             self.me.last_rank = Some((round.group_rank, round.number));
         }
         let metrics = crate::metrics::global();
         metrics.spare.set(0);
-        if std::mem::take(&mut self.was_spare) && round.number > 0 {
+        if took_over && round.number > 0 {
             metrics.takeovers.inc();
-            self.client.add(&self.keys.takeovers(), 1).await.map_err(|e| self.lost(e))?;
+            self.store.client.add(&self.keys.takeovers(), 1).await.map_err(|e| self.lost(e))?;
             tracing::info!(
                 round = round.number,
                 group_rank = round.group_rank,
@@ -86,24 +86,29 @@ impl Session {
         if let Some(moved) = self.join_order(r, deadline, started).await? {
             return Ok(moved);
         }
-        let n = self.client.add(&self.keys.round_keys(r).join(), 1).await.map_err(|e| self.lost(e))?;
-        if self.leads {
+        let n = self.store.client.add(&self.keys.round_keys(r).join(), 1).await.map_err(|e| self.lost(e))?;
+        if self.roles.leads {
             let spares = self.me.spares.to_string();
-            self.client.set(&self.keys.round_keys(r).lead(), spares.as_bytes()).await.map_err(|e| self.lost(e))?;
+            self.store
+                .client
+                .set(&self.keys.round_keys(r).lead(), spares.as_bytes())
+                .await
+                .map_err(|e| self.lost(e))?;
         }
-        self.open = Some(r);
+        self.standing = Standing::Joining { round: r, was_spare: self.standing.was_spare() };
         let slot = u64::try_from(n - 1).unwrap_or(0);
         let record = serde_json::to_vec(&self.me).unwrap_or_default();
-        self.client.set(&self.keys.round_keys(r).member(slot), &record).await.map_err(|e| self.lost(e))?;
+        self.store.client.set(&self.keys.round_keys(r).member(slot), &record).await.map_err(|e| self.lost(e))?;
         let closed = self.keys.round_keys(r).closed();
         let n = u64::try_from(n).unwrap_or(0);
         if n == max {
-            self.client
+            self.store
+                .client
                 .compare_set(&closed, b"", Closed { size: max, slot }.value().as_bytes())
                 .await
                 .map_err(|e| self.lost(e))?;
         } else if n == min && min < max {
-            self.client.set(&self.keys.round_keys(r).quorum(), b"1").await.map_err(|e| self.lost(e))?;
+            self.store.client.set(&self.keys.round_keys(r).quorum(), b"1").await.map_err(|e| self.lost(e))?;
         }
         tracing::debug!(round = r, slot, "joined round");
 
@@ -113,13 +118,13 @@ impl Session {
         let quorum = self.keys.round_keys(r).quorum();
         let limit = deadline.saturating_duration_since(Instant::now());
         let elastic = min < max;
-        let closed_w = wait_on(self.dial.clone(), std::slice::from_ref(&closed), limit);
-        let next_w = wait_on(self.dial.clone(), std::slice::from_ref(&next), limit);
-        let quorum_w = wait_on(self.dial.clone(), std::slice::from_ref(&quorum), limit);
+        let closed_w = wait_on(self.store.dial.clone(), std::slice::from_ref(&closed), limit);
+        let next_w = wait_on(self.store.dial.clone(), std::slice::from_ref(&next), limit);
+        let quorum_w = wait_on(self.store.dial.clone(), std::slice::from_ref(&quorum), limit);
         tokio::pin!(closed_w, next_w, quorum_w);
         let mut quorum_seen = !elastic;
         let mut last_call: Option<Instant> = None;
-        let mut waiting = Waiting::new(format!("pods to join round {r} at {}", self.endpoint), Some(deadline));
+        let mut waiting = Waiting::new(format!("pods to join round {r} at {}", self.store.endpoint), Some(deadline));
         let mut seen: Vec<Option<Member>> = Vec::new();
         let mut tick = progress_tick();
         loop {
@@ -145,9 +150,9 @@ impl Session {
                     last_call = Some(Instant::now() + self.timing.last_call);
                 }
                 () = crate::waiting::sleep_until(last_call) => {
-                    let count = u64::try_from(self.client.add(&self.keys.round_keys(r).join(), 0).await.map_err(|e| self.lost(e))?).unwrap_or(0);
+                    let count = u64::try_from(self.store.client.add(&self.keys.round_keys(r).join(), 0).await.map_err(|e| self.lost(e))?).unwrap_or(0);
                     let v = Closed { size: count.min(max), slot }.value();
-                    self.client.compare_set(&closed, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
+                    self.store.client.compare_set(&closed, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
                     break;
                 }
                 _ = tick.tick() => {
@@ -156,13 +161,11 @@ impl Session {
                 }
             }
         }
-        self.open = None;
+        self.standing = self.standing.out_of_round();
         let v = self.get(&closed).await?;
         let Closed { size, slot: closer } = Closed::read(&v).unwrap_or(Closed { size: 0, slot: u64::MAX });
         if slot >= size {
             self.me.last_rank = None;
-            self.was_spare = true;
-            self.defer_to = None;
             return self.spare(r, size).await;
         }
         if closer == slot {
@@ -196,7 +199,7 @@ impl Session {
                 waited: started.elapsed(),
                 round: r,
                 detail: "the store host published no worker store".into(),
-                endpoint: self.endpoint.clone(),
+                endpoint: self.store.endpoint.clone(),
             });
         }
         let (port, aux_port) = parse_ports(&self.get(&port_key).await?)
@@ -216,7 +219,7 @@ impl Session {
     /// slot is written once, so each is read once per round), the first
     /// MAX slots only (those past it are spares); returns the slots taken.
     pub(super) async fn read_slots(&mut self, r: u64, seen: &mut Vec<Option<Member>>) -> Result<usize, Error> {
-        let count = self.client.add(&self.keys.round_keys(r).join(), 0).await.map_err(|e| self.lost(e))?;
+        let count = self.store.client.add(&self.keys.round_keys(r).join(), 0).await.map_err(|e| self.lost(e))?;
         let count = usize::try_from(count).unwrap_or(0);
         let slots = count.min(usize::try_from(self.me.max_nodes).unwrap_or(usize::MAX));
         if seen.len() < slots {
@@ -225,7 +228,7 @@ impl Session {
         let unread: Vec<usize> = (0..seen.len()).filter(|&s| seen[s].is_none()).collect();
         if !unread.is_empty() {
             let keys: Vec<String> = unread.iter().map(|s| self.keys.round_keys(r).member(s)).collect();
-            let values = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
+            let values = self.store.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
             for (&s, v) in unread.iter().zip(values) {
                 seen[s] = serde_json::from_slice(&v).ok();
             }
@@ -257,7 +260,7 @@ impl Session {
             self.advance(r, r + 1).await?;
             return Ok(());
         }
-        let values = self.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
+        let values = self.store.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
         let members: Vec<Member> = values.iter().filter_map(|v| serde_json::from_slice(v).ok()).collect();
         if let Some(m) = members
             .iter()
@@ -289,7 +292,7 @@ impl Session {
         by_rank.sort_by_key(|(rank, _)| *rank);
         let ordered: Vec<&Member> = by_rank.into_iter().map(|(_, m)| m).collect();
         pairs.push((self.keys.round_keys(r).members(), serde_json::to_vec(&ordered).unwrap_or_default()));
-        self.client.multi_set(&pairs).await.map_err(|e| self.lost(e))?;
+        self.store.client.multi_set(&pairs).await.map_err(|e| self.lost(e))?;
         if error.is_none() {
             let hosts: Vec<&str> = ordered.iter().map(|m| m.host.as_str()).collect();
             tracing::debug!(round = r, nnodes, members = ?hosts, "assigned the round's ranks");
@@ -312,8 +315,13 @@ impl Session {
             // place, taken over from the member we replace, which is gone.
             tracing::warn!(round = r, previous = %old.uid, "this pod restarted while its previous incarnation was a member; declaring it gone");
             let dead = serde_json::to_vec(&[&old.uid]).unwrap_or_default();
-            self.client.compare_set(&self.keys.round_keys(r).dead(), b"", &dead).await.map_err(|e| self.lost(e))?;
-            self.client
+            self.store
+                .client
+                .compare_set(&self.keys.round_keys(r).dead(), b"", &dead)
+                .await
+                .map_err(|e| self.lost(e))?;
+            self.store
+                .client
                 .compare_set(&end, b"", RoundEnd::Dead(old.uid.clone()).to_string().as_bytes())
                 .await
                 .map_err(|e| self.lost(e))?;
@@ -324,12 +332,12 @@ impl Session {
                 "a smaller round is running; asking it to regroup and admit this pod"
             );
             let v = RoundEnd::Waiting(self.me.uid.clone()).to_string();
-            self.client.compare_set(&end, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
+            self.store.client.compare_set(&end, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
         } else {
             tracing::info!(round = r, running = size, "the round is full; waiting as a spare");
         }
         crate::metrics::global().spare.set(1);
-        self.spare_in = Some((r, size));
+        self.standing = Standing::Spare { round: r, size };
         self.wait_as_spare(r, size).await
     }
 
@@ -339,15 +347,15 @@ impl Session {
         let next = self.keys.round_keys(r).next();
         let verdict = self.keys.round_keys(r).verdict();
         let day = Duration::from_secs(86_400);
-        let next_w = wait_on(self.dial.clone(), std::slice::from_ref(&next), day);
-        let verdict_w = wait_on(self.dial.clone(), std::slice::from_ref(&verdict), day);
+        let next_w = wait_on(self.store.dial.clone(), std::slice::from_ref(&next), day);
+        let verdict_w = wait_on(self.store.dial.clone(), std::slice::from_ref(&verdict), day);
         // Serve mode: the members left the job with no verdict for us (the
         // idle timeout's shutdown). Elsewhere every end has a verdict, and
         // `all_left` may be an old store's (a pod restarted in place).
         let all_left = self.keys.round_keys(r).all_left();
-        let left_w = watch_if(self.serving, self.dial.clone(), all_left.clone(), day);
+        let left_w = watch_if(self.roles.serving, self.store.dial.clone(), all_left.clone(), day);
         tokio::pin!(next_w, verdict_w, left_w);
-        let mut waiting = Waiting::new(format!("room in the job at {} (a spare)", self.endpoint), None);
+        let mut waiting = Waiting::new(format!("room in the job at {} (a spare)", self.store.endpoint), None);
         let mut tick = progress_tick();
         let recheck = tokio::time::sleep(SPARE_CHECK_EVERY);
         tokio::pin!(recheck);
@@ -366,25 +374,25 @@ impl Session {
                         tracing::info!(round = r, "the members left the job; this spare leaves too");
                         return Ok(Try::Ended(Verdict::Success));
                     }
-                    left_w.set(watch_if(self.serving, self.dial.clone(), all_left.clone(), day));
+                    left_w.set(watch_if(self.roles.serving, self.store.dial.clone(), all_left.clone(), day));
                 }
                 ok = &mut next_w => {
                     if ok.map_err(|e| self.lost(e))? {
                         return Ok(self.moved_on(r));
                     }
-                    next_w.set(wait_on(self.dial.clone(), std::slice::from_ref(&next), day));
+                    next_w.set(wait_on(self.store.dial.clone(), std::slice::from_ref(&next), day));
                 }
                 ok = &mut verdict_w => {
                     if !ok.map_err(|e| self.lost(e))? {
-                        verdict_w.set(wait_on(self.dial.clone(), std::slice::from_ref(&verdict), day));
+                        verdict_w.set(wait_on(self.store.dial.clone(), std::slice::from_ref(&verdict), day));
                         continue;
                     }
                     let v = String::from_utf8_lossy(&self.get(&verdict).await?).parse::<Verdict>();
                     match v {
                         // In serve mode they end a run; the pods go on serving.
-                        Ok(v @ (Verdict::Success | Verdict::Fail(_))) if !self.serving => {
+                        Ok(v @ (Verdict::Success | Verdict::Fail(_))) if !self.roles.serving => {
                             // The store host waits for this before it closes the store.
-                            let _ = self.client.add(&self.keys.round_keys(r).spare_left(), 1).await;
+                            let _ = self.store.client.add(&self.keys.round_keys(r).spare_left(), 1).await;
                             return Ok(Try::Ended(v));
                         }
                         // Members move the job on right after a regroup or restart verdict.
@@ -406,15 +414,15 @@ impl Session {
     /// The job moved on past the round we waited in as a spare: check our
     /// health before we join the next one.
     fn moved_on(&mut self, r: u64) -> Try {
-        self.spare_in = None;
-        self.defer_to = Some(r);
+        self.standing = Standing::WasSpare { defer_to: Some(r) };
         Try::Recheck
     }
 
     pub(super) async fn timeout(&mut self, r: u64, started: Instant) -> Error {
-        let count = self.client.add(&self.keys.round_keys(r).join(), 0).await.unwrap_or(0);
+        let count = self.store.client.add(&self.keys.round_keys(r).join(), 0).await.unwrap_or(0);
         let keys: Vec<String> = (0..count).map(|s| self.keys.round_keys(r).member(s)).collect();
         let present: Vec<Member> = self
+            .store
             .client
             .multi_get(&keys)
             .await
@@ -429,7 +437,7 @@ impl Session {
                 (0..self.me.max_nodes).filter(|n| !present.iter().any(|m| m.node_rank == *n)).collect();
             format!("node ranks {missing:?} did not join")
         };
-        Error::Timeout { waited: started.elapsed(), round: r, detail, endpoint: self.endpoint.clone() }
+        Error::Timeout { waited: started.elapsed(), round: r, detail, endpoint: self.store.endpoint.clone() }
     }
 }
 

@@ -21,7 +21,7 @@ impl Session {
             Err(why) => format!("failed: {why}"),
         };
         let key = self.keys.round_keys(r).service();
-        self.client.set(&key, value.as_bytes()).await.map_err(|e| self.lost(e))
+        self.store.client.set(&key, value.as_bytes()).await.map_err(|e| self.lost(e))
     }
 
     /// Wait up to `limit` for the round's service, or for the round's end

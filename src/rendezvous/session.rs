@@ -87,34 +87,110 @@ pub struct Stopped {
 /// One agent's connection to the rendezvous.
 #[derive(Debug)]
 pub struct Session {
-    pub(super) endpoint: Endpoint,
-    pub(super) dial: Dial,
-    pub(super) client: Client,
+    /// The agents' store.
+    pub(super) store: Store,
+    /// The job's keys there.
     pub(super) keys: JobKeys,
+    /// The JobSet restart attempt this pod belongs to.
+    pub(super) attempt: Attempt,
+    /// This agent's record.
     pub(super) me: Member,
     pub(super) timing: Timing,
-    pub(super) jobset_attempt: u64,
+    /// Its tasks beside the round: the heartbeat, the store host's leaving.
+    pub(super) watch: Watch,
+    /// Where this agent stands between rounds.
+    pub(super) standing: Standing,
+    /// What this agent is ([`Session::roles`]).
+    pub(super) roles: Roles,
+}
+
+/// The agents' store, as given and as resolved, and this agent's connection to it.
+#[derive(Debug)]
+pub(super) struct Store {
+    /// As given (`--rdzv-endpoint`, the env): reconnects resolve it again.
+    pub(super) endpoint: Endpoint,
+    /// As resolved, with the token it asks for: other connections dial it.
+    pub(super) dial: Dial,
+    /// The session's own connection.
+    pub(super) client: Client,
+}
+
+/// The JobSet restart attempt an agent belongs to: a pod of an older one
+/// must not join ([`Error::Stale`]).
+#[derive(Debug)]
+pub(super) struct Attempt {
+    /// The job's run id.
     pub(super) run_id: String,
+    /// The attempt.
+    pub(super) number: u64,
+}
+
+/// An agent's tasks beside the round, each on its own connection.
+#[derive(Debug)]
+pub(super) struct Watch {
+    /// Writes the heartbeat key every interval.
     pub(super) heartbeat: tokio::task::JoinHandle<()>,
     /// Why the store host said it is leaving, if it did (see [`Session::announce_leaving`]).
     pub(super) host_left: std::sync::Arc<std::sync::Mutex<Option<String>>>,
-    /// The task that watches for that announcement on its own connection.
+    /// Watches for that announcement.
     pub(super) host_watch: tokio::task::JoinHandle<()>,
-    /// A round we joined that has not formed yet.
-    pub(super) open: Option<u64>,
-    /// The round we wait in as a spare, and its size: the wait goes on
-    /// there after a health check, without taking a new slot.
-    pub(super) spare_in: Option<(u64, u64)>,
-    /// We waited as a spare since our last round: the next round we are
-    /// a member of is a takeover.
-    pub(super) was_spare: bool,
-    /// This agent is on the store host's pod ([`Session::lead`]).
-    pub(super) leads: bool,
+}
+
+/// Where an agent stands between rounds: the state its next join starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Standing {
+    /// A member of its last round, or of none yet.
+    Member,
+    /// In round `round`, which has not formed yet (a stop withdraws it);
+    /// `was_spare`: it waited as a spare since its last round.
+    Joining {
+        /// The round.
+        round: u64,
+        /// It waited as a spare since its last round.
+        was_spare: bool,
+    },
+    /// Waiting as a spare in round `round` of `size` pods: the wait goes
+    /// on there after a health check, without taking a new slot.
+    Spare {
+        /// The round it waits beside.
+        round: u64,
+        /// That round's size.
+        size: u64,
+    },
+    /// It waited as a spare and the job moved on (or the store was
+    /// replaced): the next round it is a member of is a takeover.
+    /// `defer_to`: the round it waited beside, whose live members join the
+    /// next round before it (`super::spares`); None once done, or when
+    /// the store that held that round is gone.
+    WasSpare {
+        /// The round it waited beside.
+        defer_to: Option<u64>,
+    },
+}
+
+impl Standing {
+    /// It waited as a spare since its last round (a round it gets into
+    /// is a takeover).
+    pub(super) fn was_spare(self) -> bool {
+        !matches!(self, Standing::Member | Standing::Joining { was_spare: false, .. })
+    }
+
+    /// Out of a round it joined: the round closed, or it withdrew.
+    pub(super) fn out_of_round(self) -> Standing {
+        if self.was_spare() { Standing::WasSpare { defer_to: None } } else { Standing::Member }
+    }
+}
+
+/// What an agent is, for the whole session.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Roles {
+    /// On the store host's pod: in a job with spares, a member of every
+    /// round (the others join a round after it), since the store host's
+    /// agent posts the job's progress, serves the control API and keeps
+    /// the board, which a spare could not ([`Session::lead`]).
+    pub leads: bool,
     /// Serve mode: a success or failure ends a run, not the job.
-    pub(super) serving: bool,
-    /// We waited as a spare beside this round: its live members join the
-    /// next round before us (`super::spares`).
-    pub(super) defer_to: Option<u64>,
+    pub serving: bool,
 }
 
 /// How often a pod waiting for a round to form looks at who joined.
@@ -122,8 +198,8 @@ const PROGRESS_POLL: Duration = Duration::from_secs(1);
 
 impl Drop for Session {
     fn drop(&mut self) {
-        self.heartbeat.abort();
-        self.host_watch.abort();
+        self.watch.heartbeat.abort();
+        self.watch.host_watch.abort();
     }
 }
 
@@ -155,32 +231,27 @@ impl Session {
         let addr = client.peer_addr().map_err(|e| Error::Unreachable(ClientError::Io(e)))?;
         let dial = Dial { addr, guard };
         let mut s = Self {
-            endpoint: endpoint.clone(),
-            dial,
-            client,
+            store: Store { endpoint: endpoint.clone(), dial, client },
             keys: JobKeys::new(run_id, jobset_attempt),
+            attempt: Attempt { run_id: run_id.to_string(), number: jobset_attempt },
             me,
             timing,
-            jobset_attempt,
-            run_id: run_id.to_string(),
-            heartbeat: tokio::spawn(async {}),
-            open: None,
-            spare_in: None,
-            was_spare: false,
-            leads: false,
-            serving: false,
-            defer_to: None,
-            host_left: std::sync::Arc::default(),
-            host_watch: tokio::spawn(async {}),
+            watch: Watch {
+                heartbeat: tokio::spawn(async {}),
+                host_left: std::sync::Arc::default(),
+                host_watch: tokio::spawn(async {}),
+            },
+            standing: Standing::Member,
+            roles: Roles::default(),
         };
         s.watch_host();
         s.check_attempt().await?;
         // Refused here, a second claimant of a node rank leaves no trace
         // (its heartbeat starts only once the place is its own).
         s.claim().await?;
-        s.heartbeat = tokio::spawn(heartbeat(
+        s.watch.heartbeat = tokio::spawn(heartbeat(
             endpoint.clone(),
-            s.dial.guard.clone(),
+            s.store.dial.guard.clone(),
             s.heartbeat_key(),
             timing.heartbeat,
             cancel.clone(),
@@ -190,24 +261,26 @@ impl Session {
 
     /// Reconnect after losing the store (its host restarted), until `deadline`.
     pub async fn reconnect(&mut self, deadline: Instant, cancel: &CancellationToken) -> Result<(), Error> {
-        self.client = connect_with_retry(&self.endpoint, self.dial.guard.as_ref(), deadline, cancel)
+        self.store.client = connect_with_retry(&self.store.endpoint, self.store.dial.guard.as_ref(), deadline, cancel)
             .await
             .map_err(Error::Unreachable)?;
-        self.dial.addr = self.client.peer_addr().map_err(|e| Error::Unreachable(ClientError::Io(e)))?;
+        self.store.dial.addr = self.store.client.peer_addr().map_err(|e| Error::Unreachable(ClientError::Io(e)))?;
         // The rounds we waited beside went with the old store.
-        (self.spare_in, self.defer_to) = (None, None);
+        if matches!(self.standing, Standing::Spare { .. } | Standing::WasSpare { .. }) {
+            self.standing = Standing::WasSpare { defer_to: None };
+        }
         self.watch_host();
         self.check_attempt().await
     }
 
     /// (Re)start watching for the store host's announcement that it leaves.
     fn watch_host(&mut self) {
-        self.host_watch.abort();
-        if let Ok(mut g) = self.host_left.lock() {
+        self.watch.host_watch.abort();
+        if let Ok(mut g) = self.watch.host_left.lock() {
             *g = None;
         }
-        let (dial, key, slot) = (self.dial.clone(), self.keys.host_left(), self.host_left.clone());
-        self.host_watch = tokio::spawn(async move {
+        let (dial, key, slot) = (self.store.dial.clone(), self.keys.host_left(), self.watch.host_left.clone());
+        self.watch.host_watch = tokio::spawn(async move {
             let Ok(mut c) = dial.connect().await else { return };
             if c.wait(std::slice::from_ref(&key)).await.is_err() {
                 return;
@@ -228,8 +301,8 @@ impl Session {
     /// settled (up to `limit`): the store closing wakes that watch and the
     /// caller at the same moment, and the caller must not decide first.
     pub async fn host_left_settled(&mut self, limit: Duration) -> Option<String> {
-        if !self.host_watch.is_finished() {
-            let _ = tokio::time::timeout(limit, &mut self.host_watch).await;
+        if !self.watch.host_watch.is_finished() {
+            let _ = tokio::time::timeout(limit, &mut self.watch.host_watch).await;
         }
         self.host_left()
     }
@@ -238,19 +311,19 @@ impl Session {
     /// that the pods that lose its store next log why instead of an error.
     pub async fn announce_leaving(&mut self, why: &str) {
         let key = self.keys.host_left();
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.client.set(&key, why.as_bytes())).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.store.client.set(&key, why.as_bytes())).await;
     }
 
     /// Why the store host left, when it announced it.
     pub fn host_left(&self) -> Option<String> {
-        self.host_left.lock().ok().and_then(|g| g.clone())
+        self.watch.host_left.lock().ok().and_then(|g| g.clone())
     }
 
     async fn check_attempt(&mut self) -> Result<(), Error> {
-        let key = JobKeys::attempt(&self.run_id);
-        let current = self.raise(&key, self.jobset_attempt).await?;
-        if current > self.jobset_attempt {
-            return Err(Error::Stale { ours: self.jobset_attempt, current });
+        let key = JobKeys::attempt(&self.attempt.run_id);
+        let current = self.raise(&key, self.attempt.number).await?;
+        if current > self.attempt.number {
+            return Err(Error::Stale { ours: self.attempt.number, current });
         }
         Ok(())
     }
@@ -258,10 +331,11 @@ impl Session {
     /// Leave a round that has not formed yet (we are stopping), so the
     /// pods still waiting in it meet again without our slot.
     pub async fn withdraw(&mut self) {
-        if let Some(r) = self.open.take() {
+        if let Standing::Joining { round: r, .. } = self.standing {
+            self.standing = self.standing.out_of_round();
             let closed = self.keys.round_keys(r).closed();
             let withdraw = async {
-                if self.client.check(&[closed]).await.ok() == Some(false) {
+                if self.store.client.check(&[closed]).await.ok() == Some(false) {
                     tracing::info!(round = r, "leaving a round that has not formed; the others meet again");
                     let _ = self.advance(r, r + 1).await;
                 }
@@ -270,14 +344,9 @@ impl Session {
         }
     }
 
-    /// `leads`: this agent is on the store host's pod. In a job with spares
-    /// it is a member of every round (the others join a round after it):
-    /// the store host's agent posts the job's progress, serves the control
-    /// API and keeps the board, which a spare could not. `serving`: serve
-    /// mode, where a success or failure ends a run, not the job.
-    pub fn roles(&mut self, leads: bool, serving: bool) {
-        self.leads = leads;
-        self.serving = serving;
+    /// What this agent is ([`Roles`]).
+    pub fn roles(&mut self, roles: Roles) {
+        self.roles = roles;
     }
 
     /// Our record.
@@ -292,34 +361,34 @@ impl Session {
 
     /// The store as resolved, and the token it asks for.
     pub fn dial(&self) -> Dial {
-        self.dial.clone()
+        self.store.dial.clone()
     }
 
     pub(super) fn lost(&self, source: ClientError) -> Error {
-        Error::Lost { endpoint: self.endpoint.clone(), source }
+        Error::Lost { endpoint: self.store.endpoint.clone(), source }
     }
 
     /// Raise a decimal key to at least `to`; returns the value it holds.
     pub(super) async fn raise(&mut self, key: &str, to: u64) -> Result<u64, Error> {
-        raise(&mut self.client, key, to).await.map_err(|e| self.lost(e))
+        raise(&mut self.store.client, key, to).await.map_err(|e| self.lost(e))
     }
 
     /// Move the job from round `from` to round `to` (first mover wins).
     pub(super) async fn advance(&mut self, from: u64, to: u64) -> Result<(), Error> {
         let now = self.raise(&self.keys.round(), to).await?;
         let next = self.keys.round_keys(from).next();
-        self.client.compare_set(&next, b"", now.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
+        self.store.client.compare_set(&next, b"", now.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
         Ok(())
     }
 
     /// WAIT for `keys` on a second connection, so that running out of
     /// `limit` leaves this one usable; Ok(false) on timeout.
     pub(super) async fn wait_for(&self, keys: &[String], limit: Duration) -> Result<bool, Error> {
-        wait_on(self.dial.clone(), keys, limit).await.map_err(|e| self.lost(e))
+        wait_on(self.store.dial.clone(), keys, limit).await.map_err(|e| self.lost(e))
     }
 
     pub(super) async fn get(&mut self, key: &str) -> Result<Vec<u8>, Error> {
-        self.client.get(key).await.map_err(|e| self.lost(e))
+        self.store.client.get(key).await.map_err(|e| self.lost(e))
     }
 }
 
@@ -389,6 +458,36 @@ pub(super) async fn heartbeat(
         tokio::select! {
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Standing;
+
+    const MEMBER: Standing = Standing::Member;
+    const JOINING: Standing = Standing::Joining { round: 4, was_spare: false };
+    const JOINING_AFTER_SPARE: Standing = Standing::Joining { round: 4, was_spare: true };
+    const SPARE: Standing = Standing::Spare { round: 3, size: 2 };
+    const MOVED_ON: Standing = Standing::WasSpare { defer_to: Some(3) };
+    const REPLACED: Standing = Standing::WasSpare { defer_to: None };
+
+    /// A round an agent gets into after a spare's wait is a takeover
+    /// (counted once: `formed` makes it a member again), and leaving an
+    /// unformed round keeps that, but not the round it deferred to.
+    #[test]
+    fn a_spares_wait_is_remembered_until_it_gets_in() {
+        for (standing, was_spare, out) in [
+            (MEMBER, false, MEMBER),
+            (JOINING, false, MEMBER),
+            (JOINING_AFTER_SPARE, true, REPLACED),
+            (SPARE, true, REPLACED),
+            (MOVED_ON, true, REPLACED),
+            (REPLACED, true, REPLACED),
+        ] {
+            assert_eq!(standing.was_spare(), was_spare, "{standing:?}");
+            assert_eq!(standing.out_of_round(), out, "{standing:?}");
         }
     }
 }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::Error;
 use super::member::Member;
-use super::session::{Session, Try, parse_u64, progress_tick, wait_on};
+use super::session::{Session, Standing, Try, parse_u64, progress_tick, wait_on};
 use crate::waiting::Waiting;
 
 /// How often a spare looks whether the last round's members have joined.
@@ -28,13 +28,14 @@ impl Session {
         deadline: Instant,
         started: Instant,
     ) -> Result<Option<Try>, Error> {
-        if self.me.spares == 0 || self.leads {
+        if self.me.spares == 0 || self.roles.leads {
             return Ok(None);
         }
         if let Some(moved) = self.after_lead(r, deadline, started).await? {
             return Ok(Some(moved));
         }
-        if let Some(p) = self.defer_to.take() {
+        if let Standing::WasSpare { defer_to: Some(p) } = self.standing {
+            self.standing = Standing::WasSpare { defer_to: None };
             self.defer_to_members(p, r).await?;
         }
         Ok(None)
@@ -45,10 +46,10 @@ impl Session {
     async fn after_lead(&mut self, r: u64, deadline: Instant, started: Instant) -> Result<Option<Try>, Error> {
         let (lead, next) = (self.keys.round_keys(r).lead(), self.keys.round_keys(r).next());
         let limit = deadline.saturating_duration_since(Instant::now());
-        let lead_w = wait_on(self.dial.clone(), std::slice::from_ref(&lead), limit);
-        let next_w = wait_on(self.dial.clone(), std::slice::from_ref(&next), limit);
+        let lead_w = wait_on(self.store.dial.clone(), std::slice::from_ref(&lead), limit);
+        let next_w = wait_on(self.store.dial.clone(), std::slice::from_ref(&next), limit);
         tokio::pin!(lead_w, next_w);
-        let what = format!("the store host's pod to join round {r} at {} first", self.endpoint);
+        let what = format!("the store host's pod to join round {r} at {} first", self.store.endpoint);
         let mut waiting = Waiting::new(what, Some(deadline));
         let mut tick = progress_tick();
         loop {
@@ -97,12 +98,12 @@ impl Session {
         loop {
             let fixed =
                 [self.keys.round_keys(p).dead(), self.keys.round_keys(r).closed(), self.keys.round_keys(r).next()];
-            let state = self.client.multi_get(&fixed).await.map_err(|e| self.lost(e))?;
+            let state = self.store.client.multi_get(&fixed).await.map_err(|e| self.lost(e))?;
             if !state[1].is_empty() || !state[2].is_empty() || Instant::now() >= until {
                 return Ok(());
             }
             let dead: Vec<String> = serde_json::from_slice(&state[0]).unwrap_or_default();
-            let alive = self.client.multi_get(&beats).await.map_err(|e| self.lost(e))?;
+            let alive = self.store.client.multi_get(&beats).await.map_err(|e| self.lost(e))?;
             self.read_slots(r, &mut seen).await?;
             let missing = members
                 .iter()

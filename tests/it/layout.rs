@@ -294,6 +294,19 @@ fn no_store_key_is_spelled_outside_the_schema() {
     assert!(in_schema.len() >= 15, "the schema's own spellings, as the reader sees them: {in_schema:?}");
 }
 
+/// The rendezvous session stays small: at most 8 fields, and where the
+/// agent stands between rounds is one state (`Standing`), not flags.
+#[test]
+fn the_rendezvous_session_has_few_fields_and_no_flags() {
+    let text = std::fs::read_to_string(crate::util::repo().join("src/rendezvous/session.rs")).expect("read");
+    let code = code_only(&text);
+    let body = code.split("pub struct Session {").nth(1).and_then(|b| b.split('}').next()).expect("struct Session");
+    let fields: Vec<&str> = body.lines().map(str::trim).filter(|l| l.contains(':') && l.ends_with(',')).collect();
+    assert!((4..=8).contains(&fields.len()), "Session's fields: {fields:#?}");
+    let flags: Vec<&&str> = fields.iter().filter(|f| f.ends_with(": bool,")).collect();
+    assert!(flags.is_empty(), "state flags in Session: {flags:?}");
+}
+
 /// No source file holds more than 600 lines of code before its unit tests
 /// (tables of tests may make a file longer): past that, a file does several
 /// jobs and is split by job.
