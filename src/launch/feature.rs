@@ -1,5 +1,5 @@
 //! The one interface through which a feature takes part in the job's
-//! rounds ([`Feature`]); they are listed in one place, `super::features`.
+//! rounds ([`Feature`]); they are listed in one place, `super::feature_list`.
 //! A feature hears when a round starts on this pod (and may give its
 //! workers part of their world), when the round's workers ended, what the
 //! pods decided, that the pod is being stopped, and that the job leaves

@@ -3,7 +3,7 @@
 //! store, joining), then for each round [`Job::next_round`],
 //! [`Job::run_round`] and [`Job::settle`], and at the end
 //! [`Job::finish`]. [`run`] drives them. The features
-//! (`super::features::list`) hear of each round's start and end and of the
+//! (`super::feature_list::list`) hear of each round's start and end and of the
 //! job's end; serve mode (`crate::serve::pod`) is the loop's mode: it decides
 //! what each round runs and keeps the pod past a run's verdict.
 
@@ -15,9 +15,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::feature::{Feature, Gifts, Leaving, Starting};
-use super::features::Setup;
+use super::feature_list::Setup;
 use super::finish::{Story, fail_code, forget_logs, record, report};
-use super::round::{RoundJob, reconnect, stop_sync};
+use super::round::{RoundPods, reconnect, stop_sync};
 use super::wait::until_stop;
 use super::{Error, Result, health, hosting, inplace, replicas, start};
 use crate::config::{Env, Plan};
@@ -206,7 +206,7 @@ impl Job {
             return out.map(Err);
         }
         let setup = Setup { plan: &plan, dial: session.dial(), log_root: &log_root, cancel: &cancel };
-        let features = super::features::list(setup, replicas).await;
+        let features = super::feature_list::list(setup, replicas).await;
         let served = pod::Served::start(&plan, (session.dial(), &spawner), (token_file, rounds), &cancel).await?;
         Ok(Ok(Job {
             env: Env::from_process(),
@@ -400,7 +400,7 @@ impl Job {
             nnodes: round.nnodes,
         };
         let attempt_dir = self.log_root.join(format!("attempt_{}", round.number));
-        let job = &mut RoundJob { session: &mut self.session, round };
+        let job = &mut RoundPods { session: &mut self.session, round };
         let run = (&self.spawner, &mut self.carry);
         Flow::Go(run_attempt(&world, (&attempt_dir, self.files_ok), run, &self.env, &mut self.events, job).await)
     }

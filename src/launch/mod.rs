@@ -10,7 +10,7 @@
 //!
 //! [`run`] owns the JobSet in-place restart agent, when there is one; the
 //! job itself is `job` (its phases); the features that plug into its
-//! rounds implement `feature::Feature` and are listed in `features`.
+//! rounds implement `feature::Feature` and are listed in `feature_list`.
 
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
@@ -20,7 +20,7 @@ use crate::process::signals::SysEvent;
 
 pub(crate) mod error_file;
 mod feature;
-mod features;
+mod feature_list;
 mod finish;
 mod health;
 mod hosting;

@@ -6,7 +6,7 @@
 
 use crate::config::{Framework, Plan};
 use crate::mpi::pmi::fence::StoreFence;
-use crate::mpi::pmi::node::Job;
+use crate::mpi::pmi::node::WorldInfo;
 use crate::mpi::pmi::round::{Link, kvsname};
 use crate::rendezvous::{Round, Session};
 
@@ -41,7 +41,7 @@ impl super::feature::Feature for Pmi {
 /// Start the round's service: its link, or why this pod cannot start its
 /// ranks (no descriptors left), which the attempt records for each rank.
 fn start(session: &Session, round: &Round, plan: &Plan) -> Result<Link, String> {
-    let job = Job {
+    let job = WorldInfo {
         kvsname: kvsname(&plan.run_id, round.number),
         size: round.nnodes * plan.nproc,
         first_rank: round.group_rank * plan.nproc,

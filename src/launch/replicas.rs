@@ -160,12 +160,12 @@ fn start(plan: &Plan, spawner: &Spawner, dial: Dial, cancel: &CancellationToken)
     let port = if run.port == 0 { crate::rendezvous::host::free_port() } else { run.port };
     let url = format!("http://{}:{port}", bracketed(&plan.endpoint.host));
     let cancel = cancel.child_token();
-    let job = Job { program, port, url, run: run.clone(), key: job_keys(plan).lighthouse(), dial };
+    let job = LighthouseProc { program, port, url, run: run.clone(), key: job_keys(plan).lighthouse(), dial };
     let task = tokio::spawn(supervise(job, spawner.clone(), cancel.clone()));
     Some(Supervised { cancel, task })
 }
 
-struct Job {
+struct LighthouseProc {
     program: String,
     port: u16,
     url: String,
@@ -175,7 +175,7 @@ struct Job {
 }
 
 /// Run the Lighthouse, again and again, until `cancel`.
-async fn supervise(job: Job, spawner: Spawner, cancel: CancellationToken) {
+async fn supervise(job: LighthouseProc, spawner: Spawner, cancel: CancellationToken) {
     let mut wait = RESTART_FIRST;
     let mut published = false;
     loop {
@@ -195,7 +195,12 @@ async fn supervise(job: Job, spawner: Spawner, cancel: CancellationToken) {
 }
 
 /// One life of the Lighthouse: its exit, or None once stopped by `cancel`.
-async fn run_once(job: &Job, spawner: &Spawner, published: &mut bool, cancel: &CancellationToken) -> Option<Exit> {
+async fn run_once(
+    job: &LighthouseProc,
+    spawner: &Spawner,
+    published: &mut bool,
+    cancel: &CancellationToken,
+) -> Option<Exit> {
     let bind = if std::path::Path::new("/proc/net/if_inet6").exists() { "[::]" } else { "0.0.0.0" };
     let r = &job.run;
     let args = vec![
@@ -311,7 +316,7 @@ async fn run_once(job: &Job, spawner: &Spawner, published: &mut bool, cancel: &C
 }
 
 /// Say where the Lighthouse is; false when the store could not be told.
-async fn publish(job: &Job) -> bool {
+async fn publish(job: &LighthouseProc) -> bool {
     let told = async {
         let mut c = job.dial.connect().await?;
         c.set(&job.key, job.url.as_bytes()).await

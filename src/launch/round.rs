@@ -1,4 +1,4 @@
-//! One round as the job side of an attempt ([`RoundJob`]), how the pods
+//! One round as the job side of an attempt ([`RoundPods`]), how the pods
 //! agree on what happened once its workers are gone ([`stop_sync`]), and
 //! the wait for a lost store to come back ([`reconnect`]).
 
@@ -14,7 +14,7 @@ use crate::exit;
 use crate::process::signals::SysEvent;
 use crate::rendezvous::{self, Round, STOP_SYNC_MARGIN, Session};
 use crate::stacks::stall::judge;
-use crate::supervise::attempt::Job;
+use crate::supervise::attempt::Pods;
 use crate::supervise::policy::{RoundFacts, Verdict};
 use crate::supervise::report::Failure;
 use crate::supervise::round_end::RoundEnd;
@@ -85,12 +85,12 @@ async fn stalled(session: &mut Session, round: &Round) -> std::result::Result<St
 }
 
 /// The rendezvous session as the job side of one attempt.
-pub(super) struct RoundJob<'a> {
+pub(super) struct RoundPods<'a> {
     pub session: &'a mut Session,
     pub round: &'a Round,
 }
 
-impl Job for RoundJob<'_> {
+impl Pods for RoundPods<'_> {
     type Error = rendezvous::Error;
 
     fn round(&self) -> u64 {

@@ -35,7 +35,7 @@ const SWEEP_LIMIT: Duration = Duration::from_secs(5);
 const HUNG_CHECK: Duration = Duration::from_secs(1);
 
 /// The job-wide side of one attempt.
-pub trait Job {
+pub trait Pods {
     /// Why the rest of the job could not be told (the store is gone).
     type Error: std::fmt::Display;
     /// The round this attempt runs in.
@@ -83,7 +83,7 @@ pub async fn run_attempt(
     (spawner, carry): (&Spawner, &mut Carry),
     env: &Env,
     events: &mut UnboundedReceiver<SysEvent>,
-    job: &mut impl Job,
+    job: &mut impl Pods,
 ) -> (Outcome, Vec<Failure>) {
     let plan = world.plan;
     let mut core = Attempt::new(plan.nproc, plan.rules.clone(), plan.checkpoint_signal);
@@ -104,7 +104,7 @@ async fn supervise(
     core: &mut Attempt,
     crew: &mut Crew,
     events: &mut UnboundedReceiver<SysEvent>,
-    job: &mut impl Job,
+    job: &mut impl Pods,
 ) -> Outcome {
     let plan = world.plan;
     let round = job.round();
@@ -258,7 +258,7 @@ const DUMPED_WAIT: Duration = Duration::from_secs(10);
 /// first (from `actions`, which keep what is left to do), the dumps are
 /// asked for once every pod's stacks are in, and the workers are stopped
 /// once every pod's dumps are (each wait bounded, and said).
-async fn read_at_hang<J: Job>(
+async fn read_at_hang<J: Pods>(
     world: &WorldView<'_>,
     (core, crew): (&Attempt, &Crew),
     job: &mut J,
@@ -292,7 +292,7 @@ async fn read_at_hang<J: Job>(
 
 /// Wait until every pod's stacks (`dumped`: and dumps) are in the store,
 /// at most `limit` in all (a store that stops answering included).
-async fn every_pod<J: Job>(job: &mut J, dumped: bool, limit: Duration) {
+async fn every_pod<J: Pods>(job: &mut J, dumped: bool, limit: Duration) {
     let what = if dumped {
         "Flight Recorder dumps, before stopping the workers"
     } else {

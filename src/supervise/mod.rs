@@ -8,7 +8,7 @@
 //! environment, placement, output and failure record), then its loop
 //! `select!`s over `process::signals::SysEvent`s
 //! (signals and reaped pids from the one signals thread), the round's end
-//! (through `attempt::Job`, a [`round_end::RoundEnd`]), the stop timers and the hung-worker check,
+//! (through `attempt::Pods`, a [`round_end::RoundEnd`]), the stop timers and the hung-worker check,
 //! turns each into a [`policy::Event`], and executes the [`policy::Action`]s
 //! that the pure [`policy::Attempt`] returns; the failure rules
 //! (`config::rules`) are pure too. Nothing here waits on a child except the

@@ -70,7 +70,8 @@ fn check_idle(p: &Process) {
     assert_eq!(other.kernel, "blocked in system call clock_nanosleep", "{other:#?}");
     let native = other.native.first().and_then(|n| n.function.as_deref()).unwrap_or_default();
     assert!(native.contains("nanosleep"), "{other:#?}");
-    assert!(p.took_ms < 200.0, "{}", p.took_ms);
+    // Read whole within its own bounds (its time is the stacks bench's).
+    assert!(p.unread.is_none(), "{p:#?}");
 }
 
 #[test]

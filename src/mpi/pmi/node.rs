@@ -22,7 +22,7 @@ pub const MAX_KVS_BYTES: usize = 64 << 20;
 
 /// What every rank of the job is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Job {
+pub struct WorldInfo {
     /// The key-value space's name (PMI-1 kvsname, PMI-2 jobid).
     pub kvsname: String,
     /// Ranks in the job.
@@ -85,7 +85,7 @@ pub enum Effect {
 /// One pod's PMI state.
 #[derive(Debug)]
 pub struct Node {
-    job: Job,
+    job: WorldInfo,
     wires: Vec<Wire>,
     /// The fence request each local rank waits on (to answer it in kind).
     waiting: Vec<Option<Command>>,
@@ -104,7 +104,7 @@ pub struct Node {
 
 impl Node {
     /// A node for `job`, with `PMI_process_mapping` pre-put.
-    pub fn new(job: Job) -> Node {
+    pub fn new(job: WorldInfo) -> Node {
         let mut kvs = HashMap::new();
         kvs.insert("PMI_process_mapping".to_string(), job.mapping.clone());
         Node {
@@ -412,8 +412,8 @@ mod tests {
     use super::super::wire::{parse_v1, parse_v2};
     use super::*;
 
-    fn job(local: usize) -> Job {
-        Job { kvsname: "kvs_7".into(), size: 4, first_rank: 2, local, mapping: "(vector,(0,2,2))".into() }
+    fn job(local: usize) -> WorldInfo {
+        WorldInfo { kvsname: "kvs_7".into(), size: 4, first_rank: 2, local, mapping: "(vector,(0,2,2))".into() }
     }
 
     /// The one reply to `cmd`, parsed back.

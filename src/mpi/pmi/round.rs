@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
 use super::fence::StoreFence;
-use super::node::{Job, Node};
+use super::node::{Node, WorldInfo};
 use super::server::{Note, serve};
 
 /// The descriptor number a rank finds its PMI socket at (`PMI_FD`).
@@ -31,7 +31,7 @@ pub struct Link {
 impl Link {
     /// Start serving `job` (its `local` ranks) with `fence` for the job-wide
     /// part. Fails only when the sockets cannot be made (out of descriptors).
-    pub fn start(job: Job, fence: StoreFence) -> std::io::Result<Link> {
+    pub fn start(job: WorldInfo, fence: StoreFence) -> std::io::Result<Link> {
         let mut fds = Vec::with_capacity(job.local);
         let mut servers = Vec::with_capacity(job.local);
         for _ in 0..job.local {

@@ -248,7 +248,7 @@ async fn answer(
 mod tests {
     use std::io::{BufRead, Write};
 
-    use super::super::node::Job;
+    use super::super::node::WorldInfo;
     use super::*;
 
     /// One pod: its own puts are the job's.
@@ -295,7 +295,7 @@ mod tests {
     /// full, and the service goes on answering the others meanwhile.
     #[tokio::test]
     async fn a_rank_that_does_not_read_is_refused_and_does_not_stall_the_others() {
-        let job = Job { kvsname: "k".into(), size: 2, first_rank: 0, local: 2, mapping: "m".into() };
+        let job = WorldInfo { kvsname: "k".into(), size: 2, first_rank: 0, local: 2, mapping: "m".into() };
         let (s0, mut c0) = pair();
         let (s1, c1) = pair();
         // Replies of about 1 KB: more than the socket's buffer and the outbox hold.
@@ -328,7 +328,7 @@ mod tests {
     /// end, not a broken protocol.
     #[tokio::test]
     async fn a_reset_is_the_end_of_a_rank_not_a_fault() {
-        let job = Job { kvsname: "k".into(), size: 1, first_rank: 0, local: 1, mapping: "m".into() };
+        let job = WorldInfo { kvsname: "k".into(), size: 1, first_rank: 0, local: 1, mapping: "m".into() };
         let (s0, mut c0) = pair();
         let rank = std::thread::spawn(move || {
             for line in [&b"cmd=init pmi_version=1 pmi_subversion=1\n"[..], b"cmd=finalize\n"] {
@@ -349,7 +349,8 @@ mod tests {
 
     #[tokio::test]
     async fn two_ranks_exchange_cards_through_a_fence_and_finalize() {
-        let job = Job { kvsname: "kvs_1".into(), size: 2, first_rank: 0, local: 2, mapping: "(vector,(0,1,2))".into() };
+        let job =
+            WorldInfo { kvsname: "kvs_1".into(), size: 2, first_rank: 0, local: 2, mapping: "(vector,(0,1,2))".into() };
         let (s0, c0) = pair();
         let (s1, c1) = pair();
         let r0 = rank(
@@ -394,7 +395,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_abort_or_a_broken_rank_ends_the_service_and_a_closed_socket_does_not() {
-        let job = |local| Job { kvsname: "k".into(), size: 2, first_rank: 0, local, mapping: "m".into() };
+        let job = |local| WorldInfo { kvsname: "k".into(), size: 2, first_rank: 0, local, mapping: "m".into() };
         // Rank 0 leaves at once; rank 1 goes on to finalize.
         let (s0, c0) = pair();
         let (s1, c1) = pair();
