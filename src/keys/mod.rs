@@ -260,28 +260,8 @@ impl PmiKeys {
     }
 }
 
-/// What `rR/closed` holds: the first `size` arrival slots are the round's
-/// members, and `slot` assigns their ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Closed {
-    /// Members.
-    pub size: u64,
-    /// The slot of the pod that assigns ranks.
-    pub slot: u64,
-}
-
-impl Closed {
-    /// The value written (`N:<slot>`).
-    pub fn value(&self) -> String {
-        format!("{}:{}", self.size, self.slot)
-    }
-
-    /// The value read; None when it is not one ([`Closed::value`]).
-    pub fn read(value: &[u8]) -> Option<Closed> {
-        let (size, slot) = std::str::from_utf8(value).ok()?.split_once(':')?;
-        Some(Closed { size: size.parse().ok()?, slot: slot.parse().ok()? })
-    }
-}
+/// What `rR/closed` holds (the round's protocol reads and writes it).
+pub use round::Closed;
 
 #[cfg(test)]
 mod tests {

@@ -2,6 +2,7 @@
 //! agree on what happened once its workers are gone ([`stop_sync`]), and
 //! the wait for a lost store to come back ([`reconnect`]).
 
+use round::host_left::{AfterLoss, Announced, Rejoin, after_loss};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -150,26 +151,32 @@ pub(super) async fn reconnect(
         .as_deref()
         .and_then(|w| w.strip_prefix(rendezvous::JOB_ENDED))
         .map(|verdict| verdict.is_empty() || verdict.parse::<Verdict>().is_ok_and(|v| v == Verdict::Success));
-    match why {
-        Some(why) if before_any_round && ended == Some(false) => tracing::info!(
-            store_host = %why,
+    let announced = match (&why, ended) {
+        (_, Some(success)) => Announced::JobEnded { success },
+        (Some(_), None) => Announced::LeftCleanly,
+        (None, None) => Announced::Nothing,
+    };
+    let said = why.as_deref().unwrap_or_default();
+    match after_loss(announced, before_any_round) {
+        AfterLoss::Rejoin(Rejoin::PreviousContainers) => tracing::info!(
+            store_host = %said,
             timeout_s,
             "in-place restarts: the store that closed held the previous containers' job; joining its host's new store"
         ),
         // The job is over (a spare waiting between rounds hears it here).
-        Some(why) if ended.is_some() => {
+        AfterLoss::Leave { success } => {
             tracing::info!(
-                verdict = why.trim_start_matches(rendezvous::JOB_ENDED),
+                verdict = said.trim_start_matches(rendezvous::JOB_ENDED),
                 "the job ended while this pod waited; leaving"
             );
-            return Err(if ended == Some(true) { exit::SUCCESS } else { exit::PEER_LOST });
+            return Err(if success { exit::SUCCESS } else { exit::PEER_LOST });
         }
-        Some(why) => tracing::warn!(
-            store_host = %why,
+        AfterLoss::Rejoin(Rejoin::HostLeftCleanly) => tracing::warn!(
+            store_host = %said,
             timeout_s,
             "the store host left the job cleanly; waiting for it (or its replacement) to come back"
         ),
-        None => tracing::error!(
+        AfterLoss::Rejoin(Rejoin::Lost) => tracing::error!(
             error = %cause,
             timeout_s,
             "lost the rendezvous store; waiting for the store host to come back"

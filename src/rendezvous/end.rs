@@ -163,8 +163,19 @@ impl Session {
     }
 
     /// Propose `v` as the round's verdict; returns the one every pod follows.
-    /// A restart raises the job-wide counter.
+    /// A restart raises the job-wide counter. A round the job has moved two
+    /// rounds past is forgotten (its keys are deleted, nobody agrees there
+    /// any more): the pod regroups into the current one.
     pub async fn decide(&mut self, r: u64, v: Verdict) -> Result<Verdict, Error> {
+        let current = self.raise(&self.keys.round(), r).await?;
+        if round::join::forgotten(r, current).is_some() {
+            tracing::info!(
+                round = r,
+                current,
+                "the job moved two rounds on while this pod settled its round; regrouping"
+            );
+            return Ok(Verdict::Regroup);
+        }
         let key = self.keys.round_keys(r).verdict();
         let got = self.store.client.compare_set(&key, b"", v.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
         let agreed = String::from_utf8_lossy(&got).parse::<Verdict>().unwrap_or(v);
@@ -174,8 +185,14 @@ impl Session {
         Ok(agreed)
     }
 
-    /// Move the job past round `r` (after a regroup or restart verdict).
+    /// Move the job past round `r` (after a regroup or restart verdict); a
+    /// round the job has moved two rounds past needs no `next` (its keys
+    /// may be deleted already, [`Session::decide`]).
     pub async fn finish_round(&mut self, r: u64) -> Result<(), Error> {
+        let current = self.raise(&self.keys.round(), r + 1).await?;
+        if round::join::forgotten(r, current).is_some() {
+            return Ok(());
+        }
         self.advance(r, r + 1).await
     }
 

@@ -125,6 +125,13 @@ async fn monitor(c: &mut Client, dial: &Dial, job: &JobKeys, r: u64, timing: Tim
         tokio::select! {
             ok = &mut next => {
                 if ok? {
+                    // A round that never formed (given up, or left before it
+                    // closed) forgets the old rounds as one that formed does:
+                    // else rounds given up one after another (a loaded
+                    // machine's, found by the simulation) pile up keys.
+                    if round::join::forgets_on_moving_on(!members.is_empty()) {
+                        forget_rounds(dial, job, r.saturating_sub(1)).await;
+                    }
                     let v = c.get(&next_key).await?;
                     return Ok(std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()).unwrap_or(r + 1));
                 }
@@ -135,12 +142,14 @@ async fn monitor(c: &mut Client, dial: &Dial, job: &JobKeys, r: u64, timing: Tim
         }
         if members.is_empty() {
             let v = c.get(&members_key).await?;
-            if v.is_empty() {
+            // Given up before its ranks were assigned: the job moves on.
+            if v.is_empty() || v == round::join::ABANDONED {
                 continue;
             }
             let formed: Vec<Member> = serde_json::from_slice(&v).unwrap_or_default();
-            let assigned: Option<Assignment> = serde_json::from_slice(&c.get(&keys.rank(0)).await?).ok();
-            if assigned.is_some_and(|a| a.error.is_none()) {
+            // The ranks follow the members (the closer writes them second).
+            let Ok(assigned) = serde_json::from_slice::<Assignment>(&c.get(&keys.rank(0)).await?) else { continue };
+            if assigned.error.is_none() {
                 let hosts: Vec<&str> = formed.iter().map(|m| m.host.as_str()).collect();
                 tracing::info!(round = r, nnodes = formed.len(), members = ?hosts, "round formed");
             }

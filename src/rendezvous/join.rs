@@ -8,10 +8,14 @@ use tokio::time::Instant;
 
 use super::Error;
 use super::member::{Assignment, Member, assign};
-use crate::keys::Closed;
 use crate::supervise::policy::Verdict;
 use crate::supervise::round_end::RoundEnd;
 use crate::waiting::Waiting;
+use round::join::{
+    ABANDONED, Arrival, OnSlot, Place, arrival, at_last_call, closer_forms, first_repeat, forgotten, given_up, on_slot,
+    place,
+};
+use round::spare::{Heard, Step, VerdictRead, watches_left};
 
 use super::session::{Joined, Known, Round, Session, Standing, Try, parse_u64, progress_tick, wait_on};
 
@@ -87,6 +91,11 @@ impl Session {
             return Ok(moved);
         }
         let n = self.store.client.add(&self.keys.round_keys(r).join(), 1).await.map_err(|e| self.lost(e))?;
+        let current = self.raise(&self.keys.round(), r).await?;
+        if let Some(to) = forgotten(r, current) {
+            tracing::info!(round = r, current, "the job moved two rounds on before this pod took its slot; following");
+            return Ok(Try::Moved(to));
+        }
         if self.roles.leads {
             let spares = self.me.spares.to_string();
             self.store
@@ -100,15 +109,14 @@ impl Session {
         let record = serde_json::to_vec(&self.me).unwrap_or_default();
         self.store.client.set(&self.keys.round_keys(r).member(slot), &record).await.map_err(|e| self.lost(e))?;
         let closed = self.keys.round_keys(r).closed();
-        let n = u64::try_from(n).unwrap_or(0);
-        if n == max {
-            self.store
-                .client
-                .compare_set(&closed, b"", Closed { size: max, slot }.value().as_bytes())
-                .await
-                .map_err(|e| self.lost(e))?;
-        } else if n == min && min < max {
-            self.store.client.set(&self.keys.round_keys(r).quorum(), b"1").await.map_err(|e| self.lost(e))?;
+        match on_slot(u64::try_from(n).unwrap_or(0), min, max) {
+            OnSlot::Close(c) => {
+                self.store.client.compare_set(&closed, b"", c.value().as_bytes()).await.map_err(|e| self.lost(e))?;
+            }
+            OnSlot::LastCall => {
+                self.store.client.set(&self.keys.round_keys(r).quorum(), b"1").await.map_err(|e| self.lost(e))?;
+            }
+            OnSlot::Wait => {}
         }
         tracing::debug!(round = r, slot, "joined round");
 
@@ -151,7 +159,7 @@ impl Session {
                 }
                 () = crate::waiting::sleep_until(last_call) => {
                     let count = u64::try_from(self.store.client.add(&self.keys.round_keys(r).join(), 0).await.map_err(|e| self.lost(e))?).unwrap_or(0);
-                    let v = Closed { size: count.min(max), slot }.value();
+                    let v = at_last_call(count, slot, max).value();
                     self.store.client.compare_set(&closed, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
                     break;
                 }
@@ -162,14 +170,13 @@ impl Session {
             }
         }
         self.standing = self.standing.out_of_round();
-        let v = self.get(&closed).await?;
-        let Closed { size, slot: closer } = Closed::read(&v).unwrap_or(Closed { size: 0, slot: u64::MAX });
-        if slot >= size {
-            self.me.last_rank = None;
-            return self.spare(r, size).await;
-        }
-        if closer == slot {
-            self.assign_round(r, size).await?;
+        match place(&self.get(&closed).await?, slot) {
+            Place::Spare { size } => {
+                self.me.last_rank = None;
+                return self.spare(r, size).await;
+            }
+            Place::Member { size, assigns: true } => self.assign_round(r, size).await?,
+            Place::Member { assigns: false, .. } => {}
         }
         let rank_key = self.keys.round_keys(r).rank(slot);
         let bound = self.timing.heartbeat_timeout + Duration::from_secs(2);
@@ -183,9 +190,19 @@ impl Session {
             }
         };
         if !assigned {
-            tracing::warn!(round = r, "the pod that closed the round never assigned ranks; starting a new round");
-            self.advance(r, r + 1).await?;
-            return Ok(Try::Moved(r + 1));
+            // Give the round up, unless its closer formed it meanwhile (the
+            // first to write the members decides for every pod).
+            let got = self
+                .store
+                .client
+                .compare_set(&self.keys.round_keys(r).members(), b"", ABANDONED)
+                .await
+                .map_err(|e| self.lost(e))?;
+            if given_up(&got) || !self.wait_for(std::slice::from_ref(&rank_key), bound).await? {
+                tracing::warn!(round = r, "the pod that closed the round never assigned ranks; starting a new round");
+                self.advance(r, r + 1).await?;
+                return Ok(Try::Moved(r + 1));
+            }
         }
         let a: Assignment = serde_json::from_slice(&self.get(&rank_key).await?)
             .map_err(|_| Error::Mismatch(format!("unreadable rank assignment in round {r}")))?;
@@ -262,11 +279,8 @@ impl Session {
         }
         let values = self.store.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
         let members: Vec<Member> = values.iter().filter_map(|v| serde_json::from_slice(v).ok()).collect();
-        if let Some(m) = members
-            .iter()
-            .enumerate()
-            .find_map(|(i, a)| members[..i].iter().find(|b| b.place() == a.place()).map(|_| a))
-        {
+        let places: Vec<_> = members.iter().map(Member::place).collect();
+        if let Some(m) = first_repeat(&places).map(|i| &members[i]) {
             // A pod left (or died) while the round was open and came back:
             // its old slot is stale (only one live agent holds a place,
             // `super::claim`). The live pods meet again in a new round.
@@ -280,7 +294,27 @@ impl Session {
             Some(Err(e)) => (vec![0; members.len()], Some(e)),
             None => (vec![0; values.len()], Some("a pod announced unreadable data".to_string())),
         };
-        let mut pairs: Vec<(String, Vec<u8>)> = ranks
+        let mut by_rank: Vec<(u32, &Member)> = ranks.iter().copied().zip(members.iter()).collect();
+        by_rank.sort_by_key(|(rank, _)| *rank);
+        let ordered: Vec<&Member> = by_rank.into_iter().map(|(_, m)| m).collect();
+        // The members first, by COMPARE_SET: the others may have given the
+        // round up while this pod was slow (then it follows them on).
+        let record = serde_json::to_vec(&ordered).unwrap_or_default();
+        let got = self
+            .store
+            .client
+            .compare_set(&self.keys.round_keys(r).members(), b"", &record)
+            .await
+            .map_err(|e| self.lost(e))?;
+        if !closer_forms(&got) {
+            tracing::warn!(
+                round = r,
+                "the other pods gave this round up before its ranks were assigned; following them"
+            );
+            self.advance(r, r + 1).await?;
+            return Ok(());
+        }
+        let pairs: Vec<(String, Vec<u8>)> = ranks
             .iter()
             .enumerate()
             .map(|(slot, &group_rank)| {
@@ -288,10 +322,6 @@ impl Session {
                 (self.keys.round_keys(r).rank(slot), serde_json::to_vec(&a).unwrap_or_default())
             })
             .collect();
-        let mut by_rank: Vec<(u32, &Member)> = ranks.iter().copied().zip(members.iter()).collect();
-        by_rank.sort_by_key(|(rank, _)| *rank);
-        let ordered: Vec<&Member> = by_rank.into_iter().map(|(_, m)| m).collect();
-        pairs.push((self.keys.round_keys(r).members(), serde_json::to_vec(&ordered).unwrap_or_default()));
         self.store.client.multi_set(&pairs).await.map_err(|e| self.lost(e))?;
         if error.is_none() {
             let hosts: Vec<&str> = ordered.iter().map(|m| m.host.as_str()).collect();
@@ -310,31 +340,34 @@ impl Session {
             Vec::new()
         };
         let end = self.keys.round_keys(r).end();
-        if let Some(old) = members.iter().find(|m| m.place() == self.me.place() && m.uid != self.me.uid) {
+        let previous = members.iter().find(|m| m.place() == self.me.place() && m.uid != self.me.uid);
+        match (arrival(previous.is_some(), size, u64::from(self.me.max_nodes)), previous) {
             // The pod restarted in place (or was replaced): we hold its
             // place, taken over from the member we replace, which is gone.
-            tracing::warn!(round = r, previous = %old.uid, "this pod restarted while its previous incarnation was a member; declaring it gone");
-            let dead = serde_json::to_vec(&[&old.uid]).unwrap_or_default();
-            self.store
-                .client
-                .compare_set(&self.keys.round_keys(r).dead(), b"", &dead)
-                .await
-                .map_err(|e| self.lost(e))?;
-            self.store
-                .client
-                .compare_set(&end, b"", RoundEnd::Dead(old.uid.clone()).to_string().as_bytes())
-                .await
-                .map_err(|e| self.lost(e))?;
-        } else if size < u64::from(self.me.max_nodes) {
-            tracing::info!(
-                round = r,
-                running = size,
-                "a smaller round is running; asking it to regroup and admit this pod"
-            );
-            let v = RoundEnd::Waiting(self.me.uid.clone()).to_string();
-            self.store.client.compare_set(&end, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
-        } else {
-            tracing::info!(round = r, running = size, "the round is full; waiting as a spare");
+            (Arrival::TakeOver, Some(old)) => {
+                tracing::warn!(round = r, previous = %old.uid, "this pod restarted while its previous incarnation was a member; declaring it gone");
+                let dead = serde_json::to_vec(&[&old.uid]).unwrap_or_default();
+                self.store
+                    .client
+                    .compare_set(&self.keys.round_keys(r).dead(), b"", &dead)
+                    .await
+                    .map_err(|e| self.lost(e))?;
+                self.store
+                    .client
+                    .compare_set(&end, b"", RoundEnd::Dead(old.uid.clone()).to_string().as_bytes())
+                    .await
+                    .map_err(|e| self.lost(e))?;
+            }
+            (Arrival::Regroup, _) => {
+                tracing::info!(
+                    round = r,
+                    running = size,
+                    "a smaller round is running; asking it to regroup and admit this pod"
+                );
+                let v = RoundEnd::Waiting(self.me.uid.clone()).to_string();
+                self.store.client.compare_set(&end, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
+            }
+            _ => tracing::info!(round = r, running = size, "the round is full; waiting as a spare"),
         }
         crate::metrics::global().spare.set(1);
         self.standing = Standing::Spare { round: r, size };
@@ -353,7 +386,8 @@ impl Session {
         // idle timeout's shutdown). Elsewhere every end has a verdict, and
         // `all_left` may be an old store's (a pod restarted in place).
         let all_left = self.keys.round_keys(r).all_left();
-        let left_w = watch_if(self.roles.serving, self.store.dial.clone(), all_left.clone(), day);
+        let watch_left = watches_left(self.roles.serving);
+        let left_w = watch_if(watch_left, self.store.dial.clone(), all_left.clone(), day);
         tokio::pin!(next_w, verdict_w, left_w);
         let mut waiting = Waiting::new(format!("room in the job at {} (a spare)", self.store.endpoint), None);
         let mut tick = progress_tick();
@@ -365,49 +399,62 @@ impl Session {
             format!("round {r} runs with {size} of at most {} pods", self.me.max_nodes)
         };
         loop {
-            // Biased, the members' leaving first: the store closes right
-            // after it, and the other waits then end with a lost store.
-            tokio::select! {
+            // Biased in the protocol's order (`round::spare::PRIORITY`), the
+            // members' leaving first: the store closes right after it, and
+            // the other waits then end with a lost store.
+            let (heard, v) = tokio::select! {
                 biased;
                 ok = &mut left_w => {
-                    if ok.map_err(|e| self.lost(e))? {
-                        tracing::info!(round = r, "the members left the job; this spare leaves too");
-                        return Ok(Try::Ended(Verdict::Success));
+                    if !ok.map_err(|e| self.lost(e))? {
+                        left_w.set(watch_if(watch_left, self.store.dial.clone(), all_left.clone(), day));
+                        continue;
                     }
-                    left_w.set(watch_if(self.roles.serving, self.store.dial.clone(), all_left.clone(), day));
+                    tracing::info!(round = r, "the members left the job; this spare leaves too");
+                    (Heard::MembersLeft, Verdict::Success)
                 }
                 ok = &mut next_w => {
-                    if ok.map_err(|e| self.lost(e))? {
-                        return Ok(self.moved_on(r));
+                    if !ok.map_err(|e| self.lost(e))? {
+                        next_w.set(wait_on(self.store.dial.clone(), std::slice::from_ref(&next), day));
+                        continue;
                     }
-                    next_w.set(wait_on(self.store.dial.clone(), std::slice::from_ref(&next), day));
+                    (Heard::Next, Verdict::Regroup)
                 }
                 ok = &mut verdict_w => {
                     if !ok.map_err(|e| self.lost(e))? {
                         verdict_w.set(wait_on(self.store.dial.clone(), std::slice::from_ref(&verdict), day));
                         continue;
                     }
-                    let v = String::from_utf8_lossy(&self.get(&verdict).await?).parse::<Verdict>();
-                    match v {
-                        // In serve mode they end a run; the pods go on serving.
-                        Ok(v @ (Verdict::Success | Verdict::Fail(_))) if !self.roles.serving => {
-                            // The store host waits for this before it closes the store.
-                            let _ = self.store.client.add(&self.keys.round_keys(r).spare_left(), 1).await;
-                            return Ok(Try::Ended(v));
-                        }
-                        // Members move the job on right after a regroup or restart verdict.
-                        _ => {
-                            let bound = self.timing.heartbeat_timeout * 2;
-                            if !self.wait_for(std::slice::from_ref(&next), bound).await? {
-                                self.advance(r, r + 1).await?;
-                            }
-                            return Ok(self.moved_on(r));
-                        }
+                    match String::from_utf8_lossy(&self.get(&verdict).await?).parse::<Verdict>() {
+                        Ok(v @ Verdict::Success) => (Heard::Verdict(VerdictRead::Final { success: true }), v),
+                        Ok(v @ Verdict::Fail(_)) => (Heard::Verdict(VerdictRead::Final { success: false }), v),
+                        _ => (Heard::Verdict(VerdictRead::MovesOn), Verdict::Regroup),
                     }
                 }
-                () = &mut recheck => return Ok(Try::Recheck),
-                _ = tick.tick() => { waiting.report(&running); }
-            }
+                () = &mut recheck => (Heard::Recheck, Verdict::Regroup),
+                _ = tick.tick() => { waiting.report(&running); continue; }
+            };
+            return match round::spare::step(heard, self.roles.serving) {
+                Step::Leave { say_read, .. } => {
+                    if say_read {
+                        // The store host waits for this before it closes the store.
+                        let _ = self.store.client.add(&self.keys.round_keys(r).spare_left(), 1).await;
+                    }
+                    Ok(Try::Ended(v))
+                }
+                // Members move the job on right after a regroup or restart verdict.
+                Step::AwaitNext => {
+                    let bound = self.timing.heartbeat_timeout * 2;
+                    if !self.wait_for(std::slice::from_ref(&next), bound).await? {
+                        self.advance(r, r + 1).await?;
+                    }
+                    Ok(self.moved_on(r))
+                }
+                Step::MovedOn => Ok(self.moved_on(r)),
+                Step::Recheck => Ok(Try::Recheck),
+                // A lost store surfaces as the waits' errors above; the
+                // caller reconnects.
+                Step::Reconnect => Err(self.lost(std::io::Error::from(std::io::ErrorKind::ConnectionAborted).into())),
+            };
         }
     }
 

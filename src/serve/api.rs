@@ -40,6 +40,7 @@
 //!   up (EOF or reset), though the run be silent; any reply chunk the
 //!   client does not take within 30 s ends its connection.
 
+use round::stop::{Op, StopRun};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -363,20 +364,30 @@ async fn stop(api: &Api, seq: u64) -> Result<(), super::Error> {
         _ => api.conf.base.clone(),
     };
     let mut link = api.link.lock().await;
-    if !link.set_ended(&token, &api.conf.scope, seq, &id, State::Stopped.word()).await? {
-        // Over already (an earlier stop, or its end): the current round may
-        // run the next run, which a `stop:` of this one must not end.
-        return Ok(());
-    }
     let keys = crate::keys::JobKeys::under(&base);
-    let round = std::str::from_utf8(&link.get(&keys.round()).await?)
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .unwrap_or(0);
-    let stop = crate::supervise::round_end::RoundEnd::Stop(seq).to_string();
-    link.compare_set(&keys.round_keys(round).end(), b"", stop.as_bytes()).await?;
-    tracing::info!(run = seq, round, "stopping a run on request");
-    Ok(())
+    // The protocol's order (`round::stop`): the round, then the marker,
+    // then the round's end when this stop marked the run first.
+    let mut s = StopRun::new();
+    loop {
+        match s.next() {
+            Op::ReadRound => s.read(
+                std::str::from_utf8(&link.get(&keys.round()).await?)
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(0),
+            ),
+            Op::Mark => s.marked(link.set_ended(&token, &api.conf.scope, seq, &id, State::Stopped.word()).await?),
+            Op::EndRound(round) => {
+                let stop = crate::supervise::round_end::RoundEnd::Stop(seq).to_string();
+                link.compare_set(&keys.round_keys(round).end(), b"", stop.as_bytes()).await?;
+                tracing::info!(run = seq, round, "stopping a run on request");
+                s.ended();
+            }
+            // Over already (an earlier stop, or its end): the current round
+            // may run the next run, which a `stop:` of this one must not end.
+            Op::Done => return Ok(()),
+        }
+    }
 }
 
 /// Wait until run `seq` is over, for at most `limit`.

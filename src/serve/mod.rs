@@ -291,7 +291,7 @@ impl Link {
     ) -> Result<bool, Error> {
         // A marker already there (a stop's is the same bytes as another
         // stop's, so the compare-and-set alone cannot tell).
-        if matches!(self.ended(token, scope, seq, id).await?, Some(Ok(_))) {
+        if round::stop::over_already(matches!(self.ended(token, scope, seq, id).await?, Some(Ok(_)))) {
             return Ok(false);
         }
         let value = seal(token, scope, kind::ENDED, seq, format!("{id} {state}").as_bytes());

@@ -1,0 +1,25 @@
+//! The round's protocol, pure: every decision an agent takes about a round
+//! (joining and forming one, where a pod stands once it closed, what a
+//! spare does with what it heard, what a store host's leaving means, and
+//! whether a served run's stop may end a round), as functions of what the
+//! agent read, with no I/O, no clock and no task.
+//!
+//! The agent (`trainlet::rendezvous`, `trainlet::launch`, `trainlet::serve`)
+//! reads the store, calls these, and carries out what they say; the seeded
+//! simulation (`src/sim`, `bash tests/sim.sh`) calls the very same
+//! functions against a simulated store, under schedules that reorder,
+//! delay and kill, and checks the job's invariants after every step.
+//!
+//! The historic ordering bugs of the round are kept as [`mutant`]s: with
+//! the `sim` feature (the simulation's build only) each can be switched
+//! back on, and the simulation must find it.
+
+#![forbid(unsafe_code)]
+
+pub mod host_left;
+pub mod join;
+pub mod mutant;
+pub mod spare;
+pub mod stop;
+
+pub use join::Closed;

@@ -1,0 +1,406 @@
+//! One simulated agent: the agent's sequence of store operations for a
+//! round (`trainlet::rendezvous` and `trainlet::launch::job`), one step per
+//! scheduler tick, taking every decision through the protocol's own
+//! functions (`round::join`, `round::spare`, `round::host_left`).
+//!
+//! Joining and forming a round are here; a round's end is in
+//! `round_end`, a spare's wait and leaving the job in `leave`, what stands
+//! in for the agent's own code (rank assignment, verdicts) in `phase`.
+
+use round::join::{
+    ABANDONED, Arrival, OnSlot, Place, arrival, at_last_call, closer_forms, first_repeat, forgotten, given_up, on_slot,
+    place,
+};
+
+use super::phase::{Member, MemberRecord, Phase, assign, parse_uids};
+use super::store::{End, Key, Store, Uid};
+use super::world::{Code, Env, Exit, HEARTBEAT_TIMEOUT, HOST_LEFT_SETTLE, JOIN_TIMEOUT, Kind, LAST_CALL};
+
+/// One agent (one container of one pod).
+#[derive(Debug, Clone)]
+pub struct Agent {
+    /// Its pod's node rank; pod 0 hosts the store.
+    pub pod: u32,
+    /// This container's uid.
+    pub uid: Uid,
+    /// The job generation it belongs to.
+    pub generation: u32,
+    /// The store it talks to.
+    pub store: usize,
+    /// Where it is.
+    pub phase: Phase,
+    /// Paused (a slow machine) until this tick.
+    pub paused_until: u64,
+    /// The last round it was a member of.
+    pub known_round: Option<u64>,
+    /// A container restarted in place that ran no round yet.
+    pub before_any_round: bool,
+    /// It waited as a spare: it lets that round's members join first.
+    pub defer_to: Option<u64>,
+    /// It got in as a spare.
+    pub was_spare: bool,
+    /// Its group rank and round, kept across rounds with `--spares`.
+    pub last_rank: Option<(u32, u64)>,
+    /// When its current join gives up.
+    pub deadline: u64,
+    /// Restarts used, as it knows them (it raises a new store's to them).
+    pub restarts: u64,
+}
+
+impl Agent {
+    /// A container of pod `pod` that starts now, talking to `store`.
+    pub fn new(env: &mut Env, pod: u32, store: usize, restarted: bool) -> Agent {
+        Agent {
+            pod,
+            uid: env.uid(),
+            generation: env.generation,
+            store,
+            phase: Phase::Start,
+            paused_until: 0,
+            known_round: None,
+            before_any_round: restarted,
+            defer_to: None,
+            was_spare: false,
+            last_rank: None,
+            deadline: env.tick + JOIN_TIMEOUT,
+            restarts: 0,
+        }
+    }
+
+    /// Its name in the trace.
+    pub fn name(&self) -> String {
+        format!("pod {} (uid {})", self.pod, self.uid)
+    }
+
+    /// It can take a step.
+    pub fn runnable(&self, tick: u64) -> bool {
+        self.phase != Phase::Gone && self.paused_until <= tick
+    }
+
+    /// The store host's pod.
+    pub fn hosts(&self) -> bool {
+        self.pod == 0
+    }
+
+    pub(super) fn exit(&mut self, env: &mut Env, code: Code, why: &str, no_word: bool) {
+        let name = self.name();
+        env.note(&name, format!("exits {code:?}: {why}"));
+        env.facts.exits.insert(self.uid, Exit { code, why: why.into(), no_word, generation: self.generation });
+        if self.hosts() {
+            env.stores[self.store].open = false;
+        }
+        self.phase = Phase::Gone;
+    }
+
+    pub(super) fn lost(&mut self, env: &mut Env, in_hand: bool) {
+        let name = self.name();
+        env.note(&name, "lost the store");
+        self.phase = Phase::Reconnect { until: env.tick + HOST_LEFT_SETTLE, in_hand };
+    }
+
+    /// Move the job past round `from` (the agent's `advance`).
+    pub fn advance(s: &mut Store, from: u64, to: u64) {
+        let now = s.raise(Key::Round, to);
+        s.cas(Key::Next(from), now.to_string());
+    }
+
+    /// One step.
+    pub fn step(&mut self, env: &mut Env) {
+        let tick = env.tick;
+        let open = env.stores[self.store].open;
+        match self.phase.clone() {
+            Phase::Reconnect { until, in_hand } => return self.reconnect(env, until, in_hand),
+            Phase::Rejoin { until, no_word } => return self.rejoin(env, until, no_word),
+            Phase::Spare { r, size } => return self.spare(env, r, size),
+            Phase::Leave { m, verdict, stage, until } if stage >= 2 => {
+                return self.host_leaves(env, m, &verdict, stage, until);
+            }
+            Phase::Gone => return,
+            _ if !open => return self.lost(env, false),
+            _ => {}
+        }
+        if tick >= self.deadline && self.joining() {
+            return self.exit(env, Code::PeerLost, "the join deadline passed", false);
+        }
+        match self.phase.clone() {
+            // A container of the next generation that reached the previous
+            // containers' store: its job's keys (the next JobSet attempt's)
+            // stay empty there until that store closes.
+            Phase::Start if env.stores[self.store].generation < self.generation => {}
+            Phase::Start => {
+                let s = &mut env.stores[self.store];
+                self.restarts = s.raise(Key::Restarts, self.restarts);
+                self.deadline = tick + JOIN_TIMEOUT;
+                self.phase = Phase::Join { want: self.known_round.map_or(0, |r| r + 1) };
+            }
+            Phase::Join { want } => self.join(env, want),
+            Phase::AfterLead { r } => self.after_lead(env, r),
+            Phase::Defer { p, r, until } => self.defer(env, p, r, until),
+            Phase::Take { r } => {
+                let s = &mut env.stores[self.store];
+                let n = s.add(Key::Join(r), 1);
+                if self.hosts() && env.cfg.spares_flag {
+                    s.set(Key::Lead(r), "1");
+                }
+                let slot = u64::try_from(n - 1).unwrap_or(0);
+                let name = self.name();
+                env.note(&name, format!("takes slot {slot} of round {r}"));
+                self.phase = Phase::Announce { r, slot };
+            }
+            Phase::Announce { r, slot } => self.announce(env, r, slot),
+            Phase::WaitClosed { r, slot, last_call } => self.wait_closed(env, r, slot, last_call),
+            Phase::Assign { r, size, slot, until } => self.assign(env, r, (size, slot), until),
+            Phase::WaitRank { r, slot, until } => self.wait_rank(env, r, slot, until),
+            Phase::SpareArrive { r, size, until } => self.spare_arrive(env, r, size, until),
+            Phase::AwaitNext { r, until } => {
+                let s = &mut env.stores[self.store];
+                if !s.has(Key::Next(r)) && tick < until {
+                    return;
+                }
+                if !s.has(Key::Next(r)) {
+                    Agent::advance(s, r, r + 1);
+                }
+                self.moved_on(env, r);
+            }
+            Phase::Running(m) => self.running(env, m),
+            Phase::Stopping(m) => self.stopping(env, m),
+            Phase::WaitStopped(m, until) => {
+                let s = &env.stores[self.store];
+                if s.has(Key::AllStopped(m.r)) || s.has(Key::Dead(m.r)) || tick >= until {
+                    self.phase = Phase::Decide(m);
+                }
+            }
+            Phase::Decide(m) => self.decide(env, m),
+            Phase::Leave { m, verdict, stage, until } => self.host_leaves(env, m, &verdict, stage, until),
+            Phase::Reconnect { .. } | Phase::Rejoin { .. } | Phase::Spare { .. } | Phase::Gone => {}
+        }
+    }
+
+    fn joining(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Join { .. }
+                | Phase::AfterLead { .. }
+                | Phase::Defer { .. }
+                | Phase::Take { .. }
+                | Phase::Announce { .. }
+                | Phase::WaitClosed { .. }
+        )
+    }
+
+    fn join(&mut self, env: &mut Env, want: u64) {
+        let s = &mut env.stores[self.store];
+        let current = s.raise(Key::Round, 0);
+        if current < want {
+            Agent::advance(s, current, want);
+            return;
+        }
+        self.phase = if env.cfg.spares_flag && !self.hosts() {
+            Phase::AfterLead { r: current }
+        } else {
+            Phase::Take { r: current }
+        };
+    }
+
+    fn after_lead(&mut self, env: &mut Env, r: u64) {
+        let s = &env.stores[self.store];
+        if s.has(Key::Next(r)) {
+            let to = u64::try_from(s.num(Key::Next(r))).unwrap_or(r + 1);
+            self.phase = Phase::Join { want: to.max(r + 1) };
+        } else if s.has(Key::Lead(r)) {
+            self.phase = match self.defer_to.take() {
+                Some(p) => Phase::Defer { p, r, until: env.tick + HEARTBEAT_TIMEOUT },
+                None => Phase::Take { r },
+            };
+        }
+    }
+
+    /// `defer_to_members`: join once each live member of round `p` joined
+    /// `r`, left or was declared dead, once `r` closed or moved on, or at
+    /// the heartbeat timeout.
+    fn defer(&mut self, env: &mut Env, p: u64, r: u64, until: u64) {
+        let s = &env.stores[self.store];
+        if s.has(Key::Closed(r)) || s.has(Key::Next(r)) || env.tick >= until {
+            self.phase = Phase::Take { r };
+            return;
+        }
+        let members = parse_uids(&s.get(Key::Members(p)));
+        let dead = parse_uids(&s.get(Key::Dead(p)));
+        let joined: Vec<Uid> = (0..u64::try_from(s.num(Key::Join(r))).unwrap_or(0))
+            .filter_map(|slot| MemberRecord::read(&s.get(Key::Member(r, slot))).map(|m| m.uid))
+            .collect();
+        let gone = |u: &Uid| env.facts.exits.contains_key(u);
+        if members.iter().all(|u| dead.contains(u) || joined.contains(u) || gone(u)) {
+            self.phase = Phase::Take { r };
+        }
+    }
+
+    fn announce(&mut self, env: &mut Env, r: u64, slot: u64) {
+        let (min, max) = (u64::from(env.cfg.min), u64::from(env.cfg.max));
+        let record = MemberRecord { uid: self.uid, pod: self.pod, last: self.last_rank.map(|(rank, _)| rank) };
+        let s = &mut env.stores[self.store];
+        let current = u64::try_from(s.num(Key::Round)).unwrap_or(0);
+        if let Some(to) = forgotten(r, current) {
+            self.phase = Phase::Join { want: to };
+            return;
+        }
+        s.set(Key::Member(r, slot), record.value());
+        match on_slot(slot + 1, min, max) {
+            OnSlot::Close(c) => {
+                s.cas(Key::Closed(r), c.value());
+            }
+            OnSlot::LastCall => s.set(Key::Quorum(r), "1"),
+            OnSlot::Wait => {}
+        }
+        self.phase = Phase::WaitClosed { r, slot, last_call: None };
+    }
+
+    fn wait_closed(&mut self, env: &mut Env, r: u64, slot: u64, last_call: Option<u64>) {
+        let tick = env.tick;
+        let max = u64::from(env.cfg.max);
+        let elastic = env.cfg.min < env.cfg.max;
+        let s = &mut env.stores[self.store];
+        if s.has(Key::Closed(r)) {
+            match place(&s.get(Key::Closed(r)), slot) {
+                Place::Spare { size } => {
+                    self.last_rank = None;
+                    self.phase = Phase::SpareArrive { r, size, until: tick + HEARTBEAT_TIMEOUT + 2 };
+                }
+                Place::Member { size, assigns: true } => {
+                    self.phase = Phase::Assign { r, size, slot, until: tick + HEARTBEAT_TIMEOUT };
+                }
+                Place::Member { assigns: false, .. } => {
+                    self.phase = Phase::WaitRank { r, slot, until: tick + HEARTBEAT_TIMEOUT + 2 };
+                }
+            }
+        } else if s.has(Key::Next(r)) {
+            let to = u64::try_from(s.num(Key::Next(r))).unwrap_or(r + 1);
+            self.phase = Phase::Join { want: to.max(r + 1) };
+        } else if let Some(at) = last_call {
+            if tick >= at {
+                let count = u64::try_from(s.num(Key::Join(r))).unwrap_or(0);
+                s.cas(Key::Closed(r), at_last_call(count, slot, max).value());
+            }
+        } else if elastic && s.has(Key::Quorum(r)) {
+            self.phase = Phase::WaitClosed { r, slot, last_call: Some(tick + LAST_CALL) };
+        }
+    }
+
+    fn assign(&mut self, env: &mut Env, r: u64, (size, slot): (u64, u64), until: u64) {
+        let s = &mut env.stores[self.store];
+        let records: Vec<Option<MemberRecord>> =
+            (0..size).map(|slot| MemberRecord::read(&s.get(Key::Member(r, slot)))).collect();
+        if records.iter().any(Option::is_none) {
+            if env.tick >= until {
+                Agent::advance(s, r, r + 1);
+                self.phase = Phase::Join { want: r + 1 };
+            }
+            return;
+        }
+        let members: Vec<MemberRecord> = records.into_iter().flatten().collect();
+        let places: Vec<u32> = members.iter().map(|m| m.pod).collect();
+        if first_repeat(&places).is_some() {
+            Agent::advance(s, r, r + 1);
+            self.phase = Phase::Join { want: r + 1 };
+            return;
+        }
+        let ranks = assign(&members, env.cfg.spares_flag, env.cfg.min < env.cfg.max);
+        let mut by_rank: Vec<(u32, Uid)> = ranks.iter().copied().zip(members.iter().map(|m| m.uid)).collect();
+        by_rank.sort_unstable();
+        let uids: Vec<String> = by_rank.iter().map(|(_, u)| u.to_string()).collect();
+        // The members first, by COMPARE_SET: the others may have given the
+        // round up (then the job moves on without it).
+        if !closer_forms(&s.cas(Key::Members(r), uids.join(","))) {
+            Agent::advance(s, r, r + 1);
+            self.phase = Phase::Join { want: r + 1 };
+            let name = self.name();
+            env.note(&name, format!("finds round {r} given up; follows the job on"));
+            return;
+        }
+        for (slot, rank) in ranks.iter().enumerate() {
+            s.set(Key::Rank(r, slot as u64), rank.to_string());
+        }
+        let store = self.store;
+        for (rank, uid) in by_rank {
+            if let Some(other) = env.facts.ranks.insert((store, r, rank), uid).filter(|o| *o != uid) {
+                env.violate(format!("round {r}: group rank {rank} is held by uid {other} and uid {uid}"));
+            }
+        }
+        env.facts.members.insert((store, r), members.iter().map(|m| m.uid).collect());
+        if env.cfg.spares_flag && !members.iter().any(|m| m.pod == 0) {
+            env.violate(format!("round {r} of a job with spares formed without the store host's pod"));
+        }
+        let name = self.name();
+        env.note(&name, format!("assigned round {r}'s {size} ranks"));
+        self.phase = Phase::WaitRank { r, slot, until: env.tick + HEARTBEAT_TIMEOUT + 2 };
+    }
+
+    fn wait_rank(&mut self, env: &mut Env, r: u64, slot: u64, until: u64) {
+        let s = &mut env.stores[self.store];
+        if s.has(Key::Rank(r, slot)) {
+            let rank = u32::try_from(s.num(Key::Rank(r, slot))).unwrap_or(u32::MAX);
+            let size = round::Closed::read(&s.get(Key::Closed(r))).map_or(0, |c| c.size);
+            self.known_round = Some(r);
+            self.before_any_round = false;
+            if env.cfg.spares_flag {
+                self.last_rank = Some((rank, r));
+            }
+            self.was_spare = false;
+            let name = self.name();
+            env.note(&name, format!("is group rank {rank} of round {r} ({size} pods)"));
+            if env.cfg.kind == Kind::Serve {
+                // The run it runs: the one after the runs over (past the
+                // last, the pods are idle).
+                let next = env.facts.served + 1;
+                env.facts.run_of_round.entry((self.store, r)).or_insert(next);
+            }
+            self.phase = Phase::Running(Member { r, rank, size, done: false });
+        } else if s.has(Key::Next(r)) {
+            let to = u64::try_from(s.num(Key::Next(r))).unwrap_or(r + 1);
+            self.phase = Phase::Join { want: to.max(r + 1) };
+        } else if env.tick >= until {
+            // Give the round up, unless its closer formed it meanwhile.
+            if given_up(&s.cas(Key::Members(r), ABANDONED)) {
+                Agent::advance(s, r, r + 1);
+                self.phase = Phase::Join { want: r + 1 };
+                let name = self.name();
+                env.note(&name, format!("gives round {r} up: no ranks"));
+            } else {
+                self.phase = Phase::WaitRank { r, slot, until: env.tick + HEARTBEAT_TIMEOUT + 2 };
+            }
+        }
+    }
+
+    fn spare_arrive(&mut self, env: &mut Env, r: u64, size: u64, until: u64) {
+        let s = &mut env.stores[self.store];
+        if !s.has(Key::Members(r)) && env.tick < until {
+            return;
+        }
+        let members = parse_uids(&s.get(Key::Members(r)));
+        // Its place held by another uid: its previous container.
+        let previous = (0..size)
+            .filter_map(|slot| MemberRecord::read(&s.get(Key::Member(r, slot))))
+            .find(|m| m.pod == self.pod && m.uid != self.uid && members.contains(&m.uid));
+        match arrival(previous.is_some(), size, u64::from(env.cfg.max)) {
+            Arrival::TakeOver => {
+                let old = previous.map_or(0, |m| m.uid);
+                s.cas(Key::Dead(r), old.to_string());
+                s.cas(Key::End(r), End::Dead(old).value());
+            }
+            Arrival::Regroup => {
+                s.cas(Key::End(r), End::Waiting(self.uid).value());
+            }
+            Arrival::Wait => {}
+        }
+        let name = self.name();
+        env.note(&name, format!("waits as a spare beside round {r} ({size} pods)"));
+        self.phase = Phase::Spare { r, size };
+    }
+
+    pub(super) fn moved_on(&mut self, env: &mut Env, r: u64) {
+        self.defer_to = Some(r);
+        self.was_spare = true;
+        self.deadline = env.tick + JOIN_TIMEOUT;
+        self.phase = Phase::Join { want: r + 1 };
+    }
+}

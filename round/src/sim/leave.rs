@@ -1,0 +1,145 @@
+//! A simulated agent's waits outside a round and its leaving: a spare's
+//! wait (through `round::spare`'s order and steps), the lost store and the
+//! host's word (`round::host_left`), the wait for a store to come back,
+//! and the store host's leaving (its word, the members' and the spares'
+//! leaving, its store's close).
+
+use round::host_left::{AfterLoss, Announced, after_loss};
+use round::spare::{Heard, Step, VerdictRead, first, watches_left};
+
+use super::agent::Agent;
+use super::phase::{Member, Phase, read_verdict};
+use super::store::Key;
+use super::world::{Code, Env, HEARTBEAT_TIMEOUT, JOIN_TIMEOUT, Kind, LEAVE_WAIT, SPARES_READ_WAIT};
+
+impl Agent {
+    /// A spare's wait: what it heard, through the protocol's order and steps.
+    pub(super) fn spare(&mut self, env: &mut Env, r: u64, _size: u64) {
+        let serving = env.cfg.kind == Kind::Serve;
+        let s = &env.stores[self.store];
+        let mut ready = Vec::new();
+        if watches_left(serving) && s.has(Key::AllLeft(r)) {
+            ready.push(Heard::MembersLeft);
+        }
+        if s.has(Key::Next(r)) {
+            ready.push(Heard::Next);
+        }
+        if s.has(Key::Verdict(r)) {
+            ready.push(Heard::Verdict(VerdictRead::MovesOn));
+        }
+        if !s.open {
+            ready.push(Heard::StoreLost);
+        }
+        let in_hand = ready.contains(&Heard::MembersLeft);
+        let Some(mut heard) = first(&ready) else { return };
+        if let Heard::Verdict(_) = heard {
+            if !s.open {
+                // The value is read after the wake-up: the store is gone.
+                return self.lost(env, false);
+            }
+            heard = Heard::Verdict(read_verdict(&s.get(Key::Verdict(r))));
+        }
+        let name = self.name();
+        env.note(&name, format!("as a spare of round {r} hears {heard:?}"));
+        match round::spare::step(heard, serving) {
+            Step::Leave { success, say_read } => {
+                let s = &mut env.stores[self.store];
+                if say_read && s.open {
+                    s.add(Key::SpareLeft(r), 1);
+                }
+                let code = if success { Code::Success } else { Code::Failure };
+                self.exit(env, code, "the job ended while it waited as a spare", false);
+            }
+            Step::AwaitNext => self.phase = Phase::AwaitNext { r, until: env.tick + 2 * HEARTBEAT_TIMEOUT },
+            Step::MovedOn => self.moved_on(env, r),
+            Step::Reconnect => self.lost(env, in_hand),
+            Step::Recheck => {}
+        }
+    }
+
+    /// The store went away: after the settle time, the host's word decides.
+    pub(super) fn reconnect(&mut self, env: &mut Env, until: u64, in_hand: bool) {
+        if env.tick < until {
+            return;
+        }
+        let s = &env.stores[self.store];
+        let word = String::from_utf8_lossy(&s.get(Key::HostLeft)).into_owned();
+        let old_job = s.generation < self.generation;
+        let announced = match word.strip_prefix("ended:") {
+            Some(v) => Announced::JobEnded { success: v.is_empty() || v == "success" },
+            None if word.is_empty() => Announced::Nothing,
+            None => Announced::LeftCleanly,
+        };
+        match after_loss(announced, self.before_any_round) {
+            AfterLoss::Leave { success } => {
+                if old_job {
+                    env.violate(format!(
+                        "{} restarted in place took its previous containers' end ({word}) for its own",
+                        self.name()
+                    ));
+                }
+                let code = if success { Code::Success } else { Code::PeerLost };
+                self.exit(env, code, &format!("the host said the job ended ({word})"), false);
+            }
+            AfterLoss::Rejoin(why) => {
+                let name = self.name();
+                env.note(&name, format!("rejoins ({why:?})"));
+                let no_word = announced == Announced::Nothing && !in_hand;
+                self.phase = Phase::Rejoin { until: env.tick + JOIN_TIMEOUT, no_word };
+            }
+        }
+    }
+
+    pub(super) fn rejoin(&mut self, env: &mut Env, until: u64, no_word: bool) {
+        let newest = env.newest();
+        if newest > self.store && env.stores[newest].open {
+            self.store = newest;
+            let name = self.name();
+            env.note(&name, format!("reconnects to store {newest}"));
+            self.phase = Phase::Start;
+        } else if env.tick >= until {
+            self.exit(env, Code::PeerLost, "the store host did not come back before the join deadline", no_word);
+        }
+    }
+
+    /// Leaving; the store host's agent announces the end, waits for the
+    /// members and the spares, and closes its store.
+    pub(super) fn host_leaves(&mut self, env: &mut Env, m: Member, verdict: &str, stage: u8, until: u64) {
+        let code = match verdict {
+            "success" | "" => Code::Success,
+            _ => Code::Failure,
+        };
+        let tick = env.tick;
+        let word_lost = env.cfg.word_lost;
+        let serving = env.cfg.kind == Kind::Serve;
+        let s = &mut env.stores[self.store];
+        match stage {
+            0 => {
+                if self.hosts() && !word_lost {
+                    s.set(Key::HostLeft, format!("ended:{verdict}"));
+                }
+                let n = s.add(Key::Left(m.r), 1);
+                if n >= i64::try_from(m.size).unwrap_or(i64::MAX) {
+                    s.set(Key::AllLeft(m.r), "1");
+                }
+                if !self.hosts() {
+                    return self.exit(env, code, "the job ended", false);
+                }
+                self.phase = Phase::Leave { m, verdict: verdict.into(), stage: 2, until: tick + LEAVE_WAIT };
+            }
+            2 => {
+                if s.has(Key::AllLeft(m.r)) || tick >= until {
+                    let stage = if serving { 4 } else { 3 };
+                    self.phase = Phase::Leave { m, verdict: verdict.into(), stage, until: tick + SPARES_READ_WAIT };
+                }
+            }
+            3 => {
+                let spares = s.num(Key::Join(m.r)) - i64::try_from(m.size).unwrap_or(0);
+                if s.num(Key::SpareLeft(m.r)) >= spares || tick >= until {
+                    self.phase = Phase::Leave { m, verdict: verdict.into(), stage: 4, until };
+                }
+            }
+            _ => self.exit(env, code, "the job ended; its store closes", false),
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! One schedule's world: its configuration drawn from the seed, the
+//! seeded random source, the stores, what the agents did (the facts the
+//! invariants are checked on) and the trace that replays it.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use super::store::{Store, Uid};
+
+/// Ticks (one scheduler step each) before a join gives up.
+pub const JOIN_TIMEOUT: u64 = 3000;
+/// Ticks without a heartbeat before the store host declares a pod dead.
+pub const HEARTBEAT_TIMEOUT: u64 = 60;
+/// An elastic round's last call, in ticks.
+pub const LAST_CALL: u64 = 20;
+/// How long a pod that lost its store waits for the host's word.
+pub const HOST_LEFT_SETTLE: u64 = 10;
+/// How long the store host waits for the last round's spares to read the
+/// verdict before it closes the store.
+pub const SPARES_READ_WAIT: u64 = 30;
+/// How long the store host waits for every member to leave.
+pub const LEAVE_WAIT: u64 = 200;
+/// How long the workers of a round wait for all of its members' workers
+/// (torch's rendezvous timeout) before they fail.
+pub const WORKER_INIT_TIMEOUT: u64 = 1500;
+/// How long a wait for the rest of the pods to stop may take.
+pub const STOP_WAIT: u64 = 400;
+/// The longest pause of a slow agent: past [`SPARES_READ_WAIT`] and
+/// [`HOST_LEFT_SETTLE`], as a loaded machine's can be, but within the
+/// heartbeat timeout (the protocol's one timing assumption: a pod silent
+/// for longer is taken for dead, and the simulation's kills are those).
+pub const PAUSE_MAX: u64 = HEARTBEAT_TIMEOUT - 10;
+/// Ticks a schedule may take at most; an agent still waiting then broke
+/// liveness.
+pub const TICK_LIMIT: u64 = 60_000;
+/// Trace lines kept for a violation's report.
+const TRACE_KEPT: usize = 4000;
+
+/// The seeded source of every choice (SplitMix64).
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    /// The next 64 bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in 0..n (0 when n is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+
+    /// True `per_mille` times in a thousand.
+    pub fn chance(&mut self, per_mille: u64) -> bool {
+        self.below(1000) < per_mille
+    }
+}
+
+/// What kind of job a schedule runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A training job: static or elastic, with or without spares, faults.
+    Job,
+    /// A served job: runs one after another, stopped at random, then its
+    /// idle shutdown.
+    Serve,
+    /// A job that fails, and whose pods all restart in place: the new
+    /// containers meet the old store while it closes, then run a new job.
+    InPlace,
+}
+
+/// A schedule's configuration, drawn from its seed.
+#[derive(Debug, Clone)]
+pub struct Cfg {
+    /// The job's kind.
+    pub kind: Kind,
+    /// Pods (agents), members and spares.
+    pub pods: u32,
+    /// MIN pods of a round.
+    pub min: u32,
+    /// MAX pods of a round.
+    pub max: u32,
+    /// `--spares K`: members keep their ranks and join first.
+    pub spares_flag: bool,
+    /// Restarts allowed.
+    pub max_restarts: u32,
+    /// Served runs (serve mode).
+    pub runs: u64,
+    /// Per mille per running step: a worker fails.
+    pub fail_rate: u64,
+    /// Per mille per agent and tick: the agent is paused (a loaded machine).
+    pub load: u64,
+    /// Faults: SIGKILL of a pod, SIGTERM of a pod, the store host's death,
+    /// its return (in place), its leaving word lost (its SET timed out).
+    pub kill: bool,
+    /// See [`Cfg::kill`].
+    pub sigterm: bool,
+    /// See [`Cfg::kill`].
+    pub host_crash: bool,
+    /// Killed pods come back in place (a new container, a new uid).
+    pub in_place: bool,
+    /// See [`Cfg::kill`].
+    pub word_lost: bool,
+    /// Stops of served runs, at random (some of runs that are over).
+    pub stops: bool,
+}
+
+impl Cfg {
+    /// The configuration schedule `seed` runs.
+    pub fn draw(rng: &mut Rng) -> Cfg {
+        let kind = match rng.below(10) {
+            0..=5 => Kind::Job,
+            6..=8 => Kind::Serve,
+            _ => Kind::InPlace,
+        };
+        let max = match rng.below(20) {
+            0..=13 => 1 + rng.below(5),
+            14..=18 => 6 + rng.below(11),
+            _ => 17 + rng.below(32),
+        };
+        let max = u32::try_from(max).unwrap_or(1);
+        let elastic = kind == Kind::Job && max > 1 && rng.chance(300);
+        let min = if elastic { 1 + u32::try_from(rng.below(u64::from(max))).unwrap_or(0) } else { max };
+        let spares_flag = kind != Kind::InPlace && !elastic && rng.chance(300);
+        let extra =
+            if (elastic || spares_flag) && rng.chance(600) { 1 + u32::try_from(rng.below(2)).unwrap_or(0) } else { 0 };
+        let pods = (max + extra).min(64);
+        let faults = kind == Kind::Job;
+        Cfg {
+            kind,
+            pods,
+            min,
+            max,
+            spares_flag,
+            max_restarts: u32::try_from(rng.below(3)).unwrap_or(0),
+            runs: 1 + rng.below(4),
+            fail_rate: if rng.chance(400) { rng.below(6) } else { 0 },
+            load: if rng.chance(300) { 10 + rng.below(40) } else { 2 },
+            kill: faults && rng.chance(250),
+            sigterm: faults && rng.chance(100),
+            host_crash: faults && rng.chance(100),
+            in_place: rng.chance(500),
+            word_lost: rng.chance(200),
+            stops: kind == Kind::Serve && rng.chance(800),
+        }
+    }
+
+    /// Its one-line description.
+    pub fn describe(&self) -> String {
+        let faults: Vec<&str> = [
+            (self.kill, "kill"),
+            (self.sigterm, "sigterm"),
+            (self.host_crash, "host-crash"),
+            (self.in_place, "in-place"),
+            (self.word_lost, "word-lost"),
+            (self.stops, "stops"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, n)| *n)
+        .collect();
+        format!(
+            "{:?}: {} pods, rounds of {}..={}{}, max restarts {}, worker failures {}/1000, pauses {}/1000, runs {}, faults [{}]",
+            self.kind,
+            self.pods,
+            self.min,
+            self.max,
+            if self.spares_flag { ", --spares" } else { "" },
+            self.max_restarts,
+            self.fail_rate,
+            self.load,
+            self.runs,
+            faults.join(" ")
+        )
+    }
+}
+
+/// How an agent's pod exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// 0.
+    Success,
+    /// The job failed.
+    Failure,
+    /// It lost its peers (the store, or a pod that never came).
+    PeerLost,
+    /// Killed or stopped by a signal.
+    Signal,
+}
+
+/// An agent's exit.
+#[derive(Debug, Clone)]
+pub struct Exit {
+    /// Its code.
+    pub code: Code,
+    /// Why, for the trace.
+    pub why: String,
+    /// It lost the store with no word and nothing in hand about the end.
+    pub no_word: bool,
+    /// The job generation it belonged to.
+    pub generation: u32,
+}
+
+/// What happened, for the invariants.
+#[derive(Debug, Default)]
+pub struct Facts {
+    /// The verdict every pod agreed on, per (store, round).
+    pub verdicts: BTreeMap<(usize, u64), String>,
+    /// Who holds each group rank, per (store, round).
+    pub ranks: BTreeMap<(usize, u64, u32), Uid>,
+    /// Each round's members by slot and its spares, per (store, round).
+    pub members: BTreeMap<(usize, u64), Vec<Uid>>,
+    /// The job's outcome per generation: its final verdict's success.
+    pub outcome: BTreeMap<u32, bool>,
+    /// When the last outcome was decided.
+    pub decided_at: Option<u64>,
+    /// Restart verdicts per generation.
+    pub restarts: BTreeMap<u32, u32>,
+    /// Agents killed or stopped by a signal.
+    pub signalled: BTreeSet<Uid>,
+    /// Agents that exited.
+    pub exits: BTreeMap<Uid, Exit>,
+    /// When each round formed, as its first member saw it, per (store, round).
+    pub formed_at: BTreeMap<(usize, u64), u64>,
+    /// Served runs over.
+    pub served: u64,
+    /// Served runs: the run each round ran, per (store, round).
+    pub run_of_round: BTreeMap<(usize, u64), u64>,
+}
+
+/// Everything but the agents.
+#[derive(Debug)]
+pub struct Env {
+    /// The schedule's choices.
+    pub rng: Rng,
+    /// Now.
+    pub tick: u64,
+    /// The configuration.
+    pub cfg: Cfg,
+    /// The stores, one per store host incarnation, the newest last.
+    pub stores: Vec<Store>,
+    /// The facts.
+    pub facts: Facts,
+    /// The last lines of the trace.
+    pub trace: VecDeque<String>,
+    /// The first invariant broken.
+    pub violation: Option<String>,
+    /// The job generation now (an in-place restart of every pod starts a
+    /// new one).
+    pub generation: u32,
+    /// The next container's uid.
+    pub next_uid: Uid,
+}
+
+impl Env {
+    /// A world for `cfg`, its first store open.
+    pub fn new(rng: Rng, cfg: Cfg) -> Env {
+        Env {
+            rng,
+            tick: 0,
+            cfg,
+            stores: vec![Store::new(0)],
+            facts: Facts::default(),
+            trace: VecDeque::new(),
+            violation: None,
+            generation: 0,
+            next_uid: 1,
+        }
+    }
+
+    /// A line of the trace.
+    pub fn note(&mut self, who: &str, what: impl std::fmt::Display) {
+        if self.trace.len() == TRACE_KEPT {
+            self.trace.pop_front();
+        }
+        self.trace.push_back(format!("t={} {who}: {what}", self.tick));
+    }
+
+    /// An invariant broke (the first one is kept).
+    pub fn violate(&mut self, what: impl Into<String>) {
+        if self.violation.is_none() {
+            self.violation = Some(what.into());
+        }
+    }
+
+    /// The newest store's index.
+    pub fn newest(&self) -> usize {
+        self.stores.len() - 1
+    }
+
+    /// A fresh uid.
+    pub fn uid(&mut self) -> Uid {
+        self.next_uid += 1;
+        self.next_uid
+    }
+}
