@@ -70,16 +70,6 @@ pub fn given_up(members: &[u8]) -> bool {
     members == ABANDONED
 }
 
-/// The store host's monitor follows the job from round `r` to the next;
-/// `formed`: `r` formed (its members were read). Whether it deletes the
-/// keys of the rounds before `r - 1` now: a round that formed did so as
-/// it formed; one that never formed (given up, or left before it closed)
-/// does it as the job moves on, or rounds given up one after another (a
-/// loaded machine's) would pile up their keys (found by the simulation).
-pub fn forgets_on_moving_on(formed: bool) -> bool {
-    !formed && !on(Mutant::GivenUpRoundsPileUp)
-}
-
 /// What a pod does once it took arrival slot `joined - 1` of a round of
 /// MIN..=MAX pods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,6 +18,7 @@
 
 pub mod host_left;
 pub mod join;
+pub mod monitor;
 pub mod mutant;
 pub mod spare;
 pub mod stop;

@@ -47,11 +47,27 @@ pub enum Mutant {
     /// rounds only when a round formed, so rounds given up one after
     /// another on a loaded machine piled up their keys.
     GivenUpRoundsPileUp,
+    /// Found by the simulation (seed 3075938 of a million-schedule run):
+    /// the members of a round that succeeded died before any decided its
+    /// verdict, and its spare (or a member's restarted container) waited
+    /// for one forever: the monitor watched no heartbeat after a success.
+    SucceededRoundOrphaned,
+    /// Found by the simulation (seed 5048549 of a million-schedule run):
+    /// every member of a round left with no verdict (stopped by SIGTERM),
+    /// none had died, and the monitor moved the job on only for the dead:
+    /// the round's spare waited forever.
+    StoppedRoundOrphaned,
+    /// Found by the simulation (seed 13428 of the default run, with the
+    /// fix of [`Mutant::StoppedRoundOrphaned`]): a member died and the
+    /// others left after the round's verdict failed the job; the monitor
+    /// moved the job on all the same, and its spare ran on and left with
+    /// success while the members had left with the failure.
+    FailedJobMovedOn,
 }
 
 impl Mutant {
     /// Every mutant, in the order of the commits that fixed them.
-    pub const ALL: [Mutant; 10] = [
+    pub const ALL: [Mutant; 13] = [
         Mutant::SpareMissesHostsEnd,
         Mutant::SpareTakesAllLeft,
         Mutant::RestartTakesOldEnd,
@@ -62,6 +78,9 @@ impl Mutant {
         Mutant::ForgottenRound,
         Mutant::LateCloserForms,
         Mutant::GivenUpRoundsPileUp,
+        Mutant::SucceededRoundOrphaned,
+        Mutant::StoppedRoundOrphaned,
+        Mutant::FailedJobMovedOn,
     ];
 
     /// Its name on the command line.
@@ -77,6 +96,9 @@ impl Mutant {
             Mutant::ForgottenRound => "forgotten-round",
             Mutant::LateCloserForms => "late-closer-forms",
             Mutant::GivenUpRoundsPileUp => "given-up-rounds-pile-up",
+            Mutant::SucceededRoundOrphaned => "succeeded-round-orphaned",
+            Mutant::StoppedRoundOrphaned => "stopped-round-orphaned",
+            Mutant::FailedJobMovedOn => "failed-job-moved-on",
         }
     }
 
@@ -92,7 +114,10 @@ impl Mutant {
             Mutant::StopReadsRoundLate
             | Mutant::ForgottenRound
             | Mutant::LateCloserForms
-            | Mutant::GivenUpRoundsPileUp => "sim",
+            | Mutant::GivenUpRoundsPileUp
+            | Mutant::SucceededRoundOrphaned
+            | Mutant::StoppedRoundOrphaned
+            | Mutant::FailedJobMovedOn => "sim",
         }
     }
 
@@ -115,6 +140,11 @@ impl Mutant {
             Mutant::ForgottenRound => "a pod in (or settling) a round whose keys were deleted stays with it",
             Mutant::LateCloserForms => "a closer that stalled past the others' wait forms the round alone",
             Mutant::GivenUpRoundsPileUp => "the store host forgets old rounds only when a round forms",
+            Mutant::SucceededRoundOrphaned => {
+                "a round that succeeded and lost every member before its verdict has none"
+            }
+            Mutant::StoppedRoundOrphaned => "a round whose members all left with no verdict strands its spares",
+            Mutant::FailedJobMovedOn => "the store host moves a job on after its failure when a member died",
         }
     }
 

@@ -25,7 +25,9 @@ use super::session::{raise, wait_on};
 use super::{Assignment, Member, Timing};
 use crate::keys::JobKeys;
 use crate::store::{Client, ClientError, Dial, ServerError, StoreServer};
+use crate::supervise::policy::Verdict;
 use crate::supervise::round_end::RoundEnd;
+use round::monitor::{Orphaned, VerdictSeen, orphaned};
 
 /// Serves a fresh worker store; called once per round.
 pub type ServeFn = Box<dyn Fn() -> Result<StoreServer, ServerError> + Send + Sync>;
@@ -121,6 +123,7 @@ async fn monitor(c: &mut Client, dial: &Dial, job: &JobKeys, r: u64, timing: Tim
     let mut members: Vec<String> = Vec::new();
     let mut seen: HashMap<String, (Vec<u8>, Instant)> = HashMap::new();
     let mut dead: Vec<String> = Vec::new();
+    let mut quiet: Vec<String> = Vec::new();
     loop {
         tokio::select! {
             ok = &mut next => {
@@ -129,7 +132,7 @@ async fn monitor(c: &mut Client, dial: &Dial, job: &JobKeys, r: u64, timing: Tim
                     // closed) forgets the old rounds as one that formed does:
                     // else rounds given up one after another (a loaded
                     // machine's, found by the simulation) pile up keys.
-                    if round::join::forgets_on_moving_on(!members.is_empty()) {
+                    if round::monitor::forgets_on_moving_on(!members.is_empty()) {
                         forget_rounds(dial, job, r.saturating_sub(1)).await;
                     }
                     let v = c.get(&next_key).await?;
@@ -160,9 +163,10 @@ async fn monitor(c: &mut Client, dial: &Dial, job: &JobKeys, r: u64, timing: Tim
                 seen.insert(uid.clone(), (Vec::new(), now));
             }
         }
-        if RoundEnd::from_bytes(&c.get(&keys.end()).await?) == RoundEnd::Success {
-            continue;
-        }
+        // After a success the members leave (`bye`); one silent then is
+        // not declared dead (it may have left between its verdict and its
+        // bye), only counted.
+        let succeeded = RoundEnd::from_bytes(&c.get(&keys.end()).await?) == RoundEnd::Success;
         let hb: Vec<String> = members.iter().map(|u| job.heartbeat(u)).collect();
         let values = c.multi_get(&hb).await?;
         let now = Instant::now();
@@ -170,7 +174,7 @@ async fn monitor(c: &mut Client, dial: &Dial, job: &JobKeys, r: u64, timing: Tim
         let mut gone = 0;
         for (uid, v) in members.iter().zip(values) {
             let Some((last, since)) = seen.get_mut(uid) else { continue };
-            if v == b"bye" || dead.contains(uid) {
+            if v == b"bye" || dead.contains(uid) || quiet.contains(uid) {
                 gone += 1;
             } else if v != *last {
                 *last = v;
@@ -180,16 +184,32 @@ async fn monitor(c: &mut Client, dial: &Dial, job: &JobKeys, r: u64, timing: Tim
                 gone += 1;
             }
         }
-        if !newly.is_empty() {
+        if !newly.is_empty() && succeeded {
+            quiet.extend(newly.iter().cloned());
+        } else if !newly.is_empty() {
             tracing::warn!(round = r, dead = ?newly, timeout_s = timing.heartbeat_timeout.as_secs_f64(), "members stopped heartbeating; declaring them dead");
             dead.extend(newly.iter().cloned());
             c.set(&keys.dead(), &serde_json::to_vec(&dead).unwrap_or_default()).await?;
             c.compare_set(&keys.end(), b"", RoundEnd::Dead(newly[0].clone()).to_string().as_bytes()).await?;
         }
-        if gone == members.len() && !dead.is_empty() {
-            tracing::warn!(round = r, "every member of the round is gone; opening the next round");
-            let to = raise(c, &job.round(), r + 1).await?;
-            c.compare_set(&next_key, b"", to.to_string().as_bytes()).await?;
+        let all_gone = gone == members.len();
+        let verdict = if all_gone { c.get(&keys.verdict()).await? } else { Vec::new() };
+        let verdict = match String::from_utf8_lossy(&verdict).parse::<Verdict>() {
+            _ if verdict.is_empty() => VerdictSeen::None,
+            Ok(Verdict::Success | Verdict::Fail(_)) => VerdictSeen::Final,
+            _ => VerdictSeen::MovesOn,
+        };
+        match orphaned(all_gone, !dead.is_empty() || !quiet.is_empty(), succeeded, verdict) {
+            Orphaned::MoveOn => {
+                tracing::warn!(round = r, "every member of the round is gone; opening the next round");
+                let to = raise(c, &job.round(), r + 1).await?;
+                c.compare_set(&next_key, b"", to.to_string().as_bytes()).await?;
+            }
+            Orphaned::Succeed => {
+                tracing::warn!(round = r, "the round succeeded and every member died before its verdict; deciding it");
+                c.compare_set(&keys.verdict(), b"", Verdict::Success.to_string().as_bytes()).await?;
+            }
+            Orphaned::Nothing => {}
         }
     }
 }

@@ -14,7 +14,9 @@ use round::join::{
 
 use super::phase::{Member, MemberRecord, Phase, assign, parse_uids};
 use super::store::{End, Key, Store, Uid};
-use super::world::{Code, Env, Exit, HEARTBEAT_TIMEOUT, HOST_LEFT_SETTLE, JOIN_TIMEOUT, Kind, LAST_CALL};
+use super::world::{
+    Code, Env, Exit, HEALTH_CHECK_MAX, HEARTBEAT_TIMEOUT, HOST_LEFT_SETTLE, JOIN_TIMEOUT, Kind, LAST_CALL,
+};
 
 /// One agent (one container of one pod).
 #[derive(Debug, Clone)]
@@ -45,6 +47,8 @@ pub struct Agent {
     pub deadline: u64,
     /// Restarts used, as it knows them (it raises a new store's to them).
     pub restarts: u64,
+    /// When it entered its phase: its WAITs were registered then.
+    pub since: u64,
 }
 
 impl Agent {
@@ -64,6 +68,7 @@ impl Agent {
             last_rank: None,
             deadline: env.tick + JOIN_TIMEOUT,
             restarts: 0,
+            since: env.tick,
         }
     }
 
@@ -104,8 +109,16 @@ impl Agent {
         s.cas(Key::Next(from), now.to_string());
     }
 
-    /// One step.
+    /// One step; a new phase's WAITs are registered now.
     pub fn step(&mut self, env: &mut Env) {
+        let before = self.phase.clone();
+        self.act(env);
+        if self.phase != before {
+            self.since = env.tick;
+        }
+    }
+
+    fn act(&mut self, env: &mut Env) {
         let tick = env.tick;
         let open = env.stores[self.store].open;
         match self.phase.clone() {
@@ -132,6 +145,7 @@ impl Agent {
                 self.restarts = s.raise(Key::Restarts, self.restarts);
                 self.deadline = tick + JOIN_TIMEOUT;
                 self.phase = Phase::Join { want: self.known_round.map_or(0, |r| r + 1) };
+                self.health_check(env);
             }
             Phase::Join { want } => self.join(env, want),
             Phase::AfterLead { r } => self.after_lead(env, r),
@@ -154,10 +168,10 @@ impl Agent {
             Phase::SpareArrive { r, size, until } => self.spare_arrive(env, r, size, until),
             Phase::AwaitNext { r, until } => {
                 let s = &mut env.stores[self.store];
-                if !s.has(Key::Next(r)) && tick < until {
+                if !s.seen(Key::Next(r), self.since) && tick < until {
                     return;
                 }
-                if !s.has(Key::Next(r)) {
+                if !s.seen(Key::Next(r), self.since) {
                     Agent::advance(s, r, r + 1);
                 }
                 self.moved_on(env, r);
@@ -166,7 +180,7 @@ impl Agent {
             Phase::Stopping(m) => self.stopping(env, m),
             Phase::WaitStopped(m, until) => {
                 let s = &env.stores[self.store];
-                if s.has(Key::AllStopped(m.r)) || s.has(Key::Dead(m.r)) || tick >= until {
+                if s.seen(Key::AllStopped(m.r), self.since) || s.seen(Key::Dead(m.r), self.since) || tick >= until {
                     self.phase = Phase::Decide(m);
                 }
             }
@@ -204,10 +218,10 @@ impl Agent {
 
     fn after_lead(&mut self, env: &mut Env, r: u64) {
         let s = &env.stores[self.store];
-        if s.has(Key::Next(r)) {
+        if s.seen(Key::Next(r), self.since) {
             let to = u64::try_from(s.num(Key::Next(r))).unwrap_or(r + 1);
             self.phase = Phase::Join { want: to.max(r + 1) };
-        } else if s.has(Key::Lead(r)) {
+        } else if s.seen(Key::Lead(r), self.since) {
             self.phase = match self.defer_to.take() {
                 Some(p) => Phase::Defer { p, r, until: env.tick + HEARTBEAT_TIMEOUT },
                 None => Phase::Take { r },
@@ -260,7 +274,7 @@ impl Agent {
         let max = u64::from(env.cfg.max);
         let elastic = env.cfg.min < env.cfg.max;
         let s = &mut env.stores[self.store];
-        if s.has(Key::Closed(r)) {
+        if s.seen(Key::Closed(r), self.since) {
             match place(&s.get(Key::Closed(r)), slot) {
                 Place::Spare { size } => {
                     self.last_rank = None;
@@ -273,7 +287,7 @@ impl Agent {
                     self.phase = Phase::WaitRank { r, slot, until: tick + HEARTBEAT_TIMEOUT + 2 };
                 }
             }
-        } else if s.has(Key::Next(r)) {
+        } else if s.seen(Key::Next(r), self.since) {
             let to = u64::try_from(s.num(Key::Next(r))).unwrap_or(r + 1);
             self.phase = Phase::Join { want: to.max(r + 1) };
         } else if let Some(at) = last_call {
@@ -281,7 +295,7 @@ impl Agent {
                 let count = u64::try_from(s.num(Key::Join(r))).unwrap_or(0);
                 s.cas(Key::Closed(r), at_last_call(count, slot, max).value());
             }
-        } else if elastic && s.has(Key::Quorum(r)) {
+        } else if elastic && s.seen(Key::Quorum(r), self.since) {
             self.phase = Phase::WaitClosed { r, slot, last_call: Some(tick + LAST_CALL) };
         }
     }
@@ -337,7 +351,7 @@ impl Agent {
 
     fn wait_rank(&mut self, env: &mut Env, r: u64, slot: u64, until: u64) {
         let s = &mut env.stores[self.store];
-        if s.has(Key::Rank(r, slot)) {
+        if s.seen(Key::Rank(r, slot), self.since) {
             let rank = u32::try_from(s.num(Key::Rank(r, slot))).unwrap_or(u32::MAX);
             let size = round::Closed::read(&s.get(Key::Closed(r))).map_or(0, |c| c.size);
             self.known_round = Some(r);
@@ -355,7 +369,7 @@ impl Agent {
                 env.facts.run_of_round.entry((self.store, r)).or_insert(next);
             }
             self.phase = Phase::Running(Member { r, rank, size, done: false });
-        } else if s.has(Key::Next(r)) {
+        } else if s.seen(Key::Next(r), self.since) {
             let to = u64::try_from(s.num(Key::Next(r))).unwrap_or(r + 1);
             self.phase = Phase::Join { want: to.max(r + 1) };
         } else if env.tick >= until {
@@ -402,5 +416,14 @@ impl Agent {
         self.was_spare = true;
         self.deadline = env.tick + JOIN_TIMEOUT;
         self.phase = Phase::Join { want: r + 1 };
+        self.health_check(env);
+    }
+
+    /// The health check before a round (`health::before_round`: the GPUs,
+    /// the disk), which may take a while: meanwhile the job may move on.
+    pub(super) fn health_check(&mut self, env: &mut Env) {
+        if env.rng.chance(200) {
+            self.paused_until = env.tick + 1 + env.rng.below(HEALTH_CHECK_MAX);
+        }
     }
 }

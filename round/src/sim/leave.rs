@@ -18,13 +18,13 @@ impl Agent {
         let serving = env.cfg.kind == Kind::Serve;
         let s = &env.stores[self.store];
         let mut ready = Vec::new();
-        if watches_left(serving) && s.has(Key::AllLeft(r)) {
+        if watches_left(serving) && s.seen(Key::AllLeft(r), self.since) {
             ready.push(Heard::MembersLeft);
         }
-        if s.has(Key::Next(r)) {
+        if s.seen(Key::Next(r), self.since) {
             ready.push(Heard::Next);
         }
-        if s.has(Key::Verdict(r)) {
+        if s.seen(Key::Verdict(r), self.since) {
             ready.push(Heard::Verdict(VerdictRead::MovesOn));
         }
         if !s.open {
@@ -128,7 +128,7 @@ impl Agent {
                 self.phase = Phase::Leave { m, verdict: verdict.into(), stage: 2, until: tick + LEAVE_WAIT };
             }
             2 => {
-                if s.has(Key::AllLeft(m.r)) || tick >= until {
+                if s.seen(Key::AllLeft(m.r), self.since) || tick >= until {
                     let stage = if serving { 4 } else { 3 };
                     self.phase = Phase::Leave { m, verdict: verdict.into(), stage, until: tick + SPARES_READ_WAIT };
                 }

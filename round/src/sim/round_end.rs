@@ -31,7 +31,7 @@ impl Agent {
         let finishes = env.rng.chance(150);
         let formed_at = *env.facts.formed_at.entry((a.store, m.r)).or_insert(env.tick);
         let s = &mut env.stores[a.store];
-        if s.has(Key::End(m.r)) {
+        if s.seen(Key::End(m.r), a.since) {
             a.phase = Phase::Stopping(m);
         } else if env.tick >= formed_at + WORKER_INIT_TIMEOUT {
             // A member never started its workers (it left after the round
@@ -88,7 +88,7 @@ impl Agent {
             }
             Some(_) => {}
             None => {
-                record_first(env, a.generation, &agreed);
+                record_first(env, (a.generation, store), &agreed);
                 env.facts.verdicts.insert((store, m.r), agreed.clone());
             }
         }
@@ -114,14 +114,15 @@ impl Agent {
 }
 
 /// The job's outcome and restarts, from the first pod to follow a verdict.
-fn record_first(env: &mut Env, generation: u32, agreed: &str) {
+/// Restarts are counted in one store once each: the next follows the last
+/// (a store host back with an empty store counts on from what the agents
+/// remember, which is nothing once every container restarted).
+fn record_first(env: &mut Env, (generation, store): (u32, usize), agreed: &str) {
     if let Some(n) = agreed.strip_prefix("restart:").and_then(|n| n.parse::<u32>().ok()) {
-        let counted = env.facts.restarts.entry(generation).or_insert(0);
-        if n != *counted + 1 {
-            let was = *counted;
+        if let Some(&was) = env.facts.restarts.get(&(generation, store)).filter(|&&was| n != was + 1) {
             env.violate(format!("restart {n} follows restart {was}: restarts counted twice or lost"));
         }
-        env.facts.restarts.insert(generation, n);
+        env.facts.restarts.insert((generation, store), n);
     }
     if matches!(agreed, "success" | "fail") && env.cfg.kind != Kind::Serve {
         env.facts.outcome.insert(generation, agreed == "success");

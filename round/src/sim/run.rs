@@ -3,6 +3,7 @@
 //! judge, served runs' stops, containers restarted in place) and one agent
 //! chosen at random take a step, and the invariants are checked.
 
+use round::monitor::{Orphaned, VerdictSeen, orphaned};
 use round::stop::{Op, StopRun};
 
 use super::agent::Agent;
@@ -84,7 +85,11 @@ impl Sim {
     fn new(rng: Rng, cfg: Cfg) -> Sim {
         let mut env = Env::new(rng, cfg);
         let pods = env.cfg.pods;
-        let agents: Vec<Agent> = (0..pods).map(|p| Agent::new(&mut env, p, 0, false)).collect();
+        // Pods start a little apart, as a job's pods are scheduled.
+        let mut agents: Vec<Agent> = (0..pods).map(|p| Agent::new(&mut env, p, 0, false)).collect();
+        for a in &mut agents {
+            a.paused_until = env.rng.below(40);
+        }
         let mut faults = Vec::new();
         let span = 200 + 40 * u64::from(pods);
         if env.cfg.kill {
@@ -136,14 +141,25 @@ impl Sim {
                 let name = self.agents[i].name();
                 self.env.note(&name, format!("is paused for {pause} ticks"));
             } else if self.env.rng.chance(700) {
+                let before = self.agents[i].since;
                 self.agents[i].step(&mut self.env);
                 self.check();
+                // Between two protocol steps is where a pause hurts most
+                // (FoundationDB's "buggify": delays where they matter).
+                if self.agents[i].since != before && self.env.rng.chance(load * 2) {
+                    let pause = 1 + self.env.rng.below(PAUSE_MAX);
+                    self.agents[i].paused_until = tick + pause;
+                    let name = self.agents[i].name();
+                    self.env.note(&name, format!("is paused for {pause} ticks after its step"));
+                }
             }
         }
         self.env.tick += 1;
     }
 
     fn faults_now(&mut self, tick: u64) {
+        self.kill_at_end(tick);
+        self.term_at_start();
         let due: Vec<Fault> = self.faults.iter().filter(|(at, _)| *at == tick).map(|(_, f)| *f).collect();
         for f in due {
             let live: Vec<usize> = (0..self.agents.len())
@@ -161,6 +177,49 @@ impl Sim {
                 Fault::Kill { .. } => self.kill(i, tick),
                 Fault::Term => self.term(i),
             }
+        }
+    }
+
+    /// Once, as a round of the newest store succeeds: SIGKILL of every one
+    /// of its members but the store host's.
+    fn kill_at_end(&mut self, tick: u64) {
+        let store = self.env.newest();
+        let s = &self.env.stores[store];
+        if !self.env.cfg.kill_at_end || !s.open {
+            return;
+        }
+        let r = u64::try_from(s.num(Key::Round)).unwrap_or(0);
+        if End::read(&s.get(Key::End(r))) != Some(End::Success) {
+            return;
+        }
+        self.env.cfg.kill_at_end = false;
+        let members = parse_uids(&s.get(Key::Members(r)));
+        let doomed: Vec<usize> = (0..self.agents.len())
+            .filter(|&i| members.contains(&self.agents[i].uid) && !self.agents[i].hosts())
+            .filter(|&i| self.agents[i].phase != Phase::Gone)
+            .collect();
+        for i in doomed {
+            self.kill(i, tick);
+        }
+    }
+
+    /// Once, as the first round of the newest store forms: SIGTERM of
+    /// every one of its members but the store host's.
+    fn term_at_start(&mut self) {
+        let store = self.env.newest();
+        let s = &self.env.stores[store];
+        let r = u64::try_from(s.num(Key::Round)).unwrap_or(0);
+        if !self.env.cfg.term_at_start || !s.open || !s.has(Key::Rank(r, 0)) {
+            return;
+        }
+        self.env.cfg.term_at_start = false;
+        let members = parse_uids(&s.get(Key::Members(r)));
+        let doomed: Vec<usize> = (0..self.agents.len())
+            .filter(|&i| members.contains(&self.agents[i].uid) && !self.agents[i].hosts())
+            .filter(|&i| self.agents[i].phase != Phase::Gone)
+            .collect();
+        for i in doomed {
+            self.term(i);
         }
     }
 
@@ -267,11 +326,12 @@ impl Sim {
             return;
         }
         let mut notes = Vec::new();
+        let mut decided = None;
         let (mut r, mut forgot) = self.monitored.filter(|m| m.0 == store).map_or((0, false), |m| (m.1, m.2));
         if s.has(Key::Next(r)) {
             // A round that never formed forgets the old rounds as it goes.
-            if round::join::forgets_on_moving_on(forgot) {
-                s.drop_rounds_before(r);
+            if round::monitor::forgets_on_moving_on(forgot) {
+                s.drop_rounds_before(r, tick);
             }
             r = u64::try_from(s.num(Key::Next(r))).unwrap_or(r + 1).max(r + 1);
             forgot = false;
@@ -279,39 +339,57 @@ impl Sim {
         }
         if s.has(Key::Members(r)) && s.get(Key::Members(r)) != round::join::ABANDONED {
             if !forgot {
-                s.drop_rounds_before(r);
+                s.drop_rounds_before(r, tick);
                 forgot = true;
                 notes.push(format!("round {r} formed; forgets the rounds before {}", r.saturating_sub(1)));
             }
             // Members silent for the heartbeat timeout are declared dead
-            // (unless the round succeeded); when every member is dead or
-            // gone (`bye`), nobody is left to move the job on, so it does.
+            // (after a success only counted); a round whose members are
+            // all gone is moved on, or (a success) decided.
             let members = parse_uids(&s.get(Key::Members(r)));
             let mut dead = parse_uids(&s.get(Key::Dead(r)));
-            if End::read(&s.get(Key::End(r))) != Some(End::Success) {
-                let newly: Vec<Uid> = self
-                    .killed
-                    .iter()
-                    .filter(|(u, at)| members.contains(u) && !dead.contains(u) && at + HEARTBEAT_TIMEOUT <= tick)
-                    .map(|(u, _)| *u)
-                    .collect();
-                if let Some(first) = newly.first() {
-                    dead.extend(&newly);
-                    let list: Vec<String> = dead.iter().map(Uid::to_string).collect();
-                    s.set(Key::Dead(r), list.join(","));
-                    s.cas(Key::End(r), End::Dead(*first).value());
-                    notes.push(format!("declares {newly:?} dead in round {r}"));
-                }
-                let exits = &self.env.facts.exits;
-                let gone = members.iter().filter(|u| dead.contains(u) || exits.contains_key(u)).count();
-                if gone == members.len() && !dead.is_empty() && !s.has(Key::Next(r)) {
+            let succeeded = End::read(&s.get(Key::End(r))) == Some(End::Success);
+            let silent: Vec<Uid> = self
+                .killed
+                .iter()
+                .filter(|(u, at)| members.contains(u) && at + HEARTBEAT_TIMEOUT <= tick)
+                .map(|(u, _)| *u)
+                .collect();
+            let newly: Vec<Uid> = silent.iter().filter(|u| !dead.contains(u)).copied().collect();
+            if let (Some(first), false) = (newly.first(), succeeded) {
+                dead.extend(&newly);
+                let list: Vec<String> = dead.iter().map(Uid::to_string).collect();
+                s.set(Key::Dead(r), list.join(","));
+                s.cas(Key::End(r), End::Dead(*first).value());
+                notes.push(format!("declares {newly:?} dead in round {r}"));
+            }
+            let exits = &self.env.facts.exits;
+            let gone = members.iter().filter(|u| silent.contains(u) || exits.contains_key(u)).count();
+            let all_gone = gone == members.len();
+            let verdict = match s.get(Key::Verdict(r)).as_slice() {
+                b"" => VerdictSeen::None,
+                b"success" | b"fail" => VerdictSeen::Final,
+                _ => VerdictSeen::MovesOn,
+            };
+            match orphaned(all_gone, !silent.is_empty(), succeeded, verdict) {
+                Orphaned::MoveOn if !s.has(Key::Next(r)) => {
                     let to = s.raise(Key::Round, r + 1);
                     s.cas(Key::Next(r), to.to_string());
                     notes.push(format!("every member of round {r} is gone; opens round {to}"));
                 }
+                Orphaned::Succeed => {
+                    s.cas(Key::Verdict(r), "success");
+                    decided = Some(s.generation);
+                    notes.push(format!("round {r} succeeded and lost every member before its verdict; decides it"));
+                }
+                _ => {}
             }
         }
         self.monitored = Some((store, r, forgot));
+        if let Some(generation) = decided {
+            self.env.facts.outcome.entry(generation).or_insert(true);
+            self.env.facts.decided_at.get_or_insert(tick);
+        }
         for n in notes {
             self.env.note("store host", n);
         }

@@ -91,12 +91,15 @@ pub struct Store {
     /// The job generation whose host serves it.
     pub generation: u32,
     map: BTreeMap<Key, Vec<u8>>,
+    /// When each deleted key was deleted (a WAIT registered before then
+    /// has fired: [`Store::seen`]).
+    deleted: BTreeMap<Key, u64>,
 }
 
 impl Store {
     /// A new, empty, open store of job generation `generation`.
     pub fn new(generation: u32) -> Store {
-        Store { open: true, generation, map: BTreeMap::new() }
+        Store { open: true, generation, map: BTreeMap::new(), deleted: BTreeMap::new() }
     }
 
     /// The value (empty when unset).
@@ -104,9 +107,16 @@ impl Store {
         self.map.get(&k).cloned().unwrap_or_default()
     }
 
-    /// Whether `k` is set (a WAIT on it has returned).
+    /// Whether `k` is set now.
     pub fn has(&self, k: Key) -> bool {
         self.map.contains_key(&k)
+    }
+
+    /// Whether a WAIT on `k` registered at tick `since` has fired: the key
+    /// is set, or was until a deletion at or after `since` (a WAIT fires
+    /// when its key is set, and stays fired when the key goes later).
+    pub fn seen(&self, k: Key, since: u64) -> bool {
+        self.has(k) || self.deleted.get(&k).is_some_and(|&at| at >= since)
     }
 
     /// SET.
@@ -141,9 +151,13 @@ impl Store {
 
     /// The store host's clean-up when round `r` forms: the keys of every
     /// round before `r - 1` go.
-    pub fn drop_rounds_before(&mut self, r: u64) {
+    pub fn drop_rounds_before(&mut self, r: u64, now: u64) {
         let keep = r.saturating_sub(1);
-        self.map.retain(|k, _| k.round().is_none_or(|kr| kr >= keep));
+        let gone: Vec<Key> = self.map.keys().filter(|k| k.round().is_some_and(|kr| kr < keep)).copied().collect();
+        for k in gone {
+            self.map.remove(&k);
+            self.deleted.insert(k, now);
+        }
     }
 
     /// The rounds that have keys here.

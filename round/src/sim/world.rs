@@ -7,11 +7,11 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use super::store::{Store, Uid};
 
 /// Ticks (one scheduler step each) before a join gives up.
-pub const JOIN_TIMEOUT: u64 = 3000;
+pub const JOIN_TIMEOUT: u64 = 1500;
 /// Ticks without a heartbeat before the store host declares a pod dead.
 pub const HEARTBEAT_TIMEOUT: u64 = 60;
-/// An elastic round's last call, in ticks.
-pub const LAST_CALL: u64 = 20;
+/// An elastic round's last call, in ticks (three heartbeat timeouts, as the defaults are).
+pub const LAST_CALL: u64 = 3 * HEARTBEAT_TIMEOUT;
 /// How long a pod that lost its store waits for the host's word.
 pub const HOST_LEFT_SETTLE: u64 = 10;
 /// How long the store host waits for the last round's spares to read the
@@ -21,7 +21,7 @@ pub const SPARES_READ_WAIT: u64 = 30;
 pub const LEAVE_WAIT: u64 = 200;
 /// How long the workers of a round wait for all of its members' workers
 /// (torch's rendezvous timeout) before they fail.
-pub const WORKER_INIT_TIMEOUT: u64 = 1500;
+pub const WORKER_INIT_TIMEOUT: u64 = 1000;
 /// How long a wait for the rest of the pods to stop may take.
 pub const STOP_WAIT: u64 = 400;
 /// The longest pause of a slow agent: past [`SPARES_READ_WAIT`] and
@@ -29,6 +29,8 @@ pub const STOP_WAIT: u64 = 400;
 /// heartbeat timeout (the protocol's one timing assumption: a pod silent
 /// for longer is taken for dead, and the simulation's kills are those).
 pub const PAUSE_MAX: u64 = HEARTBEAT_TIMEOUT - 10;
+/// The longest health check before a round (its heartbeat goes on).
+pub const HEALTH_CHECK_MAX: u64 = 3 * HEARTBEAT_TIMEOUT;
 /// Ticks a schedule may take at most; an agent still waiting then broke
 /// liveness.
 pub const TICK_LIMIT: u64 = 60_000;
@@ -104,6 +106,12 @@ pub struct Cfg {
     pub kill: bool,
     /// See [`Cfg::kill`].
     pub sigterm: bool,
+    /// SIGKILL of every member but the store host's as the first round
+    /// that succeeds ends (its workers finished; a node pool drained).
+    pub kill_at_end: bool,
+    /// SIGTERM of every member but the store host's as the first round
+    /// forms (a node pool preempted).
+    pub term_at_start: bool,
     /// See [`Cfg::kill`].
     pub host_crash: bool,
     /// Killed pods come back in place (a new container, a new uid).
@@ -129,7 +137,7 @@ impl Cfg {
         };
         let max = u32::try_from(max).unwrap_or(1);
         let elastic = kind == Kind::Job && max > 1 && rng.chance(300);
-        let min = if elastic { 1 + u32::try_from(rng.below(u64::from(max))).unwrap_or(0) } else { max };
+        let min = if elastic { 1 + u32::try_from(rng.below(u64::from(max - 1))).unwrap_or(0) } else { max };
         let spares_flag = kind != Kind::InPlace && !elastic && rng.chance(300);
         let extra =
             if (elastic || spares_flag) && rng.chance(600) { 1 + u32::try_from(rng.below(2)).unwrap_or(0) } else { 0 };
@@ -144,9 +152,11 @@ impl Cfg {
             max_restarts: u32::try_from(rng.below(3)).unwrap_or(0),
             runs: 1 + rng.below(4),
             fail_rate: if rng.chance(400) { rng.below(6) } else { 0 },
-            load: if rng.chance(300) { 10 + rng.below(40) } else { 2 },
+            load: if rng.chance(450) { 10 + rng.below(40) } else { 2 },
             kill: faults && rng.chance(250),
-            sigterm: faults && rng.chance(100),
+            sigterm: faults && rng.chance(250),
+            kill_at_end: faults && rng.chance(100),
+            term_at_start: faults && rng.chance(100),
             host_crash: faults && rng.chance(100),
             in_place: rng.chance(500),
             word_lost: rng.chance(200),
@@ -158,6 +168,8 @@ impl Cfg {
     pub fn describe(&self) -> String {
         let faults: Vec<&str> = [
             (self.kill, "kill"),
+            (self.kill_at_end, "kill-at-end"),
+            (self.term_at_start, "term-at-start"),
             (self.sigterm, "sigterm"),
             (self.host_crash, "host-crash"),
             (self.in_place, "in-place"),
@@ -223,8 +235,8 @@ pub struct Facts {
     pub outcome: BTreeMap<u32, bool>,
     /// When the last outcome was decided.
     pub decided_at: Option<u64>,
-    /// Restart verdicts per generation.
-    pub restarts: BTreeMap<u32, u32>,
+    /// The last restart verdict per (generation, store).
+    pub restarts: BTreeMap<(u32, usize), u32>,
     /// Agents killed or stopped by a signal.
     pub signalled: BTreeSet<Uid>,
     /// Agents that exited.
