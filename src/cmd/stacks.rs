@@ -7,7 +7,7 @@
 //! first, and a blocked thread's native frames.
 
 use crate::stacks::stall::RankStacks;
-use crate::supervise::stacks::ask_door;
+use crate::supervise::hang_read::ask_door;
 
 /// Ask every agent of this container; 0 when at least one answered.
 pub fn main(json: bool) -> u8 {

@@ -162,7 +162,7 @@ impl Job {
         cancel: CancellationToken,
     ) -> Result<std::result::Result<Job, u8>> {
         let spawner = Spawner::start().map_err(Error::Os)?;
-        tokio::spawn(crate::supervise::stacks::serve_door(cancel.child_token()));
+        tokio::spawn(crate::supervise::hang_read::serve_door(cancel.child_token()));
         if let Some(addr) = plan.gpu.metrics_addr {
             crate::metrics::serve(addr, cancel.child_token())
                 .await

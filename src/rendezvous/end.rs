@@ -1,6 +1,7 @@
 //! How a round ends: publishing a failure, an abort or this pod's done,
 //! watching for the end, reporting stopped workers and their failures,
-//! deciding the verdict once for every pod, and leaving.
+//! deciding the verdict once for every pod, and leaving (a hang's stacks
+//! go through [`super::hang`]).
 
 use std::time::Duration;
 
@@ -9,7 +10,6 @@ use tokio::time::Instant;
 use super::Error;
 use super::join::MISSING_SHOWN;
 use super::session::{Round, Session, Stopped, progress_tick, wait_get, wait_on};
-use crate::stacks::stall::RankStacks;
 use crate::supervise::policy::Verdict;
 use crate::supervise::report::Failure;
 use crate::supervise::round_end::RoundEnd;
@@ -24,9 +24,6 @@ pub const JOB_ENDED: &str = "the job ended: ";
 /// for longer).
 const SPARES_READ_WAIT: Duration = Duration::from_secs(3);
 
-/// Pods' stacks fetched in one request (each is at most 256 KiB).
-const STACKS_PER_GET: usize = 16;
-
 impl Session {
     async fn end(&mut self, r: u64, end: &RoundEnd) -> Result<(), Error> {
         let key = self.keys.round_keys(r).end();
@@ -38,39 +35,6 @@ impl Session {
     /// `hang` marks the end so every pod reads its workers' stacks first.
     pub async fn publish_failure(&mut self, r: u64, fatal: bool, hang: bool) -> Result<(), Error> {
         self.end(r, &RoundEnd::Failure { fatal, hang }).await
-    }
-
-    /// This pod's workers' stacks at a hang, for the job's view; `dumped`:
-    /// with the Flight Recorder's dumps (they were asked for and waited for).
-    pub async fn publish_stacks(&mut self, round: &Round, json: &[u8], dumped: bool) -> Result<(), Error> {
-        let key = self.keys.round_keys(round.number).stacks(round.group_rank);
-        self.store.client.set(&key, json).await.map_err(|e| self.lost(e))?;
-        if dumped {
-            let key = self.keys.round_keys(round.number).dumped(round.group_rank);
-            self.store.client.set(&key, b"1").await.map_err(|e| self.lost(e))?;
-        }
-        Ok(())
-    }
-
-    /// Wait (at most `limit`) until every member has put its stacks of
-    /// round `round` (`dumped`: with its Flight Recorder's dumps); false
-    /// when the limit came first.
-    pub async fn wait_stacks(&mut self, round: &Round, dumped: bool, limit: Duration) -> Result<bool, Error> {
-        let of = self.keys.round_keys(round.number);
-        let keys: Vec<String> = (0..round.nnodes).map(|n| if dumped { of.dumped(n) } else { of.stacks(n) }).collect();
-        self.wait_for(&keys, limit).await
-    }
-
-    /// Every member's stacks of round `round` (members that put none are
-    /// left out), fetched a few pods at a time.
-    pub async fn stacks(&mut self, round: &Round) -> Result<Vec<RankStacks>, Error> {
-        let keys: Vec<String> = (0..round.nnodes).map(|n| self.keys.round_keys(round.number).stacks(n)).collect();
-        let mut out = Vec::new();
-        for chunk in keys.chunks(STACKS_PER_GET) {
-            let values = self.store.client.multi_get(chunk).await.map_err(|e| self.lost(e))?;
-            out.extend(values.iter().flat_map(|v| serde_json::from_slice::<Vec<RankStacks>>(v).unwrap_or_default()));
-        }
-        Ok(out)
     }
 
     /// This agent is leaving because of `signal`: it says so for a pod

@@ -192,7 +192,8 @@ async fn monitor(c: &mut Client, dial: &Dial, job: &JobKeys, r: u64, timing: Tim
             c.set(&keys.dead(), &serde_json::to_vec(&dead).unwrap_or_default()).await?;
             c.compare_set(&keys.end(), b"", RoundEnd::Dead(newly[0].clone()).to_string().as_bytes()).await?;
         }
-        let all_gone = gone == members.len();
+        // (A round whose members record did not read has none to lose.)
+        let all_gone = !members.is_empty() && gone == members.len();
         let verdict = if all_gone { c.get(&keys.verdict()).await? } else { Vec::new() };
         let verdict = match String::from_utf8_lossy(&verdict).parse::<Verdict>() {
             _ if verdict.is_empty() => VerdictSeen::None,

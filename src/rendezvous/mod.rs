@@ -26,6 +26,7 @@
 
 mod claim;
 mod end;
+mod hang;
 pub mod host;
 mod join;
 mod member;

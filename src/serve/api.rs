@@ -322,7 +322,7 @@ fn status(api: &Api) -> Answer {
 async fn stacks(api: &Api) -> Answer {
     let pods = api.board.world().nnodes.max(1);
     let mut link = Link::new(api.conf.dial.clone(), &api.conf.base);
-    match super::stacks::gather(&mut link, pods).await {
+    match super::stacks_on_demand::gather(&mut link, pods).await {
         Ok(v) => (Status::OK, v.to_string()),
         Err(why) => fail(Status::UNAVAILABLE, &why),
     }

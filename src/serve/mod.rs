@@ -41,7 +41,7 @@ pub mod paths;
 pub(crate) mod pod;
 pub mod setup;
 pub mod spec;
-pub mod stacks;
+pub mod stacks_on_demand;
 pub mod tar;
 
 use std::time::Duration;

@@ -20,10 +20,10 @@ use crate::process::spawn::Spawner;
 use crate::process::sweep;
 use crate::supervise::carry::{Carry, Kept};
 use crate::supervise::crew::{Crew, Recorded, Worker, record, spawn_all};
+use crate::supervise::hang_read;
 use crate::supervise::policy::{Action, Attempt, Event, JobEnd, Outcome, Timer};
 use crate::supervise::report::Failure;
 use crate::supervise::round_end::RoundEnd;
-use crate::supervise::stacks;
 use crate::supervise::worker::{Rejoin, WorldView};
 use crate::sys;
 
@@ -89,9 +89,9 @@ pub async fn run_attempt(
     let mut core = Attempt::new(plan.nproc, plan.rules.clone(), plan.checkpoint_signal);
     core.set_survivors(world.survivors.is_some());
     let mut crew = spawn_all(world, (dir, files_ok), (spawner, &mut *carry), env).await;
-    stacks::register(world, &crew);
+    hang_read::register(world, &crew);
     let outcome = supervise(world, &mut core, &mut crew, events, job).await;
-    stacks::unregister();
+    hang_read::unregister();
     let failures = wrap_up(world, &core, &crew, carry, job.round()).await;
     (outcome, failures)
 }
@@ -264,10 +264,10 @@ async fn read_at_hang<J: Pods>(
     job: &mut J,
     (actions, hang): (&mut Vec<Action>, bool),
 ) {
-    let mut read = stacks::capture(world, core, crew).await;
+    let mut read = hang_read::capture(world, core, crew).await;
     let targets = super::flight::targets(&mut read).await;
     // A pod with no dump to ask for says so at once (dumped): no pod waits for it.
-    if let Err(e) = job.publish_stacks(stacks::encode(read.clone()), targets.is_empty()).await {
+    if let Err(e) = job.publish_stacks(hang_read::encode(read.clone()), targets.is_empty()).await {
         tracing::warn!(error = %e, "cannot put this pod's stacks in the store");
     }
     if targets.is_empty() {
@@ -284,7 +284,7 @@ async fn read_at_hang<J: Pods>(
     }
     every_pod(job, false, STACKS_IN_WAIT).await;
     super::flight::gather(world, &mut read, targets, crew.started).await;
-    if let Err(e) = job.publish_stacks(stacks::encode(read), true).await {
+    if let Err(e) = job.publish_stacks(hang_read::encode(read), true).await {
         tracing::warn!(error = %e, "cannot put this pod's Flight Recorder dumps in the store");
     }
     every_pod(job, true, DUMPED_WAIT).await;

@@ -21,18 +21,18 @@
 //! leftover process groups are killed and output drains get a bounded wait.
 //! In an actor's survivors mode, the workers the core keeps at a round's
 //! end are held by `carry::Carry` for the next round instead. At a hang
-//! verdict (this pod's, or one heard in the round's end), `stacks` reads
+//! verdict (this pod's, or one heard in the round's end), `hang_read` reads
 //! the live workers' stacks before the first stop signal goes out.
 
 pub(crate) mod attempt;
 pub(crate) mod carry;
 mod crew;
 mod flight;
+pub(crate) mod hang_read;
 pub(crate) mod mpi;
 pub(crate) mod output;
 pub mod policy;
 pub(crate) mod report;
 pub mod round_end;
-pub(crate) mod stacks;
 pub(crate) mod worker;
 pub(crate) mod zygote;

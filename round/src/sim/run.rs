@@ -365,7 +365,7 @@ impl Sim {
             }
             let exits = &self.env.facts.exits;
             let gone = members.iter().filter(|u| silent.contains(u) || exits.contains_key(u)).count();
-            let all_gone = gone == members.len();
+            let all_gone = !members.is_empty() && gone == members.len();
             let verdict = match s.get(Key::Verdict(r)).as_slice() {
                 b"" => VerdictSeen::None,
                 b"success" | b"fail" => VerdictSeen::Final,

@@ -138,7 +138,7 @@ impl Served {
                 let pod = (plan.output.host.clone(), cache);
                 let (poke, stop) = (Arc::clone(&cache_poke), cancel.child_token());
                 crate::serve::cache::publish(dial.clone(), base.clone(), pod, poke, stop);
-                crate::serve::stacks::answer_requests(dial.clone(), base.clone(), cancel.child_token());
+                crate::serve::stacks_on_demand::answer_requests(dial.clone(), base.clone(), cancel.child_token());
                 let agents = crate::serve::lane::agents::Conf {
                     dial: dial.clone(),
                     base: base.clone(),

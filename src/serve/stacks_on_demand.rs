@@ -1,6 +1,6 @@
 //! Every rank's stacks on demand in serve mode (`GET /v1/stacks`): the
 //! control API asks through the agents' store, every pod's agent answers
-//! with its workers' stacks (read as at a hang, `supervise::stacks`) and
+//! with its workers' stacks (read as at a hang, `supervise::hang_read`) and
 //! its lane agents' (actors beside the main run, asked on their doors),
 //! and the API puts them into one view of the job with who waits for whom
 //! (`stacks::stall`), each lane's judged apart.
@@ -66,7 +66,7 @@ pub fn answer_requests(dial: Dial, base: String, cancel: CancellationToken) {
             if !link.exists(&key).await.unwrap_or(false) {
                 continue;
             }
-            let json = crate::supervise::stacks::encode(crate::supervise::stacks::read_pod().await);
+            let json = crate::supervise::hang_read::encode(crate::supervise::hang_read::read_pod().await);
             let sent = match link.add(&keys.answers(n), 1).await {
                 Ok(k) => link.set(&keys.answer(n, k), &json).await,
                 Err(e) => Err(e),
