@@ -70,6 +70,16 @@ pub fn given_up(members: &[u8]) -> bool {
     members == ABANDONED
 }
 
+/// A spare found its round closed and waited the bound for the members
+/// (`rR/members`), then COMPARE_SET [`ABANDONED`] there; `members` is the
+/// value left: whether the round never formed (its closer, or its members,
+/// went before it did), so the spare gives it up as a member would and
+/// the job moves on. Else it would wait beside it forever (found by the
+/// simulation).
+pub fn spare_gives_up(members: &[u8]) -> bool {
+    given_up(members) && !on(Mutant::SpareBesideUnformedRound)
+}
+
 /// What a pod does once it took arrival slot `joined - 1` of a round of
 /// MIN..=MAX pods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

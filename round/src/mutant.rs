@@ -63,11 +63,16 @@ pub enum Mutant {
     /// moved the job on all the same, and its spare ran on and left with
     /// success while the members had left with the failure.
     FailedJobMovedOn,
+    /// Found by the simulation (seed 9266228 of a two-million-schedule run):
+    /// the pod that closed a round and the round's other member went
+    /// before it formed, and the spare that arrived past its size waited
+    /// beside it forever.
+    SpareBesideUnformedRound,
 }
 
 impl Mutant {
     /// Every mutant, in the order of the commits that fixed them.
-    pub const ALL: [Mutant; 13] = [
+    pub const ALL: [Mutant; 14] = [
         Mutant::SpareMissesHostsEnd,
         Mutant::SpareTakesAllLeft,
         Mutant::RestartTakesOldEnd,
@@ -81,6 +86,7 @@ impl Mutant {
         Mutant::SucceededRoundOrphaned,
         Mutant::StoppedRoundOrphaned,
         Mutant::FailedJobMovedOn,
+        Mutant::SpareBesideUnformedRound,
     ];
 
     /// Its name on the command line.
@@ -99,6 +105,7 @@ impl Mutant {
             Mutant::SucceededRoundOrphaned => "succeeded-round-orphaned",
             Mutant::StoppedRoundOrphaned => "stopped-round-orphaned",
             Mutant::FailedJobMovedOn => "failed-job-moved-on",
+            Mutant::SpareBesideUnformedRound => "spare-beside-unformed-round",
         }
     }
 
@@ -117,7 +124,8 @@ impl Mutant {
             | Mutant::GivenUpRoundsPileUp
             | Mutant::SucceededRoundOrphaned
             | Mutant::StoppedRoundOrphaned
-            | Mutant::FailedJobMovedOn => "sim",
+            | Mutant::FailedJobMovedOn
+            | Mutant::SpareBesideUnformedRound => "sim",
         }
     }
 
@@ -145,6 +153,7 @@ impl Mutant {
             }
             Mutant::StoppedRoundOrphaned => "a round whose members all left with no verdict strands its spares",
             Mutant::FailedJobMovedOn => "the store host moves a job on after its failure when a member died",
+            Mutant::SpareBesideUnformedRound => "a spare waits forever beside a round that never formed",
         }
     }
 

@@ -13,7 +13,7 @@ use crate::supervise::round_end::RoundEnd;
 use crate::waiting::Waiting;
 use round::join::{
     ABANDONED, Arrival, OnSlot, Place, arrival, at_last_call, closer_forms, first_repeat, forgotten, given_up, on_slot,
-    place,
+    place, spare_gives_up,
 };
 use round::spare::{Heard, Step, VerdictRead, watches_left};
 
@@ -337,7 +337,16 @@ impl Session {
         let members: Vec<Member> = if self.wait_for(std::slice::from_ref(&members_key), bound).await? {
             serde_json::from_slice(&self.get(&members_key).await?).unwrap_or_default()
         } else {
-            Vec::new()
+            // No members by the bound: the round never formed (its closer,
+            // or its members, went first). Give it up as a member would
+            // (the first to write the members decides), and move on.
+            let got = self.store.client.compare_set(&members_key, b"", ABANDONED).await.map_err(|e| self.lost(e))?;
+            if spare_gives_up(&got) {
+                tracing::warn!(round = r, "the round this pod found closed never formed; giving it up");
+                self.advance(r, r + 1).await?;
+                return Ok(Try::Moved(r + 1));
+            }
+            serde_json::from_slice(&got).unwrap_or_default()
         };
         let end = self.keys.round_keys(r).end();
         let previous = members.iter().find(|m| m.place() == self.me.place() && m.uid != self.me.uid);

@@ -9,7 +9,7 @@
 
 use round::join::{
     ABANDONED, Arrival, OnSlot, Place, arrival, at_last_call, closer_forms, first_repeat, forgotten, given_up, on_slot,
-    place,
+    place, spare_gives_up,
 };
 
 use super::phase::{Member, MemberRecord, Phase, assign, parse_uids};
@@ -387,7 +387,16 @@ impl Agent {
 
     fn spare_arrive(&mut self, env: &mut Env, r: u64, size: u64, until: u64) {
         let s = &mut env.stores[self.store];
-        if !s.has(Key::Members(r)) && env.tick < until {
+        if !s.seen(Key::Members(r), self.since) && env.tick < until {
+            return;
+        }
+        // No members by the bound: the round never formed (its closer or
+        // its members went first); give it up as a member would.
+        if spare_gives_up(&s.cas(Key::Members(r), ABANDONED)) {
+            Agent::advance(s, r, r + 1);
+            let name = self.name();
+            env.note(&name, format!("gives round {r} up: it never formed"));
+            self.phase = Phase::Join { want: r + 1 };
             return;
         }
         let members = parse_uids(&s.get(Key::Members(r)));

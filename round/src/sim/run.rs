@@ -7,7 +7,7 @@ use round::monitor::{Orphaned, VerdictSeen, orphaned};
 use round::stop::{Op, StopRun};
 
 use super::agent::Agent;
-use super::phase::{Phase, parse_uids};
+use super::phase::{self, Phase, parse_uids};
 use super::round_end::set_ended;
 use super::store::{End, Key, Store, Uid};
 use super::world::{Cfg, Code, Env, HEARTBEAT_TIMEOUT, Kind, PAUSE_MAX, Rng, TICK_LIMIT};
@@ -160,6 +160,7 @@ impl Sim {
     fn faults_now(&mut self, tick: u64) {
         self.kill_at_end(tick);
         self.term_at_start();
+        self.kill_closer(tick);
         let due: Vec<Fault> = self.faults.iter().filter(|(at, _)| *at == tick).map(|(_, f)| *f).collect();
         for f in due {
             let live: Vec<usize> = (0..self.agents.len())
@@ -199,6 +200,24 @@ impl Sim {
             .filter(|&i| self.agents[i].phase != Phase::Gone)
             .collect();
         for i in doomed {
+            self.kill(i, tick);
+        }
+    }
+
+    /// Once, as a round of the newest store closes: SIGKILL of the pod
+    /// that closed it, before it assigns the ranks (unless it is the store
+    /// host's).
+    fn kill_closer(&mut self, tick: u64) {
+        let store = self.env.newest();
+        let s = &self.env.stores[store];
+        let r = u64::try_from(s.num(Key::Round)).unwrap_or(0);
+        if !self.env.cfg.kill_closer || !s.open || s.has(Key::Members(r)) {
+            return;
+        }
+        let Some(closed) = round::Closed::read(&s.get(Key::Closed(r))) else { return };
+        let Some(uid) = phase::MemberRecord::read(&s.get(Key::Member(r, closed.slot))).map(|m| m.uid) else { return };
+        self.env.cfg.kill_closer = false;
+        if let Some(i) = (0..self.agents.len()).find(|&i| self.agents[i].uid == uid && !self.agents[i].hosts()) {
             self.kill(i, tick);
         }
     }

@@ -112,6 +112,9 @@ pub struct Cfg {
     /// SIGTERM of every member but the store host's as the first round
     /// forms (a node pool preempted).
     pub term_at_start: bool,
+    /// SIGKILL of the pod that closed a round before it assigned the
+    /// ranks (it is not the store host's).
+    pub kill_closer: bool,
     /// See [`Cfg::kill`].
     pub host_crash: bool,
     /// Killed pods come back in place (a new container, a new uid).
@@ -157,6 +160,7 @@ impl Cfg {
             sigterm: faults && rng.chance(250),
             kill_at_end: faults && rng.chance(100),
             term_at_start: faults && rng.chance(100),
+            kill_closer: faults && rng.chance(150),
             host_crash: faults && rng.chance(100),
             in_place: rng.chance(500),
             word_lost: rng.chance(200),
@@ -170,6 +174,7 @@ impl Cfg {
             (self.kill, "kill"),
             (self.kill_at_end, "kill-at-end"),
             (self.term_at_start, "term-at-start"),
+            (self.kill_closer, "kill-closer"),
             (self.sigterm, "sigterm"),
             (self.host_crash, "host-crash"),
             (self.in_place, "in-place"),
