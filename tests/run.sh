@@ -101,8 +101,8 @@ step "python client" client_check
 unset RUSTFLAGS RUSTC_WORKSPACE_WRAPPER
 step fmt cargo fmt --check
 # The round's protocol under its seeded simulation (tests/sim.sh, the
-# `round` crate; docs/src/tests.md): a default run of 40,000 schedules
-# passes (about 40 s on 2 CPUs), and every bug --list-mutants names is
+# `round` crate; docs/src/tests.md): a default run of 60,000 schedules
+# passes (about 60 s on 2 CPUs), and every bug --list-mutants names is
 # found by a default run and replayed from its seed alone (about 50 s). It
 # builds in target/sim with clippy's lints, warnings denied, before the
 # builds below start.

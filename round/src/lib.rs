@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod claim;
 pub mod host_left;
 pub mod join;
 pub mod monitor;

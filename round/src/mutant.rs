@@ -68,11 +68,15 @@ pub enum Mutant {
     /// before it formed, and the spare that arrived past its size waited
     /// beside it forever.
     SpareBesideUnformedRound,
+    /// Not a bug the round had: a claimant that takes a live holder's
+    /// place (a stale pod back), which the claim refuses; the simulation
+    /// must see two live agents in one place.
+    StalePodTakesOver,
 }
 
 impl Mutant {
     /// Every mutant, in the order of the commits that fixed them.
-    pub const ALL: [Mutant; 14] = [
+    pub const ALL: [Mutant; 15] = [
         Mutant::SpareMissesHostsEnd,
         Mutant::SpareTakesAllLeft,
         Mutant::RestartTakesOldEnd,
@@ -87,6 +91,7 @@ impl Mutant {
         Mutant::StoppedRoundOrphaned,
         Mutant::FailedJobMovedOn,
         Mutant::SpareBesideUnformedRound,
+        Mutant::StalePodTakesOver,
     ];
 
     /// Its name on the command line.
@@ -106,6 +111,7 @@ impl Mutant {
             Mutant::StoppedRoundOrphaned => "stopped-round-orphaned",
             Mutant::FailedJobMovedOn => "failed-job-moved-on",
             Mutant::SpareBesideUnformedRound => "spare-beside-unformed-round",
+            Mutant::StalePodTakesOver => "stale-pod-takes-over",
         }
     }
 
@@ -126,6 +132,7 @@ impl Mutant {
             | Mutant::StoppedRoundOrphaned
             | Mutant::FailedJobMovedOn
             | Mutant::SpareBesideUnformedRound => "sim",
+            Mutant::StalePodTakesOver => "claim",
         }
     }
 
@@ -154,6 +161,7 @@ impl Mutant {
             Mutant::StoppedRoundOrphaned => "a round whose members all left with no verdict strands its spares",
             Mutant::FailedJobMovedOn => "the store host moves a job on after its failure when a member died",
             Mutant::SpareBesideUnformedRound => "a spare waits forever beside a round that never formed",
+            Mutant::StalePodTakesOver => "a second live agent in a place takes it over instead of being refused",
         }
     }
 
@@ -196,7 +204,7 @@ mod tests {
     fn names_are_unique_and_read_back() {
         for m in Mutant::ALL {
             assert_eq!(Mutant::parse(m.name()), Some(m));
-            assert!(m.commit().len() == 7 || m.commit() == "sim");
+            assert!(m.commit().len() == 7 || ["sim", "claim"].contains(&m.commit()));
         }
         assert_eq!(Mutant::parse("none"), None);
     }

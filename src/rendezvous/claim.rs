@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use round::claim::{Claim, on_holder};
+
 use super::Error;
 use super::session::Session;
 
@@ -66,9 +68,13 @@ impl Session {
                 continue;
             }
             holder = String::from_utf8_lossy(&held).chars().take(256).collect();
-            let why = match self.gone(&holder, true).await? {
-                Some(why) => why,
-                None => self.outwait(&holder).await?.ok_or_else(|| self.duplicate(&holder))?,
+            let gone = self.gone(&holder, true).await?;
+            let leaving = gone.is_none() && !self.get(&self.keys.leaving(&holder)).await?.is_empty();
+            let why = match (on_holder(gone.is_some(), leaving), gone) {
+                (Claim::TakeOver, Some(why)) => why,
+                (Claim::TakeOver, None) => "taken over".to_string(),
+                (Claim::Outwait, _) => self.outwait(&holder).await?.ok_or_else(|| self.duplicate(&holder))?,
+                (Claim::Refuse, _) => return Err(self.duplicate(&holder)),
             };
             tracing::warn!(
                 node_rank = self.me.node_rank,

@@ -7,6 +7,7 @@
 //! `round_end`, a spare's wait and leaving the job in `leave`, what stands
 //! in for the agent's own code (rank assignment, verdicts) in `phase`.
 
+use round::claim::{Claim, on_holder};
 use round::join::{
     ABANDONED, Arrival, OnSlot, Place, arrival, at_last_call, closer_forms, first_repeat, forgotten, given_up, on_slot,
     place, spare_gives_up,
@@ -15,7 +16,7 @@ use round::join::{
 use super::phase::{Member, MemberRecord, Phase, assign, parse_uids};
 use super::store::{End, Key, Store, Uid};
 use super::world::{
-    Code, Env, Exit, HEALTH_CHECK_MAX, HEARTBEAT_TIMEOUT, HOST_LEFT_SETTLE, JOIN_TIMEOUT, Kind, LAST_CALL,
+    Code, Env, Exit, HEALTH_CHECK_MAX, HEARTBEAT_TIMEOUT, HOST_LEFT_SETTLE, JOIN_TIMEOUT, Kind, LAST_CALL, STILL_LIMIT,
 };
 
 /// One agent (one container of one pod).
@@ -148,6 +149,7 @@ impl Agent {
                 self.health_check(env);
             }
             Phase::Join { want } => self.join(env, want),
+            Phase::Claim { holder, until, want } => self.contest(env, holder, until, want),
             Phase::AfterLead { r } => self.after_lead(env, r),
             Phase::Defer { p, r, until } => self.defer(env, p, r, until),
             Phase::Take { r } => {
@@ -190,6 +192,38 @@ impl Agent {
         }
     }
 
+    /// Another agent holds its place: it watched the holder's heartbeat
+    /// (gone at once when it said `bye`, after the watch when it stood
+    /// still), and the protocol says what to do.
+    fn contest(&mut self, env: &mut Env, holder: Uid, until: u64, want: u64) {
+        let bye = env.facts.exits.contains_key(&holder);
+        let still = self.killed(env, holder);
+        if !bye && env.tick < until {
+            return;
+        }
+        match on_holder(bye || still, false) {
+            Claim::TakeOver => {
+                // COMPARE_SET from the holder's uid: of two claimants, one wins;
+                // the other contests the winner.
+                let mine = self.uid.to_string().into_bytes();
+                let got =
+                    env.stores[self.store].cas_from(Key::Claim(self.pod), holder.to_string().as_bytes(), mine.clone());
+                self.phase = match std::str::from_utf8(&got).ok().and_then(|h| h.parse().ok()) {
+                    _ if got == mine => Phase::Join { want },
+                    Some(other) => Phase::Claim { holder: other, until: env.tick + STILL_LIMIT, want },
+                    None => Phase::Join { want },
+                };
+            }
+            Claim::Outwait | Claim::Refuse => {
+                self.exit(env, Code::Refused, &format!("uid {holder} holds its place and is alive"), false);
+            }
+        }
+    }
+
+    fn killed(&self, env: &Env, uid: Uid) -> bool {
+        env.facts.killed_at.contains_key(&uid)
+    }
+
     fn joining(&self) -> bool {
         matches!(
             self.phase,
@@ -204,6 +238,14 @@ impl Agent {
 
     fn join(&mut self, env: &mut Env, want: u64) {
         let s = &mut env.stores[self.store];
+        // Its place first (when it connects and before every round).
+        let mine = self.uid.to_string().into_bytes();
+        let held = s.cas(Key::Claim(self.pod), mine.clone());
+        if held != mine {
+            let holder = std::str::from_utf8(&held).ok().and_then(|h| h.parse().ok()).unwrap_or(0);
+            self.phase = Phase::Claim { holder, until: env.tick + STILL_LIMIT, want };
+            return;
+        }
         let current = s.raise(Key::Round, 0);
         if current < want {
             Agent::advance(s, current, want);

@@ -23,7 +23,7 @@ use std::process::ExitCode;
 use round::mutant::{self, Mutant};
 
 /// Schedules of a run without `--schedules`.
-const DEFAULT_SCHEDULES: u64 = 40_000;
+const DEFAULT_SCHEDULES: u64 = 60_000;
 /// The first seed of a run without `--seed`.
 const DEFAULT_SEED: u64 = 1;
 

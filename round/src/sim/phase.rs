@@ -130,6 +130,15 @@ pub enum Phase {
         /// The host said nothing.
         no_word: bool,
     },
+    /// Another agent holds its place: watch its heartbeat.
+    Claim {
+        /// The holder's uid.
+        holder: Uid,
+        /// When the watch ends.
+        until: u64,
+        /// The round it wants next.
+        want: u64,
+    },
     /// Gone.
     Gone,
 }

@@ -9,7 +9,7 @@ use round::stop::over_already;
 use super::agent::Agent;
 use super::phase::{Member, Phase, stop_wait, verdict_for};
 use super::store::{End, Key, Store};
-use super::world::{Env, JOIN_TIMEOUT, Kind, WORKER_INIT_TIMEOUT};
+use super::world::{Env, JOIN_TIMEOUT, Kind, STOP_WAIT, WORKER_INIT_TIMEOUT};
 
 impl Agent {
     /// Its workers run: they finish (the last pod's done ends the round),
@@ -30,9 +30,16 @@ impl Agent {
         let fails = env.rng.chance(fail_rate);
         let finishes = env.rng.chance(150);
         let formed_at = *env.facts.formed_at.entry((a.store, m.r)).or_insert(env.tick);
+        // Workers slow to stop (their grace period, a checkpoint): the
+        // others settle the round without this pod once they waited.
+        let slow = env.cfg.slow_stop && env.rng.chance(300);
+        let stop_time = if slow { 1 + env.rng.below(STOP_WAIT + 200) } else { 0 };
         let s = &mut env.stores[a.store];
         if s.seen(Key::End(m.r), a.since) {
             a.phase = Phase::Stopping(m);
+            if slow {
+                a.paused_until = env.tick + stop_time;
+            }
         } else if env.tick >= formed_at + WORKER_INIT_TIMEOUT {
             // A member never started its workers (it left after the round
             // closed): the others' workers give up on their rendezvous.

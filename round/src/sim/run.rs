@@ -35,6 +35,8 @@ enum Fault {
     Kill { host: bool },
     /// SIGTERM of a pod that is not the store host.
     Term,
+    /// A second container of a live pod starts (a stale pod back).
+    Stale,
 }
 
 /// A stop of a served run on its way through the control API: one of its
@@ -95,6 +97,10 @@ impl Sim {
         if env.cfg.kill {
             let at = env.rng.below(span);
             faults.push((at, Fault::Kill { host: false }));
+        }
+        if env.cfg.stale_pod {
+            let at = env.rng.below(span);
+            faults.push((at, Fault::Stale));
         }
         if env.cfg.host_crash {
             let at = env.rng.below(span);
@@ -167,7 +173,7 @@ impl Sim {
                 .filter(|&i| self.agents[i].phase != Phase::Gone && self.agents[i].generation == self.env.generation)
                 .filter(|&i| match f {
                     Fault::Kill { host } => self.agents[i].hosts() == host,
-                    Fault::Term => !self.agents[i].hosts(),
+                    Fault::Term | Fault::Stale => !self.agents[i].hosts(),
                 })
                 .collect();
             if live.is_empty() {
@@ -177,6 +183,12 @@ impl Sim {
             match f {
                 Fault::Kill { .. } => self.kill(i, tick),
                 Fault::Term => self.term(i),
+                Fault::Stale => {
+                    let (pod, store, generation) =
+                        (self.agents[i].pod, self.agents[i].store, self.agents[i].generation);
+                    self.starts.push((tick, pod, generation));
+                    let _ = store;
+                }
             }
         }
     }
@@ -252,6 +264,7 @@ impl Sim {
         self.env.note(&name, "is killed (SIGKILL)");
         self.env.facts.signalled.insert(uid);
         self.killed.push((uid, tick));
+        self.env.facts.killed_at.insert(uid, tick);
         if pod == 0 {
             self.env.stores[store].open = false;
         }
@@ -465,6 +478,18 @@ impl Sim {
 
     /// The invariants after a step.
     fn check(&mut self) {
+        // One live agent per place in the job (past its claim).
+        let mut in_job: Vec<(u32, u32)> = self
+            .agents
+            .iter()
+            .filter(|a| !matches!(a.phase, Phase::Start | Phase::Join { .. } | Phase::Claim { .. } | Phase::Gone))
+            .filter(|a| !matches!(a.phase, Phase::Reconnect { .. } | Phase::Rejoin { .. }))
+            .map(|a| (a.generation, a.pod))
+            .collect();
+        in_job.sort_unstable();
+        if let Some(w) = in_job.windows(2).find(|w| w[0] == w[1]) {
+            self.env.violate(format!("two live agents of pod {} are in the job", w[0].1));
+        }
         if let Some(held) =
             self.env.stores.iter().filter(|s| s.open).map(Store::rounds_held).find(|h| h.len() > ROUNDS_HELD)
         {
@@ -486,7 +511,7 @@ impl Sim {
                 Code::Success => outcome != Some(true),
                 Code::Failure => outcome == Some(true),
                 Code::PeerLost => outcome == Some(true) && !e.no_word,
-                Code::Signal => false,
+                Code::Signal | Code::Refused => false,
             };
             if wrong {
                 let job = match outcome {

@@ -19,6 +19,8 @@ pub enum Key {
     Restarts,
     /// `host_left`: why the store host left.
     HostLeft,
+    /// `claim/<place>`: the uid of the agent that holds a pod's place.
+    Claim(u32),
     /// `rR/lead`.
     Lead(u64),
     /// `rR/join`.
@@ -61,7 +63,7 @@ impl Key {
     /// The round a key belongs to, if it is a round's.
     pub fn round(&self) -> Option<u64> {
         match *self {
-            Key::Round | Key::Restarts | Key::HostLeft | Key::Ended(_) => None,
+            Key::Round | Key::Restarts | Key::HostLeft | Key::Claim(_) | Key::Ended(_) => None,
             Key::Lead(r)
             | Key::Join(r)
             | Key::Member(r, _)
@@ -140,6 +142,14 @@ impl Store {
     /// was unset), as c10d's returns it.
     pub fn cas(&mut self, k: Key, v: impl Into<Vec<u8>>) -> Vec<u8> {
         self.map.entry(k).or_insert_with(|| v.into()).clone()
+    }
+
+    /// COMPARE_SET from `expected` to `v`: the value there afterwards.
+    pub fn cas_from(&mut self, k: Key, expected: &[u8], v: impl Into<Vec<u8>>) -> Vec<u8> {
+        if self.get(k) == expected {
+            self.set(k, v);
+        }
+        self.get(k)
     }
 
     /// Raise a counter to at least `v` (the agents' `raise`): the value now.

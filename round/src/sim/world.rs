@@ -12,6 +12,9 @@ pub const JOIN_TIMEOUT: u64 = 1500;
 pub const HEARTBEAT_TIMEOUT: u64 = 60;
 /// An elastic round's last call, in ticks (three heartbeat timeouts, as the defaults are).
 pub const LAST_CALL: u64 = 3 * HEARTBEAT_TIMEOUT;
+/// How long a claimant watches a holder's heartbeat before it takes the
+/// holder for gone (two heartbeat periods and a little).
+pub const STILL_LIMIT: u64 = 2 * (HEARTBEAT_TIMEOUT / 3) + 5;
 /// How long a pod that lost its store waits for the host's word.
 pub const HOST_LEFT_SETTLE: u64 = 10;
 /// How long the store host waits for the last round's spares to read the
@@ -30,7 +33,7 @@ pub const STOP_WAIT: u64 = 400;
 /// for longer is taken for dead, and the simulation's kills are those).
 pub const PAUSE_MAX: u64 = HEARTBEAT_TIMEOUT - 10;
 /// The longest health check before a round (its heartbeat goes on).
-pub const HEALTH_CHECK_MAX: u64 = 3 * HEARTBEAT_TIMEOUT;
+pub const HEALTH_CHECK_MAX: u64 = 5 * HEARTBEAT_TIMEOUT;
 /// Ticks a schedule may take at most; an agent still waiting then broke
 /// liveness.
 pub const TICK_LIMIT: u64 = 60_000;
@@ -115,6 +118,10 @@ pub struct Cfg {
     /// SIGKILL of the pod that closed a round before it assigned the
     /// ranks (it is not the store host's).
     pub kill_closer: bool,
+    /// A second container of a live pod starts (a stale pod back).
+    pub stale_pod: bool,
+    /// Some pods' workers take long to stop (up to past the others' wait).
+    pub slow_stop: bool,
     /// See [`Cfg::kill`].
     pub host_crash: bool,
     /// Killed pods come back in place (a new container, a new uid).
@@ -165,6 +172,8 @@ impl Cfg {
             in_place: rng.chance(500),
             word_lost: rng.chance(200),
             stops: kind == Kind::Serve && rng.chance(800),
+            stale_pod: kind != Kind::InPlace && rng.chance(150),
+            slow_stop: faults && rng.chance(200),
         }
     }
 
@@ -175,6 +184,8 @@ impl Cfg {
             (self.kill_at_end, "kill-at-end"),
             (self.term_at_start, "term-at-start"),
             (self.kill_closer, "kill-closer"),
+            (self.stale_pod, "stale-pod"),
+            (self.slow_stop, "slow-stop"),
             (self.sigterm, "sigterm"),
             (self.host_crash, "host-crash"),
             (self.in_place, "in-place"),
@@ -212,6 +223,8 @@ pub enum Code {
     PeerLost,
     /// Killed or stopped by a signal.
     Signal,
+    /// Refused: another live agent holds its place (exit 200).
+    Refused,
 }
 
 /// An agent's exit.
@@ -246,6 +259,8 @@ pub struct Facts {
     pub signalled: BTreeSet<Uid>,
     /// Agents that exited.
     pub exits: BTreeMap<Uid, Exit>,
+    /// When each killed agent died (its heartbeat stood still since).
+    pub killed_at: BTreeMap<Uid, u64>,
     /// When each round formed, as its first member saw it, per (store, round).
     pub formed_at: BTreeMap<(usize, u64), u64>,
     /// Served runs over.
