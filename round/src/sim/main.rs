@@ -19,6 +19,8 @@ mod store;
 mod world;
 
 use std::process::ExitCode;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use round::mutant::{self, Mutant};
 
@@ -68,6 +70,41 @@ fn parse(args: &[String]) -> Result<Args, String> {
     Ok(a)
 }
 
+/// Run the schedules on every CPU (at most 8 threads): schedule i runs on
+/// thread i mod T, each thread's in order, and a thread stops past the
+/// first violation found; so the first violation (the smallest i) is the
+/// same whatever the number of threads. The ticks run, and that violation.
+fn run_all(a: &Args) -> (u64, Option<(u64, run::Outcome)>) {
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(8) as u64;
+    let first = AtomicU64::new(u64::MAX);
+    let ticks = AtomicU64::new(0);
+    let found: Mutex<Option<(u64, run::Outcome)>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for k in 0..threads {
+            let (first, ticks, found) = (&first, &ticks, &found);
+            scope.spawn(move || {
+                mutant::set(a.mutant);
+                let mut i = k;
+                while i < a.schedules && i < first.load(Ordering::Relaxed) {
+                    let out = run::run(a.seed.wrapping_add(i));
+                    ticks.fetch_add(out.ticks, Ordering::Relaxed);
+                    if out.violation.is_some() {
+                        first.fetch_min(i, Ordering::Relaxed);
+                        let mut f = found.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        if f.as_ref().is_none_or(|(j, _)| i < *j) {
+                            *f = Some((i, out));
+                        }
+                        return;
+                    }
+                    i += threads;
+                }
+            });
+        }
+    });
+    let found = found.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    (ticks.into_inner(), found)
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let a = match parse(&args) {
@@ -83,30 +120,26 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    mutant::set(a.mutant);
     let started = std::time::Instant::now();
-    let mut ticks = 0u64;
-    for i in 0..a.schedules {
+    let (ticks, found) = run_all(&a);
+    if let Some((i, out)) = found {
         let seed = a.seed.wrapping_add(i);
-        let out = run::run(seed);
-        ticks += out.ticks;
-        if let Some((violation, trace)) = out.violation {
-            println!("violation in schedule {i}, seed {seed}: {violation}");
-            println!("schedule: {}", out.cfg);
-            if let Some(m) = a.mutant {
-                println!("mutant: {} ({}, {})", m.name(), m.commit(), m.what());
-            }
-            println!("trace (last {} steps):", trace.len());
-            for line in trace {
-                println!("  {line}");
-            }
-            let mutant = a.mutant.map(|m| format!(" --mutant {}", m.name())).unwrap_or_default();
-            println!("replay: bash tests/sim.sh --seed {seed} --schedules 1{mutant}");
-            println!("{} schedules, 1 violations", i + 1);
-            return ExitCode::from(1);
+        let (violation, trace) = out.violation.unwrap_or_default();
+        println!("violation in schedule {i}, seed {seed}: {violation}");
+        println!("schedule: {}", out.cfg);
+        if let Some(m) = a.mutant {
+            println!("mutant: {} ({}, {})", m.name(), m.commit(), m.what());
         }
+        println!("trace (last {} steps):", trace.len());
+        for line in trace {
+            println!("  {line}");
+        }
+        let mutant = a.mutant.map(|m| format!(" --mutant {}", m.name())).unwrap_or_default();
+        println!("replay: bash tests/sim.sh --seed {seed} --schedules 1{mutant}");
+        println!("{} schedules, 1 violations", i + 1);
+        return ExitCode::from(1);
     }
-    println!("{ticks} steps in {:.1} s", started.elapsed().as_secs_f64());
+    println!("{ticks} ticks in {:.1} s", started.elapsed().as_secs_f64());
     println!("{} schedules, 0 violations", a.schedules);
     ExitCode::SUCCESS
 }
