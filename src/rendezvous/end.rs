@@ -157,7 +157,7 @@ impl Session {
         if round::join::forgotten(r, current).is_some() {
             return Ok(());
         }
-        self.advance(r, r + 1).await
+        self.point_next(r, current).await
     }
 
     /// Say we are done reading this round's results. The store host then

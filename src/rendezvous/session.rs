@@ -376,6 +376,11 @@ impl Session {
     /// Move the job from round `from` to round `to` (first mover wins).
     pub(super) async fn advance(&mut self, from: u64, to: u64) -> Result<(), Error> {
         let now = self.raise(&self.keys.round(), to).await?;
+        self.point_next(from, now).await
+    }
+
+    /// `rR/next` of round `from` is `now`, the job's round (the first writer wins).
+    pub(super) async fn point_next(&mut self, from: u64, now: u64) -> Result<(), Error> {
         let next = self.keys.round_keys(from).next();
         self.store.client.compare_set(&next, b"", now.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
         Ok(())

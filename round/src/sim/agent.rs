@@ -107,6 +107,11 @@ impl Agent {
     /// Move the job past round `from` (the agent's `advance`).
     pub fn advance(s: &mut Store, from: u64, to: u64) {
         let now = s.raise(Key::Round, to);
+        Agent::point_next(s, from, now);
+    }
+
+    /// `rR/next` of round `from` is `now` (the first writer wins).
+    pub fn point_next(s: &mut Store, from: u64, now: u64) {
         s.cas(Key::Next(from), now.to_string());
     }
 
@@ -261,8 +266,7 @@ impl Agent {
     fn after_lead(&mut self, env: &mut Env, r: u64) {
         let s = &env.stores[self.store];
         if s.seen(Key::Next(r), self.since) {
-            let to = u64::try_from(s.num(Key::Next(r))).unwrap_or(r + 1);
-            self.phase = Phase::Join { want: to.max(r + 1) };
+            self.phase = Phase::Join { want: s.next_of(r) };
         } else if s.seen(Key::Lead(r), self.since) {
             self.phase = match self.defer_to.take() {
                 Some(p) => Phase::Defer { p, r, until: env.tick + HEARTBEAT_TIMEOUT },
@@ -295,7 +299,7 @@ impl Agent {
         let (min, max) = (u64::from(env.cfg.min), u64::from(env.cfg.max));
         let record = MemberRecord { uid: self.uid, pod: self.pod, last: self.last_rank.map(|(rank, _)| rank) };
         let s = &mut env.stores[self.store];
-        let current = u64::try_from(s.num(Key::Round)).unwrap_or(0);
+        let current = s.round();
         if let Some(to) = forgotten(r, current) {
             self.phase = Phase::Join { want: to };
             return;
@@ -330,8 +334,7 @@ impl Agent {
                 }
             }
         } else if s.seen(Key::Next(r), self.since) {
-            let to = u64::try_from(s.num(Key::Next(r))).unwrap_or(r + 1);
-            self.phase = Phase::Join { want: to.max(r + 1) };
+            self.phase = Phase::Join { want: s.next_of(r) };
         } else if let Some(at) = last_call {
             if tick >= at {
                 let count = u64::try_from(s.num(Key::Join(r))).unwrap_or(0);
@@ -412,8 +415,7 @@ impl Agent {
             }
             self.phase = Phase::Running(Member { r, rank, size, done: false });
         } else if s.seen(Key::Next(r), self.since) {
-            let to = u64::try_from(s.num(Key::Next(r))).unwrap_or(r + 1);
-            self.phase = Phase::Join { want: to.max(r + 1) };
+            self.phase = Phase::Join { want: s.next_of(r) };
         } else if env.tick >= until {
             // Give the round up, unless its closer formed it meanwhile.
             if given_up(&s.cas(Key::Members(r), ABANDONED)) {

@@ -72,7 +72,7 @@ impl Agent {
         let serving = env.cfg.kind == Kind::Serve;
         let store = a.store;
         let s = &mut env.stores[store];
-        let current = u64::try_from(s.num(Key::Round)).unwrap_or(0);
+        let current = s.round();
         if round::join::forgotten(m.r, current).is_some() {
             // The job moved two rounds on while it settled this one.
             a.deadline = env.tick + JOIN_TIMEOUT;
@@ -142,7 +142,7 @@ fn record_first(env: &mut Env, (generation, store): (u32, usize), agreed: &str) 
 fn next_round(a: &mut Agent, s: &mut Store, r: u64) {
     let current = s.raise(Key::Round, r + 1);
     if round::join::forgotten(r, current).is_none() {
-        Agent::advance(s, r, r + 1);
+        Agent::point_next(s, r, current);
     }
     a.phase = Phase::Join { want: r + 1 };
 }

@@ -201,19 +201,24 @@ impl Sim {
         if !self.env.cfg.kill_at_end || !s.open {
             return;
         }
-        let r = u64::try_from(s.num(Key::Round)).unwrap_or(0);
+        let r = s.round();
         if End::read(&s.get(Key::End(r))) != Some(End::Success) {
             return;
         }
         self.env.cfg.kill_at_end = false;
-        let members = parse_uids(&s.get(Key::Members(r)));
-        let doomed: Vec<usize> = (0..self.agents.len())
-            .filter(|&i| members.contains(&self.agents[i].uid) && !self.agents[i].hosts())
-            .filter(|&i| self.agents[i].phase != Phase::Gone)
-            .collect();
-        for i in doomed {
+        for i in self.live_members_but_host(store, r) {
             self.kill(i, tick);
         }
+    }
+
+    /// The live agents among round `r`'s members (of `store`) but the
+    /// store host's.
+    fn live_members_but_host(&self, store: usize, r: u64) -> Vec<usize> {
+        let members = parse_uids(&self.env.stores[store].get(Key::Members(r)));
+        (0..self.agents.len())
+            .filter(|&i| members.contains(&self.agents[i].uid) && !self.agents[i].hosts())
+            .filter(|&i| self.agents[i].phase != Phase::Gone)
+            .collect()
     }
 
     /// Once, as a round of the newest store closes: SIGKILL of the pod
@@ -222,7 +227,7 @@ impl Sim {
     fn kill_closer(&mut self, tick: u64) {
         let store = self.env.newest();
         let s = &self.env.stores[store];
-        let r = u64::try_from(s.num(Key::Round)).unwrap_or(0);
+        let r = s.round();
         if !self.env.cfg.kill_closer || !s.open || s.has(Key::Members(r)) {
             return;
         }
@@ -239,17 +244,12 @@ impl Sim {
     fn term_at_start(&mut self) {
         let store = self.env.newest();
         let s = &self.env.stores[store];
-        let r = u64::try_from(s.num(Key::Round)).unwrap_or(0);
+        let r = s.round();
         if !self.env.cfg.term_at_start || !s.open || !s.has(Key::Rank(r, 0)) {
             return;
         }
         self.env.cfg.term_at_start = false;
-        let members = parse_uids(&s.get(Key::Members(r)));
-        let doomed: Vec<usize> = (0..self.agents.len())
-            .filter(|&i| members.contains(&self.agents[i].uid) && !self.agents[i].hosts())
-            .filter(|&i| self.agents[i].phase != Phase::Gone)
-            .collect();
-        for i in doomed {
+        for i in self.live_members_but_host(store, r) {
             self.term(i);
         }
     }
@@ -365,7 +365,7 @@ impl Sim {
             if round::monitor::forgets_on_moving_on(forgot) {
                 s.drop_rounds_before(r, tick);
             }
-            r = u64::try_from(s.num(Key::Next(r))).unwrap_or(r + 1).max(r + 1);
+            r = s.next_of(r);
             forgot = false;
             notes.push(format!("follows the job to round {r}"));
         }
@@ -446,7 +446,7 @@ impl Sim {
         let seq = stop.seq;
         let s = &mut self.env.stores[0];
         match stop.run.next() {
-            Op::ReadRound => stop.run.read(u64::try_from(s.num(Key::Round)).unwrap_or(0)),
+            Op::ReadRound => stop.run.read(s.round()),
             Op::Mark => {
                 let first = set_ended(s, seq, "stopped");
                 stop.run.marked(first);

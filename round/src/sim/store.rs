@@ -131,6 +131,16 @@ impl Store {
         std::str::from_utf8(&self.get(k)).ok().and_then(|s| s.parse().ok()).unwrap_or(0)
     }
 
+    /// The job's round (`round`).
+    pub fn round(&self) -> u64 {
+        u64::try_from(self.num(Key::Round)).unwrap_or(0)
+    }
+
+    /// The round the job moved on to from `r` (`rR/next`), past `r`.
+    pub fn next_of(&self, r: u64) -> u64 {
+        u64::try_from(self.num(Key::Next(r))).unwrap_or(r + 1).max(r + 1)
+    }
+
     /// ADD: the new value.
     pub fn add(&mut self, k: Key, d: i64) -> i64 {
         let n = self.num(k) + d;
