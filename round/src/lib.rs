@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod claim;
+pub mod form;
 pub mod host_left;
 pub mod join;
 pub mod monitor;

@@ -68,6 +68,12 @@ pub enum Mutant {
     /// before it formed, and the spare that arrived past its size waited
     /// beside it forever.
     SpareBesideUnformedRound,
+    /// Found by the simulation (seed 2416 of the default run, once the
+    /// agent and the simulation carried out one formation, `round::form`):
+    /// the closer formed a round (`rR/members`) and stalled before it wrote
+    /// the ranks; a member that waited out the bound twice moved the job
+    /// on past the formed round, whose members then ran beside the next.
+    MemberLeavesFormedRound,
     /// Not a bug the round had: a claimant that takes a live holder's
     /// place (a stale pod back), which the claim refuses; the simulation
     /// must see two live agents in one place.
@@ -76,7 +82,7 @@ pub enum Mutant {
 
 impl Mutant {
     /// Every mutant, in the order of the commits that fixed them.
-    pub const ALL: [Mutant; 15] = [
+    pub const ALL: [Mutant; 16] = [
         Mutant::SpareMissesHostsEnd,
         Mutant::SpareTakesAllLeft,
         Mutant::RestartTakesOldEnd,
@@ -91,6 +97,7 @@ impl Mutant {
         Mutant::StoppedRoundOrphaned,
         Mutant::FailedJobMovedOn,
         Mutant::SpareBesideUnformedRound,
+        Mutant::MemberLeavesFormedRound,
         Mutant::StalePodTakesOver,
     ];
 
@@ -111,6 +118,7 @@ impl Mutant {
             Mutant::StoppedRoundOrphaned => "stopped-round-orphaned",
             Mutant::FailedJobMovedOn => "failed-job-moved-on",
             Mutant::SpareBesideUnformedRound => "spare-beside-unformed-round",
+            Mutant::MemberLeavesFormedRound => "member-leaves-formed-round",
             Mutant::StalePodTakesOver => "stale-pod-takes-over",
         }
     }
@@ -131,7 +139,8 @@ impl Mutant {
             | Mutant::SucceededRoundOrphaned
             | Mutant::StoppedRoundOrphaned
             | Mutant::FailedJobMovedOn
-            | Mutant::SpareBesideUnformedRound => "sim",
+            | Mutant::SpareBesideUnformedRound
+            | Mutant::MemberLeavesFormedRound => "sim",
             Mutant::StalePodTakesOver => "claim",
         }
     }
@@ -161,6 +170,7 @@ impl Mutant {
             Mutant::StoppedRoundOrphaned => "a round whose members all left with no verdict strands its spares",
             Mutant::FailedJobMovedOn => "the store host moves a job on after its failure when a member died",
             Mutant::SpareBesideUnformedRound => "a spare waits forever beside a round that never formed",
+            Mutant::MemberLeavesFormedRound => "a member without its rank moves the job past a round its closer formed",
             Mutant::StalePodTakesOver => "a second live agent in a place takes it over instead of being refused",
         }
     }

@@ -8,16 +8,11 @@
 //! in for the agent's own code (rank assignment, verdicts) in `phase`.
 
 use round::claim::{Claim, on_holder};
-use round::join::{
-    ABANDONED, Arrival, OnSlot, Place, arrival, at_last_call, closer_forms, first_repeat, forgotten, given_up, on_slot,
-    place, spare_gives_up,
-};
+use round::join::{ABANDONED, Arrival, arrival, spare_gives_up};
 
-use super::phase::{Member, MemberRecord, Phase, assign, parse_uids};
+use super::phase::{MemberRecord, Phase, parse_uids};
 use super::store::{End, Key, Store, Uid};
-use super::world::{
-    Code, Env, Exit, HEALTH_CHECK_MAX, HEARTBEAT_TIMEOUT, HOST_LEFT_SETTLE, JOIN_TIMEOUT, Kind, LAST_CALL, STILL_LIMIT,
-};
+use super::world::{Code, Env, Exit, HEALTH_CHECK_MAX, HEARTBEAT_TIMEOUT, HOST_LEFT_SETTLE, JOIN_TIMEOUT, STILL_LIMIT};
 
 /// One agent (one container of one pod).
 #[derive(Debug, Clone)]
@@ -55,9 +50,11 @@ pub struct Agent {
 impl Agent {
     /// A container of pod `pod` that starts now, talking to `store`.
     pub fn new(env: &mut Env, pod: u32, store: usize, restarted: bool) -> Agent {
+        let uid = env.uid();
+        env.facts.pod_of.insert(uid, pod);
         Agent {
             pod,
-            uid: env.uid(),
+            uid,
             generation: env.generation,
             store,
             phase: Phase::Start,
@@ -157,21 +154,7 @@ impl Agent {
             Phase::Claim { holder, until, want } => self.contest(env, holder, until, want),
             Phase::AfterLead { r } => self.after_lead(env, r),
             Phase::Defer { p, r, until } => self.defer(env, p, r, until),
-            Phase::Take { r } => {
-                let s = &mut env.stores[self.store];
-                let n = s.add(Key::Join(r), 1);
-                if self.hosts() && env.cfg.spares_flag {
-                    s.set(Key::Lead(r), "1");
-                }
-                let slot = u64::try_from(n - 1).unwrap_or(0);
-                let name = self.name();
-                env.note(&name, format!("takes slot {slot} of round {r}"));
-                self.phase = Phase::Announce { r, slot };
-            }
-            Phase::Announce { r, slot } => self.announce(env, r, slot),
-            Phase::WaitClosed { r, slot, last_call } => self.wait_closed(env, r, slot, last_call),
-            Phase::Assign { r, size, slot, until } => self.assign(env, r, (size, slot), until),
-            Phase::WaitRank { r, slot, until } => self.wait_rank(env, r, slot, until),
+            Phase::Form(f) => self.form(env, f),
             Phase::SpareArrive { r, size, until } => self.spare_arrive(env, r, size, until),
             Phase::AwaitNext { r, until } => {
                 let s = &mut env.stores[self.store];
@@ -230,15 +213,7 @@ impl Agent {
     }
 
     fn joining(&self) -> bool {
-        matches!(
-            self.phase,
-            Phase::Join { .. }
-                | Phase::AfterLead { .. }
-                | Phase::Defer { .. }
-                | Phase::Take { .. }
-                | Phase::Announce { .. }
-                | Phase::WaitClosed { .. }
-        )
+        matches!(self.phase, Phase::Join { .. } | Phase::AfterLead { .. } | Phase::Defer { .. })
     }
 
     fn join(&mut self, env: &mut Env, want: u64) {
@@ -259,7 +234,7 @@ impl Agent {
         self.phase = if env.cfg.spares_flag && !self.hosts() {
             Phase::AfterLead { r: current }
         } else {
-            Phase::Take { r: current }
+            self.forming(env, current)
         };
     }
 
@@ -270,7 +245,7 @@ impl Agent {
         } else if s.seen(Key::Lead(r), self.since) {
             self.phase = match self.defer_to.take() {
                 Some(p) => Phase::Defer { p, r, until: env.tick + HEARTBEAT_TIMEOUT },
-                None => Phase::Take { r },
+                None => self.forming(env, r),
             };
         }
     }
@@ -281,7 +256,7 @@ impl Agent {
     fn defer(&mut self, env: &mut Env, p: u64, r: u64, until: u64) {
         let s = &env.stores[self.store];
         if s.has(Key::Closed(r)) || s.has(Key::Next(r)) || env.tick >= until {
-            self.phase = Phase::Take { r };
+            self.phase = self.forming(env, r);
             return;
         }
         let members = parse_uids(&s.get(Key::Members(p)));
@@ -291,141 +266,7 @@ impl Agent {
             .collect();
         let gone = |u: &Uid| env.facts.exits.contains_key(u);
         if members.iter().all(|u| dead.contains(u) || joined.contains(u) || gone(u)) {
-            self.phase = Phase::Take { r };
-        }
-    }
-
-    fn announce(&mut self, env: &mut Env, r: u64, slot: u64) {
-        let (min, max) = (u64::from(env.cfg.min), u64::from(env.cfg.max));
-        let record = MemberRecord { uid: self.uid, pod: self.pod, last: self.last_rank.map(|(rank, _)| rank) };
-        let s = &mut env.stores[self.store];
-        let current = s.round();
-        if let Some(to) = forgotten(r, current) {
-            self.phase = Phase::Join { want: to };
-            return;
-        }
-        s.set(Key::Member(r, slot), record.value());
-        match on_slot(slot + 1, min, max) {
-            OnSlot::Close(c) => {
-                s.cas(Key::Closed(r), c.value());
-            }
-            OnSlot::LastCall => s.set(Key::Quorum(r), "1"),
-            OnSlot::Wait => {}
-        }
-        self.phase = Phase::WaitClosed { r, slot, last_call: None };
-    }
-
-    fn wait_closed(&mut self, env: &mut Env, r: u64, slot: u64, last_call: Option<u64>) {
-        let tick = env.tick;
-        let max = u64::from(env.cfg.max);
-        let elastic = env.cfg.min < env.cfg.max;
-        let s = &mut env.stores[self.store];
-        if s.seen(Key::Closed(r), self.since) {
-            match place(&s.get(Key::Closed(r)), slot) {
-                Place::Spare { size } => {
-                    self.last_rank = None;
-                    self.phase = Phase::SpareArrive { r, size, until: tick + HEARTBEAT_TIMEOUT + 2 };
-                }
-                Place::Member { size, assigns: true } => {
-                    self.phase = Phase::Assign { r, size, slot, until: tick + HEARTBEAT_TIMEOUT };
-                }
-                Place::Member { assigns: false, .. } => {
-                    self.phase = Phase::WaitRank { r, slot, until: tick + HEARTBEAT_TIMEOUT + 2 };
-                }
-            }
-        } else if s.seen(Key::Next(r), self.since) {
-            self.phase = Phase::Join { want: s.next_of(r) };
-        } else if let Some(at) = last_call {
-            if tick >= at {
-                let count = u64::try_from(s.num(Key::Join(r))).unwrap_or(0);
-                s.cas(Key::Closed(r), at_last_call(count, slot, max).value());
-            }
-        } else if elastic && s.seen(Key::Quorum(r), self.since) {
-            self.phase = Phase::WaitClosed { r, slot, last_call: Some(tick + LAST_CALL) };
-        }
-    }
-
-    fn assign(&mut self, env: &mut Env, r: u64, (size, slot): (u64, u64), until: u64) {
-        let s = &mut env.stores[self.store];
-        let records: Vec<Option<MemberRecord>> =
-            (0..size).map(|slot| MemberRecord::read(&s.get(Key::Member(r, slot)))).collect();
-        if records.iter().any(Option::is_none) {
-            if env.tick >= until {
-                Agent::advance(s, r, r + 1);
-                self.phase = Phase::Join { want: r + 1 };
-            }
-            return;
-        }
-        let members: Vec<MemberRecord> = records.into_iter().flatten().collect();
-        let places: Vec<u32> = members.iter().map(|m| m.pod).collect();
-        if first_repeat(&places).is_some() {
-            Agent::advance(s, r, r + 1);
-            self.phase = Phase::Join { want: r + 1 };
-            return;
-        }
-        let ranks = assign(&members, env.cfg.spares_flag, env.cfg.min < env.cfg.max);
-        let mut by_rank: Vec<(u32, Uid)> = ranks.iter().copied().zip(members.iter().map(|m| m.uid)).collect();
-        by_rank.sort_unstable();
-        let uids: Vec<String> = by_rank.iter().map(|(_, u)| u.to_string()).collect();
-        // The members first, by COMPARE_SET: the others may have given the
-        // round up (then the job moves on without it).
-        if !closer_forms(&s.cas(Key::Members(r), uids.join(","))) {
-            Agent::advance(s, r, r + 1);
-            self.phase = Phase::Join { want: r + 1 };
-            let name = self.name();
-            env.note(&name, format!("finds round {r} given up; follows the job on"));
-            return;
-        }
-        for (slot, rank) in ranks.iter().enumerate() {
-            s.set(Key::Rank(r, slot as u64), rank.to_string());
-        }
-        let store = self.store;
-        for (rank, uid) in by_rank {
-            if let Some(other) = env.facts.ranks.insert((store, r, rank), uid).filter(|o| *o != uid) {
-                env.violate(format!("round {r}: group rank {rank} is held by uid {other} and uid {uid}"));
-            }
-        }
-        env.facts.members.insert((store, r), members.iter().map(|m| m.uid).collect());
-        if env.cfg.spares_flag && !members.iter().any(|m| m.pod == 0) {
-            env.violate(format!("round {r} of a job with spares formed without the store host's pod"));
-        }
-        let name = self.name();
-        env.note(&name, format!("assigned round {r}'s {size} ranks"));
-        self.phase = Phase::WaitRank { r, slot, until: env.tick + HEARTBEAT_TIMEOUT + 2 };
-    }
-
-    fn wait_rank(&mut self, env: &mut Env, r: u64, slot: u64, until: u64) {
-        let s = &mut env.stores[self.store];
-        if s.seen(Key::Rank(r, slot), self.since) {
-            let rank = u32::try_from(s.num(Key::Rank(r, slot))).unwrap_or(u32::MAX);
-            let size = round::Closed::read(&s.get(Key::Closed(r))).map_or(0, |c| c.size);
-            self.known_round = Some(r);
-            self.before_any_round = false;
-            if env.cfg.spares_flag {
-                self.last_rank = Some((rank, r));
-            }
-            self.was_spare = false;
-            let name = self.name();
-            env.note(&name, format!("is group rank {rank} of round {r} ({size} pods)"));
-            if env.cfg.kind == Kind::Serve {
-                // The run it runs: the one after the runs over (past the
-                // last, the pods are idle).
-                let next = env.facts.served + 1;
-                env.facts.run_of_round.entry((self.store, r)).or_insert(next);
-            }
-            self.phase = Phase::Running(Member { r, rank, size, done: false });
-        } else if s.seen(Key::Next(r), self.since) {
-            self.phase = Phase::Join { want: s.next_of(r) };
-        } else if env.tick >= until {
-            // Give the round up, unless its closer formed it meanwhile.
-            if given_up(&s.cas(Key::Members(r), ABANDONED)) {
-                Agent::advance(s, r, r + 1);
-                self.phase = Phase::Join { want: r + 1 };
-                let name = self.name();
-                env.note(&name, format!("gives round {r} up: no ranks"));
-            } else {
-                self.phase = Phase::WaitRank { r, slot, until: env.tick + HEARTBEAT_TIMEOUT + 2 };
-            }
+            self.phase = self.forming(env, r);
         }
     }
 

@@ -92,7 +92,12 @@ impl Agent {
 
     pub(super) fn rejoin(&mut self, env: &mut Env, until: u64, no_word: bool) {
         let newest = env.newest();
-        if newest > self.store && env.stores[newest].open {
+        // The attempt's fence (`Session::check_attempt`): a store of a
+        // newer attempt (the job restarted in place; its store host's
+        // agent raised `attempt` as it started) refuses an older container.
+        if newest > self.store && env.stores[newest].open && env.stores[newest].generation > self.generation {
+            self.exit(env, Code::Stale, "a newer attempt of the job runs", no_word);
+        } else if newest > self.store && env.stores[newest].open {
             self.store = newest;
             let name = self.name();
             env.note(&name, format!("reconnects to store {newest}"));

@@ -11,6 +11,7 @@
 //! seed alone (`--seed SEED --schedules 1`) replays it.
 
 mod agent;
+mod forming;
 mod leave;
 mod phase;
 mod round_end;

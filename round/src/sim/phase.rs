@@ -33,47 +33,8 @@ pub enum Phase {
         /// When it stops waiting.
         until: u64,
     },
-    /// Take an arrival slot.
-    Take {
-        /// The round.
-        r: u64,
-    },
-    /// Write its member record and do what its slot says.
-    Announce {
-        /// The round.
-        r: u64,
-        /// Its slot.
-        slot: u64,
-    },
-    /// Wait for the round to close.
-    WaitClosed {
-        /// The round.
-        r: u64,
-        /// Its slot.
-        slot: u64,
-        /// When its last call ends.
-        last_call: Option<u64>,
-    },
-    /// It closed the round: assign the ranks.
-    Assign {
-        /// The round.
-        r: u64,
-        /// Members.
-        size: u64,
-        /// Its slot.
-        slot: u64,
-        /// Until when it waits for the member records.
-        until: u64,
-    },
-    /// Wait for its rank.
-    WaitRank {
-        /// The round.
-        r: u64,
-        /// Its slot.
-        slot: u64,
-        /// The bound.
-        until: u64,
-    },
+    /// Form round R: the protocol's formation, one operation a step.
+    Form(Box<round::form::Form>),
     /// Its workers run.
     Running(Member),
     /// Report its workers stopped.

@@ -10,7 +10,7 @@ use super::agent::Agent;
 use super::phase::{self, Phase, parse_uids};
 use super::round_end::set_ended;
 use super::store::{End, Key, Store, Uid};
-use super::world::{Cfg, Code, Env, HEARTBEAT_TIMEOUT, Kind, PAUSE_MAX, Rng, TICK_LIMIT};
+use super::world::{Cfg, Code, Env, HEARTBEAT_TIMEOUT, Kind, PAUSE_MAX, Rng, STALL_MAX, TICK_LIMIT};
 
 /// The most rounds whose keys a store may hold: the previous round and the
 /// one that formed (the store host keeps them), the one the pods join
@@ -152,8 +152,11 @@ impl Sim {
                 self.check();
                 // Between two protocol steps is where a pause hurts most
                 // (FoundationDB's "buggify": delays where they matter).
+                // One in eight is long: a store reply that comes late (a
+                // lost packet's retransmits) while the heartbeat goes on.
                 if self.agents[i].since != before && self.env.rng.chance(load * 2) {
-                    let pause = 1 + self.env.rng.below(PAUSE_MAX);
+                    let longest = if self.env.rng.below(8) == 0 { STALL_MAX } else { PAUSE_MAX };
+                    let pause = 1 + self.env.rng.below(longest);
                     self.agents[i].paused_until = tick + pause;
                     let name = self.agents[i].name();
                     self.env.note(&name, format!("is paused for {pause} ticks after its step"));
@@ -245,7 +248,11 @@ impl Sim {
         let store = self.env.newest();
         let s = &self.env.stores[store];
         let r = s.round();
-        if !self.env.cfg.term_at_start || !s.open || !s.has(Key::Rank(r, 0)) {
+        if !self.env.cfg.term_at_start
+            || !s.open
+            || !s.has(Key::Members(r))
+            || s.get(Key::Members(r)) == round::join::ABANDONED
+        {
             return;
         }
         self.env.cfg.term_at_start = false;
@@ -478,17 +485,27 @@ impl Sim {
 
     /// The invariants after a step.
     fn check(&mut self) {
-        // One live agent per place in the job (past its claim).
+        // One live agent per place in the job (past its claim), in each
+        // store that serves: a store that closed holds no claim (its agents
+        // find out at their next step; one that comes back claims again).
         let mut in_job: Vec<(u32, u32)> = self
             .agents
             .iter()
             .filter(|a| !matches!(a.phase, Phase::Start | Phase::Join { .. } | Phase::Claim { .. } | Phase::Gone))
             .filter(|a| !matches!(a.phase, Phase::Reconnect { .. } | Phase::Rejoin { .. }))
+            .filter(|a| self.env.stores[a.store].open)
             .map(|a| (a.generation, a.pod))
             .collect();
         in_job.sort_unstable();
         if let Some(w) = in_job.windows(2).find(|w| w[0] == w[1]) {
-            self.env.violate(format!("two live agents of pod {} are in the job", w[0].1));
+            let pod = w[0].1;
+            let phases: Vec<String> = self
+                .agents
+                .iter()
+                .filter(|a| a.pod == pod && a.phase != Phase::Gone)
+                .map(|a| format!("uid {} on store {} {:?}", a.uid, a.store, a.phase))
+                .collect();
+            self.env.violate(format!("two live agents of pod {pod} are in the job: {}", phases.join("; ")));
         }
         if let Some(held) =
             self.env.stores.iter().filter(|s| s.open).map(Store::rounds_held).find(|h| h.len() > ROUNDS_HELD)
@@ -511,7 +528,7 @@ impl Sim {
                 Code::Success => outcome != Some(true),
                 Code::Failure => outcome == Some(true),
                 Code::PeerLost => outcome == Some(true) && !e.no_word,
-                Code::Signal | Code::Refused => false,
+                Code::Signal | Code::Refused | Code::Stale => false,
             };
             if wrong {
                 let job = match outcome {

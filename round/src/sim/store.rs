@@ -31,8 +31,6 @@ pub enum Key {
     Quorum(u64),
     /// `rR/closed`.
     Closed(u64),
-    /// `rR/rank/<slot>`.
-    Rank(u64, u64),
     /// `rR/members`.
     Members(u64),
     /// `rR/end`.
@@ -69,7 +67,6 @@ impl Key {
             | Key::Member(r, _)
             | Key::Quorum(r)
             | Key::Closed(r)
-            | Key::Rank(r, _)
             | Key::Members(r)
             | Key::End(r)
             | Key::Done(r)

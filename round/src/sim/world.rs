@@ -34,6 +34,9 @@ pub const STOP_WAIT: u64 = 400;
 pub const PAUSE_MAX: u64 = HEARTBEAT_TIMEOUT - 10;
 /// The longest health check before a round (its heartbeat goes on).
 pub const HEALTH_CHECK_MAX: u64 = 5 * HEARTBEAT_TIMEOUT;
+/// The longest stall of an agent's protocol step (a store reply that is
+/// late), past the heartbeat timeout: its heartbeat goes on meanwhile.
+pub const STALL_MAX: u64 = 5 * HEARTBEAT_TIMEOUT;
 /// Ticks a schedule may take at most; an agent still waiting then broke
 /// liveness.
 pub const TICK_LIMIT: u64 = 60_000;
@@ -225,6 +228,9 @@ pub enum Code {
     Signal,
     /// Refused: another live agent holds its place (exit 200).
     Refused,
+    /// A newer attempt of the job runs (the JobSet restarted it): this
+    /// container's is over (`STALE_ATTEMPT`).
+    Stale,
 }
 
 /// An agent's exit.
@@ -263,6 +269,8 @@ pub struct Facts {
     pub killed_at: BTreeMap<Uid, u64>,
     /// When each round formed, as its first member saw it, per (store, round).
     pub formed_at: BTreeMap<(usize, u64), u64>,
+    /// Each container's pod.
+    pub pod_of: BTreeMap<Uid, u32>,
     /// Served runs over.
     pub served: u64,
     /// Served runs: the run each round ran, per (store, round).
