@@ -178,6 +178,8 @@ pub struct Form {
     /// `rR/lead`'s value when it leads (the store host's pod of a job with spares).
     lead: Option<Vec<u8>>,
     at: At,
+    /// Its arrival slot, once it took one.
+    slot: Option<u64>,
     /// Elastic: the quorum was not seen yet.
     quorum_unseen: bool,
     /// The end of the last call, once it opened.
@@ -190,12 +192,17 @@ impl Form {
     /// pod of a job with spares: the others wait for it).
     pub fn new(r: u64, bounds: Bounds, record: Vec<u8>, lead: Option<Vec<u8>>) -> Form {
         let quorum_unseen = bounds.min < bounds.max;
-        Form { r, bounds, record, lead, at: At::TakeSlot, quorum_unseen, last_call: None }
+        Form { r, bounds, record, lead, at: At::TakeSlot, slot: None, quorum_unseen, last_call: None }
     }
 
     /// The round.
     pub fn round(&self) -> u64 {
         self.r
+    }
+
+    /// Its arrival slot, once it took one.
+    pub fn slot(&self) -> Option<u64> {
+        self.slot
     }
 
     /// It holds a slot in a round that has not closed (a stop withdraws it).
@@ -214,6 +221,11 @@ impl Form {
     /// It waits for pods to join (its waiting line says who is in).
     pub fn waits_for_pods(&self) -> bool {
         matches!(self.at, At::WaitClosed { .. })
+    }
+
+    /// The join deadline: the time the round must close by.
+    pub fn deadline(&self) -> u64 {
+        self.bounds.deadline
     }
 
     /// The end of the last call, once it opened.
@@ -265,7 +277,11 @@ impl Form {
     fn after(&mut self, at: At, got: Got, now: u64) -> At {
         let r = self.r;
         match at {
-            At::TakeSlot => At::CheckRound { slot: num(&got).saturating_sub(1) },
+            At::TakeSlot => {
+                let slot = num(&got).saturating_sub(1);
+                self.slot = Some(slot);
+                At::CheckRound { slot }
+            }
             At::CheckRound { slot } => match forgotten(r, num(&got)) {
                 Some(to) => At::Done(Outcome::Moved(to)),
                 None if self.lead.is_some() => At::Lead { slot },
@@ -379,6 +395,7 @@ mod tests {
         let mut f = form(B, false);
         assert_eq!(f.next(), Op::Add(K::Join, 1));
         assert_eq!(f.answer(Got::Num(2), 0), Op::Raise(5));
+        assert_eq!(f.slot(), Some(1));
         assert_eq!(f.answer(Got::Num(5), 0), Op::Set(K::Member(1), b"me".to_vec()));
         assert!(f.in_open_round());
         assert_eq!(f.answer(Got::Done, 0), Op::Cas(K::Closed, b"2:1".to_vec()));

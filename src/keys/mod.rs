@@ -31,7 +31,7 @@
 //! | `rR/m/<slot>` | each pod | its member record |
 //! | `rR/quorum` | the pod that made MIN | the last call has started |
 //! | `rR/closed` | first COMPARE_SET wins | [`Closed`], `N:<slot>`: the first N slots are members, slot assigns ranks |
-//! | `rR/rank/<slot>`, `rR/members` | the assigning pod | each slot's assignment; members by group rank |
+//! | `rR/members` | first COMPARE_SET wins: the pod that closed the round, or one that gave it up | the members' records in group-rank order (a member's group rank is its place), or `abandoned` |
 //! | `rR/port` | the store host | `PORT,AUX`: the round's worker store, and a free port for a coordinator or tracker |
 //! | `rR/service` | the store host's agent | `ready` or `failed: <why>`: XGBoost's tracker for the round |
 //! | `rR/pmi/<fence>/<node>`, `rR/pmi/<fence>/in` | each pod, a barrier | the PMI fences' puts ([`PmiKeys`]) |
@@ -216,11 +216,6 @@ impl RoundKeys {
         format!("{}/m/{slot}", self.prefix)
     }
 
-    /// Slot `slot`'s assignment.
-    pub fn rank(&self, slot: impl std::fmt::Display) -> String {
-        format!("{}/rank/{slot}", self.prefix)
-    }
-
     /// Group rank `rank`'s failures.
     pub fn failures(&self, rank: u32) -> String {
         format!("{}/failures/{rank}", self.prefix)
@@ -305,7 +300,6 @@ mod tests {
             (r.all_left(), "all_left"),
             (r.spare_left(), "spare_left"),
             (r.member(5), "m/5"),
-            (r.rank(5), "rank/5"),
             (r.failures(2), "failures/2"),
             (r.stacks(2), "stacks/2"),
             (r.dumped(2), "dumped/2"),

@@ -22,15 +22,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::session::{raise, wait_on};
-use super::{Assignment, Member, Timing};
+use super::{Member, Timing};
 use crate::keys::JobKeys;
 use crate::store::{Client, ClientError, Dial, ServerError, StoreServer};
 use crate::supervise::policy::Verdict;
 use crate::supervise::round_end::RoundEnd;
 use round::monitor::{Orphaned, VerdictSeen, orphaned};
-
-/// Longest the monitor waits for a formed round's ranks after its members.
-const RANKS_FOLLOW: Duration = Duration::from_secs(2);
 
 /// Serves a fresh worker store; called once per round.
 pub type ServeFn = Box<dyn Fn() -> Result<StoreServer, ServerError> + Send + Sync>;
@@ -153,16 +150,9 @@ async fn monitor(c: &mut Client, dial: &Dial, job: &JobKeys, r: u64, timing: Tim
                 continue;
             }
             let formed: Vec<Member> = serde_json::from_slice(&v).unwrap_or_default();
-            // The ranks follow the members (the closer writes them second,
-            // at once: a closer that died between the two leaves the round
-            // to its members, who give it up).
-            let rank0 = keys.rank(0);
-            let mut raw = c.get(&rank0).await?;
-            if raw.is_empty() && wait_on(dial.clone(), std::slice::from_ref(&rank0), RANKS_FOLLOW).await? {
-                raw = c.get(&rank0).await?;
-            }
-            let Ok(assigned) = serde_json::from_slice::<Assignment>(&raw) else { continue };
-            if assigned.error.is_none() {
+            // The members are the round, ranks and all (a member's group
+            // rank is its place in the list): members that disagree exit.
+            if super::assign(&formed).is_ok() {
                 let hosts: Vec<&str> = formed.iter().map(|m| m.host.as_str()).collect();
                 tracing::info!(round = r, nnodes = formed.len(), members = ?hosts, "round formed");
             }

@@ -7,20 +7,22 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Error;
-use super::member::{Assignment, Member, assign};
+use super::member::{Member, assign};
 use crate::supervise::policy::Verdict;
 use crate::supervise::round_end::RoundEnd;
 use crate::waiting::Waiting;
-use round::join::{
-    ABANDONED, Arrival, OnSlot, Place, arrival, at_last_call, closer_forms, first_repeat, forgotten, given_up, on_slot,
-    place, spare_gives_up,
-};
+use round::form::{Bounds, Form, Got, K, Op, Outcome, Records};
+use round::join::{ABANDONED, Arrival, arrival, spare_gives_up};
 use round::spare::{Heard, Step, VerdictRead, watches_left};
 
-use super::session::{Joined, Known, Round, Session, Standing, Try, parse_u64, progress_tick, wait_on};
+use super::session::{Joined, Known, Round, Session, Standing, Try, progress_tick, wait_on};
 
 /// Missing node ranks named in a waiting line.
 pub(super) const MISSING_SHOWN: usize = 32;
+
+/// A member's wait for the round's members outlasts the heartbeat
+/// timeout by this (the closer reads every record first).
+const MEMBERS_GRACE: Duration = Duration::from_secs(2);
 
 /// How often a spare checks its health while it waits.
 const SPARE_CHECK_EVERY: Duration = Duration::from_secs(60);
@@ -86,130 +88,194 @@ impl Session {
     }
 
     async fn try_round(&mut self, r: u64, deadline: Instant, started: Instant) -> Result<Try, Error> {
-        let (min, max) = (u64::from(self.me.min_nodes), u64::from(self.me.max_nodes));
         if let Some(moved) = self.join_order(r, deadline, started).await? {
             return Ok(moved);
         }
-        let n = self.store.client.add(&self.keys.round_keys(r).join(), 1).await.map_err(|e| self.lost(e))?;
-        let current = self.raise(&self.keys.round(), r).await?;
-        if let Some(to) = forgotten(r, current) {
-            tracing::info!(round = r, current, "the job moved two rounds on before this pod took its slot; following");
-            return Ok(Try::Moved(to));
-        }
-        if self.roles.leads {
-            let spares = self.me.spares.to_string();
-            self.store
-                .client
-                .set(&self.keys.round_keys(r).lead(), spares.as_bytes())
-                .await
-                .map_err(|e| self.lost(e))?;
-        }
-        self.standing = Standing::Joining { round: r, was_spare: self.standing.was_spare() };
-        let slot = u64::try_from(n - 1).unwrap_or(0);
+        // The protocol's formation (`round::form`), its operations carried
+        // out here; its times are milliseconds since `epoch`.
+        let epoch = Instant::now();
+        let bounds = Bounds {
+            min: u64::from(self.me.min_nodes),
+            max: u64::from(self.me.max_nodes),
+            last_call: millis(self.timing.last_call),
+            heartbeat: millis(self.timing.heartbeat_timeout),
+            grace: millis(MEMBERS_GRACE),
+            deadline: millis(deadline.saturating_duration_since(epoch)),
+        };
         let record = serde_json::to_vec(&self.me).unwrap_or_default();
-        self.store.client.set(&self.keys.round_keys(r).member(slot), &record).await.map_err(|e| self.lost(e))?;
-        let closed = self.keys.round_keys(r).closed();
-        match on_slot(u64::try_from(n).unwrap_or(0), min, max) {
-            OnSlot::Close(c) => {
-                self.store.client.compare_set(&closed, b"", c.value().as_bytes()).await.map_err(|e| self.lost(e))?;
-            }
-            OnSlot::LastCall => {
-                self.store.client.set(&self.keys.round_keys(r).quorum(), b"1").await.map_err(|e| self.lost(e))?;
-            }
-            OnSlot::Wait => {}
-        }
-        tracing::debug!(round = r, slot, "joined round");
-
-        // Wait for the round to close, our last call to end, or the job to
-        // move on, saying every so often who is still missing.
-        let next = self.keys.round_keys(r).next();
-        let quorum = self.keys.round_keys(r).quorum();
-        let limit = deadline.saturating_duration_since(Instant::now());
-        let elastic = min < max;
-        let closed_w = wait_on(self.store.dial.clone(), std::slice::from_ref(&closed), limit);
-        let next_w = wait_on(self.store.dial.clone(), std::slice::from_ref(&next), limit);
-        let quorum_w = wait_on(self.store.dial.clone(), std::slice::from_ref(&quorum), limit);
-        tokio::pin!(closed_w, next_w, quorum_w);
-        let mut quorum_seen = !elastic;
-        let mut last_call: Option<Instant> = None;
-        let mut waiting = Waiting::new(format!("pods to join round {r} at {}", self.store.endpoint), Some(deadline));
+        let lead = self.roles.leads.then(|| self.me.spares.to_string().into_bytes());
+        let mut form = Form::new(r, bounds, record, lead);
+        let was_spare = self.standing.was_spare();
         let mut seen: Vec<Option<Member>> = Vec::new();
+        let outcome = loop {
+            let got = match form.next() {
+                Op::Done(outcome) => break outcome,
+                op => self.form_op(&form, op, epoch, &mut seen).await?,
+            };
+            form.answer(got, millis(epoch.elapsed()));
+            if form.in_open_round() {
+                self.standing = Standing::Joining { round: r, was_spare };
+            } else if let Standing::Joining { .. } = self.standing {
+                self.standing = self.standing.out_of_round();
+            }
+        };
+        let slot = form.slot().unwrap_or(0);
+        match outcome {
+            Outcome::Formed(members) => self.formed_round(r, slot, &members, deadline, started).await,
+            Outcome::Spare { size } => {
+                self.me.last_rank = None;
+                self.spare(r, size).await
+            }
+            Outcome::Moved(to) => {
+                tracing::info!(round = r, next = to, "the job moved on before this round formed; following");
+                Ok(Try::Moved(to))
+            }
+            Outcome::TimedOut => Err(self.timeout(r, started).await),
+        }
+    }
+
+    /// One store operation of the formation of round `form.round()`.
+    async fn form_op(
+        &mut self,
+        form: &Form,
+        op: Op,
+        epoch: Instant,
+        seen: &mut Vec<Option<Member>>,
+    ) -> Result<Got, Error> {
+        let r = form.round();
+        let rk = self.keys.round_keys(r);
+        let key = |k: K| match k {
+            K::Round => self.keys.round(),
+            K::Join => rk.join(),
+            K::Lead => rk.lead(),
+            K::Member(slot) => rk.member(slot),
+            K::Closed => rk.closed(),
+            K::Quorum => rk.quorum(),
+            K::Next => rk.next(),
+            K::Members => rk.members(),
+        };
+        let limit = |until: u64| (epoch + Duration::from_millis(until)).saturating_duration_since(Instant::now());
+        Ok(match op {
+            Op::Add(k, by) => {
+                let n = self.store.client.add(&key(k), by).await.map_err(|e| self.lost(e))?;
+                Got::Num(u64::try_from(n).unwrap_or(0))
+            }
+            Op::Raise(to) => Got::Num(self.raise(&self.keys.round(), to).await?),
+            Op::Set(k, v) => {
+                self.store.client.set(&key(k), &v).await.map_err(|e| self.lost(e))?;
+                Got::Done
+            }
+            Op::Cas(k, v) => {
+                Got::Bytes(self.store.client.compare_set(&key(k), b"", &v).await.map_err(|e| self.lost(e))?)
+            }
+            Op::Get(k) => Got::Bytes(self.get(&key(k)).await?),
+            Op::WaitAny(keys, until) => {
+                let names: Vec<String> = keys.iter().map(|k| key(*k)).collect();
+                match self.wait_any(&names, limit(until), (form, epoch), seen).await? {
+                    Some(i) => Got::Fired(keys[i]),
+                    None => Got::TimedOut,
+                }
+            }
+            Op::WaitRecords(size, until) => {
+                let keys: Vec<String> = (0..size).map(|slot| rk.member(slot)).collect();
+                if self.wait_for(&keys, limit(until)).await? {
+                    Got::Done
+                } else {
+                    tracing::warn!(round = r, "a pod took a slot but never announced itself; starting a new round");
+                    Got::TimedOut
+                }
+            }
+            Op::Records(size) => self.order_members(r, size).await?,
+            Op::Advance(to) => {
+                tracing::warn!(
+                    round = r,
+                    next = to,
+                    "round {r} did not form (given up, or its closer found a pod missing or joined twice); starting round {to}"
+                );
+                self.advance(r, to).await?;
+                Got::Done
+            }
+            Op::Done(_) => Got::Done,
+        })
+    }
+
+    /// WAIT until any of `keys` is set (its index) or `limit` passes
+    /// (None); while the formation waits for pods, its waiting line says
+    /// who is in every so often.
+    async fn wait_any(
+        &mut self,
+        keys: &[String],
+        limit: Duration,
+        (form, epoch): (&Form, Instant),
+        seen: &mut Vec<Option<Member>>,
+    ) -> Result<Option<usize>, Error> {
+        let r = form.round();
+        let at = |t: u64| epoch + Duration::from_millis(t);
+        let waits = keys.iter().map(|k| Box::pin(wait_on(self.store.dial.clone(), std::slice::from_ref(k), limit)));
+        let any = futures::future::select_all(waits);
+        tokio::pin!(any);
+        let report = form.waits_for_pods();
+        let what = format!("pods to join round {r} at {}", self.store.endpoint);
+        let mut waiting = Waiting::new(what, Some(at(form.deadline())));
         let mut tick = progress_tick();
         loop {
             tokio::select! {
-                ok = &mut closed_w => {
-                    if ok.map_err(|e| self.lost(e))? { break }
-                    return Err(self.timeout(r, started).await);
-                }
-                ok = &mut next_w => {
-                    if ok.map_err(|e| self.lost(e))? {
-                        let to = parse_u64(&self.get(&next).await?).unwrap_or(r + 1);
-                        tracing::info!(round = r, next = to, "the job moved on before this round formed; following");
-                        return Ok(Try::Moved(to));
-                    }
-                    return Err(self.timeout(r, started).await);
-                }
-                ok = &mut quorum_w, if !quorum_seen => {
-                    quorum_seen = true;
-                    if !ok.map_err(|e| self.lost(e))? {
-                        return Err(self.timeout(r, started).await);
-                    }
-                    tracing::info!(round = r, min, last_call_s = self.timing.last_call.as_secs_f64(), "enough pods for a round; last call");
-                    last_call = Some(Instant::now() + self.timing.last_call);
-                }
-                () = crate::waiting::sleep_until(last_call) => {
-                    let count = u64::try_from(self.store.client.add(&self.keys.round_keys(r).join(), 0).await.map_err(|e| self.lost(e))?).unwrap_or(0);
-                    let v = at_last_call(count, slot, max).value();
-                    self.store.client.compare_set(&closed, b"", v.as_bytes()).await.map_err(|e| self.lost(e))?;
-                    break;
-                }
-                _ = tick.tick() => {
-                    let state = self.join_state(r, &mut seen, last_call).await?;
+                (ok, i, _) = &mut any => return Ok(ok.map_err(|e| self.lost(e))?.then_some(i)),
+                _ = tick.tick(), if report => {
+                    let state = self.join_state(r, seen, form.last_call().map(at)).await?;
                     waiting.report(&state);
                 }
             }
         }
-        self.standing = self.standing.out_of_round();
-        match place(&self.get(&closed).await?, slot) {
-            Place::Spare { size } => {
-                self.me.last_rank = None;
-                return self.spare(r, size).await;
-            }
-            Place::Member { size, assigns: true } => self.assign_round(r, size).await?,
-            Place::Member { assigns: false, .. } => {}
+    }
+
+    /// The closer reads the member records of slots `0..size` and puts
+    /// them in group-rank order (`assign`); the protocol decides the rest.
+    async fn order_members(&mut self, r: u64, size: u64) -> Result<Got, Error> {
+        let keys: Vec<String> = (0..size).map(|s| self.keys.round_keys(r).member(s)).collect();
+        let values = self.store.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
+        let members: Vec<Member> = values.iter().filter_map(|v| serde_json::from_slice(v).ok()).collect();
+        let places: Vec<String> = members.iter().map(Member::place).collect();
+        if let Some(m) = round::join::first_repeat(&places).map(|i| &members[i]) {
+            // A pod left (or died) while the round was open and came back:
+            // its old slot is stale (only one live agent holds a place,
+            // `super::claim`). The live pods meet again in a new round.
+            tracing::warn!(round = r, host = %m.host, node_rank = m.node_rank, "a pod joined this round twice (it restarted while the round was open); starting a new round");
         }
-        let rank_key = self.keys.round_keys(r).rank(slot);
-        let bound = self.timing.heartbeat_timeout + Duration::from_secs(2);
-        let assigned = tokio::select! {
-            ok = self.wait_for(std::slice::from_ref(&rank_key), bound) => ok?,
-            ok = self.wait_for(std::slice::from_ref(&next), bound) => {
-                if ok? {
-                    return Ok(Try::Moved(parse_u64(&self.get(&next).await?).unwrap_or(r + 1)));
-                }
-                false
-            }
+        // Members that disagree (or a record unreadable) form the round in
+        // slot order; every member finds the error itself (`formed_round`).
+        let ranks = assign(&members).unwrap_or_else(|_| (0..u32::try_from(members.len()).unwrap_or(0)).collect());
+        let mut by_rank: Vec<(u32, &Member)> = ranks.iter().copied().zip(members.iter()).collect();
+        by_rank.sort_by_key(|(rank, _)| *rank);
+        let ordered: Vec<&Member> = by_rank.into_iter().map(|(_, m)| m).collect();
+        Ok(Got::Records(Records { places, members: serde_json::to_vec(&ordered).unwrap_or_default() }))
+    }
+
+    /// Round `r` formed with `members` (`rR/members`, in group-rank
+    /// order): our group rank is our place there; then the store host's
+    /// worker store.
+    async fn formed_round(
+        &mut self,
+        r: u64,
+        slot: u64,
+        members: &[u8],
+        deadline: Instant,
+        started: Instant,
+    ) -> Result<Try, Error> {
+        let members: Vec<Member> =
+            serde_json::from_slice(members).map_err(|_| Error::Mismatch(format!("unreadable members of round {r}")))?;
+        let closed = round::Closed::read(&self.get(&self.keys.round_keys(r).closed()).await?);
+        if closed.is_some_and(|c| c.size != members.len() as u64) {
+            return Err(Error::Mismatch(format!(
+                "a pod of round {r} announced data the pod that closed it could not read (a different trainlet version?)"
+            )));
+        }
+        assign(&members).map_err(Error::Mismatch)?;
+        let Some(group_rank) = members.iter().position(|m| m.uid == self.me.uid) else {
+            return Err(Error::Mismatch(format!("round {r} formed without this pod (uid {})", self.me.uid)));
         };
-        if !assigned {
-            // Give the round up, unless its closer formed it meanwhile (the
-            // first to write the members decides for every pod).
-            let got = self
-                .store
-                .client
-                .compare_set(&self.keys.round_keys(r).members(), b"", ABANDONED)
-                .await
-                .map_err(|e| self.lost(e))?;
-            if given_up(&got) || !self.wait_for(std::slice::from_ref(&rank_key), bound).await? {
-                tracing::warn!(round = r, "the pod that closed the round never assigned ranks; starting a new round");
-                self.advance(r, r + 1).await?;
-                return Ok(Try::Moved(r + 1));
-            }
-        }
-        let a: Assignment = serde_json::from_slice(&self.get(&rank_key).await?)
-            .map_err(|_| Error::Mismatch(format!("unreadable rank assignment in round {r}")))?;
-        if let Some(e) = a.error {
-            return Err(Error::Mismatch(e));
-        }
         let port_key = self.keys.round_keys(r).port();
+        let bound = self.timing.heartbeat_timeout + MEMBERS_GRACE;
         let limit = deadline.saturating_duration_since(Instant::now()).max(bound);
         if !self.wait_for(std::slice::from_ref(&port_key), limit).await? {
             return Err(Error::Timeout {
@@ -224,8 +290,8 @@ impl Session {
         Ok(Try::Formed(Round {
             number: r,
             slot: u32::try_from(slot).unwrap_or(u32::MAX),
-            group_rank: a.group_rank,
-            nnodes: a.nnodes,
+            group_rank: u32::try_from(group_rank).unwrap_or(u32::MAX),
+            nnodes: u32::try_from(members.len()).unwrap_or(u32::MAX),
             worker_port: port,
             aux_port,
             restarts: 0,
@@ -266,68 +332,6 @@ impl Session {
         let count = self.read_slots(r, seen).await?;
         let present: Vec<&Member> = seen.iter().flatten().collect();
         Ok(describe_join(&self.me, &present, count, last_call.map(|t| t.saturating_duration_since(Instant::now()))))
-    }
-
-    /// We closed the round: read every member, assign ranks, publish.
-    async fn assign_round(&mut self, r: u64, size: u64) -> Result<(), Error> {
-        let keys: Vec<String> = (0..size).map(|s| self.keys.round_keys(r).member(s)).collect();
-        let bound = self.timing.heartbeat_timeout;
-        if !self.wait_for(&keys, bound).await? {
-            tracing::warn!(round = r, "a pod took a slot but never announced itself; starting a new round");
-            self.advance(r, r + 1).await?;
-            return Ok(());
-        }
-        let values = self.store.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
-        let members: Vec<Member> = values.iter().filter_map(|v| serde_json::from_slice(v).ok()).collect();
-        let places: Vec<_> = members.iter().map(Member::place).collect();
-        if let Some(m) = first_repeat(&places).map(|i| &members[i]) {
-            // A pod left (or died) while the round was open and came back:
-            // its old slot is stale (only one live agent holds a place,
-            // `super::claim`). The live pods meet again in a new round.
-            tracing::warn!(round = r, host = %m.host, node_rank = m.node_rank, "a pod joined this round twice (it restarted while the round was open); starting a new round");
-            self.advance(r, r + 1).await?;
-            return Ok(());
-        }
-        let nnodes = u32::try_from(members.len()).unwrap_or(u32::MAX);
-        let (ranks, error) = match (members.len() == values.len()).then(|| assign(&members)) {
-            Some(Ok(ranks)) => (ranks, None),
-            Some(Err(e)) => (vec![0; members.len()], Some(e)),
-            None => (vec![0; values.len()], Some("a pod announced unreadable data".to_string())),
-        };
-        let mut by_rank: Vec<(u32, &Member)> = ranks.iter().copied().zip(members.iter()).collect();
-        by_rank.sort_by_key(|(rank, _)| *rank);
-        let ordered: Vec<&Member> = by_rank.into_iter().map(|(_, m)| m).collect();
-        // The members first, by COMPARE_SET: the others may have given the
-        // round up while this pod was slow (then it follows them on).
-        let record = serde_json::to_vec(&ordered).unwrap_or_default();
-        let got = self
-            .store
-            .client
-            .compare_set(&self.keys.round_keys(r).members(), b"", &record)
-            .await
-            .map_err(|e| self.lost(e))?;
-        if !closer_forms(&got) {
-            tracing::warn!(
-                round = r,
-                "the other pods gave this round up before its ranks were assigned; following them"
-            );
-            self.advance(r, r + 1).await?;
-            return Ok(());
-        }
-        let pairs: Vec<(String, Vec<u8>)> = ranks
-            .iter()
-            .enumerate()
-            .map(|(slot, &group_rank)| {
-                let a = Assignment { group_rank, nnodes, error: error.clone() };
-                (self.keys.round_keys(r).rank(slot), serde_json::to_vec(&a).unwrap_or_default())
-            })
-            .collect();
-        self.store.client.multi_set(&pairs).await.map_err(|e| self.lost(e))?;
-        if error.is_none() {
-            let hosts: Vec<&str> = ordered.iter().map(|m| m.host.as_str()).collect();
-            tracing::debug!(round = r, nnodes, members = ?hosts, "assigned the round's ranks");
-        }
-        Ok(())
     }
 
     /// The round is full or running without us.
@@ -529,6 +533,11 @@ async fn watch_if(
     limit: Duration,
 ) -> Result<bool, crate::store::ClientError> {
     if on { wait_on(dial, std::slice::from_ref(&key), limit).await } else { std::future::pending().await }
+}
+
+/// A duration in the formation's unit (milliseconds).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// `PORT` or `PORT,AUX` as the store host publishes them.

@@ -59,17 +59,6 @@ impl Member {
     }
 }
 
-/// One slot's place in a formed round.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Assignment {
-    /// Group (node) rank in this round.
-    pub group_rank: u32,
-    /// Pods in this round.
-    pub nnodes: u32,
-    /// Why the round cannot run (pods disagree); every member exits.
-    pub error: Option<String>,
-}
-
 /// Assign group ranks to the members of a round, given in slot order:
 /// static jobs use each pod's node rank; jobs with spares keep ranks
 /// ([`keep_ranks`]); elastic jobs order pods by (node rank hint, host,

@@ -185,7 +185,7 @@ fn a_rounds_end_is_spelled_only_by_its_type() {
 /// `serve/`, ...), a job-wide key's whole name (`restarts"`), or a round's
 /// prefix (`/r{round}/`); and the job prefix itself (`"trainlet/{`).
 fn key_spellings(literal: &str) -> Vec<String> {
-    const NODES: [&str; 25] = [
+    const NODES: [&str; 24] = [
         "hb/",
         "claim/",
         "leaving/",
@@ -196,7 +196,6 @@ fn key_spellings(literal: &str) -> Vec<String> {
         "stacks/",
         "cache/",
         "m/",
-        "rank/",
         "failures/",
         "dumped/",
         "pmi/",
