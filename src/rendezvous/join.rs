@@ -112,7 +112,12 @@ impl Session {
                 Op::Done(outcome) => break outcome,
                 op => self.form_op(&form, op, epoch, &mut seen).await?,
             };
+            let before = form.last_call();
             form.answer(got, millis(epoch.elapsed()));
+            if before.is_none() && form.last_call().is_some() {
+                let (min, last_call_s) = (self.me.min_nodes, self.timing.last_call.as_secs_f64());
+                tracing::info!(round = r, min, last_call_s, "enough pods for a round; last call");
+            }
             if form.in_open_round() {
                 self.standing = Standing::Joining { round: r, was_spare };
             } else if let Standing::Joining { .. } = self.standing {
