@@ -18,6 +18,7 @@
 
 pub mod claim;
 pub mod form;
+pub mod groups;
 pub mod host_left;
 pub mod join;
 pub mod monitor;

@@ -74,6 +74,10 @@ pub enum Mutant {
     /// the ranks; a member that waited out the bound twice moved the job
     /// on past the formed round, whose members then ran beside the next.
     MemberLeavesFormedRound,
+    /// Not a bug the round had: the store host's pod closes its store once
+    /// its own replica group is done, while other groups still train on
+    /// it (`trainlet::launch::replicas` outlasts them).
+    HostLeavesGroups,
     /// Not a bug the round had: a claimant that takes a live holder's
     /// place (a stale pod back), which the claim refuses; the simulation
     /// must see two live agents in one place.
@@ -82,7 +86,7 @@ pub enum Mutant {
 
 impl Mutant {
     /// Every mutant, in the order of the commits that fixed them.
-    pub const ALL: [Mutant; 16] = [
+    pub const ALL: [Mutant; 17] = [
         Mutant::SpareMissesHostsEnd,
         Mutant::SpareTakesAllLeft,
         Mutant::RestartTakesOldEnd,
@@ -98,6 +102,7 @@ impl Mutant {
         Mutant::FailedJobMovedOn,
         Mutant::SpareBesideUnformedRound,
         Mutant::MemberLeavesFormedRound,
+        Mutant::HostLeavesGroups,
         Mutant::StalePodTakesOver,
     ];
 
@@ -119,6 +124,7 @@ impl Mutant {
             Mutant::FailedJobMovedOn => "failed-job-moved-on",
             Mutant::SpareBesideUnformedRound => "spare-beside-unformed-round",
             Mutant::MemberLeavesFormedRound => "member-leaves-formed-round",
+            Mutant::HostLeavesGroups => "host-leaves-groups",
             Mutant::StalePodTakesOver => "stale-pod-takes-over",
         }
     }
@@ -141,6 +147,7 @@ impl Mutant {
             | Mutant::FailedJobMovedOn
             | Mutant::SpareBesideUnformedRound
             | Mutant::MemberLeavesFormedRound => "sim",
+            Mutant::HostLeavesGroups => "groups",
             Mutant::StalePodTakesOver => "claim",
         }
     }
@@ -171,6 +178,7 @@ impl Mutant {
             Mutant::FailedJobMovedOn => "the store host moves a job on after its failure when a member died",
             Mutant::SpareBesideUnformedRound => "a spare waits forever beside a round that never formed",
             Mutant::MemberLeavesFormedRound => "a member without its rank moves the job past a round its closer formed",
+            Mutant::HostLeavesGroups => "the store host closes its store while other replica groups train on it",
             Mutant::StalePodTakesOver => "a second live agent in a place takes it over instead of being refused",
         }
     }
@@ -214,7 +222,7 @@ mod tests {
     fn names_are_unique_and_read_back() {
         for m in Mutant::ALL {
             assert_eq!(Mutant::parse(m.name()), Some(m));
-            assert!(m.commit().len() == 7 || ["sim", "claim"].contains(&m.commit()));
+            assert!(m.commit().len() == 7 || ["sim", "claim", "groups"].contains(&m.commit()));
         }
         assert_eq!(Mutant::parse("none"), None);
     }

@@ -463,11 +463,11 @@ async fn outlast_other_groups(plan: &Plan, dial: &Dial, events: &mut UnboundedRe
         let mut running = Vec::new();
         for ((rank, key), s) in others.iter().zip(&hb_keys).zip(seen.iter_mut()) {
             let value = if key.is_empty() { None } else { values.pop() };
-            if s.observe(key, value, now) && !s.gone(now, start, plan) {
+            if !s.gone(key, value, now, start, plan) {
                 running.push(*rank);
             }
         }
-        if running.is_empty() {
+        if !round::groups::host_outlasts(running.len()) {
             let absent: Vec<u32> = others.iter().zip(&seen).filter(|(_, s)| !s.bye).map(|(r, _)| *r).collect();
             if absent.is_empty() {
                 tracing::info!("every other pod left; this pod's {serves} may stop", serves = serves);
@@ -503,8 +503,11 @@ struct Seen {
 }
 
 impl Seen {
-    /// Take one reading; true while the pod may still be there.
-    fn observe(&mut self, key: &str, value: Option<Vec<u8>>, now: Instant) -> bool {
+    /// Take one reading: whether the pod is gone for the store host
+    /// (`round::groups::gone`: it said `bye`, or it has been silent, or
+    /// never registered, for the join timeout: the time a pod gets to come
+    /// back, as a lost store host gets).
+    fn gone(&mut self, key: &str, value: Option<Vec<u8>>, now: Instant, start: Instant, plan: &Plan) -> bool {
         if key != self.key {
             // A new registration: the pod (re)joined.
             *self = Seen { key: key.to_string(), ..Seen::default() };
@@ -514,13 +517,9 @@ impl Seen {
             self.value = value;
             self.since = Some(now);
         }
-        !self.bye
-    }
-
-    /// Silent (or never registered) for the join timeout: the time a pod
-    /// gets to come back, as a lost store host gets.
-    fn gone(&self, now: Instant, start: Instant, plan: &Plan) -> bool {
-        now.duration_since(self.since.unwrap_or(start).max(start)) >= plan.join_timeout
+        let silent = now.duration_since(self.since.unwrap_or(start).max(start));
+        let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        round::groups::gone(self.bye, millis(silent), millis(plan.join_timeout))
     }
 }
 
@@ -552,15 +551,16 @@ mod tests {
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mut s = Seen::default();
-        assert!(s.observe("", None, at(0)) && !s.gone(at(5), t0, &plan), "not registered yet, within the join timeout");
-        assert!(s.gone(at(601), t0, &plan), "never came within the join timeout (600 s)");
-        assert!(s.observe("k/hb/a", Some(b"1".to_vec()), at(1)));
-        assert!(s.observe("k/hb/a", Some(b"2".to_vec()), at(9)) && !s.gone(at(18), t0, &plan), "heartbeating");
+        let v = |b: &[u8]| Some(b.to_vec());
+        assert!(!s.gone("", None, at(5), t0, &plan), "not registered yet, within the join timeout");
+        assert!(s.gone("", None, at(601), t0, &plan), "never came within the join timeout (600 s)");
+        assert!(!s.gone("k/hb/a", v(b"1"), at(1), t0, &plan));
+        assert!(!s.gone("k/hb/a", v(b"2"), at(9), t0, &plan), "heartbeating");
         // Silent: a container restarting gets the join timeout to come back.
-        assert!(s.observe("k/hb/a", Some(b"2".to_vec()), at(30)) && !s.gone(at(30), t0, &plan), "silent 21 s");
-        assert!(s.gone(at(610), t0, &plan), "silent for the join timeout");
-        assert!(s.observe("k/hb/b", Some(b"1".to_vec()), at(611)) && !s.gone(at(612), t0, &plan), "came back: new key");
-        assert!(!s.observe("k/hb/b", Some(b"bye".to_vec()), at(613)), "left");
+        assert!(!s.gone("k/hb/a", v(b"2"), at(30), t0, &plan), "silent 21 s");
+        assert!(s.gone("k/hb/a", v(b"2"), at(610), t0, &plan), "silent for the join timeout");
+        assert!(!s.gone("k/hb/b", v(b"1"), at(611), t0, &plan), "came back: new key");
+        assert!(s.gone("k/hb/b", v(b"bye"), at(613), t0, &plan), "left");
         assert_eq!(bracketed("fe80::1"), "[fe80::1]");
         assert_eq!(bracketed("job-0.job"), "job-0.job");
     }

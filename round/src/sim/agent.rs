@@ -41,6 +41,10 @@ pub struct Agent {
     pub last_rank: Option<(u32, u64)>,
     /// When its current join gives up.
     pub deadline: u64,
+    /// It lost a store with no word and nothing in hand and has formed no
+    /// round since: what became of its job is unknown to it, so a join
+    /// deadline it then meets is a truthful 203.
+    pub lost_word: bool,
     /// Restarts used, as it knows them (it raises a new store's to them).
     pub restarts: u64,
     /// When it entered its phase: its WAITs were registered then.
@@ -51,7 +55,7 @@ impl Agent {
     /// A container of pod `pod` that starts now, talking to `store`.
     pub fn new(env: &mut Env, pod: u32, store: usize, restarted: bool) -> Agent {
         let uid = env.uid();
-        env.facts.pod_of.insert(uid, pod);
+        env.facts.pod_of.insert(uid, (pod, env.generation));
         Agent {
             pod,
             uid,
@@ -65,6 +69,7 @@ impl Agent {
             was_spare: false,
             last_rank: None,
             deadline: env.tick + JOIN_TIMEOUT,
+            lost_word: false,
             restarts: 0,
             since: env.tick,
         }
@@ -90,7 +95,7 @@ impl Agent {
         env.note(&name, format!("exits {code:?}: {why}"));
         env.facts.exits.insert(self.uid, Exit { code, why: why.into(), no_word, generation: self.generation });
         if self.hosts() {
-            env.stores[self.store].open = false;
+            env.close(self.store);
         }
         self.phase = Phase::Gone;
     }
@@ -136,7 +141,7 @@ impl Agent {
             _ => {}
         }
         if tick >= self.deadline && self.joining() {
-            return self.exit(env, Code::PeerLost, "the join deadline passed", false);
+            return self.exit(env, Code::PeerLost, "the join deadline passed", self.lost_word);
         }
         match self.phase.clone() {
             // A container of the next generation that reached the previous

@@ -109,7 +109,7 @@ impl Agent {
     /// group-rank order): each group rank held by one uid in the round, and
     /// with spares the store host's pod among the members.
     fn check_formed(&self, env: &mut Env, r: u64, uids: &[u32]) {
-        let pods: Vec<u32> = uids.iter().filter_map(|u| env.facts.pod_of.get(u).copied()).collect();
+        let pods: Vec<u32> = uids.iter().filter_map(|u| env.facts.pod_of.get(u).map(|p| p.0)).collect();
         let store = self.store;
         for (rank, uid) in (0u32..).zip(uids) {
             if let Some(other) = env.facts.ranks.insert((store, r, rank), *uid).filter(|o| o != uid) {
@@ -136,6 +136,7 @@ impl Agent {
                 let size = uids.len() as u64;
                 self.known_round = Some(r);
                 self.before_any_round = false;
+                self.lost_word = false;
                 if env.cfg.spares_flag {
                     self.last_rank = Some((rank, r));
                 }
@@ -155,7 +156,7 @@ impl Agent {
                 self.phase = Phase::SpareArrive { r, size, until: tick + HEARTBEAT_TIMEOUT + RANK_GRACE };
             }
             Outcome::Moved(to) => self.phase = Phase::Join { want: to },
-            Outcome::TimedOut => self.exit(env, Code::PeerLost, "the join deadline passed", false),
+            Outcome::TimedOut => self.exit(env, Code::PeerLost, "the join deadline passed", self.lost_word),
         }
     }
 }

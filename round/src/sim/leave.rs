@@ -4,12 +4,13 @@
 //! and the store host's leaving (its word, the members' and the spares'
 //! leaving, its store's close).
 
+use round::groups::{gone, host_outlasts};
 use round::host_left::{AfterLoss, Announced, after_loss};
 use round::spare::{Heard, Step, VerdictRead, first, watches_left};
 
 use super::agent::Agent;
 use super::phase::{Member, Phase, read_verdict};
-use super::store::Key;
+use super::store::{Key, Uid};
 use super::world::{Code, Env, HEARTBEAT_TIMEOUT, JOIN_TIMEOUT, Kind, LEAVE_WAIT, SPARES_READ_WAIT};
 
 impl Agent {
@@ -85,13 +86,14 @@ impl Agent {
                 let name = self.name();
                 env.note(&name, format!("rejoins ({why:?})"));
                 let no_word = announced == Announced::Nothing && !in_hand;
+                self.lost_word |= no_word;
                 self.phase = Phase::Rejoin { until: env.tick + JOIN_TIMEOUT, no_word };
             }
         }
     }
 
     pub(super) fn rejoin(&mut self, env: &mut Env, until: u64, no_word: bool) {
-        let newest = env.newest();
+        let newest = if env.cfg.groups > 1 { env.newest_of(self.generation) } else { env.newest() };
         // The attempt's fence (`Session::check_attempt`): a store of a
         // newer attempt (the job restarted in place; its store host's
         // agent raised `attempt` as it started) refuses an older container.
@@ -144,7 +146,37 @@ impl Agent {
                     self.phase = Phase::Leave { m, verdict: verdict.into(), stage: 4, until };
                 }
             }
-            _ => self.exit(env, code, "the job ended; its store closes", false),
+            _ => {
+                if env.cfg.groups > 1 && !self.outlasts_groups(env) {
+                    return;
+                }
+                self.exit(env, code, "the job ended; its store closes", false);
+            }
         }
+    }
+
+    /// The store host's group is done (`trainlet::launch::replicas`): it
+    /// keeps its store up while another group's pod is not gone for it
+    /// (`round::groups`); false while it waits. A store closed under a
+    /// group that still trains breaks the invariant.
+    fn outlasts_groups(&mut self, env: &mut Env) -> bool {
+        let tick = env.tick;
+        let facts = &env.facts;
+        let others: Vec<Uid> =
+            facts.pod_of.iter().filter(|(_, (_, g))| *g != self.generation).map(|(u, _)| *u).collect();
+        let silent_for = |u: &Uid| facts.killed_at.get(u).map_or(0, |at| tick.saturating_sub(*at));
+        let running =
+            others.iter().filter(|u| !gone(facts.exits.contains_key(*u), silent_for(u), JOIN_TIMEOUT)).count();
+        if host_outlasts(running) {
+            return false;
+        }
+        let alive = others.iter().find(|u| !facts.exits.contains_key(*u) && !facts.killed_at.contains_key(*u));
+        if let Some(uid) = alive {
+            let group = facts.pod_of.get(uid).map_or(0, |p| p.1);
+            env.violate(format!(
+                "the store host closed its store while replica group {group} still trains (uid {uid})"
+            ));
+        }
+        true
     }
 }

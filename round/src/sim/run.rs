@@ -60,8 +60,8 @@ struct Sim {
     /// When each killed uid died.
     killed: Vec<(super::store::Uid, u64)>,
     stop: Option<Stop>,
-    /// The host monitor's store, round, and whether it forgot the old rounds.
-    monitored: Option<(usize, u64, bool)>,
+    /// The host monitor's round per store, and whether it forgot the old rounds.
+    monitored: std::collections::BTreeMap<usize, (u64, bool)>,
 }
 
 /// Run schedule `seed`.
@@ -87,8 +87,14 @@ impl Sim {
     fn new(rng: Rng, cfg: Cfg) -> Sim {
         let mut env = Env::new(rng, cfg);
         let pods = env.cfg.pods;
-        // Pods start a little apart, as a job's pods are scheduled.
-        let mut agents: Vec<Agent> = (0..pods).map(|p| Agent::new(&mut env, p, 0, false)).collect();
+        // Pods start a little apart, as a job's pods are scheduled; with
+        // replica groups, group g's are pods g*P .. (g+1)*P on group g's keys.
+        let mut agents = Vec::new();
+        for g in 0..env.cfg.groups {
+            env.generation = g;
+            agents.extend((0..pods).map(|p| Agent::new(&mut env, g * pods + p, g as usize, false)));
+        }
+        env.generation = 0;
         for a in &mut agents {
             a.paused_until = env.rng.below(40);
         }
@@ -115,7 +121,15 @@ impl Sim {
             env.cfg.fail_rate = 200;
             env.cfg.max_restarts = 0;
         }
-        Sim { env, agents, faults, starts: Vec::new(), killed: Vec::new(), stop: None, monitored: None }
+        Sim {
+            env,
+            agents,
+            faults,
+            starts: Vec::new(),
+            killed: Vec::new(),
+            stop: None,
+            monitored: std::collections::BTreeMap::new(),
+        }
     }
 
     fn over(&self) -> bool {
@@ -173,7 +187,8 @@ impl Sim {
         let due: Vec<Fault> = self.faults.iter().filter(|(at, _)| *at == tick).map(|(_, f)| *f).collect();
         for f in due {
             let live: Vec<usize> = (0..self.agents.len())
-                .filter(|&i| self.agents[i].phase != Phase::Gone && self.agents[i].generation == self.env.generation)
+                .filter(|&i| self.agents[i].phase != Phase::Gone)
+                .filter(|&i| self.env.cfg.groups > 1 || self.agents[i].generation == self.env.generation)
                 .filter(|&i| match f {
                     Fault::Kill { host } => self.agents[i].hosts() == host,
                     Fault::Term | Fault::Stale => !self.agents[i].hosts(),
@@ -273,7 +288,7 @@ impl Sim {
         self.killed.push((uid, tick));
         self.env.facts.killed_at.insert(uid, tick);
         if pod == 0 {
-            self.env.stores[store].open = false;
+            self.env.close(store);
         }
         // In place, a new container of the pod starts later (not once the
         // job has its outcome: that container would start a job of its own).
@@ -299,14 +314,15 @@ impl Sim {
                 s.set(Key::AllStopped(m.r), "1");
             }
         }
-        if a.hosts() {
-            s.open = false;
-        }
+        let hosts = a.hosts();
         a.phase = Phase::Gone;
         self.env.facts.exits.insert(
             uid,
             super::world::Exit { code: Code::Signal, why: "SIGTERM".into(), no_word: false, generation: a.generation },
         );
+        if hosts {
+            self.env.close(store);
+        }
     }
 
     /// Containers that start now: a pod's in place (the store host's with
@@ -319,10 +335,16 @@ impl Sim {
             self.starts.iter().filter(|(at, ..)| *at <= tick).map(|(_, p, g)| (*p, *g)).collect();
         self.starts.retain(|(at, ..)| *at > tick);
         for (pod, generation) in due {
+            let groups = self.env.cfg.groups;
             if pod == 0 {
-                self.env.stores.push(Store::new(generation));
+                let incarnation = self.env.stores.iter().map(|s| s.incarnation).max().unwrap_or(0) + 1;
+                if groups > 1 {
+                    self.env.stores.extend((0..groups).map(|g| Store::new(g, incarnation)));
+                } else {
+                    self.env.stores.push(Store::new(generation, incarnation));
+                }
             }
-            let store = self.env.newest();
+            let store = if groups > 1 { self.env.newest_of(generation) } else { self.env.newest() };
             let saved = self.env.generation;
             self.env.generation = generation;
             let a = Agent::new(&mut self.env, pod, store, true);
@@ -359,14 +381,20 @@ impl Sim {
     /// and declares dead a member killed a heartbeat timeout ago, which
     /// ends the round.
     fn monitor(&mut self, tick: u64) {
-        let store = self.env.newest();
-        let s: &mut Store = &mut self.env.stores[store];
-        if !s.open {
-            return;
+        // The newest store host's: every replica group's store it serves.
+        let incarnation = self.env.stores[self.env.newest()].incarnation;
+        for store in 0..self.env.stores.len() {
+            if self.env.stores[store].incarnation == incarnation && self.env.stores[store].open {
+                self.monitor_store(tick, store);
+            }
         }
+    }
+
+    fn monitor_store(&mut self, tick: u64, store: usize) {
+        let s: &mut Store = &mut self.env.stores[store];
         let mut notes = Vec::new();
         let mut decided = None;
-        let (mut r, mut forgot) = self.monitored.filter(|m| m.0 == store).map_or((0, false), |m| (m.1, m.2));
+        let (mut r, mut forgot) = self.monitored.get(&store).copied().unwrap_or((0, false));
         if s.has(Key::Next(r)) {
             // A round that never formed forgets the old rounds as it goes.
             if round::monitor::forgets_on_moving_on(forgot) {
@@ -424,7 +452,7 @@ impl Sim {
                 _ => {}
             }
         }
-        self.monitored = Some((store, r, forgot));
+        self.monitored.insert(store, (r, forgot));
         if let Some(generation) = decided {
             self.env.facts.outcome.entry(generation).or_insert(true);
             self.env.facts.decided_at.get_or_insert(tick);

@@ -87,8 +87,12 @@ impl Key {
 pub struct Store {
     /// Serving.
     pub open: bool,
-    /// The job generation whose host serves it.
+    /// The job generation whose host serves it (with replica groups: the
+    /// group whose keys it holds).
     pub generation: u32,
+    /// The store host's incarnation that serves it (every replica group's
+    /// store of one incarnation is the same store process).
+    pub incarnation: u32,
     map: BTreeMap<Key, Vec<u8>>,
     /// When each deleted key was deleted (a WAIT registered before then
     /// has fired: [`Store::seen`]).
@@ -96,9 +100,10 @@ pub struct Store {
 }
 
 impl Store {
-    /// A new, empty, open store of job generation `generation`.
-    pub fn new(generation: u32) -> Store {
-        Store { open: true, generation, map: BTreeMap::new(), deleted: BTreeMap::new() }
+    /// A new, empty, open store of job generation `generation`, served by
+    /// the store host's incarnation `incarnation`.
+    pub fn new(generation: u32, incarnation: u32) -> Store {
+        Store { open: true, generation, incarnation, map: BTreeMap::new(), deleted: BTreeMap::new() }
     }
 
     /// The value (empty when unset).

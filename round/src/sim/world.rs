@@ -133,6 +133,9 @@ pub struct Cfg {
     pub word_lost: bool,
     /// Stops of served runs, at random (some of runs that are over).
     pub stops: bool,
+    /// Replica groups (`--replica-groups`): each of `pods` pods, meeting on
+    /// keys of its own on the one store; the store host's pod is group 0's.
+    pub groups: u32,
 }
 
 impl Cfg {
@@ -156,6 +159,11 @@ impl Cfg {
             if (elastic || spares_flag) && rng.chance(600) { 1 + u32::try_from(rng.below(2)).unwrap_or(0) } else { 0 };
         let pods = (max + extra).min(64);
         let faults = kind == Kind::Job;
+        let groups = if faults && !elastic && !spares_flag && pods <= 16 && rng.chance(150) {
+            2 + u32::try_from(rng.below(2)).unwrap_or(0)
+        } else {
+            1
+        };
         Cfg {
             kind,
             pods,
@@ -177,6 +185,7 @@ impl Cfg {
             stops: kind == Kind::Serve && rng.chance(800),
             stale_pod: kind != Kind::InPlace && rng.chance(150),
             slow_stop: faults && rng.chance(200),
+            groups,
         }
     }
 
@@ -200,9 +209,10 @@ impl Cfg {
         .map(|(_, n)| *n)
         .collect();
         format!(
-            "{:?}: {} pods, rounds of {}..={}{}, max restarts {}, worker failures {}/1000, pauses {}/1000, runs {}, faults [{}]",
+            "{:?}: {} pods{}, rounds of {}..={}{}, max restarts {}, worker failures {}/1000, pauses {}/1000, runs {}, faults [{}]",
             self.kind,
             self.pods,
+            if self.groups > 1 { format!(" in each of {} replica groups", self.groups) } else { String::new() },
             self.min,
             self.max,
             if self.spares_flag { ", --spares" } else { "" },
@@ -269,8 +279,8 @@ pub struct Facts {
     pub killed_at: BTreeMap<Uid, u64>,
     /// When each round formed, as its first member saw it, per (store, round).
     pub formed_at: BTreeMap<(usize, u64), u64>,
-    /// Each container's pod.
-    pub pod_of: BTreeMap<Uid, u32>,
+    /// Each container's pod and generation (its replica group's, with groups).
+    pub pod_of: BTreeMap<Uid, (u32, u32)>,
     /// Served runs over.
     pub served: u64,
     /// Served runs: the run each round ran, per (store, round).
@@ -304,11 +314,12 @@ pub struct Env {
 impl Env {
     /// A world for `cfg`, its first store open.
     pub fn new(rng: Rng, cfg: Cfg) -> Env {
+        let stores = (0..cfg.groups).map(|g| Store::new(g, 0)).collect();
         Env {
             rng,
             tick: 0,
             cfg,
-            stores: vec![Store::new(0)],
+            stores,
             facts: Facts::default(),
             trace: VecDeque::new(),
             violation: None,
@@ -335,6 +346,20 @@ impl Env {
     /// The newest store's index.
     pub fn newest(&self) -> usize {
         self.stores.len() - 1
+    }
+
+    /// The newest store of job generation (or replica group) `generation`.
+    pub fn newest_of(&self, generation: u32) -> usize {
+        self.stores.iter().rposition(|s| s.generation == generation).unwrap_or(0)
+    }
+
+    /// The store host's store process ends: every group's store it served
+    /// (those of `store`'s incarnation) closes.
+    pub fn close(&mut self, store: usize) {
+        let incarnation = self.stores[store].incarnation;
+        for s in self.stores.iter_mut().filter(|s| s.incarnation == incarnation) {
+            s.open = false;
+        }
     }
 
     /// A fresh uid.
