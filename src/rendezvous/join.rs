@@ -8,12 +8,10 @@ use tokio::time::Instant;
 
 use super::Error;
 use super::member::{Member, assign};
-use crate::supervise::policy::Verdict;
 use crate::supervise::round_end::RoundEnd;
 use crate::waiting::Waiting;
 use round::form::{Bounds, Form, Got, K, Op, Outcome, Records};
 use round::join::{ABANDONED, Arrival, arrival, spare_gives_up};
-use round::spare::{Heard, Step, VerdictRead, watches_left};
 
 use super::session::{Joined, Known, Round, Session, Standing, Try, progress_tick, wait_on};
 
@@ -23,9 +21,6 @@ pub(super) const MISSING_SHOWN: usize = 32;
 /// A member's wait for the round's members outlasts the heartbeat
 /// timeout by this (the closer reads every record first).
 const MEMBERS_GRACE: Duration = Duration::from_secs(2);
-
-/// How often a spare checks its health while it waits.
-const SPARE_CHECK_EVERY: Duration = Duration::from_secs(60);
 
 impl Session {
     /// Join the next round (after `known.round`) and wait until it forms.
@@ -216,8 +211,7 @@ impl Session {
     ) -> Result<Option<usize>, Error> {
         let r = form.round();
         let at = |t: u64| epoch + Duration::from_millis(t);
-        let waits = keys.iter().map(|k| Box::pin(wait_on(self.store.dial.clone(), std::slice::from_ref(k), limit)));
-        let any = futures::future::select_all(waits);
+        let any = first_set(self.store.dial.clone(), keys, limit);
         tokio::pin!(any);
         let report = form.waits_for_pods();
         let what = format!("pods to join round {r} at {}", self.store.endpoint);
@@ -225,7 +219,7 @@ impl Session {
         let mut tick = progress_tick();
         loop {
             tokio::select! {
-                (ok, i, _) = &mut any => return Ok(ok.map_err(|e| self.lost(e))?.then_some(i)),
+                set = &mut any => return set.map_err(|e| self.lost(e)),
                 _ = tick.tick(), if report => {
                     let state = self.join_state(r, seen, form.last_call().map(at)).await?;
                     waiting.report(&state);
@@ -392,97 +386,6 @@ impl Session {
         self.wait_as_spare(r, size).await
     }
 
-    /// Wait as a spare in round `r` (of `size` pods) until the job moves
-    /// on, ends without us, or it is time for a health check.
-    async fn wait_as_spare(&mut self, r: u64, size: u64) -> Result<Try, Error> {
-        let next = self.keys.round_keys(r).next();
-        let verdict = self.keys.round_keys(r).verdict();
-        let day = Duration::from_secs(86_400);
-        let next_w = wait_on(self.store.dial.clone(), std::slice::from_ref(&next), day);
-        let verdict_w = wait_on(self.store.dial.clone(), std::slice::from_ref(&verdict), day);
-        // Serve mode: the members left the job with no verdict for us (the
-        // idle timeout's shutdown). Elsewhere every end has a verdict, and
-        // `all_left` may be an old store's (a pod restarted in place).
-        let all_left = self.keys.round_keys(r).all_left();
-        let watch_left = watches_left(self.roles.serving);
-        let left_w = watch_if(watch_left, self.store.dial.clone(), all_left.clone(), day);
-        tokio::pin!(next_w, verdict_w, left_w);
-        let mut waiting = Waiting::new(format!("room in the job at {} (a spare)", self.store.endpoint), None);
-        let mut tick = progress_tick();
-        let recheck = tokio::time::sleep(SPARE_CHECK_EVERY);
-        tokio::pin!(recheck);
-        let running = if self.me.spares > 0 {
-            format!("round {r} runs with {size} pods; {} wait as spares", self.me.spares)
-        } else {
-            format!("round {r} runs with {size} of at most {} pods", self.me.max_nodes)
-        };
-        loop {
-            // Biased in the protocol's order (`round::spare::PRIORITY`), the
-            // members' leaving first: the store closes right after it, and
-            // the other waits then end with a lost store.
-            let (heard, v) = tokio::select! {
-                biased;
-                ok = &mut left_w => {
-                    if !ok.map_err(|e| self.lost(e))? {
-                        left_w.set(watch_if(watch_left, self.store.dial.clone(), all_left.clone(), day));
-                        continue;
-                    }
-                    tracing::info!(round = r, "the members left the job; this spare leaves too");
-                    (Heard::MembersLeft, Verdict::Success)
-                }
-                ok = &mut next_w => {
-                    if !ok.map_err(|e| self.lost(e))? {
-                        next_w.set(wait_on(self.store.dial.clone(), std::slice::from_ref(&next), day));
-                        continue;
-                    }
-                    (Heard::Next, Verdict::Regroup)
-                }
-                ok = &mut verdict_w => {
-                    if !ok.map_err(|e| self.lost(e))? {
-                        verdict_w.set(wait_on(self.store.dial.clone(), std::slice::from_ref(&verdict), day));
-                        continue;
-                    }
-                    match String::from_utf8_lossy(&self.get(&verdict).await?).parse::<Verdict>() {
-                        Ok(v @ Verdict::Success) => (Heard::Verdict(VerdictRead::Final { success: true }), v),
-                        Ok(v @ Verdict::Fail(_)) => (Heard::Verdict(VerdictRead::Final { success: false }), v),
-                        _ => (Heard::Verdict(VerdictRead::MovesOn), Verdict::Regroup),
-                    }
-                }
-                () = &mut recheck => (Heard::Recheck, Verdict::Regroup),
-                _ = tick.tick() => { waiting.report(&running); continue; }
-            };
-            return match round::spare::step(heard, self.roles.serving) {
-                Step::Leave { say_read, .. } => {
-                    if say_read {
-                        // The store host waits for this before it closes the store.
-                        let _ = self.store.client.add(&self.keys.round_keys(r).spare_left(), 1).await;
-                    }
-                    Ok(Try::Ended(v))
-                }
-                // Members move the job on right after a regroup or restart verdict.
-                Step::AwaitNext => {
-                    let bound = self.timing.heartbeat_timeout * 2;
-                    if !self.wait_for(std::slice::from_ref(&next), bound).await? {
-                        self.advance(r, r + 1).await?;
-                    }
-                    Ok(self.moved_on(r))
-                }
-                Step::MovedOn => Ok(self.moved_on(r)),
-                Step::Recheck => Ok(Try::Recheck),
-                // A lost store surfaces as the waits' errors above; the
-                // caller reconnects.
-                Step::Reconnect => Err(self.lost(std::io::Error::from(std::io::ErrorKind::ConnectionAborted).into())),
-            };
-        }
-    }
-
-    /// The job moved on past the round we waited in as a spare: check our
-    /// health before we join the next one.
-    fn moved_on(&mut self, r: u64) -> Try {
-        self.standing = Standing::WasSpare { defer_to: Some(r) };
-        Try::Recheck
-    }
-
     pub(super) async fn timeout(&mut self, r: u64, started: Instant) -> Error {
         let count = self.store.client.add(&self.keys.round_keys(r).join(), 0).await.unwrap_or(0);
         let keys: Vec<String> = (0..count).map(|s| self.keys.round_keys(r).member(s)).collect();
@@ -530,18 +433,24 @@ fn describe_join(me: &Member, present: &[&Member], joined: usize, last_call: Opt
     format!("{joined} of {} joined; missing node ranks [{}]{tail}", me.max_nodes, shown.join(", "))
 }
 
-/// WAIT for `key` when `on`, else never.
-async fn watch_if(
-    on: bool,
+/// WAIT on each of `keys` (a connection each): the index of the first one
+/// set (the earliest in `keys` when several are), None once `limit` passed.
+pub(super) async fn first_set(
     dial: crate::store::Dial,
-    key: String,
+    keys: &[String],
     limit: Duration,
-) -> Result<bool, crate::store::ClientError> {
-    if on { wait_on(dial, std::slice::from_ref(&key), limit).await } else { std::future::pending().await }
+) -> Result<Option<usize>, crate::store::ClientError> {
+    if keys.is_empty() {
+        tokio::time::sleep(limit).await;
+        return Ok(None);
+    }
+    let waits = keys.iter().map(|k| Box::pin(wait_on(dial.clone(), std::slice::from_ref(k), limit)));
+    let (set, i, _) = futures::future::select_all(waits).await;
+    set.map(|set| set.then_some(i))
 }
 
-/// A duration in the formation's unit (milliseconds).
-fn millis(d: Duration) -> u64 {
+/// A duration in the protocols' unit (milliseconds).
+pub(super) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 

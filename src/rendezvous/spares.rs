@@ -10,9 +10,15 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Error;
+use super::join::{first_set, millis};
 use super::member::Member;
 use super::session::{Session, Standing, Try, parse_u64, progress_tick, wait_on};
+use crate::supervise::policy::Verdict;
 use crate::waiting::Waiting;
+use round::spare::{Got, K, Op, SpareEnd, SpareWait, VerdictRead};
+
+/// How often a spare checks its health while it waits.
+const SPARE_CHECK_EVERY: Duration = Duration::from_secs(60);
 
 /// How often a spare looks whether the last round's members have joined.
 const DEFER_POLL: Duration = Duration::from_millis(50);
@@ -120,5 +126,98 @@ impl Session {
             waiting.report(&format!("{missing} of {} still to join", members.len()));
             tokio::time::sleep(DEFER_POLL).await;
         }
+    }
+
+    /// Wait as a spare in round `r` (of `size` pods) until the job moves
+    /// on, ends without us, or it is time for a health check: the
+    /// protocol's wait (`round::spare::SpareWait`), its operations carried
+    /// out here as the simulation carries them out.
+    pub(super) async fn wait_as_spare(&mut self, r: u64, size: u64) -> Result<Try, Error> {
+        let epoch = Instant::now();
+        let mut w =
+            SpareWait::new(self.roles.serving, millis(SPARE_CHECK_EVERY), millis(self.timing.heartbeat_timeout * 2));
+        let rk = self.keys.round_keys(r);
+        let key = |k: K| match k {
+            K::AllLeft => rk.all_left(),
+            K::Next => rk.next(),
+            K::Verdict => rk.verdict(),
+            K::SpareLeft => rk.spare_left(),
+        };
+        let mut waiting = Waiting::new(format!("room in the job at {} (a spare)", self.store.endpoint), None);
+        let running = if self.me.spares > 0 {
+            format!("round {r} runs with {size} pods; {} wait as spares", self.me.spares)
+        } else {
+            format!("round {r} runs with {size} of at most {} pods", self.me.max_nodes)
+        };
+        // A final verdict as read (a failure's details), and how the store was lost.
+        let mut verdict = Verdict::Success;
+        let mut lost = None;
+        let end = loop {
+            let got = match w.next() {
+                Op::Done(end) => break end,
+                Op::WaitAny(keys, until) => {
+                    let names: Vec<String> = keys.iter().map(|k| key(*k)).collect();
+                    let limit = (epoch + Duration::from_millis(until)).saturating_duration_since(Instant::now());
+                    let any = first_set(self.store.dial.clone(), &names, limit);
+                    tokio::pin!(any);
+                    let mut tick = progress_tick();
+                    loop {
+                        tokio::select! {
+                            set = &mut any => break match set {
+                                Ok(Some(i)) => Got::Ready(vec![keys[i]], false),
+                                Ok(None) => Got::TimedOut,
+                                Err(e) => {
+                                    lost = Some(e);
+                                    Got::Ready(Vec::new(), true)
+                                }
+                            },
+                            _ = tick.tick() => { waiting.report(&running); }
+                        }
+                    }
+                }
+                Op::ReadVerdict => {
+                    let read = String::from_utf8_lossy(&self.get(&key(K::Verdict)).await?).parse::<Verdict>();
+                    Got::Verdict(match read {
+                        Ok(v @ (Verdict::Success | Verdict::Fail(_))) => {
+                            let success = v == Verdict::Success;
+                            verdict = v;
+                            VerdictRead::Final { success }
+                        }
+                        _ => VerdictRead::MovesOn,
+                    })
+                }
+                Op::SayRead => {
+                    // The store host waits for this before it closes the store.
+                    let _ = self.store.client.add(&key(K::SpareLeft), 1).await;
+                    Got::Done
+                }
+                Op::Advance => {
+                    self.advance(r, r + 1).await?;
+                    Got::Done
+                }
+            };
+            w.answer(got, millis(epoch.elapsed()));
+        };
+        match end {
+            SpareEnd::Leave { success: true } => {
+                tracing::info!(round = r, "the job ended while this pod waited as a spare; it leaves too");
+                Ok(Try::Ended(Verdict::Success))
+            }
+            SpareEnd::Leave { success: false } => Ok(Try::Ended(verdict)),
+            SpareEnd::MovedOn => Ok(self.moved_on(r)),
+            SpareEnd::Recheck => Ok(Try::Recheck),
+            // A lost store: the caller reconnects.
+            SpareEnd::Reconnect { .. } => {
+                Err(self
+                    .lost(lost.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::ConnectionAborted).into())))
+            }
+        }
+    }
+
+    /// The job moved on past the round we waited in as a spare: check our
+    /// health before we join the next one.
+    fn moved_on(&mut self, r: u64) -> Try {
+        self.standing = Standing::WasSpare { defer_to: Some(r) };
+        Try::Recheck
     }
 }

@@ -132,7 +132,7 @@ impl Agent {
         match self.phase.clone() {
             Phase::Reconnect { until, in_hand } => return self.reconnect(env, until, in_hand),
             Phase::Rejoin { until, no_word } => return self.rejoin(env, until, no_word),
-            Phase::Spare { r, size } => return self.spare(env, r, size),
+            Phase::Spare { r, size, wait } => return self.spare(env, (r, size), wait),
             Phase::Leave { m, verdict, stage, until } if stage >= 2 => {
                 return self.host_leaves(env, m, &verdict, stage, until);
             }
@@ -161,16 +161,6 @@ impl Agent {
             Phase::Defer { p, r, until } => self.defer(env, p, r, until),
             Phase::Form(f) => self.form(env, f),
             Phase::SpareArrive { r, size, until } => self.spare_arrive(env, r, size, until),
-            Phase::AwaitNext { r, until } => {
-                let s = &mut env.stores[self.store];
-                if !s.seen(Key::Next(r), self.since) && tick < until {
-                    return;
-                }
-                if !s.seen(Key::Next(r), self.since) {
-                    Agent::advance(s, r, r + 1);
-                }
-                self.moved_on(env, r);
-            }
             Phase::Running(m) => self.running(env, m),
             Phase::Stopping(m) => self.stopping(env, m),
             Phase::WaitStopped(m, until) => {
@@ -307,7 +297,7 @@ impl Agent {
         }
         let name = self.name();
         env.note(&name, format!("waits as a spare beside round {r} ({size} pods)"));
-        self.phase = Phase::Spare { r, size };
+        self.phase = self.spare_wait(env, r, size);
     }
 
     pub(super) fn moved_on(&mut self, env: &mut Env, r: u64) {

@@ -6,55 +6,81 @@
 
 use round::groups::{gone, host_outlasts};
 use round::host_left::{AfterLoss, Announced, after_loss};
-use round::spare::{Heard, Step, VerdictRead, first, watches_left};
+use round::spare::{Got, K, Op, SpareEnd, SpareWait};
 
 use super::agent::Agent;
 use super::phase::{Member, Phase, read_verdict};
 use super::store::{Key, Uid};
-use super::world::{Code, Env, HEARTBEAT_TIMEOUT, JOIN_TIMEOUT, Kind, LEAVE_WAIT, SPARES_READ_WAIT};
+use super::world::{Code, Env, HEARTBEAT_TIMEOUT, JOIN_TIMEOUT, Kind, LEAVE_WAIT, SPARE_RECHECK, SPARES_READ_WAIT};
 
 impl Agent {
-    /// A spare's wait: what it heard, through the protocol's order and steps.
-    pub(super) fn spare(&mut self, env: &mut Env, r: u64, _size: u64) {
+    /// A spare's wait beside round `r` (of `size` pods): the protocol's
+    /// wait (`round::spare::SpareWait`), from now.
+    pub(super) fn spare_wait(&self, env: &Env, r: u64, size: u64) -> Phase {
         let serving = env.cfg.kind == Kind::Serve;
-        let s = &env.stores[self.store];
-        let mut ready = Vec::new();
-        if watches_left(serving) && s.seen(Key::AllLeft(r), self.since) {
-            ready.push(Heard::MembersLeft);
-        }
-        if s.seen(Key::Next(r), self.since) {
-            ready.push(Heard::Next);
-        }
-        if s.seen(Key::Verdict(r), self.since) {
-            ready.push(Heard::Verdict(VerdictRead::MovesOn));
-        }
-        if !s.open {
-            ready.push(Heard::StoreLost);
-        }
-        let in_hand = ready.contains(&Heard::MembersLeft);
-        let Some(mut heard) = first(&ready) else { return };
-        if let Heard::Verdict(_) = heard {
-            if !s.open {
-                // The value is read after the wake-up: the store is gone.
-                return self.lost(env, false);
-            }
-            heard = Heard::Verdict(read_verdict(&s.get(Key::Verdict(r))));
-        }
-        let name = self.name();
-        env.note(&name, format!("as a spare of round {r} hears {heard:?}"));
-        match round::spare::step(heard, serving) {
-            Step::Leave { success, say_read } => {
-                let s = &mut env.stores[self.store];
-                if say_read && s.open {
-                    s.add(Key::SpareLeft(r), 1);
+        let wait = SpareWait::new(serving, env.tick + SPARE_RECHECK, 2 * HEARTBEAT_TIMEOUT);
+        Phase::Spare { r, size, wait }
+    }
+
+    /// One operation of a spare's wait (or nothing, while its WAIT holds),
+    /// as the agent's `wait_as_spare` carries them out.
+    pub(super) fn spare(&mut self, env: &mut Env, (r, size): (u64, u64), mut w: SpareWait) {
+        let (tick, since, store) = (env.tick, self.since, self.store);
+        let key = |k: K| match k {
+            K::AllLeft => Key::AllLeft(r),
+            K::Next => Key::Next(r),
+            K::Verdict => Key::Verdict(r),
+            K::SpareLeft => Key::SpareLeft(r),
+        };
+        let s = &mut env.stores[store];
+        let got = match w.next() {
+            Op::WaitAny(keys, until) => {
+                let fired: Vec<K> = keys.into_iter().filter(|k| s.seen(key(*k), since)).collect();
+                let lost = !s.open;
+                if fired.is_empty() && !lost {
+                    if tick < until {
+                        return;
+                    }
+                    Got::TimedOut
+                } else {
+                    let name = self.name();
+                    env.note(&name, format!("as a spare of round {r} hears {fired:?} (the store closed: {lost})"));
+                    Got::Ready(fired, lost)
                 }
+            }
+            // The value is read after the wake-up: the store may be gone.
+            Op::ReadVerdict if !s.open => return self.lost(env, false),
+            Op::ReadVerdict => Got::Verdict(read_verdict(&s.get(Key::Verdict(r)))),
+            Op::SayRead => {
+                if s.open {
+                    s.add(key(K::SpareLeft), 1);
+                }
+                Got::Done
+            }
+            Op::Advance if !s.open => return self.lost(env, false),
+            Op::Advance => {
+                Agent::advance(s, r, r + 1);
+                Got::Done
+            }
+            Op::Done(end) => return self.spare_end(env, (r, size), end),
+        };
+        w.answer(got, tick);
+        self.phase = Phase::Spare { r, size, wait: w };
+    }
+
+    fn spare_end(&mut self, env: &mut Env, (r, size): (u64, u64), end: SpareEnd) {
+        match end {
+            SpareEnd::Leave { success } => {
                 let code = if success { Code::Success } else { Code::Failure };
                 self.exit(env, code, "the job ended while it waited as a spare", false);
             }
-            Step::AwaitNext => self.phase = Phase::AwaitNext { r, until: env.tick + 2 * HEARTBEAT_TIMEOUT },
-            Step::MovedOn => self.moved_on(env, r),
-            Step::Reconnect => self.lost(env, in_hand),
-            Step::Recheck => {}
+            SpareEnd::MovedOn => self.moved_on(env, r),
+            SpareEnd::Reconnect { in_hand } => self.lost(env, in_hand),
+            // Its health check, then the wait goes on beside the same round.
+            SpareEnd::Recheck => {
+                self.health_check(env);
+                self.phase = self.spare_wait(env, r, size);
+            }
         }
     }
 

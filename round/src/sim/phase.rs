@@ -69,13 +69,8 @@ pub enum Phase {
         r: u64,
         /// Its size.
         size: u64,
-    },
-    /// A spare read a verdict that moves the job on: wait for `next`.
-    AwaitNext {
-        /// The round.
-        r: u64,
-        /// The bound.
-        until: u64,
+        /// The protocol's wait, one operation a step.
+        wait: round::spare::SpareWait,
     },
     /// The store went away: wait for the host's word.
     Reconnect {

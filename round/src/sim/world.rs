@@ -15,6 +15,9 @@ pub const LAST_CALL: u64 = 3 * HEARTBEAT_TIMEOUT;
 /// How long a claimant watches a holder's heartbeat before it takes the
 /// holder for gone (two heartbeat periods and a little).
 pub const STILL_LIMIT: u64 = 2 * (HEARTBEAT_TIMEOUT / 3) + 5;
+/// How often a spare checks its health while it waits (the agent's
+/// minute, six heartbeat timeouts of 10 s).
+pub const SPARE_RECHECK: u64 = 6 * HEARTBEAT_TIMEOUT;
 /// How long a pod that lost its store waits for the host's word.
 pub const HOST_LEFT_SETTLE: u64 = 10;
 /// How long the store host waits for the last round's spares to read the
