@@ -23,6 +23,7 @@ pub mod host_left;
 pub mod join;
 pub mod monitor;
 pub mod mutant;
+pub mod settle;
 pub mod spare;
 pub mod stop;
 

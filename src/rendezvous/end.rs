@@ -14,6 +14,7 @@ use crate::supervise::policy::Verdict;
 use crate::supervise::report::Failure;
 use crate::supervise::round_end::RoundEnd;
 use crate::waiting::Waiting;
+use round::settle::{Decide, Finish, Got, Op, Settled};
 
 /// How the store host's announcement of the job's end begins; the
 /// round's verdict follows (none in serve mode's shutdown).
@@ -130,34 +131,56 @@ impl Session {
     /// A restart raises the job-wide counter. A round the job has moved two
     /// rounds past is forgotten (its keys are deleted, nobody agrees there
     /// any more): the pod regroups into the current one.
+    /// The protocol's operations (`round::settle::Decide`), carried out.
     pub async fn decide(&mut self, r: u64, v: Verdict) -> Result<Verdict, Error> {
-        let current = self.raise(&self.keys.round(), r).await?;
-        if round::join::forgotten(r, current).is_some() {
-            tracing::info!(
-                round = r,
-                current,
-                "the job moved two rounds on while this pod settled its round; regrouping"
-            );
-            return Ok(Verdict::Regroup);
+        let mut d = Decide::new(r);
+        let mut agreed = v;
+        loop {
+            let got = match d.next() {
+                Op::RaiseRound(to) => Got::Num(self.raise(&self.keys.round(), to).await?),
+                Op::Propose => {
+                    let key = self.keys.round_keys(r).verdict();
+                    let got = self
+                        .store
+                        .client
+                        .compare_set(&key, b"", v.to_string().as_bytes())
+                        .await
+                        .map_err(|e| self.lost(e))?;
+                    agreed = String::from_utf8_lossy(&got).parse::<Verdict>().unwrap_or(v);
+                    Got::Agreed { restart: if let Verdict::Restart(n) = agreed { Some(n) } else { None } }
+                }
+                Op::RaiseRestarts(n) => Got::Num(self.raise(&self.keys.restarts(), u64::from(n)).await?),
+                Op::PointNext(_) => Got::Done,
+                Op::Done(Settled::Forgotten) => {
+                    tracing::info!(
+                        round = r,
+                        "the job moved two rounds on while this pod settled its round; regrouping"
+                    );
+                    return Ok(Verdict::Regroup);
+                }
+                Op::Done(_) => return Ok(agreed),
+            };
+            d.answer(got);
         }
-        let key = self.keys.round_keys(r).verdict();
-        let got = self.store.client.compare_set(&key, b"", v.to_string().as_bytes()).await.map_err(|e| self.lost(e))?;
-        let agreed = String::from_utf8_lossy(&got).parse::<Verdict>().unwrap_or(v);
-        if let Verdict::Restart(n) = agreed {
-            self.raise(&self.keys.restarts(), u64::from(n)).await?;
-        }
-        Ok(agreed)
     }
 
     /// Move the job past round `r` (after a regroup or restart verdict); a
     /// round the job has moved two rounds past needs no `next` (its keys
     /// may be deleted already, [`Session::decide`]).
     pub async fn finish_round(&mut self, r: u64) -> Result<(), Error> {
-        let current = self.raise(&self.keys.round(), r + 1).await?;
-        if round::join::forgotten(r, current).is_some() {
-            return Ok(());
+        let mut f = Finish::new(r);
+        loop {
+            let got = match f.next() {
+                Op::RaiseRound(to) => Got::Num(self.raise(&self.keys.round(), to).await?),
+                Op::PointNext(now) => {
+                    self.point_next(r, now).await?;
+                    Got::Done
+                }
+                Op::Propose | Op::RaiseRestarts(_) => Got::Done,
+                Op::Done(_) => return Ok(()),
+            };
+            f.answer(got);
         }
-        self.point_next(r, current).await
     }
 
     /// Say we are done reading this round's results. The store host then

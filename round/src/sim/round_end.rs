@@ -4,6 +4,7 @@
 //! served run's end is marked (`set_ended`) by every pod before the job
 //! moves on.
 
+use round::settle::{Decide, Finish, Got, Op, Settled};
 use round::stop::over_already;
 
 use super::agent::Agent;
@@ -72,20 +73,36 @@ impl Agent {
         let serving = env.cfg.kind == Kind::Serve;
         let store = a.store;
         let s = &mut env.stores[store];
-        let current = s.round();
-        if round::join::forgotten(m.r, current).is_some() {
-            // The job moved two rounds on while it settled this one.
-            a.deadline = env.tick + JOIN_TIMEOUT;
-            next_round(a, s, m.r);
-            let name = a.name();
-            return env.note(&name, format!("finds round {} forgotten; regroups", m.r));
-        }
         let end = End::read(&s.get(Key::End(m.r)));
         let restarts = u32::try_from(s.num(Key::Restarts)).unwrap_or(0);
         let proposed = verdict_for(end, restarts, env.cfg.max_restarts, serving);
-        let agreed = String::from_utf8_lossy(&s.cas(Key::Verdict(m.r), proposed)).into_owned();
-        if let Some(n) = agreed.strip_prefix("restart:").and_then(|n| n.parse::<u64>().ok()) {
-            a.restarts = s.raise(Key::Restarts, n);
+        // The protocol's operations (`round::settle::Decide`), all in this
+        // step (a stall between them is the agent's, in a later tick).
+        let mut d = Decide::new(m.r);
+        let mut agreed = proposed.clone();
+        loop {
+            let got = match d.next() {
+                Op::RaiseRound(to) => Got::Num(s.raise(Key::Round, to)),
+                Op::Propose => {
+                    agreed = String::from_utf8_lossy(&s.cas(Key::Verdict(m.r), proposed.clone())).into_owned();
+                    let restart = agreed.strip_prefix("restart:").and_then(|n| n.parse().ok());
+                    Got::Agreed { restart }
+                }
+                Op::RaiseRestarts(n) => {
+                    a.restarts = s.raise(Key::Restarts, u64::from(n));
+                    Got::Num(a.restarts)
+                }
+                Op::PointNext(_) => Got::Done,
+                Op::Done(Settled::Forgotten) => {
+                    // The job moved two rounds on while it settled this one.
+                    a.deadline = env.tick + JOIN_TIMEOUT;
+                    next_round(a, s, m.r);
+                    let name = a.name();
+                    return env.note(&name, format!("finds round {} forgotten; regroups", m.r));
+                }
+                Op::Done(_) => break,
+            };
+            d.answer(got);
         }
         let name = a.name();
         env.note(&name, format!("round {} ended ({end:?}); the verdict is {agreed}", m.r));
@@ -140,9 +157,18 @@ fn record_first(env: &mut Env, (generation, store): (u32, usize), agreed: &str) 
 /// `finish_round`: move the job past round `r` (a forgotten round needs
 /// no `next`).
 fn next_round(a: &mut Agent, s: &mut Store, r: u64) {
-    let current = s.raise(Key::Round, r + 1);
-    if round::join::forgotten(r, current).is_none() {
-        Agent::point_next(s, r, current);
+    let mut f = Finish::new(r);
+    loop {
+        let got = match f.next() {
+            Op::RaiseRound(to) => Got::Num(s.raise(Key::Round, to)),
+            Op::PointNext(now) => {
+                Agent::point_next(s, r, now);
+                Got::Done
+            }
+            Op::Propose | Op::RaiseRestarts(_) => Got::Done,
+            Op::Done(_) => break,
+        };
+        f.answer(got);
     }
     a.phase = Phase::Join { want: r + 1 };
 }
