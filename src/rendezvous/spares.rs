@@ -150,7 +150,7 @@ impl Session {
             format!("round {r} runs with {size} of at most {} pods", self.me.max_nodes)
         };
         // A final verdict as read (a failure's details), and how the store was lost.
-        let mut verdict = Verdict::Success;
+        let mut verdict = None;
         let mut lost = None;
         let end = loop {
             let got = match w.next() {
@@ -179,9 +179,8 @@ impl Session {
                     let read = String::from_utf8_lossy(&self.get(&key(K::Verdict)).await?).parse::<Verdict>();
                     Got::Verdict(match read {
                         Ok(v @ (Verdict::Success | Verdict::Fail(_))) => {
-                            let success = v == Verdict::Success;
-                            verdict = v;
-                            VerdictRead::Final { success }
+                            verdict = Some(v);
+                            VerdictRead::Final { success: v == Verdict::Success }
                         }
                         _ => VerdictRead::MovesOn,
                     })
@@ -199,11 +198,12 @@ impl Session {
             w.answer(got, millis(epoch.elapsed()));
         };
         match end {
-            SpareEnd::Leave { success: true } => {
-                tracing::info!(round = r, "the job ended while this pod waited as a spare; it leaves too");
+            // Left with no final verdict read: the members' leaving (serve mode).
+            SpareEnd::Leave { .. } if verdict.is_none() => {
+                tracing::info!(round = r, "the members left the job; this spare leaves too");
                 Ok(Try::Ended(Verdict::Success))
             }
-            SpareEnd::Leave { success: false } => Ok(Try::Ended(verdict)),
+            SpareEnd::Leave { success } => Ok(Try::Ended(verdict.filter(|_| !success).unwrap_or(Verdict::Success))),
             SpareEnd::MovedOn => Ok(self.moved_on(r)),
             SpareEnd::Recheck => Ok(Try::Recheck),
             // A lost store: the caller reconnects.
