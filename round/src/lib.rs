@@ -10,6 +10,14 @@
 //! functions against a simulated store, under schedules that reorder,
 //! delay and kill, and checks the job's invariants after every step.
 //!
+//! Where the order of the store operations is itself the protocol, the
+//! crate holds the whole sequence as a machine that says which operation
+//! comes next and takes what it got (with the time now, for its bounds):
+//! forming a round ([`form::Form`]), a spare's wait ([`spare::SpareWait`]),
+//! settling a round ([`settle::Decide`], [`settle::Finish`]) and a served
+//! run's stop ([`stop::StopRun`]). The agent and the simulation carry out
+//! the same operations in the same order.
+//!
 //! The historic ordering bugs of the round are kept as [`mutant`]s: with
 //! the `sim` feature (the simulation's build only) each can be switched
 //! back on, and the simulation must find it.
