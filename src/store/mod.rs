@@ -37,7 +37,7 @@ pub use budget::{MIN_BUDGET, default_budget, parse_size};
 pub use client::{Client, ClientError, Dial, Endpoint, connect_quietly, connect_with_retry};
 pub use guard::{Guard, GuardError};
 pub use server::{COMMAND_NAMES, Counters, ServerError, StoreLoop, StoreServer, bind_listener, counters};
-pub use state::{Budget, ENTRY_OVERHEAD, State};
+pub use state::{Budget, ENTRY_OVERHEAD, LOST, State, TieRule};
 pub use wire::{
     Command, DecodeError, Invalid, MAGIC, MAX_FRAME_LEN, MAX_KEY_COUNT, MAX_KEY_LEN, MAX_VALUE_LEN, Scanner,
 };

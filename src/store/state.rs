@@ -17,6 +17,14 @@
 //! registrations, and the partial frames the connections buffer. A write
 //! that would pass it is refused before it changes anything
 //! ([`ExecError::Full`]) and its connection is closed.
+//!
+//! Ties ([`State::tie`]): a store can tie some keys to the connection that
+//! last SET them (the agents' store ties each agent's heartbeat key). When
+//! that connection is closed by its peer (EOF or a reset: the process died,
+//! its kernel closed its sockets) the key's value becomes [`LOST`], its
+//! waiters wake, and [`State::losses`] counts it, so that the store host
+//! learns of a death at once instead of after the heartbeat timeout. A
+//! connection holds at most [`TIES_PER_CONN`] ties.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -140,7 +148,21 @@ struct Conn {
     wake: UnboundedSender<u8>,
     parked: Option<Parked>,
     next_seq: u64,
+    /// Keys tied to this connection (it set them last), at most [`TIES_PER_CONN`].
+    ties: Vec<Vec<u8>>,
 }
+
+/// The value a tied key takes when its connection is closed by its peer.
+pub const LOST: &[u8] = b"lost";
+
+/// Most keys one connection holds tied: an agent's heartbeat connection
+/// sets one; a client that sets more holds no more ties (their keys stay
+/// as written), so ties never grow past this per connection.
+pub const TIES_PER_CONN: usize = 8;
+
+/// Which SETs tie their key to the connection: `(key, value)` -> tie
+/// (true) or untie (false: e.g. a heartbeat's `bye`, its agent left).
+pub type TieRule = fn(&[u8], &[u8]) -> bool;
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -148,16 +170,28 @@ struct Inner {
     queues: HashMap<Vec<u8>, VecDeque<Vec<u8>>>,
     waiters: HashMap<Vec<u8>, Vec<(ConnId, u64)>>,
     conns: HashMap<ConnId, Conn>,
+    /// Tied keys and the connection each is tied to.
+    tied: HashMap<Vec<u8>, ConnId>,
     next_conn: ConnId,
     /// Budget bytes freed under the lock, given back when it is released.
     refund: u64,
 }
 
 /// The whole content of one store. Cheap to share behind an `Arc`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct State {
     inner: Mutex<Inner>,
     budget: std::sync::Arc<Budget>,
+    /// Which SETs tie their key (none until [`State::tie`]).
+    tie: std::sync::OnceLock<TieRule>,
+    /// Tied keys whose connection was closed by its peer, counted.
+    losses: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self::with_budget(std::sync::Arc::default())
+    }
 }
 
 impl Inner {
@@ -282,6 +316,47 @@ impl Inner {
         Ok(())
     }
 
+    /// `conn` set `key` to a value the rule ties (`tie`) or unties.
+    fn retie(&mut self, conn: ConnId, key: &[u8], tie: bool) {
+        let before = self.tied.get(key).copied();
+        if before == Some(conn) && tie {
+            return;
+        }
+        if let Some(old) = before {
+            if let Some(c) = self.conns.get_mut(&old) {
+                c.ties.retain(|k| k != key);
+            }
+            self.tied.remove(key);
+        }
+        if tie
+            && let Some(c) = self.conns.get_mut(&conn)
+            && c.ties.len() < TIES_PER_CONN
+        {
+            c.ties.push(key.to_vec());
+            self.tied.insert(key.to_vec(), conn);
+        }
+    }
+
+    /// Untie `conn`'s keys; when its peer closed it (`lost`), each key that
+    /// still holds a value becomes [`LOST`] and its waiters wake. Returns
+    /// how many became [`LOST`].
+    fn untie(&mut self, budget: &Budget, conn: ConnId, lost: bool) -> u64 {
+        let ties = self.conns.get_mut(&conn).map(|c| std::mem::take(&mut c.ties)).unwrap_or_default();
+        let mut n = 0;
+        for key in ties {
+            self.tied.remove(&key);
+            if lost && self.kv.contains_key(&key) {
+                // Past the budget the key keeps its value (the heartbeat
+                // timeout still finds the death).
+                if self.put(budget, key.clone(), LOST.to_vec()).is_ok() {
+                    self.wake_all(&key);
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
     fn add(&mut self, budget: &Budget, key: &[u8], delta: i64) -> Result<i64, ExecError> {
         let current = match self.kv.get(key) {
             None => 0,
@@ -304,7 +379,24 @@ impl State {
     /// An empty store whose clients' data counts against `budget` (which
     /// several stores of one agent share).
     pub fn with_budget(budget: std::sync::Arc<Budget>) -> Self {
-        Self { inner: Mutex::default(), budget }
+        Self {
+            inner: Mutex::default(),
+            budget,
+            tie: std::sync::OnceLock::new(),
+            losses: tokio::sync::watch::Sender::new(0),
+        }
+    }
+
+    /// Tie the keys `rule` says to the connection that last SET them (see
+    /// the module doc); once per store, a second rule is ignored. SETs
+    /// before it tie nothing.
+    pub fn tie(&self, rule: TieRule) {
+        let _ = self.tie.set(rule);
+    }
+
+    /// The count of tied keys lost so far; it changes at every loss.
+    pub fn losses(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.losses.subscribe()
     }
 
     /// The store's memory budget.
@@ -317,18 +409,23 @@ impl State {
         let mut inner = self.lock();
         let id = inner.next_conn;
         inner.next_conn += 1;
-        inner.conns.insert(id, Conn { wake, parked: None, next_seq: 0 });
+        inner.conns.insert(id, Conn { wake, parked: None, next_seq: 0, ties: Vec::new() });
         id
     }
 
-    /// Forget a connection and its parked wait.
-    pub fn disconnect(&self, conn: ConnId) {
+    /// Forget a connection and its parked wait; `lost`: its peer closed it
+    /// (EOF, a reset), and its tied keys become [`LOST`].
+    pub fn disconnect(&self, conn: ConnId, lost: bool) {
         let mut g = self.lock();
         g.unpark(conn);
+        let n = g.untie(&self.budget, conn, lost);
         g.conns.remove(&conn);
         let refund = std::mem::take(&mut g.refund);
         drop(g);
         self.budget.release(refund);
+        if n > 0 {
+            self.losses.send_modify(|c| *c += n);
+        }
     }
 
     /// Keys listed in parked waits (all connections), for tests and metrics.
@@ -359,6 +456,9 @@ impl State {
     /// reply is written.
     pub fn apply(&self, conn: ConnId, cmd: Command, out: &mut Vec<u8>) -> Result<u64, ExecError> {
         let mut g = self.lock();
+        if let (Command::Set { key, value }, Some(rule)) = (&cmd, self.tie.get()) {
+            g.retie(conn, key, rule(key, value));
+        }
         let done = Self::apply_locked(&mut g, &self.budget, conn, cmd, out);
         let refund = std::mem::take(&mut g.refund);
         drop(g);
@@ -689,7 +789,7 @@ mod tests {
         run(&s, b, Command::Wait(keys.clone()));
         assert_eq!(s.registrations(), 2000);
         assert!(s.budget().used() > 0);
-        s.disconnect(a);
+        s.disconnect(a, false);
         assert_eq!(s.registrations(), 1000, "the closed connection's registrations are gone");
         assert_eq!(run(&s, b, Command::CancelWait), vec![WAIT_CANCELED]);
         assert_eq!(s.registrations(), 0, "a cancelled wait is unlisted");
@@ -697,7 +797,7 @@ mod tests {
         run(&s, b, Command::Wait(keys.clone()));
         run(&s, b, Command::Wait(keys[..10].to_vec()));
         assert_eq!(s.registrations(), 10);
-        s.disconnect(b);
+        s.disconnect(b, false);
         assert_eq!((s.registrations(), s.budget().used()), (0, 0));
     }
 
@@ -722,8 +822,78 @@ mod tests {
         let (a, _ra) = conn(&s);
         let (b, _rb) = conn(&s);
         run(&s, a, Command::Wait(vec![k("x")]));
-        s.disconnect(a);
+        s.disconnect(a, false);
         run(&s, b, Command::Set { key: k("x"), value: k("1") });
+        assert_eq!(s.connections(), 1);
+    }
+
+    /// The tie rule of these tests: keys under `hb/`, unless `bye`.
+    fn tie_hb(key: &[u8], value: &[u8]) -> bool {
+        key.starts_with(b"hb/") && value != b"bye"
+    }
+
+    fn get(s: &State, c: ConnId, key: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        s.apply(c, Command::Get(k(key)), &mut out).expect("get");
+        out[8..].to_vec()
+    }
+
+    #[test]
+    fn a_tied_key_reads_lost_once_its_connection_is_closed_by_its_peer() {
+        let s = State::new();
+        s.tie(tie_hb);
+        let mut losses = s.losses();
+        let (a, _ra) = conn(&s);
+        let (b, _rb) = conn(&s);
+        let (w, mut rw) = conn(&s);
+        run(&s, a, Command::Set { key: k("hb/a"), value: k("1") });
+        run(&s, a, Command::Set { key: k("other"), value: k("1") });
+        // A waiter on the key wakes at the loss (as at any write).
+        run(&s, b, Command::Set { key: k("hb/b"), value: k("1") });
+        run(&s, w, Command::Wait(vec![k("hb/a"), k("later")]));
+        s.disconnect(a, true);
+        assert_eq!(get(&s, b, "hb/a"), LOST);
+        assert_eq!(get(&s, b, "other"), b"1", "only tied keys");
+        assert_eq!(*losses.borrow_and_update(), 1);
+        assert!(rw.try_recv().is_err(), "one of two keys written: still waiting");
+        // A clean close (the server's own, at shutdown) loses nothing.
+        s.disconnect(b, false);
+        assert_eq!(get(&s, w, "hb/b"), b"1");
+        assert!(!losses.has_changed().expect("open"));
+    }
+
+    #[test]
+    fn a_tie_follows_the_last_writer_and_bye_unties() {
+        let s = State::new();
+        s.tie(tie_hb);
+        let (a, _ra) = conn(&s);
+        let (b, _rb) = conn(&s);
+        let (c, _rc) = conn(&s);
+        let (d, _rd) = conn(&s);
+        // Reconnected: the new connection beats, the old one's close is no loss.
+        run(&s, a, Command::Set { key: k("hb/x"), value: k("1") });
+        run(&s, b, Command::Set { key: k("hb/x"), value: k("2") });
+        s.disconnect(a, true);
+        assert_eq!(get(&s, c, "hb/x"), b"2");
+        // `bye` from any connection unties: the agent left.
+        run(&s, c, Command::Set { key: k("hb/x"), value: k("bye") });
+        s.disconnect(b, true);
+        s.disconnect(c, true);
+        assert_eq!(get(&s, d, "hb/x"), b"bye");
+        // A deleted key stays deleted.
+        let (e, _re) = conn(&s);
+        run(&s, e, Command::Set { key: k("hb/y"), value: k("1") });
+        run(&s, d, Command::DeleteKey(k("hb/y")));
+        s.disconnect(e, true);
+        assert_eq!(get(&s, d, "hb/y"), b"");
+        // One connection holds at most TIES_PER_CONN ties.
+        let (f, _rf) = conn(&s);
+        for i in 0..TIES_PER_CONN + 3 {
+            run(&s, f, Command::Set { key: k(&format!("hb/{i}")), value: k("1") });
+        }
+        s.disconnect(f, true);
+        let lost = (0..TIES_PER_CONN + 3).filter(|i| get(&s, d, &format!("hb/{i}")) == LOST).count();
+        assert_eq!(lost, TIES_PER_CONN);
         assert_eq!(s.connections(), 1);
     }
 }
