@@ -17,14 +17,8 @@
 //! registrations, and the partial frames the connections buffer. A write
 //! that would pass it is refused before it changes anything
 //! ([`ExecError::Full`]) and its connection is closed.
-//!
-//! Ties ([`State::tie`]): a store can tie some keys to the connection that
-//! last SET them (the agents' store ties each agent's heartbeat key). When
-//! that connection is closed by its peer (EOF or a reset: the process died,
-//! its kernel closed its sockets) the key's value becomes [`LOST`], its
-//! waiters wake, and [`State::losses`] counts it, so that the store host
-//! learns of a death at once instead of after the heartbeat timeout. A
-//! connection holds at most [`TIES_PER_CONN`] ties.
+//! Some keys can be tied to the connection that last SET them
+//! ([`State::tie`], `super::ties`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -32,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::ties::{LOST, TieRule, Ties};
 #[cfg(test)]
 use super::wire::put_u64;
 use super::wire::{Command, put_bytes, put_i64};
@@ -148,21 +143,7 @@ struct Conn {
     wake: UnboundedSender<u8>,
     parked: Option<Parked>,
     next_seq: u64,
-    /// Keys tied to this connection (it set them last), at most [`TIES_PER_CONN`].
-    ties: Vec<Vec<u8>>,
 }
-
-/// The value a tied key takes when its connection is closed by its peer.
-pub const LOST: &[u8] = b"lost";
-
-/// Most keys one connection holds tied: an agent's heartbeat connection
-/// sets one; a client that sets more holds no more ties (their keys stay
-/// as written), so ties never grow past this per connection.
-pub const TIES_PER_CONN: usize = 8;
-
-/// Which SETs tie their key to the connection: `(key, value)` -> tie
-/// (true) or untie (false: e.g. a heartbeat's `bye`, its agent left).
-pub type TieRule = fn(&[u8], &[u8]) -> bool;
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -171,7 +152,7 @@ struct Inner {
     waiters: HashMap<Vec<u8>, Vec<(ConnId, u64)>>,
     conns: HashMap<ConnId, Conn>,
     /// Tied keys and the connection each is tied to.
-    tied: HashMap<Vec<u8>, ConnId>,
+    ties: Ties,
     next_conn: ConnId,
     /// Budget bytes freed under the lock, given back when it is released.
     refund: u64,
@@ -316,42 +297,14 @@ impl Inner {
         Ok(())
     }
 
-    /// `conn` set `key` to a value the rule ties (`tie`) or unties.
-    fn retie(&mut self, conn: ConnId, key: &[u8], tie: bool) {
-        let before = self.tied.get(key).copied();
-        if before == Some(conn) && tie {
-            return;
-        }
-        if let Some(old) = before {
-            if let Some(c) = self.conns.get_mut(&old) {
-                c.ties.retain(|k| k != key);
-            }
-            self.tied.remove(key);
-        }
-        if tie
-            && let Some(c) = self.conns.get_mut(&conn)
-            && c.ties.len() < TIES_PER_CONN
-        {
-            c.ties.push(key.to_vec());
-            self.tied.insert(key.to_vec(), conn);
-        }
-    }
-
-    /// Untie `conn`'s keys; when its peer closed it (`lost`), each key that
-    /// still holds a value becomes [`LOST`] and its waiters wake. Returns
-    /// how many became [`LOST`].
     fn untie(&mut self, budget: &Budget, conn: ConnId, lost: bool) -> u64 {
-        let ties = self.conns.get_mut(&conn).map(|c| std::mem::take(&mut c.ties)).unwrap_or_default();
         let mut n = 0;
-        for key in ties {
-            self.tied.remove(&key);
-            if lost && self.kv.contains_key(&key) {
-                // Past the budget the key keeps its value (the heartbeat
-                // timeout still finds the death).
-                if self.put(budget, key.clone(), LOST.to_vec()).is_ok() {
-                    self.wake_all(&key);
-                    n += 1;
-                }
+        for key in self.ties.take(conn) {
+            // Past the budget the key keeps its value (the heartbeat
+            // timeout still finds the death).
+            if lost && self.kv.contains_key(&key) && self.put(budget, key.clone(), LOST.to_vec()).is_ok() {
+                self.wake_all(&key);
+                n += 1;
             }
         }
         n
@@ -409,7 +362,7 @@ impl State {
         let mut inner = self.lock();
         let id = inner.next_conn;
         inner.next_conn += 1;
-        inner.conns.insert(id, Conn { wake, parked: None, next_seq: 0, ties: Vec::new() });
+        inner.conns.insert(id, Conn { wake, parked: None, next_seq: 0 });
         id
     }
 
@@ -457,7 +410,7 @@ impl State {
     pub fn apply(&self, conn: ConnId, cmd: Command, out: &mut Vec<u8>) -> Result<u64, ExecError> {
         let mut g = self.lock();
         if let (Command::Set { key, value }, Some(rule)) = (&cmd, self.tie.get()) {
-            g.retie(conn, key, rule(key, value));
+            g.ties.set(conn, key, rule(key, value));
         }
         let done = Self::apply_locked(&mut g, &self.budget, conn, cmd, out);
         let refund = std::mem::take(&mut g.refund);
@@ -869,31 +822,20 @@ mod tests {
         let (a, _ra) = conn(&s);
         let (b, _rb) = conn(&s);
         let (c, _rc) = conn(&s);
-        let (d, _rd) = conn(&s);
         // Reconnected: the new connection beats, the old one's close is no loss.
         run(&s, a, Command::Set { key: k("hb/x"), value: k("1") });
         run(&s, b, Command::Set { key: k("hb/x"), value: k("2") });
         s.disconnect(a, true);
         assert_eq!(get(&s, c, "hb/x"), b"2");
-        // `bye` from any connection unties: the agent left.
-        run(&s, c, Command::Set { key: k("hb/x"), value: k("bye") });
+        // `bye` unties: the agent left.
+        run(&s, b, Command::Set { key: k("hb/x"), value: k("bye") });
         s.disconnect(b, true);
-        s.disconnect(c, true);
-        assert_eq!(get(&s, d, "hb/x"), b"bye");
+        assert_eq!(get(&s, c, "hb/x"), b"bye");
         // A deleted key stays deleted.
         let (e, _re) = conn(&s);
         run(&s, e, Command::Set { key: k("hb/y"), value: k("1") });
-        run(&s, d, Command::DeleteKey(k("hb/y")));
+        run(&s, c, Command::DeleteKey(k("hb/y")));
         s.disconnect(e, true);
-        assert_eq!(get(&s, d, "hb/y"), b"");
-        // One connection holds at most TIES_PER_CONN ties.
-        let (f, _rf) = conn(&s);
-        for i in 0..TIES_PER_CONN + 3 {
-            run(&s, f, Command::Set { key: k(&format!("hb/{i}")), value: k("1") });
-        }
-        s.disconnect(f, true);
-        let lost = (0..TIES_PER_CONN + 3).filter(|i| get(&s, d, &format!("hb/{i}")) == LOST).count();
-        assert_eq!(lost, TIES_PER_CONN);
-        assert_eq!(s.connections(), 1);
+        assert_eq!(get(&s, c, "hb/y"), b"");
     }
 }

@@ -134,7 +134,6 @@ async fn a_heartbeat_connection_that_is_cut_reconnects_and_nobody_is_declared_de
     let (session, hb) = host.member().await;
     let mut c = host.client().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut losses = host.server.state().losses();
     let first: u64 = String::from_utf8_lossy(&c.get(&hb).await.expect("get")).parse().expect("a counter");
     // Cut just after a beat: the next is a whole period away.
     let before = wait_for(&mut c, &hb, |v| v.parse::<u64>().is_ok_and(|n| n > first)).await;
@@ -146,7 +145,11 @@ async fn a_heartbeat_connection_that_is_cut_reconnects_and_nobody_is_declared_de
         .output()
         .expect("ss (iproute2; tests/setup.sh installs it)");
     assert!(out.status.success(), "ss -K: {}", String::from_utf8_lossy(&out.stderr));
-    tokio::time::timeout(LIMIT, losses.changed()).await.expect("the store saw the cut").expect("store open");
+    let cut = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("ESTAB")).count();
+    assert!(cut >= 2, "the session's connections (its own and its heartbeat's) were cut: {cut}");
+    // The store may read the close before the heartbeat's new connection
+    // beats (the key reads `lost` meanwhile) or after (the key is tied to
+    // the new connection already: no loss); either way the agent lives.
     // The heartbeat is back on a new connection, counting on.
     let back = wait_for(&mut c, &hb, |v| v.parse::<u64>().is_ok_and(|n| n > before)).await;
     // Well past the grace the round has not ended and nobody is dead.
