@@ -8,7 +8,8 @@
 
 use std::collections::HashMap;
 
-use super::state::ConnId;
+/// A connection of the store (the store's own connection id).
+type ConnId = u64;
 
 /// The value a tied key takes when its connection is closed by its peer.
 pub const LOST: &[u8] = b"lost";
