@@ -20,7 +20,6 @@ mod init;
 mod init_remote;
 mod lanes;
 mod layout;
-mod liveness;
 mod memcg;
 mod mpi;
 mod pmi;
