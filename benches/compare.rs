@@ -325,6 +325,9 @@ fn rendezvous_scale(rows: &mut Vec<Row>) {
             "trainlet/scale/j0".into(),
             timing,
             serve,
+            // Untied: the deaths measured are those of vanished machines,
+            // found by the heartbeat timeout.
+            None,
             cancel.child_token(),
         ));
         let endpoint = trainlet::store::Endpoint { host: "127.0.0.1".into(), port: addr.port() };

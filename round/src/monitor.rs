@@ -1,6 +1,12 @@
 //! The store host's monitor of the job's rounds (`rendezvous::host`): it
 //! follows the job from round to round, forgets old rounds' keys, declares
 //! silent members dead, and acts for a round whose members are all gone.
+//!
+//! A member is dead when its heartbeat stood still for the heartbeat
+//! timeout (a machine that vanished), or at once after a short grace when
+//! the store says its connection was closed without a `bye` (the agent's
+//! process died: its kernel closed its sockets) and it did not beat again
+//! ([`dead`]).
 
 use crate::mutant::{Mutant, on};
 
@@ -12,6 +18,31 @@ use crate::mutant::{Mutant, on};
 /// loaded machine's) would pile up their keys (found by the simulation).
 pub fn forgets_on_moving_on(formed: bool) -> bool {
     !formed && !on(Mutant::GivenUpRoundsPileUp)
+}
+
+/// A member's heartbeat as the monitor reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Beat {
+    /// It left the job (`bye`).
+    Bye,
+    /// Its connection was closed by its end without a `bye`, and it has not
+    /// beaten since (the store's `lost`).
+    Lost,
+    /// A counter (or nothing yet).
+    Beating,
+}
+
+/// Whether a member whose heartbeat reads `beat`, unchanged for `still`,
+/// is dead, with the heartbeat `timeout` and the reconnection `grace` (in
+/// any one unit). A lost connection is given the grace to come back (a
+/// heartbeat connection that blipped reconnects and beats again at once);
+/// one that does not is dead then, not after the whole timeout.
+pub fn dead(beat: Beat, still: u64, timeout: u64, grace: u64) -> bool {
+    match beat {
+        Beat::Bye => false,
+        Beat::Lost => still >= grace.min(timeout),
+        Beat::Beating => still >= timeout,
+    }
 }
 
 /// A round's verdict as the monitor reads it.
@@ -67,6 +98,23 @@ pub fn orphaned(all_gone: bool, any_dead: bool, succeeded: bool, verdict: Verdic
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lost_connection_is_dead_after_the_grace_a_silent_one_after_the_timeout() {
+        // (beat, still, timeout, grace) -> dead
+        let table = [
+            (Beat::Beating, 9, 10, 1, false),
+            (Beat::Beating, 10, 10, 1, true),
+            (Beat::Lost, 0, 10, 1, false),
+            (Beat::Lost, 1, 10, 1, true),
+            // A grace longer than the timeout is the timeout.
+            (Beat::Lost, 5, 5, 8, true),
+            (Beat::Bye, 100, 10, 1, false),
+        ];
+        for (beat, still, timeout, grace, want) in table {
+            assert_eq!(dead(beat, still, timeout, grace), want, "{beat:?} still {still}");
+        }
+    }
 
     #[test]
     fn a_round_whose_members_are_all_gone_moves_on_or_succeeds() {

@@ -20,7 +20,7 @@
 //! | `restarts` | raised to the max | restarts used, job-wide |
 //! | `takeovers` | ADD per spare that got in | takeovers so far (the TrainJob's status) |
 //! | `host_left` | the store host's agent, as it leaves | why: the others stop waiting for it |
-//! | `hb/<uid>` | each agent, every interval | heartbeat counter, `bye` on exit |
+//! | `hb/<uid>` | each agent, every interval | heartbeat counter, `bye` on exit; `lost` when its connection closed without `bye` ([`heartbeat_tie`]) |
 //! | `claim/<place>` | each agent, first COMPARE_SET wins | the uid of the live agent that holds a node rank (elastic: `<node rank>@<host>`) |
 //! | `leaving/<uid>` | an agent that got a stop signal | its signal: a pod that comes for its place waits for it to go |
 //! | `pod/<job node rank>` | each pod of a replica group job | the key it heartbeats |
@@ -153,6 +153,18 @@ pub fn job_base(run_id: &str, jobset_attempt: u64) -> String {
     format!("trainlet/{run_id}/j{jobset_attempt}")
 }
 
+/// The agents' store's tie rule (`crate::store::State::tie`): an agent's
+/// heartbeat key (`trainlet/<run_id>/j<N>/hb/<uid>`, any job under the
+/// store, lanes' and replica groups' too) is tied to the connection that
+/// beats it, so the key reads `lost` once that connection is closed by its
+/// peer; its `bye` unties it (the agent left).
+pub fn heartbeat_tie(key: &[u8], value: &[u8]) -> bool {
+    let Some(rest) = key.strip_prefix(b"trainlet/") else { return false };
+    let mut parts = rest.rsplitn(3, |b| *b == b'/');
+    let (uid, hb) = (parts.next(), parts.next());
+    hb == Some(b"hb") && uid.is_some_and(|u| !u.is_empty()) && parts.next().is_some() && value != b"bye"
+}
+
 /// The keys of one round.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoundKeys {
@@ -275,6 +287,15 @@ mod tests {
         assert_eq!(job.takeovers(), "trainlet/job-a/j2/takeovers");
         assert_eq!(job.host_left(), "trainlet/job-a/j2/host_left");
         assert_eq!(job.heartbeat("h#1#2"), "trainlet/job-a/j2/hb/h#1#2");
+        // Heartbeats tie to their connection; nothing else does, nor `bye`.
+        let hb = job.heartbeat("h#1#2");
+        assert!(heartbeat_tie(hb.as_bytes(), b"17"));
+        assert!(!heartbeat_tie(hb.as_bytes(), b"bye"));
+        let lane = JobKeys::under("trainlet/job-a/lane/x/j0").heartbeat("u");
+        assert!(heartbeat_tie(lane.as_bytes(), b"1"));
+        for other in [job.claim("hb"), job.round(), "trainlet/hb/".into(), "x/j/hb/u".into(), "/hb/u".into()] {
+            assert!(!heartbeat_tie(other.as_bytes(), b"1"), "{other}");
+        }
         assert_eq!(job.claim("3@h"), "trainlet/job-a/j2/claim/3@h");
         assert_eq!(job.leaving("u"), "trainlet/job-a/j2/leaving/u");
         assert_eq!(job.pod(4), "trainlet/job-a/j2/pod/4");

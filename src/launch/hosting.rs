@@ -66,12 +66,15 @@ fn host_store(
         if guard.is_some() { Arc::new(crate::store::Budget::new(plan.store_memory)) } else { Arc::clone(&budget) };
     sys::raise_nofile();
     let server = lp.serve_guarded(bind_ip, plan.endpoint.port, agents_budget, guard.cloned(), cancel.child_token())?;
+    // A pod whose agent dies is seen at once: its heartbeat key reads
+    // `lost` when its connection closes without a `bye`.
+    server.state().tie(crate::keys::heartbeat_tie);
     tracing::info!(addr = %server.local_addr(), memory_budget = budget.limit(), "serving the rendezvous store");
     let port = server.local_addr().port();
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let dial = crate::store::Dial { addr, guard: guard.cloned() };
     let make: host::MakeStore = Arc::new(move |token| lp.serve(bind_ip, 0, Arc::clone(&budget), token));
-    let rounds = host::Rounds::new(dial, timing, make);
+    let rounds = host::Rounds::new(dial, timing, make, Some(server.state().losses()));
     // Replica groups each meet on their own keys; this pod serves them all.
     let ids: Vec<String> = match &plan.groups {
         Some(g) => (0..g.count).map(|i| crate::config::group_rdzv_id(&plan.run_id, i)).collect(),

@@ -236,8 +236,16 @@ impl Session {
         Ok(())
     }
 
-    /// Stop heartbeating and tell the store host this agent left cleanly.
+    /// Stop heartbeating and tell the store host this agent left cleanly:
+    /// the heartbeat says `bye` on its own connection, so that its closing
+    /// is not taken for a death (`host::LOST_GRACE`); when it cannot, the
+    /// session's connection says it.
     pub async fn bye(&mut self) {
+        self.watch.leave.cancel();
+        let said = tokio::time::timeout(Duration::from_secs(2), &mut self.watch.heartbeat).await;
+        if matches!(said, Ok(Ok(true))) {
+            return;
+        }
         self.watch.heartbeat.abort();
         let key = self.keys.heartbeat(&self.me.uid);
         let _ = tokio::time::timeout(Duration::from_secs(2), self.store.client.set(&key, b"bye")).await;

@@ -8,7 +8,12 @@
 //! member's heartbeat key once per heartbeat period with one MULTI_GET and
 //! timestamps each change with its own clock (the store's clock: no clock
 //! skew between pods matters). A member silent for the heartbeat timeout is
-//! declared dead: `rR/dead` lists it and `rR/end` becomes `dead:<uid>`. If
+//! declared dead: `rR/dead` lists it and `rR/end` becomes `dead:<uid>`. So
+//! is one whose heartbeat reads `lost` (its connection to this store was
+//! closed by its end without a `bye`: its process died) for [`LOST_GRACE`]:
+//! the store tells the monitor of each loss at once ([`Losses`]), so a pod
+//! killed by SIGKILL or the OOM killer costs well under a second, not the
+//! heartbeat timeout; the heartbeat stays for a machine that vanishes. If
 //! every member is dead or gone, nobody is left to move the job on, so the
 //! monitor does. Worker stores of rounds older than the previous one are
 //! closed, and once a round forms the keys of the rounds before the
@@ -24,16 +29,27 @@ use tokio_util::sync::CancellationToken;
 use super::session::{raise, wait_on};
 use super::{Member, Timing};
 use crate::keys::JobKeys;
+use crate::store::LOST;
 use crate::store::{Client, ClientError, Dial, ServerError, StoreServer};
 use crate::supervise::policy::Verdict;
 use crate::supervise::round_end::RoundEnd;
-use round::monitor::{Orphaned, VerdictSeen, orphaned};
+use round::monitor::{Beat, Orphaned, VerdictSeen, orphaned};
 
 /// Serves a fresh worker store; called once per round.
 pub type ServeFn = Box<dyn Fn() -> Result<StoreServer, ServerError> + Send + Sync>;
 
 /// Makes a fresh worker store that closes on the token it is given.
 pub type MakeStore = std::sync::Arc<dyn Fn(CancellationToken) -> Result<StoreServer, ServerError> + Send + Sync>;
+
+/// How long a member's heartbeat may read `lost` before it is declared
+/// dead (at most the heartbeat timeout): time for a heartbeat connection
+/// that merely blipped to reconnect and beat again (the agent reconnects at
+/// once when its connection closes, `super::session::heartbeat`).
+pub const LOST_GRACE: Duration = Duration::from_millis(500);
+
+/// The store's count of heartbeat connections lost
+/// (`crate::store::State::losses`): it changes at every loss.
+pub type Losses = tokio::sync::watch::Receiver<u64>;
 
 /// The store host's round service for rendezvous that open later, on the
 /// same store (serve mode's lanes, `crate::serve::lane`).
@@ -42,6 +58,7 @@ pub struct Rounds {
     dial: Dial,
     timing: Timing,
     make: MakeStore,
+    losses: Option<Losses>,
 }
 
 impl std::fmt::Debug for Rounds {
@@ -51,32 +68,49 @@ impl std::fmt::Debug for Rounds {
 }
 
 impl Rounds {
-    /// Round services on the store at `dial`, each round's worker store made by `make`.
-    pub fn new(dial: Dial, timing: Timing, make: MakeStore) -> Self {
-        Self { dial, timing, make }
+    /// Round services on the store at `dial`, each round's worker store
+    /// made by `make`; `losses`: the store's, when it ties heartbeats to
+    /// their connections (`crate::keys::heartbeat_tie`).
+    pub fn new(dial: Dial, timing: Timing, make: MakeStore, losses: Option<Losses>) -> Self {
+        Self { dial, timing, make, losses }
     }
 
     /// Serve the rounds of the rendezvous under `base` until `cancel`.
     pub fn serve(&self, base: String, cancel: CancellationToken) {
         let (make, token) = (std::sync::Arc::clone(&self.make), cancel.clone());
         let serve: ServeFn = Box::new(move || make(token.child_token()));
-        tokio::spawn(serve_rounds(self.dial.clone(), base, self.timing, serve, cancel));
+        tokio::spawn(serve_rounds(self.dial.clone(), base, self.timing, serve, self.losses.clone(), cancel));
     }
 }
 
 /// Run until `cancel`: worker stores and liveness for every round of the
 /// job under `base` (`trainlet/<run_id>/j<attempt>`) on the store at `dial`.
-pub async fn serve_rounds(dial: Dial, base: String, timing: Timing, serve: ServeFn, cancel: CancellationToken) {
+/// `losses`: the store's count of lost heartbeat connections, when it
+/// keeps one.
+pub async fn serve_rounds(
+    dial: Dial,
+    base: String,
+    timing: Timing,
+    serve: ServeFn,
+    mut losses: Option<Losses>,
+    cancel: CancellationToken,
+) {
     tokio::select! {
         () = cancel.cancelled() => {}
-        Err(e) = rounds(&dial, &base, timing, &serve) => {
+        Err(e) = rounds(&dial, &base, timing, &serve, &mut losses) => {
             tracing::debug!(error = %crate::error::error_chain(&e), "round service stopped");
         }
     }
 }
 
 /// Serve and watch round after round; returns only when the store is gone.
-async fn rounds(dial: &Dial, base: &str, timing: Timing, serve: &ServeFn) -> Result<Infallible, ClientError> {
+async fn rounds(
+    dial: &Dial,
+    base: &str,
+    timing: Timing,
+    serve: &ServeFn,
+    losses: &mut Option<Losses>,
+) -> Result<Infallible, ClientError> {
     let keys = JobKeys::under(base);
     let mut c = dial.connect().await?;
     let mut round = raise(&mut c, &keys.round(), 0).await?;
@@ -97,7 +131,7 @@ async fn rounds(dial: &Dial, base: &str, timing: Timing, serve: &ServeFn) -> Res
                 old.shutdown().await;
             }
         }
-        round = monitor(&mut c, dial, &keys, round, timing).await?;
+        round = monitor(&mut c, dial, &keys, round, timing, losses).await?;
     }
 }
 
@@ -108,8 +142,26 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind(("0.0.0.0", 0)).and_then(|l| l.local_addr()).map_or(0, |a| a.port())
 }
 
+/// A change of the store's count of lost heartbeat connections; never,
+/// without one (or once its store is gone).
+async fn lost(losses: &mut Option<Losses>) {
+    if let Some(rx) = losses
+        && rx.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
 /// Watch round `r` until the job moves on; returns the next round.
-async fn monitor(c: &mut Client, dial: &Dial, job: &JobKeys, r: u64, timing: Timing) -> Result<u64, ClientError> {
+async fn monitor(
+    c: &mut Client,
+    dial: &Dial,
+    job: &JobKeys,
+    r: u64,
+    timing: Timing,
+    losses: &mut Option<Losses>,
+) -> Result<u64, ClientError> {
     let keys = job.round_keys(r);
     let next_key = keys.next();
     let members_key = keys.members();
@@ -124,6 +176,9 @@ async fn monitor(c: &mut Client, dial: &Dial, job: &JobKeys, r: u64, timing: Tim
     let mut seen: HashMap<String, (Vec<u8>, Instant)> = HashMap::new();
     let mut dead: Vec<String> = Vec::new();
     let mut quiet: Vec<String> = Vec::new();
+    // When a member whose connection was lost is due to be declared dead.
+    let mut recheck: Option<Instant> = None;
+    let (timeout, grace) = (millis(timing.heartbeat_timeout), millis(LOST_GRACE));
     loop {
         tokio::select! {
             ok = &mut next => {
@@ -142,7 +197,10 @@ async fn monitor(c: &mut Client, dial: &Dial, job: &JobKeys, r: u64, timing: Tim
             }
             ok = &mut formed, if !formed_done => { formed_done = true; ok?; }
             _ = tick.tick() => {}
+            () = lost(losses) => {}
+            () = tokio::time::sleep_until(recheck.unwrap_or_else(Instant::now)), if recheck.is_some() => {}
         }
+        recheck = None;
         if members.is_empty() {
             let v = c.get(&members_key).await?;
             // Given up before its ranks were assigned: the job moves on.
@@ -171,23 +229,42 @@ async fn monitor(c: &mut Client, dial: &Dial, job: &JobKeys, r: u64, timing: Tim
         let values = c.multi_get(&hb).await?;
         let now = Instant::now();
         let mut newly = Vec::new();
+        let mut lost_conn = Vec::new();
         let mut gone = 0;
         for (uid, v) in members.iter().zip(values) {
             let Some((last, since)) = seen.get_mut(uid) else { continue };
-            if v == b"bye" || dead.contains(uid) || quiet.contains(uid) {
+            let beat = match v.as_slice() {
+                b"bye" => Beat::Bye,
+                LOST => Beat::Lost,
+                _ => Beat::Beating,
+            };
+            if beat == Beat::Bye || dead.contains(uid) || quiet.contains(uid) {
                 gone += 1;
-            } else if v != *last {
+                continue;
+            }
+            if v != *last {
                 *last = v;
                 *since = now;
-            } else if now.duration_since(*since) >= timing.heartbeat_timeout {
+            }
+            if round::monitor::dead(beat, millis(now.duration_since(*since)), timeout, grace) {
                 newly.push(uid.clone());
+                if beat == Beat::Lost {
+                    lost_conn.push(uid.clone());
+                }
                 gone += 1;
+            } else if beat == Beat::Lost {
+                let due = *since + LOST_GRACE.min(timing.heartbeat_timeout);
+                recheck = Some(recheck.map_or(due, |t| t.min(due)));
             }
         }
         if !newly.is_empty() && succeeded {
             quiet.extend(newly.iter().cloned());
         } else if !newly.is_empty() {
-            tracing::warn!(round = r, dead = ?newly, timeout_s = timing.heartbeat_timeout.as_secs_f64(), "members stopped heartbeating; declaring them dead");
+            if lost_conn.is_empty() {
+                tracing::warn!(round = r, dead = ?newly, timeout_s = timing.heartbeat_timeout.as_secs_f64(), "members stopped heartbeating; declaring them dead");
+            } else {
+                tracing::warn!(round = r, dead = ?newly, lost_connection = ?lost_conn, grace_s = LOST_GRACE.as_secs_f64(), "members' store connections closed without a bye and did not come back (their agents died); declaring them dead");
+            }
             dead.extend(newly.iter().cloned());
             c.set(&keys.dead(), &serde_json::to_vec(&dead).unwrap_or_default()).await?;
             c.compare_set(&keys.end(), b"", RoundEnd::Dead(newly[0].clone()).to_string().as_bytes()).await?;
@@ -213,6 +290,11 @@ async fn monitor(c: &mut Client, dial: &Dial, job: &JobKeys, r: u64, timing: Tim
             Orphaned::Nothing => {}
         }
     }
+}
+
+/// `d` in whole milliseconds (the unit of `round::monitor::dead`).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Longest the deletion of old rounds' keys may take (it never holds up a

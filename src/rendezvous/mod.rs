@@ -39,7 +39,7 @@ pub use end::JOB_ENDED;
 /// Extra time, beyond the grace period and the kill timeout, for the other
 /// pods to report their workers stopped.
 pub const STOP_SYNC_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
-pub use crate::keys::job_base;
+pub use crate::keys::{heartbeat_tie, job_base};
 pub use member::{Member, assign};
 pub use session::{Joined, Known, Roles, Round, Session, Stopped, Timing};
 

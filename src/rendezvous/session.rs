@@ -128,8 +128,10 @@ pub(super) struct Attempt {
 /// An agent's tasks beside the round, each on its own connection.
 #[derive(Debug)]
 pub(super) struct Watch {
-    /// Writes the heartbeat key every interval.
-    pub(super) heartbeat: tokio::task::JoinHandle<()>,
+    /// Writes the heartbeat key every interval; true once it wrote `bye`.
+    pub(super) heartbeat: tokio::task::JoinHandle<bool>,
+    /// Tells the heartbeat to say `bye` and end ([`heartbeat`]).
+    pub(super) leave: CancellationToken,
     /// Why the store host said it is leaving, if it did (see [`Session::announce_leaving`]).
     pub(super) host_left: std::sync::Arc<std::sync::Mutex<Option<String>>>,
     /// Watches for that announcement.
@@ -237,7 +239,8 @@ impl Session {
             me,
             timing,
             watch: Watch {
-                heartbeat: tokio::spawn(async {}),
+                heartbeat: tokio::spawn(async { false }),
+                leave: CancellationToken::new(),
                 host_left: std::sync::Arc::default(),
                 host_watch: tokio::spawn(async {}),
             },
@@ -255,6 +258,7 @@ impl Session {
             s.heartbeat_key(),
             timing.heartbeat,
             cancel.clone(),
+            s.watch.leave.clone(),
         ));
         Ok(s)
     }
@@ -438,31 +442,54 @@ pub(crate) async fn raise(c: &mut Client, key: &str, to: u64) -> Result<u64, Cli
     }
 }
 
-/// Set `key` to a rising counter every `every`, reconnecting as needed.
+/// Set `key` to a rising counter every `every` on a connection of its own,
+/// until `leave`, when it sets `bye` there and returns true (false: it
+/// could not, or `cancel` came first).
+///
+/// The store ties the key to this connection (`crate::keys::heartbeat_tie`):
+/// were it closed without the `bye`, the store host would take this agent
+/// for dead after `host::LOST_GRACE`. So a connection that closes is
+/// replaced at once, and is watched between beats: the store host sees the
+/// key beat again well within the grace.
 pub(super) async fn heartbeat(
     endpoint: Endpoint,
     guard: Option<Guard>,
     key: String,
     every: Duration,
     cancel: CancellationToken,
-) {
+    leave: CancellationToken,
+) -> bool {
     let mut seq = 0u64;
     loop {
         let far = Instant::now() + Duration::from_secs(86_400);
-        let Ok(mut c) = connect_quietly(&endpoint, guard.as_ref(), far, &cancel).await else { return };
+        let Ok(mut c) = connect_quietly(&endpoint, guard.as_ref(), far, &cancel).await else { return false };
+        let mut beat = false;
         loop {
+            if leave.is_cancelled() {
+                return c.set(&key, b"bye").await.is_ok();
+            }
             seq += 1;
             if c.set(&key, seq.to_string().as_bytes()).await.is_err() {
                 break;
             }
+            beat = true;
             tokio::select! {
-                () = cancel.cancelled() => return,
+                () = cancel.cancelled() => return false,
+                () = leave.cancelled() => {}
+                () = c.closed() => {
+                    tracing::info!(key, "the heartbeat's store connection closed; reconnecting at once");
+                    break;
+                }
                 () = tokio::time::sleep(every) => {}
             }
         }
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
+        // A connection that never took a beat (a store that closes at once)
+        // is not retried in a tight loop.
+        if !beat {
+            tokio::select! {
+                () = cancel.cancelled() => return false,
+                () = tokio::time::sleep(every) => {}
+            }
         }
     }
 }

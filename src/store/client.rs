@@ -196,6 +196,19 @@ impl Client {
         Ok(self.buf.split_to(len).to_vec())
     }
 
+    /// Until the store closes this idle connection (EOF, a reset), for a
+    /// client with no request in flight; cancel-safe. The store sends
+    /// nothing unasked, so bytes that come are kept for the next reply, up
+    /// to 64 KiB: past that the connection counts as closed.
+    pub async fn closed(&mut self) {
+        while self.buf.len() < 64 * 1024 {
+            match self.stream.read_buf(&mut self.buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    }
+
     /// SET (no reply).
     pub async fn set(&mut self, key: &str, value: &[u8]) -> Result<(), ClientError> {
         self.send(&Command::Set { key: key.into(), value: value.to_vec() }).await

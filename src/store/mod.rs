@@ -13,6 +13,8 @@
 //! - `state`: keys, queues and parked waiters behind one `std::sync::Mutex`.
 //!   A parked WAIT/BARRIER is a per-connection counter; a wake-up travels to
 //!   the connection task through its channel, so no lock is held across I/O.
+//! - `ties`: keys tied to the connection that last set them (the agents'
+//!   heartbeats): `lost` when their connection is closed by its peer.
 //! - `server`: accept loop (no reverse DNS anywhere, `TCP_NODELAY`, backlog
 //!   = somaxconn, accept backoff) and one task per connection that
 //!   `select!`s on the socket, its wake channel and the cancel token.
@@ -31,6 +33,7 @@ mod client;
 mod guard;
 mod server;
 mod state;
+mod ties;
 mod wire;
 
 pub use budget::{MIN_BUDGET, default_budget, parse_size};
@@ -38,6 +41,7 @@ pub use client::{Client, ClientError, Dial, Endpoint, connect_quietly, connect_w
 pub use guard::{Guard, GuardError};
 pub use server::{COMMAND_NAMES, Counters, ServerError, StoreLoop, StoreServer, bind_listener, counters};
 pub use state::{Budget, ENTRY_OVERHEAD, State};
+pub use ties::{LOST, TIES_PER_CONN, TieRule};
 pub use wire::{
     Command, DecodeError, Invalid, MAGIC, MAX_FRAME_LEN, MAX_KEY_COUNT, MAX_KEY_LEN, MAX_VALUE_LEN, Scanner,
 };

@@ -209,6 +209,8 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, guard: Option<Gua
 struct Registration<'a> {
     state: &'a State,
     id: u64,
+    /// The peer closed the connection (EOF, a reset): its tied keys are lost.
+    peer_closed: bool,
     /// Budget bytes this connection holds for its buffered partial frame.
     buffered: u64,
 }
@@ -233,7 +235,7 @@ impl Registration<'_> {
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
         self.state.budget().release(self.buffered);
-        self.state.disconnect(self.id);
+        self.state.disconnect(self.id, self.peer_closed);
     }
 }
 
@@ -339,7 +341,7 @@ async fn serve_conn(
     let mut ticket = ticket;
     let (wake_tx, mut wake_rx) = unbounded_channel();
     let id = state.connect(wake_tx);
-    let mut registration = Registration { state: &state, id, buffered: 0 };
+    let mut registration = Registration { state: &state, id, peer_closed: false, buffered: 0 };
     let (mut rd, mut wr) = stream.into_split();
     // Small to start: almost every frame is tens of bytes, and 9k idle
     // connections should not pin 36 MiB of buffers. `read_buf` grows it.
@@ -374,11 +376,13 @@ async fn serve_conn(
                         if !buf.is_empty() {
                             conn_warn!(warnings, %peer, pending = buf.len(), "store client closed mid-frame");
                         }
+                        registration.peer_closed = true;
                         return;
                     }
                     Ok(_) => {}
                     Err(e) => {
                         tracing::debug!(%peer, error = %e, "store connection read failed");
+                        registration.peer_closed = true;
                         return;
                     }
                 }
@@ -452,6 +456,7 @@ async fn serve_conn(
                     // Pipelined requests do not pile up replies: write them
                     // out before decoding more.
                     if out.len() as u64 > FREE_REPLY && !flush(&mut wr, &mut out, &mut charge, &state).await {
+                        registration.peer_closed = true;
                         return;
                     }
                 }
@@ -469,6 +474,7 @@ async fn serve_conn(
             }
         }
         if !flush(&mut wr, &mut out, &mut charge, &state).await {
+            registration.peer_closed = true;
             return;
         }
     }

@@ -17,6 +17,8 @@
 //! registrations, and the partial frames the connections buffer. A write
 //! that would pass it is refused before it changes anything
 //! ([`ExecError::Full`]) and its connection is closed.
+//! Some keys can be tied to the connection that last SET them
+//! ([`State::tie`], `super::ties`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -24,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::ties::{LOST, TieRule, Ties};
 #[cfg(test)]
 use super::wire::put_u64;
 use super::wire::{Command, put_bytes, put_i64};
@@ -148,16 +151,28 @@ struct Inner {
     queues: HashMap<Vec<u8>, VecDeque<Vec<u8>>>,
     waiters: HashMap<Vec<u8>, Vec<(ConnId, u64)>>,
     conns: HashMap<ConnId, Conn>,
+    /// Tied keys and the connection each is tied to.
+    ties: Ties,
     next_conn: ConnId,
     /// Budget bytes freed under the lock, given back when it is released.
     refund: u64,
 }
 
 /// The whole content of one store. Cheap to share behind an `Arc`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct State {
     inner: Mutex<Inner>,
     budget: std::sync::Arc<Budget>,
+    /// Which SETs tie their key (none until [`State::tie`]).
+    tie: std::sync::OnceLock<TieRule>,
+    /// Tied keys whose connection was closed by its peer, counted.
+    losses: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self::with_budget(std::sync::Arc::default())
+    }
 }
 
 impl Inner {
@@ -282,6 +297,19 @@ impl Inner {
         Ok(())
     }
 
+    fn untie(&mut self, budget: &Budget, conn: ConnId, lost: bool) -> u64 {
+        let mut n = 0;
+        for key in self.ties.take(conn) {
+            // Past the budget the key keeps its value (the heartbeat
+            // timeout still finds the death).
+            if lost && self.kv.contains_key(&key) && self.put(budget, key.clone(), LOST.to_vec()).is_ok() {
+                self.wake_all(&key);
+                n += 1;
+            }
+        }
+        n
+    }
+
     fn add(&mut self, budget: &Budget, key: &[u8], delta: i64) -> Result<i64, ExecError> {
         let current = match self.kv.get(key) {
             None => 0,
@@ -304,7 +332,24 @@ impl State {
     /// An empty store whose clients' data counts against `budget` (which
     /// several stores of one agent share).
     pub fn with_budget(budget: std::sync::Arc<Budget>) -> Self {
-        Self { inner: Mutex::default(), budget }
+        Self {
+            inner: Mutex::default(),
+            budget,
+            tie: std::sync::OnceLock::new(),
+            losses: tokio::sync::watch::Sender::new(0),
+        }
+    }
+
+    /// Tie the keys `rule` says to the connection that last SET them (see
+    /// the module doc); once per store, a second rule is ignored. SETs
+    /// before it tie nothing.
+    pub fn tie(&self, rule: TieRule) {
+        let _ = self.tie.set(rule);
+    }
+
+    /// The count of tied keys lost so far; it changes at every loss.
+    pub fn losses(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.losses.subscribe()
     }
 
     /// The store's memory budget.
@@ -321,14 +366,19 @@ impl State {
         id
     }
 
-    /// Forget a connection and its parked wait.
-    pub fn disconnect(&self, conn: ConnId) {
+    /// Forget a connection and its parked wait; `lost`: its peer closed it
+    /// (EOF, a reset), and its tied keys become [`LOST`].
+    pub fn disconnect(&self, conn: ConnId, lost: bool) {
         let mut g = self.lock();
         g.unpark(conn);
+        let n = g.untie(&self.budget, conn, lost);
         g.conns.remove(&conn);
         let refund = std::mem::take(&mut g.refund);
         drop(g);
         self.budget.release(refund);
+        if n > 0 {
+            self.losses.send_modify(|c| *c += n);
+        }
     }
 
     /// Keys listed in parked waits (all connections), for tests and metrics.
@@ -359,6 +409,9 @@ impl State {
     /// reply is written.
     pub fn apply(&self, conn: ConnId, cmd: Command, out: &mut Vec<u8>) -> Result<u64, ExecError> {
         let mut g = self.lock();
+        if let (Command::Set { key, value }, Some(rule)) = (&cmd, self.tie.get()) {
+            g.ties.set(conn, key, rule(key, value));
+        }
         let done = Self::apply_locked(&mut g, &self.budget, conn, cmd, out);
         let refund = std::mem::take(&mut g.refund);
         drop(g);
@@ -689,7 +742,7 @@ mod tests {
         run(&s, b, Command::Wait(keys.clone()));
         assert_eq!(s.registrations(), 2000);
         assert!(s.budget().used() > 0);
-        s.disconnect(a);
+        s.disconnect(a, false);
         assert_eq!(s.registrations(), 1000, "the closed connection's registrations are gone");
         assert_eq!(run(&s, b, Command::CancelWait), vec![WAIT_CANCELED]);
         assert_eq!(s.registrations(), 0, "a cancelled wait is unlisted");
@@ -697,7 +750,7 @@ mod tests {
         run(&s, b, Command::Wait(keys.clone()));
         run(&s, b, Command::Wait(keys[..10].to_vec()));
         assert_eq!(s.registrations(), 10);
-        s.disconnect(b);
+        s.disconnect(b, false);
         assert_eq!((s.registrations(), s.budget().used()), (0, 0));
     }
 
@@ -722,8 +775,67 @@ mod tests {
         let (a, _ra) = conn(&s);
         let (b, _rb) = conn(&s);
         run(&s, a, Command::Wait(vec![k("x")]));
-        s.disconnect(a);
+        s.disconnect(a, false);
         run(&s, b, Command::Set { key: k("x"), value: k("1") });
         assert_eq!(s.connections(), 1);
+    }
+
+    /// The tie rule of these tests: keys under `hb/`, unless `bye`.
+    fn tie_hb(key: &[u8], value: &[u8]) -> bool {
+        key.starts_with(b"hb/") && value != b"bye"
+    }
+
+    fn get(s: &State, c: ConnId, key: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        s.apply(c, Command::Get(k(key)), &mut out).expect("get");
+        out[8..].to_vec()
+    }
+
+    #[test]
+    fn a_tied_key_reads_lost_once_its_connection_is_closed_by_its_peer() {
+        let s = State::new();
+        s.tie(tie_hb);
+        let mut losses = s.losses();
+        let (a, _ra) = conn(&s);
+        let (b, _rb) = conn(&s);
+        let (w, mut rw) = conn(&s);
+        run(&s, a, Command::Set { key: k("hb/a"), value: k("1") });
+        run(&s, a, Command::Set { key: k("other"), value: k("1") });
+        // A waiter on the key wakes at the loss (as at any write).
+        run(&s, b, Command::Set { key: k("hb/b"), value: k("1") });
+        run(&s, w, Command::Wait(vec![k("hb/a"), k("later")]));
+        s.disconnect(a, true);
+        assert_eq!(get(&s, b, "hb/a"), LOST);
+        assert_eq!(get(&s, b, "other"), b"1", "only tied keys");
+        assert_eq!(*losses.borrow_and_update(), 1);
+        assert!(rw.try_recv().is_err(), "one of two keys written: still waiting");
+        // A clean close (the server's own, at shutdown) loses nothing.
+        s.disconnect(b, false);
+        assert_eq!(get(&s, w, "hb/b"), b"1");
+        assert!(!losses.has_changed().expect("open"));
+    }
+
+    #[test]
+    fn a_tie_follows_the_last_writer_and_bye_unties() {
+        let s = State::new();
+        s.tie(tie_hb);
+        let (a, _ra) = conn(&s);
+        let (b, _rb) = conn(&s);
+        let (c, _rc) = conn(&s);
+        // Reconnected: the new connection beats, the old one's close is no loss.
+        run(&s, a, Command::Set { key: k("hb/x"), value: k("1") });
+        run(&s, b, Command::Set { key: k("hb/x"), value: k("2") });
+        s.disconnect(a, true);
+        assert_eq!(get(&s, c, "hb/x"), b"2");
+        // `bye` unties: the agent left.
+        run(&s, b, Command::Set { key: k("hb/x"), value: k("bye") });
+        s.disconnect(b, true);
+        assert_eq!(get(&s, c, "hb/x"), b"bye");
+        // A deleted key stays deleted.
+        let (e, _re) = conn(&s);
+        run(&s, e, Command::Set { key: k("hb/y"), value: k("1") });
+        run(&s, c, Command::DeleteKey(k("hb/y")));
+        s.disconnect(e, true);
+        assert_eq!(get(&s, c, "hb/y"), b"");
     }
 }

@@ -345,6 +345,52 @@ fn a_spare_takes_a_lost_pods_rank_and_a_second_loss_waits_for_a_replacement_that
     }
 }
 
+/// A training pod's agent and workers killed together by SIGKILL (an OOM
+/// kill, a crashed agent): the store host reads its heartbeat connection's
+/// close and declares it dead after the grace, and the spare takes over
+/// long before the heartbeat timeout (two minutes here) could have.
+#[test]
+fn a_training_pod_killed_by_sigkill_is_dead_by_its_closed_connection_not_after_the_heartbeat_timeout() {
+    let want = reference_of("90");
+    let job = Job::new(
+        "3",
+        1,
+        &["--spares", "1", "--max-restarts", "0"],
+        &[("STEPS", "90"), ("TRAINLET_HEARTBEAT_TIMEOUT", "120")],
+    );
+    let mut pods = job.pods(3);
+    wait_for_step_all(&job, 10, &mut pods);
+    let spare = the_spare(&mut pods);
+    let lost = if spare == 1 { 2 } else { 1 };
+    let agents: Vec<i32> = pods.iter().map(Pod::pid).collect();
+    let addr = format!("PET_LOCAL_ADDR=127.0.0.{}", lost + 1);
+    let mut doomed: Vec<i32> = processes_with_marker(&job.marker)
+        .into_iter()
+        .filter(|p| {
+            let environ = std::fs::read(format!("/proc/{p}/environ")).unwrap_or_default();
+            !agents.contains(p) && environ.split(|b| *b == 0).any(|kv| kv == addr.as_bytes())
+        })
+        .collect();
+    assert!(!doomed.is_empty(), "the lost pod's workers");
+    doomed.push(pods[lost].pid());
+    let killed = Instant::now();
+    for p in doomed {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), Signal::SIGKILL);
+    }
+    pods[lost].wait(LIMIT);
+    pods[spare].wait_for_stderr("this spare takes over group rank", LIMIT);
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(60), "the spare took over {took:?} after the kill");
+    let host = pods[0].stderr();
+    assert!(host.contains("closed without a bye and did not come back"), "{host}");
+    assert!(!host.contains("stopped heartbeating"), "{host}");
+    for i in (0..3).filter(|&i| i != lost) {
+        assert_eq!(pods[i].code(LIMIT), 0, "{}", pods[i].stderr());
+    }
+    let (digest, world) = final_of(&pods[0].stdout());
+    assert_eq!((digest.as_str(), world.as_str()), (want.as_str(), "world=2"));
+}
+
 #[test]
 fn a_training_pod_that_turns_unhealthy_leaves_with_207_and_the_spare_takes_over() {
     let want = reference_of("90");

@@ -20,6 +20,7 @@ mod init;
 mod init_remote;
 mod lanes;
 mod layout;
+mod liveness;
 mod memcg;
 mod mpi;
 mod pmi;

@@ -3,14 +3,14 @@
 //! judge, served runs' stops, containers restarted in place) and one agent
 //! chosen at random take a step, and the invariants are checked.
 
-use round::monitor::{Orphaned, VerdictSeen, orphaned};
+use round::monitor::{self as monitor, Beat, Orphaned, VerdictSeen, orphaned};
 use round::stop::{Op, StopRun};
 
 use super::agent::Agent;
 use super::phase::{self, Phase, parse_uids};
 use super::round_end::set_ended;
 use super::store::{End, Key, Store, Uid};
-use super::world::{Cfg, Code, Env, HEARTBEAT_TIMEOUT, Kind, PAUSE_MAX, Rng, STALL_MAX, TICK_LIMIT};
+use super::world::{Cfg, Code, Env, HEARTBEAT_TIMEOUT, Kind, LOST_GRACE, PAUSE_MAX, Rng, STALL_MAX, TICK_LIMIT};
 
 /// The most rounds whose keys a store may hold: the previous round and the
 /// one that formed (the store host keeps them), the one the pods join
@@ -57,8 +57,11 @@ struct Sim {
     faults: Vec<(u64, Fault)>,
     /// Containers that start later: (tick, pod, generation).
     starts: Vec<(u64, u32, u32)>,
-    /// When each killed uid died.
-    killed: Vec<(super::store::Uid, u64)>,
+    /// When each killed uid died, and whether its machine vanished (its
+    /// connections never closed: only the heartbeat timeout finds it) or
+    /// only its processes died (the store read its heartbeat connection's
+    /// close: `lost`, dead after the grace).
+    killed: Vec<(super::store::Uid, u64, bool)>,
     stop: Option<Stop>,
     /// The host monitor's round per store, and whether it forgot the old rounds.
     monitored: std::collections::BTreeMap<usize, (u64, bool)>,
@@ -283,9 +286,11 @@ impl Sim {
         let name = a.name();
         a.phase = Phase::Gone;
         let (uid, pod, store, generation) = (a.uid, a.pod, a.store, a.generation);
-        self.env.note(&name, "is killed (SIGKILL)");
+        // One kill in 8 is a machine that vanished (power, a partition).
+        let vanished = self.env.rng.chance(125);
+        self.env.note(&name, if vanished { "vanishes with its machine" } else { "is killed (SIGKILL)" });
         self.env.facts.signalled.insert(uid);
-        self.killed.push((uid, tick));
+        self.killed.push((uid, tick, vanished));
         self.env.facts.killed_at.insert(uid, tick);
         if pod == 0 {
             self.env.close(store);
@@ -378,8 +383,9 @@ impl Sim {
     /// The store host's monitor, beside its store whether or not its agent
     /// is a member: it follows the rounds (`rR/next`); once a round has
     /// members it deletes the keys of the rounds before the previous one,
-    /// and declares dead a member killed a heartbeat timeout ago, which
-    /// ends the round.
+    /// and declares dead a member killed a heartbeat timeout ago (its
+    /// machine vanished) or the grace ago (its heartbeat connection closed:
+    /// `lost`), which ends the round.
     fn monitor(&mut self, tick: u64) {
         // The newest store host's: every replica group's store it serves.
         let incarnation = self.env.stores[self.env.newest()].incarnation;
@@ -419,8 +425,11 @@ impl Sim {
             let silent: Vec<Uid> = self
                 .killed
                 .iter()
-                .filter(|(u, at)| members.contains(u) && at + HEARTBEAT_TIMEOUT <= tick)
-                .map(|(u, _)| *u)
+                .filter(|(u, at, vanished)| {
+                    let beat = if *vanished { Beat::Beating } else { Beat::Lost };
+                    members.contains(u) && monitor::dead(beat, tick - at, HEARTBEAT_TIMEOUT, LOST_GRACE)
+                })
+                .map(|(u, _, _)| *u)
                 .collect();
             let newly: Vec<Uid> = silent.iter().filter(|u| !dead.contains(u)).copied().collect();
             if let (Some(first), false) = (newly.first(), succeeded) {

@@ -10,6 +10,10 @@ use super::store::{Store, Uid};
 pub const JOIN_TIMEOUT: u64 = 1500;
 /// Ticks without a heartbeat before the store host declares a pod dead.
 pub const HEARTBEAT_TIMEOUT: u64 = 60;
+/// Ticks a member's heartbeat may read `lost` (its connection closed
+/// without a `bye`) before the store host declares it dead: the agent's
+/// 0.5 s beside its 10 s heartbeat timeout.
+pub const LOST_GRACE: u64 = 3;
 /// An elastic round's last call, in ticks (three heartbeat timeouts, as the defaults are).
 pub const LAST_CALL: u64 = 3 * HEARTBEAT_TIMEOUT;
 /// How long a claimant watches a holder's heartbeat before it takes the

@@ -1,0 +1,91 @@
+//! Keys tied to the connection that last SET them (`State::tie`): the
+//! agents' store ties each agent's heartbeat key to its heartbeat
+//! connection. When that connection is closed by its peer (EOF or a reset:
+//! the process died, its kernel closed its sockets) the key's value becomes
+//! [`LOST`], its waiters wake, and `State::losses` counts it, so that the
+//! store host learns of a death at once instead of after the heartbeat
+//! timeout. This is the bookkeeping: which connection holds which keys.
+
+use std::collections::HashMap;
+
+/// A connection of the store (the store's own connection id).
+type ConnId = u64;
+
+/// The value a tied key takes when its connection is closed by its peer.
+pub const LOST: &[u8] = b"lost";
+
+/// Most keys one connection holds tied: an agent's heartbeat connection
+/// sets one; a client that sets more holds no more ties (their keys stay
+/// as written), so ties never grow past this per connection, and a store
+/// holds at most this many per open connection.
+pub const TIES_PER_CONN: usize = 8;
+
+/// Which SETs tie their key to the connection: `(key, value)` -> tie
+/// (true) or untie (false: e.g. a heartbeat's `bye`, its agent left).
+pub type TieRule = fn(&[u8], &[u8]) -> bool;
+
+/// Which connection each tied key is tied to, both ways.
+#[derive(Debug, Default)]
+pub(super) struct Ties {
+    by_key: HashMap<Vec<u8>, ConnId>,
+    by_conn: HashMap<ConnId, Vec<Vec<u8>>>,
+}
+
+impl Ties {
+    /// `conn` set `key` to a value the rule ties (`tie`) or unties: the key
+    /// is tied to `conn` now (room allowing), or to nobody.
+    pub(super) fn set(&mut self, conn: ConnId, key: &[u8], tie: bool) {
+        let before = self.by_key.get(key).copied();
+        if before == Some(conn) && tie {
+            return;
+        }
+        if let Some(old) = before {
+            self.by_key.remove(key);
+            if let Some(keys) = self.by_conn.get_mut(&old) {
+                keys.retain(|k| k != key);
+                if keys.is_empty() {
+                    self.by_conn.remove(&old);
+                }
+            }
+        }
+        let held = self.by_conn.get(&conn).map_or(0, Vec::len);
+        if tie && held < TIES_PER_CONN {
+            self.by_conn.entry(conn).or_default().push(key.to_vec());
+            self.by_key.insert(key.to_vec(), conn);
+        }
+    }
+
+    /// The keys tied to `conn`, untied (it closed).
+    pub(super) fn take(&mut self, conn: ConnId) -> Vec<Vec<u8>> {
+        let keys = self.by_conn.remove(&conn).unwrap_or_default();
+        for k in &keys {
+            self.by_key.remove(k);
+        }
+        keys
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tie_follows_the_last_writer_and_an_untying_value_frees_it() {
+        let mut t = Ties::default();
+        t.set(1, b"hb/x", true);
+        t.set(1, b"hb/x", true);
+        // Reconnected: the new connection beats; the old one holds nothing.
+        t.set(2, b"hb/x", true);
+        assert!(t.take(1).is_empty());
+        // `bye` from any connection unties.
+        t.set(3, b"hb/x", false);
+        assert!(t.take(2).is_empty());
+        assert!(t.take(3).is_empty());
+        // At most TIES_PER_CONN per connection.
+        for i in 0..TIES_PER_CONN + 3 {
+            t.set(4, format!("hb/{i}").as_bytes(), true);
+        }
+        assert_eq!(t.take(4).len(), TIES_PER_CONN);
+        assert!(t.by_key.is_empty() && t.by_conn.is_empty());
+    }
+}
