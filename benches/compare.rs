@@ -315,6 +315,7 @@ fn rendezvous_scale(rows: &mut Vec<Row>) {
             last_call: Duration::from_millis(300),
             heartbeat: Duration::from_millis(250),
             heartbeat_timeout: Duration::from_secs(1),
+            lost_grace: Duration::from_millis(500),
         };
         let l2 = Arc::clone(&lp);
         let tok = cancel.child_token();

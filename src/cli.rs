@@ -388,6 +388,9 @@ pub struct RunArgs {
     /// A pod whose heartbeat is silent this long is dead (default 10, env TRAINLET_HEARTBEAT_TIMEOUT).
     #[arg(long = "heartbeat-timeout", value_name = "SECS", help_heading = "elastic rendezvous")]
     pub heartbeat_timeout: Option<String>,
+    /// A pod whose store connection closed without a goodbye (its agent died: SIGKILL, the OOM killer) and did not come back within this many seconds is dead, long before its heartbeat timeout (default 0.5, at most the heartbeat timeout; env TRAINLET_LOST_GRACE).
+    #[arg(long = "lost-grace", value_name = "SECS", help_heading = "elastic rendezvous")]
+    pub lost_grace: Option<String>,
     /// Seconds to wait for more pods once MIN are in (default 30, env TRAINLET_LAST_CALL_TIMEOUT).
     #[arg(long = "last-call-timeout", value_name = "SECS", help_heading = "elastic rendezvous")]
     pub last_call_timeout: Option<String>,

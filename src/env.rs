@@ -96,6 +96,8 @@ pub const TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: &str = "TORCHELASTIC_UNINT
 pub const TRAINLET_RESTART_BACKOFF: &str = "TRAINLET_RESTART_BACKOFF";
 /// `--heartbeat-timeout`.
 pub const TRAINLET_HEARTBEAT_TIMEOUT: &str = "TRAINLET_HEARTBEAT_TIMEOUT";
+/// `--lost-grace`.
+pub const TRAINLET_LOST_GRACE: &str = "TRAINLET_LOST_GRACE";
 /// `--last-call-timeout`.
 pub const TRAINLET_LAST_CALL_TIMEOUT: &str = "TRAINLET_LAST_CALL_TIMEOUT";
 /// The JobSet restart attempt, from the downward API on the pod label

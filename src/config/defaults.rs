@@ -20,3 +20,6 @@ pub const DEFAULT_LAST_CALL: Duration = Duration::from_secs(30);
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
 /// Default silence after which a pod is dead.
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default time a member's heartbeat connection, closed by its end without
+/// a `bye` (its agent died), has to come back before the member is dead.
+pub const DEFAULT_LOST_GRACE: Duration = Duration::from_millis(500);

@@ -177,6 +177,9 @@ pub struct Plan {
     pub heartbeat: Duration,
     /// Silence after which a pod is dead.
     pub heartbeat_timeout: Duration,
+    /// How long a pod's store connection, closed without a goodbye, may
+    /// stay closed before the pod is dead (at most `heartbeat_timeout`).
+    pub lost_grace: Duration,
     /// Base of the exponential backoff between restarts.
     pub restart_backoff: Duration,
     /// Sent to workers first on a planned stop.

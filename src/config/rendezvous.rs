@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use super::defaults::{
-    DEFAULT_HEARTBEAT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_JOIN_TIMEOUT, DEFAULT_LAST_CALL, DEFAULT_PORT,
+    DEFAULT_HEARTBEAT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_JOIN_TIMEOUT, DEFAULT_LAST_CALL, DEFAULT_LOST_GRACE,
+    DEFAULT_PORT,
 };
 use super::framework::Framework;
 use super::machine::Machine;
@@ -31,6 +32,8 @@ pub(super) struct Rendezvous {
     pub last_call: Duration,
     pub heartbeat: Duration,
     pub heartbeat_timeout: Duration,
+    /// How long a member's closed heartbeat connection may stay closed.
+    pub lost_grace: Duration,
     /// `progress_timeout` of `--rdzv-conf`, if given.
     pub progress_timeout: Option<Duration>,
 }
@@ -147,6 +150,28 @@ pub(super) fn resolve(
     if min_nodes != nnodes {
         s.prov.push(("last call", format!("{last_call:?}"), l.source));
     }
+    let (heartbeat, heartbeat_timeout, lost_grace) = liveness(args, s, &conf)?;
+
+    Ok(Rendezvous {
+        standalone,
+        endpoint,
+        serve_store,
+        run_id,
+        join_timeout,
+        store_memory,
+        jobset_attempt,
+        last_call,
+        heartbeat,
+        heartbeat_timeout,
+        lost_grace,
+        progress_timeout: conf.progress_timeout,
+    })
+}
+
+/// The heartbeat period, the heartbeat timeout and the lost grace, from
+/// `args`, the environment and `--rdzv-conf`.
+fn liveness(args: &RunArgs, s: &mut Settings<'_>, conf: &RdzvConf) -> Result<(Duration, Duration, Duration), Error> {
+    let env = s.env;
     let heartbeat = conf.keep_alive_interval.unwrap_or(DEFAULT_HEARTBEAT);
     let l = lookup(args.heartbeat_timeout.as_deref(), "--heartbeat-timeout", env, &[env::TRAINLET_HEARTBEAT_TIMEOUT]);
     let heartbeat_timeout = match (l.value, conf.keep_alive_interval, conf.keep_alive_max_attempt) {
@@ -164,20 +189,20 @@ pub(super) fn resolve(
     // A period well below the timeout, so one late heartbeat is not a death.
     let heartbeat = heartbeat.min(heartbeat_timeout / 4).max(Duration::from_millis(100));
     s.prov.push(("heartbeat timeout", format!("{heartbeat_timeout:?} (every {heartbeat:?})"), l.source));
-
-    Ok(Rendezvous {
-        standalone,
-        endpoint,
-        serve_store,
-        run_id,
-        join_timeout,
-        store_memory,
-        jobset_attempt,
-        last_call,
-        heartbeat,
-        heartbeat_timeout,
-        progress_timeout: conf.progress_timeout,
-    })
+    let l = lookup(args.lost_grace.as_deref(), "--lost-grace", env, &[env::TRAINLET_LOST_GRACE]);
+    let lost_grace = parse_secs(&l, DEFAULT_LOST_GRACE.min(heartbeat_timeout))?;
+    if lost_grace > heartbeat_timeout {
+        return Err(invalid(
+            &l.origin(),
+            l.value.unwrap_or_default(),
+            &format!(
+                "a grace of at most the heartbeat timeout ({heartbeat_timeout:?}): a silent pod is dead after that anyway; \
+                 raise --heartbeat-timeout too"
+            ),
+        ));
+    }
+    s.prov.push(("lost connection grace", format!("{lost_grace:?}"), l.source));
+    Ok((heartbeat, heartbeat_timeout, lost_grace))
 }
 
 /// Port 0 (a free port, picked when the store binds, as torchrun's

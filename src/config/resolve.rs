@@ -90,6 +90,7 @@ impl Plan {
             last_call: rdzv.last_call,
             heartbeat: rdzv.heartbeat,
             heartbeat_timeout: rdzv.heartbeat_timeout,
+            lost_grace: rdzv.lost_grace,
             standalone: rdzv.standalone,
             endpoint: rdzv.endpoint,
             serve_store: rdzv.serve_store,
@@ -439,6 +440,8 @@ mod tests {
     #[test_case(&["--rdzv-conf", "store_type=file", "t.py"], &[], "--rdzv-conf store_type=file is not supported"; "store type")]
     #[test_case(&["--rdzv-conf", "keep_alive_max_attempt=0", "t.py"], &[], "keep_alive_max_attempt >= 1"; "keep alive attempts")]
     #[test_case(&["--heartbeat-timeout", "0.5", "t.py"], &[], "at least two heartbeat periods"; "heartbeat too short")]
+    #[test_case(&["--lost-grace", "11", "t.py"], &[], "--lost-grace value \"11\": expected a grace of at most the heartbeat timeout (10s)"; "grace past timeout")]
+    #[test_case(&["t.py"], &[("TRAINLET_LOST_GRACE", "soon")], "TRAINLET_LOST_GRACE value \"soon\": expected a number of seconds"; "grace env")]
     #[test_case(&["--checkpoint-signal", "SIGBOGUS", "t.py"], &[], "--checkpoint-signal value \"SIGBOGUS\""; "checkpoint signal")]
     #[test_case(&["--checkpoint-signal", "USR1", "--checkpoint-timeout", "40", "t.py"], &[], "must be shorter than the grace period"; "checkpoint beyond grace")]
     #[test_case(&["--on-exit", "3=explode", "t.py"], &[], "invalid failure rule \"3=explode\""; "bad rule flag")]
@@ -535,6 +538,16 @@ mod tests {
     }
 
     #[test]
+    fn the_lost_grace_is_read_and_never_outlasts_the_heartbeat_timeout() {
+        let p = plan(&["--lost-grace", "2.5", "t.py"], &[]).expect("plan");
+        assert_eq!(p.lost_grace, Duration::from_millis(2500));
+        let p = plan(&["t.py"], &[("TRAINLET_LOST_GRACE", "10"), ("TRAINLET_HEARTBEAT_TIMEOUT", "10")]).expect("plan");
+        assert_eq!(p.lost_grace, Duration::from_secs(10), "as long as the timeout");
+        let p = plan(&["--rdzv-conf", "keep_alive_interval=0.1,keep_alive_max_attempt=3", "t.py"], &[]).expect("plan");
+        assert_eq!(p.lost_grace, Duration::from_millis(300), "the default, cut to a shorter timeout");
+    }
+
+    #[test]
     fn elastic_and_failure_settings_are_read() {
         let p = plan(
             &[
@@ -562,6 +575,7 @@ mod tests {
             (p.last_call, p.heartbeat, p.heartbeat_timeout),
             (Duration::from_secs(2), Duration::from_millis(500), Duration::from_secs(2))
         );
+        assert_eq!(p.lost_grace, Duration::from_millis(500), "the default");
         assert_eq!(p.jobset_attempt, 3);
         assert_eq!(p.hung_timeout, Some(Duration::from_secs(60)));
         assert_eq!(p.restart_backoff, Duration::from_secs(2));

@@ -24,7 +24,7 @@ use crate::config::{Env, Plan};
 use crate::exit;
 use crate::process::signals::SysEvent;
 use crate::process::spawn::Spawner;
-use crate::rendezvous::{self, Joined, Known, Round, Session, Timing};
+use crate::rendezvous::{self, Joined, Known, Round, Session};
 use crate::serve::board::State as RunState;
 use crate::serve::pod;
 use crate::supervise::attempt::run_attempt;
@@ -186,8 +186,7 @@ impl Job {
         if let Some(code) = inplace::barrier(in_place, &mut events, &plan).await? {
             return Ok(Err(code));
         }
-        let timing =
-            Timing { last_call: plan.last_call, heartbeat: plan.heartbeat, heartbeat_timeout: plan.heartbeat_timeout };
+        let timing = start::timing(&plan);
         // Serve mode's control token; the agents' store (and the rounds' worker stores), when this pod hosts it.
         let hosting::Hosted { token_file, guard, control, endpoint, host_dial, rounds } =
             hosting::store(&plan, timing, &cancel)?;

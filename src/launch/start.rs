@@ -48,6 +48,16 @@ pub(super) async fn preflight(plan: &mut Plan, spawner: &Spawner) -> Option<u8> 
     Some(code)
 }
 
+/// The rendezvous' timing, from the plan.
+pub(super) fn timing(plan: &Plan) -> Timing {
+    Timing {
+        last_call: plan.last_call,
+        heartbeat: plan.heartbeat,
+        heartbeat_timeout: plan.heartbeat_timeout,
+        lost_grace: plan.lost_grace,
+    }
+}
+
 /// The worker log root, and whether files can be written there. Checked
 /// before anything starts: with --log-dir, an unwritable directory is a
 /// configuration error; without it, worker files are off and every stream

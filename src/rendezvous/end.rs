@@ -238,7 +238,7 @@ impl Session {
 
     /// Stop heartbeating and tell the store host this agent left cleanly:
     /// the heartbeat says `bye` on its own connection, so that its closing
-    /// is not taken for a death (`host::LOST_GRACE`); when it cannot, the
+    /// is not taken for a death (`Timing::lost_grace`); when it cannot, the
     /// session's connection says it.
     pub async fn bye(&mut self) {
         self.watch.leave.cancel();

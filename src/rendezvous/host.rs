@@ -10,7 +10,8 @@
 //! skew between pods matters). A member silent for the heartbeat timeout is
 //! declared dead: `rR/dead` lists it and `rR/end` becomes `dead:<uid>`. So
 //! is one whose heartbeat reads `lost` (its connection to this store was
-//! closed by its end without a `bye`: its process died) for [`LOST_GRACE`]:
+//! closed by its end without a `bye`: its process died) for the lost grace
+//! (`Timing::lost_grace`, `--lost-grace`):
 //! the store tells the monitor of each loss at once ([`Losses`]), so a pod
 //! killed by SIGKILL or the OOM killer costs well under a second, not the
 //! heartbeat timeout; the heartbeat stays for a machine that vanishes. If
@@ -40,12 +41,6 @@ pub type ServeFn = Box<dyn Fn() -> Result<StoreServer, ServerError> + Send + Syn
 
 /// Makes a fresh worker store that closes on the token it is given.
 pub type MakeStore = std::sync::Arc<dyn Fn(CancellationToken) -> Result<StoreServer, ServerError> + Send + Sync>;
-
-/// How long a member's heartbeat may read `lost` before it is declared
-/// dead (at most the heartbeat timeout): time for a heartbeat connection
-/// that merely blipped to reconnect and beat again (the agent reconnects at
-/// once when its connection closes, `super::session::heartbeat`).
-pub const LOST_GRACE: Duration = Duration::from_millis(500);
 
 /// The store's count of heartbeat connections lost
 /// (`crate::store::State::losses`): it changes at every loss.
@@ -178,7 +173,7 @@ async fn monitor(
     let mut quiet: Vec<String> = Vec::new();
     // When a member whose connection was lost is due to be declared dead.
     let mut recheck: Option<Instant> = None;
-    let (timeout, grace) = (millis(timing.heartbeat_timeout), millis(LOST_GRACE));
+    let (timeout, grace) = (millis(timing.heartbeat_timeout), millis(timing.lost_grace.min(timing.heartbeat_timeout)));
     loop {
         tokio::select! {
             ok = &mut next => {
@@ -253,7 +248,7 @@ async fn monitor(
                 }
                 gone += 1;
             } else if beat == Beat::Lost {
-                let due = *since + LOST_GRACE.min(timing.heartbeat_timeout);
+                let due = *since + timing.lost_grace.min(timing.heartbeat_timeout);
                 recheck = Some(recheck.map_or(due, |t| t.min(due)));
             }
         }
@@ -263,7 +258,7 @@ async fn monitor(
             if lost_conn.is_empty() {
                 tracing::warn!(round = r, dead = ?newly, timeout_s = timing.heartbeat_timeout.as_secs_f64(), "members stopped heartbeating; declaring them dead");
             } else {
-                tracing::warn!(round = r, dead = ?newly, lost_connection = ?lost_conn, grace_s = LOST_GRACE.as_secs_f64(), "members' store connections closed without a bye and did not come back (their agents died); declaring them dead");
+                tracing::warn!(round = r, dead = ?newly, lost_connection = ?lost_conn, grace_s = timing.lost_grace.as_secs_f64(), "members' store connections closed without a bye and did not come back (their agents died); declaring them dead");
             }
             dead.extend(newly.iter().cloned());
             c.set(&keys.dead(), &serde_json::to_vec(&dead).unwrap_or_default()).await?;

@@ -22,6 +22,11 @@ pub struct Timing {
     pub heartbeat: Duration,
     /// A member silent this long is dead.
     pub heartbeat_timeout: Duration,
+    /// A member whose heartbeat connection was closed by its end without a
+    /// `bye` (its agent died) and did not beat again for this long is dead
+    /// (at most `heartbeat_timeout`): time for a connection that merely
+    /// blipped to come back (the heartbeat reconnects at once).
+    pub lost_grace: Duration,
 }
 
 /// What an agent carries from round to round, so that a restarted store
@@ -448,7 +453,7 @@ pub(crate) async fn raise(c: &mut Client, key: &str, to: u64) -> Result<u64, Cli
 ///
 /// The store ties the key to this connection (`crate::keys::heartbeat_tie`):
 /// were it closed without the `bye`, the store host would take this agent
-/// for dead after `host::LOST_GRACE`. So a connection that closes is
+/// for dead after `Timing::lost_grace`. So a connection that closes is
 /// replaced at once, and is watched between beats: the store host sees the
 /// key beat again well within the grace.
 pub(super) async fn heartbeat(

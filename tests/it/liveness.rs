@@ -14,12 +14,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use trainlet::rendezvous::host::{self, LOST_GRACE};
+use trainlet::rendezvous::host;
 use trainlet::rendezvous::{Member, Session, Timing, job_base};
 use trainlet::store::{Budget, Client, Dial, Endpoint, StoreServer, bind_listener};
 
 const LIMIT: Duration = Duration::from_secs(30);
 const RUN: &str = "liveness";
+/// The lost grace of these tests: `--lost-grace`'s default.
+const LOST_GRACE: Duration = Duration::from_millis(500);
 
 /// The store with the agents' tie rule, and the monitor of the job `RUN`.
 struct Host {
@@ -41,6 +43,7 @@ impl Host {
             // at its next beat would come back too late.
             heartbeat: LOST_GRACE * 4,
             heartbeat_timeout: Duration::from_secs(60),
+            lost_grace: LOST_GRACE,
         };
         let port = server.local_addr().port();
         let dial = Dial { addr: ([127, 0, 0, 2], port).into(), guard: None };

@@ -18,6 +18,7 @@ const TIMING: Timing = Timing {
     last_call: Duration::from_secs(30),
     heartbeat: Duration::from_secs(1),
     heartbeat_timeout: Duration::from_secs(10),
+    lost_grace: Duration::from_millis(500),
 };
 
 fn listener() -> tokio::net::TcpListener {

@@ -132,8 +132,9 @@ fn the_jobset_restarts_a_healthy_pod_in_place_through_a_watch_that_outlived_the_
         "asked",
         "[torchrun, /fixtures/await_signal.py]",
         // Only the JobSet may end the healthy pod's round: trainlet's own
-        // notice of the dead pod (its heartbeat timeout) comes too late.
-        &[("MARK_DIR", "/marks"), ("TRAINLET_HEARTBEAT_TIMEOUT", "300")],
+        // notice of the dead pod comes too late, its closed connection
+        // (the lost grace) as its silence (the heartbeat timeout).
+        &[("MARK_DIR", "/marks"), ("TRAINLET_HEARTBEAT_TIMEOUT", "300"), ("TRAINLET_LOST_GRACE", "300")],
         &[("marks", marks.path(), "/marks", false)],
     );
     let pods = pods_until_ready("asked");
