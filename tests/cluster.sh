@@ -5,8 +5,8 @@
 # tests/cluster/go.mod pins (one binary, `kube`, cached under
 # target/cluster/bin), with certificates and service-account keys made
 # here by openssl; and the controllers users run, JobSet and Kubeflow
-# Trainer (its status server on), built with `go install` at pinned
-# versions, as processes on loopback: their CRDs come from those
+# Trainer (its status server on), built from the same module at the
+# versions it pins, as processes on loopback: their CRDs come from those
 # versions' module sources, their webhooks point at 127.0.0.1 with a
 # certificate made here (their own cert rotation needs a Service in the
 # cluster). Nodes: CLUSTER_NODES (default 2) kubelets, each with its own
@@ -17,7 +17,7 @@
 # Node n's pods get 10.X.n.0/24 on a bridge of their own in the host's
 # network namespace (X from CLUSTER_PORT_BASE), the node itself 10.X.n.1.
 #
-#   bash tests/cluster.sh build   build target/cluster/bin/kube when missing or stale
+#   bash tests/cluster.sh build   build target/cluster/bin (kube, the controllers, CoreDNS) when missing or stale
 #   bash tests/cluster.sh up      build, then start everything and wait until it is ready
 #   bash tests/cluster.sh ensure [--owner PID]   the cluster the tests share: reuse the
 #                                 one that is up and ready, else start one (one process at a
@@ -69,9 +69,12 @@ NODES=${CLUSTER_NODES:-2}
 NET=10.$(((BASE / 10) % 200 + 20))
 DNS_IP=$NET.0.1
 K8S_VERSION=v1.36.3
-JOBSET_MODULE=sigs.k8s.io/jobset@v0.12.0
-TRAINER_MODULE=github.com/kubeflow/trainer/v2@v2.3.0
-COREDNS_MODULE=github.com/coredns/coredns@v1.14.7
+# The controllers' and CoreDNS's versions are the ones the go.mod files
+# pin (one place to change them).
+pinned() { awk -v m="$1" '$1 == "require" { $1 = ""; $0 = $0 } $1 == m { print m "@" $2; exit }' "$2"; }
+JOBSET_MODULE=$(pinned sigs.k8s.io/jobset "$ROOT/tests/cluster/go.mod")
+TRAINER_MODULE=$(pinned github.com/kubeflow/trainer/v2 "$ROOT/tests/cluster/go.mod")
+COREDNS_MODULE=$(pinned github.com/coredns/coredns "$ROOT/tests/cluster/dns/go.mod")
 PAUSE_IMAGE=localhost/trainlet-test/pause:1
 GOFLAGS_BUILD=(-trimpath -ldflags "-s -w")
 # How long `up` waits for each component.
@@ -107,50 +110,43 @@ need_tools() {
   fi
 }
 
-# Build `kube` when it is missing or older than its sources.
+# Build what the cluster runs when any of it is missing or older than its
+# sources: `kube` and the JobSet and Trainer controllers in one `go build`
+# of tests/cluster's module (they share its Kubernetes libraries, compiled
+# once), CoreDNS from tests/cluster/dns (its own module: CoreDNS's versions
+# of grpc and etcd's client are not the API server's), and the pause
+# process.
 build() {
   need_tools
-  local src=$ROOT/tests/cluster
-  if [[ -x $KUBE ]] && [[ -z $(find "$src" -newer "$KUBE" -type f \( -name '*.go' -o -name 'go.*' \) | head -1) ]]; then
-    return 0
-  fi
+  local src=$ROOT/tests/cluster bins=("$KUBE" "$BIN/jobset" "$BIN/trainer-controller-manager" "$BIN/coredns" "$BIN/pause")
+  local b stale=
+  for b in "${bins[@]}"; do
+    if [[ ! -x $b ]] || [[ -n $(find "$src" -newer "$b" -type f \( -name '*.go' -o -name 'go.*' -o -name '*.c' \) | head -1) ]]; then
+      stale=$b
+      break
+    fi
+  done
+  [[ -z $stale ]] && return 0
   mkdir -p "$BIN"
-  say "building Kubernetes $K8S_VERSION and etcd from their Go modules into $KUBE (about 5 minutes cold on 2 cores, seconds when cached)"
-  local started=$SECONDS
+  say "building Kubernetes $K8S_VERSION, etcd, JobSet ${JOBSET_MODULE#*@} and Kubeflow Trainer ${TRAINER_MODULE#*@} from their Go modules into $BIN (${stale#"$BIN"/} is missing or stale; about 15 minutes cold on 2 cores, seconds when cached)"
+  local started=$SECONDS out=$BIN/.building
+  rm -rf "$out" && mkdir -p "$out"
+  # One build: `-o DIR` names each command after its package. The -X
+  # flags name variables of kube's and Trainer's packages alone.
+  # (Trainer's status server reads its certificate from a directory fixed
+  # at /tmp/k8s-webhook-server/serving-certs, pkg/util/cert.certDir; made
+  # relative, it is found under the working directory `up` gives it.)
   (cd "$src" && go build -trimpath \
-    -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36" \
-    -o "$KUBE.tmp" ./kube)
-  mv "$KUBE.tmp" "$KUBE"
+    -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36 -X github.com/kubeflow/trainer/v2/pkg/util/cert.certDir=k8s-webhook-server/serving-certs" \
+    -o "$out/" ./kube "${JOBSET_MODULE%@*}" "${TRAINER_MODULE%@*}/cmd/trainer-controller-manager")
+  say "building CoreDNS ${COREDNS_MODULE#*@} with the plugins the cluster uses (tests/cluster/dns)"
+  (cd "$src/dns" && go build "${GOFLAGS_BUILD[@]}" -o "$out/coredns" .)
+  gcc -O2 -static -o "$out/pause" "$src/pause.c"
+  for b in "${bins[@]}"; do
+    mv "$out/${b##*/}" "$b"
+  done
+  rmdir "$out"
   say "built in $((SECONDS - started)) s"
-}
-
-# The controllers, built from their pinned versions' module sources (in
-# Go's module cache, with their own go.mod and go.sum): JobSet's manager is
-# its module's root package, Trainer's is cmd/trainer-controller-manager.
-# (Not `go install PKG@VERSION`: it asks the proxy for the module's version
-# list, which the proxy here refuses for JobSet.)
-build_controllers() {
-  need_tools
-  if [[ ! -x $BIN/jobset ]]; then
-    say "building JobSet ${JOBSET_MODULE#*@} (about 3 minutes cold)"
-    (cd "$(module_dir "$JOBSET_MODULE")" && go build "${GOFLAGS_BUILD[@]}" -o "$BIN/jobset" .)
-  fi
-  if [[ ! -x $BIN/trainer-controller-manager ]]; then
-    say "building Kubeflow Trainer ${TRAINER_MODULE#*@} (about 3 minutes cold)"
-    # Its status server reads its certificate from a directory fixed at
-    # /tmp/k8s-webhook-server/serving-certs (pkg/util/cert.certDir); made
-    # relative here, it is found under the working directory `up` gives it.
-    (cd "$(module_dir "$TRAINER_MODULE")" &&
-      go build -trimpath -ldflags "-s -w -X github.com/kubeflow/trainer/v2/pkg/util/cert.certDir=k8s-webhook-server/serving-certs" \
-        -o "$BIN/trainer-controller-manager" ./cmd/trainer-controller-manager)
-  fi
-  if [[ ! -x $BIN/coredns ]]; then
-    say "building CoreDNS ${COREDNS_MODULE#*@} (about 2 minutes cold)"
-    (cd "$(module_dir "$COREDNS_MODULE")" && go build "${GOFLAGS_BUILD[@]}" -o "$BIN/coredns" .)
-  fi
-  if [[ ! -x $BIN/pause || $ROOT/tests/cluster/pause.c -nt $BIN/pause ]]; then
-    gcc -O2 -static -o "$BIN/pause" "$ROOT/tests/cluster/pause.c"
-  fi
 }
 
 # The directory of a module's source in Go's module cache (downloaded once).
@@ -268,7 +264,6 @@ wait_ready() {
 up() {
   need_tools up
   build
-  build_controllers
   if [[ -d $RUN/pids ]] && ls "$RUN/pids"/* >/dev/null 2>&1; then
     die "a cluster is up already ($RUN/pids); run: bash tests/cluster.sh down"
   fi
@@ -326,7 +321,7 @@ controllers() {
   cp "$RUN/pki/webhook.key" "$RUN/webhook/tls.key"
   # Trainer's webhook server reads controller-runtime's default directory
   # under its TMPDIR (its configuration has no certDir), its status server
-  # the same path under its working directory (see build_controllers).
+  # the same path under its working directory (see build).
   cp "$RUN/webhook/tls.crt" "$RUN/webhook/tls.key" "$RUN/trainer-tmp/k8s-webhook-server/serving-certs/"
   "${k[@]}" apply --server-side -f "$jobset/config/components/crd/bases" >/dev/null
   "${k[@]}" apply --server-side $(printf -- '-f %s ' "$trainer"/manifests/base/crds/trainer.kubeflow.org_*.yaml) >/dev/null
@@ -786,7 +781,6 @@ status() {
 case "${1:-}" in
   build)
     build
-    build_controllers
     ;;
   up) up ;;
   ensure)
