@@ -100,7 +100,7 @@ fn a_killed_worker_restarts_every_pod_in_place_through_jobsets_protocol() {
 
 /// The host's pid of PID 1 of `pod`'s container: the process whose
 /// environment names the pod and that is 1 in its own PID namespace.
-fn host_pid_of_pid1(pod: &str) -> i32 {
+pub(super) fn host_pid_of_pid1(pod: &str) -> i32 {
     let want = format!("POD_NAME={pod}");
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else { continue };

@@ -4,10 +4,14 @@
 //! spare takes the lost pod's group rank in the next round, the TrainJob
 //! completes with the parameters of an uninterrupted run and without a
 //! JobSet restart, and the pod the Job makes in place of the deleted one
-//! waits as the next spare until the job ends.
+//! waits as the next spare until the job ends. And a training pod whose
+//! trainlet (PID 1) the node kills with SIGKILL, as the OOM killer or a
+//! crash would end it, is replaced by the spare on its closed store
+//! connection, not after its heartbeat timeout.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::process::Command;
+use std::time::{Duration, SystemTime};
 
 use super::{Take, all_logs, ddp_job_on, diagnose, finished, up, wait_for};
 use crate::support::cluster::{apply_file, get_json, kubectl, kubectl_stdin, logs_of, pods_of};
@@ -83,4 +87,76 @@ fn a_spare_takes_a_deleted_training_pods_rank_and_the_trainjob_completes_without
     let tj = get_json(&["trainjob", "spare"]);
     assert_eq!(super::metric(&tj, "trainlet.spare_takeovers").as_deref(), Some("1"), "{tj}");
     assert_eq!(super::metric(&tj, "trainlet.world_size").as_deref(), Some("4"), "{tj}");
+}
+
+/// Seconds since the epoch of a tracing line's timestamp
+/// (`2026-12-03T17:49:43.747020Z ...`), on this machine's clock (the
+/// cluster's nodes are this machine).
+fn utc_secs(line: &str) -> Option<f64> {
+    let (date, time) = line.split_whitespace().next()?.strip_suffix('Z')?.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    // Days from the civil date (Howard Hinnant's days_from_civil).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    let mut t = time.splitn(3, ':');
+    let (h, min, sec) =
+        (t.next()?.parse::<f64>().ok()?, t.next()?.parse::<f64>().ok()?, t.next()?.parse::<f64>().ok()?);
+    Some(days as f64 * 86_400.0 + h * 3_600.0 + min * 60.0 + sec)
+}
+
+#[test]
+fn a_spare_takes_the_rank_of_a_training_pod_killed_by_sigkill_on_its_closed_connection_not_its_heartbeat_timeout() {
+    let _up = up("spares", Take::Beside);
+    let (ok, out) = apply_file(&repo().join("runtimes/torch-distributed-spares.yaml"));
+    assert!(ok, "{out}");
+    let ckpt = tempfile::tempdir().expect("tmp");
+    let steps = "300";
+    // A heartbeat timeout of 120 s: a takeover well before it is the
+    // closed connection's doing.
+    let env = [("STEPS", steps), ("STEP_SLEEP", "0.05"), ("CKPT_EVERY", "5"), ("TRAINLET_HEARTBEAT_TIMEOUT", "120")];
+    let job = ddp_job_on("trainlet-torch-distributed-spares", "killed", ckpt.path(), &env)
+        .replace("numNodes: 2", "numNodes: 3");
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
+    assert!(ok, "{out}");
+    let spare = the_spare("killed");
+    let victim = if spare == "1" { "2" } else { "1" };
+    let before = pods_of("killed");
+    wait_for("killed", "a checkpoint", Duration::from_secs(120), || {
+        (std::fs::read_dir(ckpt.path()).map(|d| d.count()).unwrap_or(0) > 0).then_some(())
+    });
+    let name = before[victim]["metadata"]["name"].as_str().expect("name").to_string();
+    let pid = super::inplace::host_pid_of_pid1(&name);
+    let killed_at = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).expect("clock").as_secs_f64();
+    // PID 1 of the container's PID namespace: its workers die with it.
+    assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().expect("kill").success());
+    let took = wait_for("killed", "the spare taking over", Duration::from_secs(60), || {
+        let log = logs_of(&pods_of("killed")[&spare]);
+        log.lines().find(|l| l.contains("this spare takes over group rank")).map(str::to_string)
+    });
+    let after = utc_secs(&took).expect("a timestamped line") - killed_at;
+    eprintln!("the spare took over {after:.3} s after the SIGKILL: {took}");
+    assert!(after < 60.0, "the spare took over {after:.1} s after the SIGKILL, past half the heartbeat timeout");
+    let host = logs_of(&pods_of("killed")["0"]);
+    assert!(host.contains("store connections closed without a bye"), "{host}");
+    assert!(!host.contains("stopped heartbeating"), "{host}");
+    assert_eq!(finished("killed", Duration::from_secs(300)), "Complete", "{}", diagnose("killed"));
+    let logs = all_logs("killed");
+    let (digest, world) = crate::fault::final_of(&logs);
+    assert_eq!((digest.as_str(), world.as_str()), (crate::fault::reference_of(steps).as_str(), "world=4"), "{logs}");
+    assert!(!logs.contains("verdict=restart"), "a lost pod costs no restart: {logs}");
+    let jobset = get_json(&["jobset", "killed"]);
+    assert_eq!(jobset["status"]["restarts"].as_u64().unwrap_or(0), 0, "no JobSet restart: {jobset}");
+}
+
+#[test]
+fn a_tracing_timestamp_is_read_as_seconds_since_the_epoch() {
+    let at = |l: &str| utc_secs(l).map(|s| (s * 1e6).round() / 1e6);
+    assert_eq!(at("2026-12-03T17:49:43.747020Z  INFO round formed"), Some(1_796_320_183.747_02));
+    assert_eq!(at("2024-02-29T00:00:00Z x"), Some(1_709_164_800.0));
+    assert_eq!(at("1970-01-01T00:00:01.5Z"), Some(1.5));
+    assert_eq!(at("no time here"), None);
 }
