@@ -89,6 +89,8 @@ def once(args, sig) -> dict:
         time.sleep(2.0)  # the round settles: workers up, heartbeats beating
         victim = next(i for i in range(1, n) if i != spare)
         before = read(0).count("round formed")
+        agents_cpu = lambda: sum(proc_stats(p.pid)[1] for i, p in enumerate(pods) if i != victim and p.poll() is None)
+        cpu_before = agents_cpu()
         signalled = time.time()
         os.killpg(pods[victim].pid, sig)
         while read(0).count("round formed") == before:
@@ -96,6 +98,7 @@ def once(args, sig) -> dict:
                 sys.exit(f"no round after the {sig.name} in {args.timeout} s; logs in {d}")
             time.sleep(0.005)
         took = time.time() - signalled
+        agents_cpu_s = agents_cpu() - cpu_before
         rss, cpu = proc_stats(pods[0].pid)
         host = [l for l in read(0).splitlines() if l[:4].isdigit()]
         after = [l for l in host if stamp(l) >= signalled - 0.01]
@@ -107,6 +110,7 @@ def once(args, sig) -> dict:
             "first_round": first_round,
             "host_rss_mb": rss,
             "host_cpu_s": cpu,
+            "agents_cpu_s": agents_cpu_s,
             "dir": d,
         }
     finally:
@@ -142,7 +146,8 @@ def main() -> None:
         print(
             f"{args.pods} pods, SIG{args.signal.upper()}: next round {r['took']:.3f} s after the signal "
             f"(round ended {r['ended']:.3f} s, decided {r['decided']:.3f} s); first round {r['first_round']:.2f} s; "
-            f"store host peak RSS {r['host_rss_mb']:.1f} MB, CPU {r['host_cpu_s']:.2f} s"
+            f"store host peak RSS {r['host_rss_mb']:.1f} MB, CPU {r['host_cpu_s']:.2f} s; "
+            f"the agents' CPU from the signal to the next round {r['agents_cpu_s']:.2f} s"
             + (f"; logs {r['dir']}" if args.keep else ""),
             flush=True,
         )
