@@ -6,18 +6,22 @@
 //! slot in any round: the running job never sees it. A holder that is
 //! leaving (it got a stop signal and wrote `leaving/<uid>`: a pod being
 //! deleted while its replacement starts) is waited for instead. An agent whose
-//! predecessor in the place is gone (it said `bye`, or its heartbeat stood
-//! still for two periods) takes the place over, as a pod restarted in
-//! place does.
+//! predecessor in the place is gone (it said `bye`, its heartbeat stood
+//! still for two periods, or its heartbeat connection closed without a
+//! `bye` and stayed closed for the lost grace: its process died) takes the
+//! place over, as a pod restarted in place does.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use round::claim::{Claim, on_holder};
+use round::monitor::{Beat, dead};
 
 use super::Error;
+use super::join::millis;
 use super::session::Session;
+use crate::store::LOST;
 
 /// Most holders one claim contests before it gives up (each contest
 /// watches a heartbeat, so a claim never loops fast).
@@ -113,8 +117,10 @@ impl Session {
         Ok(None)
     }
 
-    /// Whether the agent `uid` is gone: Some(why) when it said `bye` or
-    /// its heartbeat stood still for [`still_limit`]; None when it beat.
+    /// Whether the agent `uid` is gone: Some(why) when it said `bye`, its
+    /// heartbeat stood still for [`still_limit`], or read `lost` for the
+    /// lost grace (`round::monitor::dead`, as the store host judges a
+    /// member); None when it beat.
     async fn gone(&mut self, uid: &str, say: bool) -> Result<Option<String>, Error> {
         let hb = self.keys.heartbeat(uid);
         let first = self.get(&hb).await?;
@@ -131,14 +137,26 @@ impl Session {
             );
         }
         let poll = (self.timing.heartbeat / 4).clamp(Duration::from_millis(20), Duration::from_millis(250));
+        let grace = self.timing.lost_grace;
         let until = Instant::now() + limit;
+        // Since when its heartbeat has read `lost` (its connection closed
+        // by its end without a bye: its process died), as this agent saw.
+        let mut lost_since = (first == LOST).then(Instant::now);
         while Instant::now() < until {
             tokio::time::sleep(poll).await;
             let now = self.get(&hb).await?;
             if now == b"bye" {
                 return Ok(Some("it left the job".into()));
             }
-            if now != first {
+            if now == LOST {
+                let since = *lost_since.get_or_insert_with(Instant::now);
+                if dead(Beat::Lost, millis(since.elapsed()), millis(limit), millis(grace)) {
+                    return Ok(Some(format!(
+                        "its store connection closed without a bye and did not come back in {:.1} s: it died",
+                        grace.as_secs_f64()
+                    )));
+                }
+            } else if now != first {
                 return Ok(None);
             }
         }

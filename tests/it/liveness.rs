@@ -67,32 +67,38 @@ impl Host {
         Client::connect(([127, 0, 0, 2], self.port()).into()).await.expect("connect")
     }
 
+    /// An agent's session (heartbeating) in place 0 (it claims the place as it connects).
+    async fn connect(&self) -> Result<Session, trainlet::rendezvous::Error> {
+        let endpoint = Endpoint { host: "127.0.0.1".into(), port: self.port() };
+        Session::connect((&endpoint, None), RUN, 0, me(), self.timing, Instant::now() + LIMIT, &self.cancel).await
+    }
+
     /// An agent's session (heartbeating), and round 0 formed with it as its member.
     async fn member(&self) -> (Session, String) {
-        let me = Member {
-            uid: String::new(),
-            host: "127.0.0.1".into(),
-            pid: std::process::id(),
-            node_rank: 0,
-            nproc: 1,
-            min_nodes: 1,
-            max_nodes: 1,
-            max_restarts: 0,
-            spares: 0,
-            last_rank: None,
-        };
-        let endpoint = Endpoint { host: "127.0.0.1".into(), port: self.port() };
-        let deadline = Instant::now() + LIMIT;
-        let s = Session::connect((&endpoint, None), RUN, 0, me.clone(), self.timing, deadline, &self.cancel)
-            .await
-            .expect("session");
+        let s = self.connect().await.expect("session");
         let hb = s.heartbeat_key();
         let uid = hb.rsplit('/').next().expect("uid").to_string();
         let mut c = self.client().await;
         wait_for(&mut c, &hb, |v| v.parse::<u64>().is_ok()).await;
-        let members = serde_json::to_vec(&[Member { uid: uid.clone(), ..me }]).expect("json");
+        let members = serde_json::to_vec(&[Member { uid: uid.clone(), ..me() }]).expect("json");
         c.set(&format!("{}/r0/members", job_base(RUN, 0)), &members).await.expect("form round 0");
         (s, hb)
+    }
+}
+
+/// The agent of node rank 0 on 127.0.0.1, of a static job of one pod.
+fn me() -> Member {
+    Member {
+        uid: String::new(),
+        host: "127.0.0.1".into(),
+        pid: std::process::id(),
+        node_rank: 0,
+        nproc: 1,
+        min_nodes: 1,
+        max_nodes: 1,
+        max_restarts: 0,
+        spares: 0,
+        last_rank: None,
     }
 }
 
@@ -162,5 +168,28 @@ async fn a_heartbeat_connection_that_is_cut_reconnects_and_nobody_is_declared_de
     assert_eq!(c.get(&format!("{base}/r0/dead")).await.expect("get"), b"");
     assert_ne!(c.get(&hb).await.expect("get"), b"lost");
     drop(session);
+    host.cancel.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_restarted_in_place_takes_its_place_over_once_its_dead_predecessors_connection_stays_closed() {
+    let host = Host::start().await;
+    let (session, hb) = host.member().await;
+    let mut c = host.client().await;
+    let started = Instant::now();
+    // The predecessor's process is gone: no bye, its connections closed.
+    drop(session);
+    wait_for(&mut c, &hb, |v| v == "lost").await;
+    // Its successor in the same place (a container restarted in place).
+    let next = host.connect().await.expect("the successor takes the place over");
+    let took = started.elapsed();
+    let claim = c.get(&format!("{}/claim/0", job_base(RUN, 0))).await.expect("get");
+    let next_uid = next.heartbeat_key().rsplit('/').next().expect("uid").to_string();
+    assert_eq!(String::from_utf8_lossy(&claim), next_uid, "the place is the successor's");
+    // After the grace, and well before its heartbeat would have stood
+    // still for two periods (the only way before the store tied it).
+    assert!(took >= LOST_GRACE, "taken over {took:?} after the predecessor died, within the grace");
+    assert!(took < host.timing.heartbeat * 2, "taken over only {took:?} after the predecessor died");
+    drop(next);
     host.cancel.cancel();
 }

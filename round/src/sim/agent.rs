@@ -9,10 +9,13 @@
 
 use round::claim::{Claim, on_holder};
 use round::join::{ABANDONED, Arrival, arrival, spare_gives_up};
+use round::monitor::{self, Beat};
 
 use super::phase::{MemberRecord, Phase, parse_uids};
 use super::store::{End, Key, Store, Uid};
-use super::world::{Code, Env, Exit, HEALTH_CHECK_MAX, HEARTBEAT_TIMEOUT, HOST_LEFT_SETTLE, JOIN_TIMEOUT, STILL_LIMIT};
+use super::world::{
+    Code, Env, Exit, HEALTH_CHECK_MAX, HEARTBEAT_TIMEOUT, HOST_LEFT_SETTLE, JOIN_TIMEOUT, LOST_GRACE, STILL_LIMIT,
+};
 
 /// One agent (one container of one pod).
 #[derive(Debug, Clone)]
@@ -176,15 +179,21 @@ impl Agent {
     }
 
     /// Another agent holds its place: it watched the holder's heartbeat
-    /// (gone at once when it said `bye`, after the watch when it stood
-    /// still), and the protocol says what to do.
+    /// (gone at once when it said `bye`, after the lost grace when it read
+    /// `lost`, after the watch when it stood still), and the protocol says
+    /// what to do.
     fn contest(&mut self, env: &mut Env, holder: Uid, until: u64, want: u64) {
         let bye = env.facts.exits.contains_key(&holder);
         let still = self.killed(env, holder);
-        if !bye && env.tick < until {
+        let lost = env
+            .facts
+            .lost_at
+            .get(&holder)
+            .is_some_and(|at| monitor::dead(Beat::Lost, env.tick.saturating_sub(*at), STILL_LIMIT, LOST_GRACE));
+        if !bye && !lost && env.tick < until {
             return;
         }
-        match on_holder(bye || still, false) {
+        match on_holder(bye || lost || still, false) {
             Claim::TakeOver => {
                 // COMPARE_SET from the holder's uid: of two claimants, one wins;
                 // the other contests the winner.

@@ -292,6 +292,9 @@ impl Sim {
         self.env.facts.signalled.insert(uid);
         self.killed.push((uid, tick, vanished));
         self.env.facts.killed_at.insert(uid, tick);
+        if !vanished {
+            self.env.facts.lost_at.insert(uid, tick);
+        }
         if pod == 0 {
             self.env.close(store);
         }

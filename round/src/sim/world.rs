@@ -284,6 +284,9 @@ pub struct Facts {
     pub exits: BTreeMap<Uid, Exit>,
     /// When each killed agent died (its heartbeat stood still since).
     pub killed_at: BTreeMap<Uid, u64>,
+    /// When each agent killed by a signal (not with its machine) died: its
+    /// heartbeat has read `lost` since, its connection closed by its kernel.
+    pub lost_at: BTreeMap<Uid, u64>,
     /// When each round formed, as its first member saw it, per (store, round).
     pub formed_at: BTreeMap<(usize, u64), u64>,
     /// Each container's pod and generation (its replica group's, with groups).
