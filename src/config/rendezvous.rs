@@ -168,6 +168,10 @@ pub(super) fn resolve(
     })
 }
 
+/// Longest heartbeat timeout: a pod silent for a day is dead whatever the
+/// setting (and every deadline built from it stays a representable time).
+const MAX_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(86_400);
+
 /// The heartbeat period, the heartbeat timeout and the lost grace, from
 /// `args`, the environment and `--rdzv-conf`.
 fn liveness(args: &RunArgs, s: &mut Settings<'_>, conf: &RdzvConf) -> Result<(Duration, Duration, Duration), Error> {
@@ -175,10 +179,18 @@ fn liveness(args: &RunArgs, s: &mut Settings<'_>, conf: &RdzvConf) -> Result<(Du
     let heartbeat = conf.keep_alive_interval.unwrap_or(DEFAULT_HEARTBEAT);
     let l = lookup(args.heartbeat_timeout.as_deref(), "--heartbeat-timeout", env, &[env::TRAINLET_HEARTBEAT_TIMEOUT]);
     let heartbeat_timeout = match (l.value, conf.keep_alive_interval, conf.keep_alive_max_attempt) {
-        (None, Some(i), Some(n)) => i * n,
-        (None, None, Some(n)) => DEFAULT_HEARTBEAT * n,
+        // Past Duration's range: refused below as too long.
+        (None, Some(i), Some(n)) => i.checked_mul(n).unwrap_or(Duration::MAX),
+        (None, None, Some(n)) => DEFAULT_HEARTBEAT.checked_mul(n).unwrap_or(Duration::MAX),
         _ => parse_secs(&l, DEFAULT_HEARTBEAT_TIMEOUT)?,
     };
+    if heartbeat_timeout > MAX_HEARTBEAT_TIMEOUT {
+        return Err(invalid(
+            &l.origin(),
+            l.value.unwrap_or("(from --rdzv-conf)"),
+            &format!("a heartbeat timeout of at most {} s (a day)", MAX_HEARTBEAT_TIMEOUT.as_secs()),
+        ));
+    }
     if heartbeat_timeout < heartbeat * 2 {
         return Err(invalid(
             &l.origin(),

@@ -440,6 +440,8 @@ mod tests {
     #[test_case(&["--rdzv-conf", "store_type=file", "t.py"], &[], "--rdzv-conf store_type=file is not supported"; "store type")]
     #[test_case(&["--rdzv-conf", "keep_alive_max_attempt=0", "t.py"], &[], "keep_alive_max_attempt >= 1"; "keep alive attempts")]
     #[test_case(&["--heartbeat-timeout", "0.5", "t.py"], &[], "at least two heartbeat periods"; "heartbeat too short")]
+    #[test_case(&["--heartbeat-timeout", "1e9", "t.py"], &[], "--heartbeat-timeout value \"1e9\": expected a heartbeat timeout of at most 86400 s"; "heartbeat too long")]
+    #[test_case(&["--rdzv-conf", "keep_alive_interval=1e18,keep_alive_max_attempt=4000000000", "t.py"], &[], "at most 86400 s"; "keep alive overflow")]
     #[test_case(&["--lost-grace", "11", "t.py"], &[], "--lost-grace value \"11\": expected a grace of at most the heartbeat timeout (10s)"; "grace past timeout")]
     #[test_case(&["t.py"], &[("TRAINLET_LOST_GRACE", "soon")], "TRAINLET_LOST_GRACE value \"soon\": expected a number of seconds"; "grace env")]
     #[test_case(&["--checkpoint-signal", "SIGBOGUS", "t.py"], &[], "--checkpoint-signal value \"SIGBOGUS\""; "checkpoint signal")]

@@ -241,6 +241,11 @@ impl Session {
     /// is not taken for a death (`Timing::lost_grace`); when it cannot, the
     /// session's connection says it.
     pub async fn bye(&mut self) {
+        // Once: the heartbeat's task is awaited to its end here, and a
+        // second await of it would panic.
+        if self.watch.leave.is_cancelled() {
+            return;
+        }
         self.watch.leave.cancel();
         let said = tokio::time::timeout(Duration::from_secs(2), &mut self.watch.heartbeat).await;
         if matches!(said, Ok(Ok(true))) {

@@ -247,18 +247,21 @@ async fn monitor(
                     lost_conn.push(uid.clone());
                 }
                 gone += 1;
-            } else if beat == Beat::Lost {
-                let due = *since + timing.lost_grace.min(timing.heartbeat_timeout);
+            } else if beat == Beat::Lost
+                && let Some(due) = since.checked_add(timing.lost_grace.min(timing.heartbeat_timeout))
+            {
                 recheck = Some(recheck.map_or(due, |t| t.min(due)));
             }
         }
         if !newly.is_empty() && succeeded {
             quiet.extend(newly.iter().cloned());
         } else if !newly.is_empty() {
-            if lost_conn.is_empty() {
-                tracing::warn!(round = r, dead = ?newly, timeout_s = timing.heartbeat_timeout.as_secs_f64(), "members stopped heartbeating; declaring them dead");
-            } else {
-                tracing::warn!(round = r, dead = ?newly, lost_connection = ?lost_conn, grace_s = timing.lost_grace.as_secs_f64(), "members' store connections closed without a bye and did not come back (their agents died); declaring them dead");
+            let silent: Vec<&String> = newly.iter().filter(|u| !lost_conn.contains(u)).collect();
+            if !silent.is_empty() {
+                tracing::warn!(round = r, dead = ?silent, timeout_s = timing.heartbeat_timeout.as_secs_f64(), "members stopped heartbeating; declaring them dead");
+            }
+            if !lost_conn.is_empty() {
+                tracing::warn!(round = r, dead = ?lost_conn, grace_s = timing.lost_grace.as_secs_f64(), "members' store connections closed without a bye and did not come back (their agents died); declaring them dead");
             }
             dead.extend(newly.iter().cloned());
             c.set(&keys.dead(), &serde_json::to_vec(&dead).unwrap_or_default()).await?;

@@ -465,9 +465,12 @@ pub(super) async fn heartbeat(
     leave: CancellationToken,
 ) -> bool {
     let mut seq = 0u64;
+    // Connections in a row that closed within a period of opening.
+    let mut quick = 0u32;
     loop {
         let far = Instant::now() + Duration::from_secs(86_400);
         let Ok(mut c) = connect_quietly(&endpoint, guard.as_ref(), far, &cancel).await else { return false };
+        let opened = Instant::now();
         let mut beat = false;
         loop {
             if leave.is_cancelled() {
@@ -488,9 +491,12 @@ pub(super) async fn heartbeat(
                 () = tokio::time::sleep(every) => {}
             }
         }
-        // A connection that never took a beat (a store that closes at once)
-        // is not retried in a tight loop.
-        if !beat {
+        quick = if opened.elapsed() < every { quick + 1 } else { 0 };
+        // A connection that never took a beat (a store that closes at once),
+        // or the second in a row to close within a period (a store that
+        // refuses the beat: its memory budget is full), is not retried in a
+        // tight loop; a healthy connection that closed is replaced at once.
+        if !beat || quick >= 2 {
             tokio::select! {
                 () = cancel.cancelled() => return false,
                 () = tokio::time::sleep(every) => {}

@@ -410,7 +410,12 @@ impl State {
     pub fn apply(&self, conn: ConnId, cmd: Command, out: &mut Vec<u8>) -> Result<u64, ExecError> {
         let mut g = self.lock();
         if let (Command::Set { key, value }, Some(rule)) = (&cmd, self.tie.get()) {
-            g.ties.set(conn, key, rule(key, value));
+            // A key whose value the rule unties (a heartbeat's `bye`: its
+            // agent left) is tied again by no later SET: one still in
+            // flight from the agent's heartbeat may be read after its
+            // `bye`, and the close of that connection is no death.
+            let left = g.kv.get(key).is_some_and(|v| !rule(key, v));
+            g.ties.set(conn, key, rule(key, value) && !left);
         }
         let done = Self::apply_locked(&mut g, &self.budget, conn, cmd, out);
         let refund = std::mem::take(&mut g.refund);
@@ -468,6 +473,7 @@ impl State {
             }
             Command::GetNumKeys => put_i64(out, i64::try_from(inner.kv.len()).unwrap_or(i64::MAX)),
             Command::DeleteKey(key) => {
+                inner.ties.forget(&key);
                 let old = inner.kv.remove(&key);
                 if let Some(v) = &old {
                     inner.refund += entry_size(&key, v);
@@ -837,5 +843,27 @@ mod tests {
         run(&s, c, Command::DeleteKey(k("hb/y")));
         s.disconnect(e, true);
         assert_eq!(get(&s, c, "hb/y"), b"");
+    }
+
+    #[test]
+    fn a_beat_read_after_a_newer_connections_or_after_bye_ties_nothing() {
+        let s = State::new();
+        s.tie(tie_hb);
+        let (old, _ro) = conn(&s);
+        let (new, _rn) = conn(&s);
+        let (w, _rw) = conn(&s);
+        // The agent redialled: its new connection's beat is read, then one
+        // still in flight on the old connection, which then closes.
+        run(&s, new, Command::Set { key: k("hb/x"), value: k("42") });
+        run(&s, old, Command::Set { key: k("hb/x"), value: k("41") });
+        s.disconnect(old, true);
+        assert_eq!(get(&s, w, "hb/x"), b"41", "no loss: the new connection holds the key");
+        // It left (`bye` on the session's connection), and a beat still in
+        // flight on its heartbeat's connection is read after: that
+        // connection's close is no death.
+        run(&s, w, Command::Set { key: k("hb/x"), value: k("bye") });
+        run(&s, new, Command::Set { key: k("hb/x"), value: k("43") });
+        s.disconnect(new, true);
+        assert_eq!(get(&s, w, "hb/x"), b"43");
     }
 }

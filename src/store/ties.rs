@@ -20,6 +20,12 @@ pub const LOST: &[u8] = b"lost";
 /// holds at most this many per open connection.
 pub const TIES_PER_CONN: usize = 8;
 
+/// Longest key tied: an agent's heartbeat key is well under it; a longer
+/// key SET by a client is stored but never tied (ties are outside the
+/// store's memory budget, so each is small: at most `TIES_PER_CONN` times
+/// twice this per open connection).
+pub const MAX_TIED_KEY: usize = 1024;
+
 /// Which SETs tie their key to the connection: `(key, value)` -> tie
 /// (true) or untie (false: e.g. a heartbeat's `bye`, its agent left).
 pub type TieRule = fn(&[u8], &[u8]) -> bool;
@@ -33,10 +39,14 @@ pub(super) struct Ties {
 
 impl Ties {
     /// `conn` set `key` to a value the rule ties (`tie`) or unties: the key
-    /// is tied to `conn` now (room allowing), or to nobody.
+    /// is tied to `conn` now (room allowing), or to nobody. A tie never
+    /// moves back to an older connection (ids rise with each connection):
+    /// a SET still in flight on a connection its agent has replaced may be
+    /// read after the new connection's, and that old connection's close
+    /// must not take the key.
     pub(super) fn set(&mut self, conn: ConnId, key: &[u8], tie: bool) {
         let before = self.by_key.get(key).copied();
-        if before == Some(conn) && tie {
+        if tie && before.is_some_and(|b| b >= conn) {
             return;
         }
         if let Some(old) = before {
@@ -49,9 +59,21 @@ impl Ties {
             }
         }
         let held = self.by_conn.get(&conn).map_or(0, Vec::len);
-        if tie && held < TIES_PER_CONN {
+        if tie && held < TIES_PER_CONN && key.len() <= MAX_TIED_KEY {
             self.by_conn.entry(conn).or_default().push(key.to_vec());
             self.by_key.insert(key.to_vec(), conn);
+        }
+    }
+
+    /// `key` was deleted: tied to nobody.
+    pub(super) fn forget(&mut self, key: &[u8]) {
+        if let Some(conn) = self.by_key.remove(key)
+            && let Some(keys) = self.by_conn.get_mut(&conn)
+        {
+            keys.retain(|k| k != key);
+            if keys.is_empty() {
+                self.by_conn.remove(&conn);
+            }
         }
     }
 
@@ -86,6 +108,31 @@ mod tests {
             t.set(4, format!("hb/{i}").as_bytes(), true);
         }
         assert_eq!(t.take(4).len(), TIES_PER_CONN);
+        assert!(t.by_key.is_empty() && t.by_conn.is_empty());
+    }
+
+    #[test]
+    fn a_tie_never_moves_back_to_an_older_connection() {
+        let mut t = Ties::default();
+        t.set(5, b"hb/x", true);
+        // Its agent redialled: the new connection's beat is read first,
+        // then one still in flight on the old connection.
+        t.set(9, b"hb/x", true);
+        t.set(5, b"hb/x", true);
+        assert!(t.take(5).is_empty(), "the old connection's close takes nothing");
+        assert_eq!(t.take(9), vec![b"hb/x".to_vec()]);
+    }
+
+    #[test]
+    fn long_keys_are_not_tied_and_a_deleted_key_is_untied() {
+        let mut t = Ties::default();
+        t.set(1, &vec![b'k'; MAX_TIED_KEY + 1], true);
+        assert!(t.take(1).is_empty());
+        t.set(2, b"hb/a", true);
+        t.set(2, b"hb/b", true);
+        t.forget(b"hb/a");
+        assert_eq!(t.take(2), vec![b"hb/b".to_vec()]);
+        t.forget(b"hb/none");
         assert!(t.by_key.is_empty() && t.by_conn.is_empty());
     }
 }
