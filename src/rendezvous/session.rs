@@ -467,9 +467,29 @@ pub(super) async fn heartbeat(
     let mut seq = 0u64;
     // Connections in a row that closed within a period of opening.
     let mut quick = 0u32;
+    // The store's address the last connection reached.
+    let mut known: Option<std::net::SocketAddr> = None;
     loop {
-        let far = Instant::now() + Duration::from_secs(86_400);
-        let Ok(mut c) = connect_quietly(&endpoint, guard.as_ref(), far, &cancel).await else { return false };
+        // That address first: the grace is survived only by a quick
+        // redial, and resolving the name again may not be (one lost DNS
+        // packet costs the resolver's 5 s). A store host that moved is
+        // found by name after a period at most.
+        let direct = match known {
+            None => None,
+            Some(addr) => tokio::select! {
+                () = cancel.cancelled() => return false,
+                r = tokio::time::timeout(every, Client::connect_guarded(addr, guard.as_ref())) => r.ok().and_then(Result::ok),
+            },
+        };
+        let mut c = match direct {
+            Some(c) => c,
+            None => {
+                let far = Instant::now() + Duration::from_secs(86_400);
+                let Ok(c) = connect_quietly(&endpoint, guard.as_ref(), far, &cancel).await else { return false };
+                c
+            }
+        };
+        known = c.peer_addr().ok();
         let opened = Instant::now();
         let mut beat = false;
         loop {
