@@ -98,14 +98,24 @@ fn a_killed_worker_restarts_every_pod_in_place_through_jobsets_protocol() {
     );
 }
 
-/// The host's pid of PID 1 of `pod`'s container: the process whose
-/// environment names the pod and that is 1 in its own PID namespace.
+/// The host's pid of PID 1 of `pod`'s container: the process that is 1 in
+/// its own PID namespace and whose environment names the pod (runtimes
+/// that give POD_NAME) or whose cgroup is the pod's (the kubelet's cgroupfs
+/// driver puts each pod's containers under `pod<uid>`).
 pub(super) fn host_pid_of_pid1(pod: &str) -> i32 {
     let want = format!("POD_NAME={pod}");
+    let uid = get_json(&["pod", pod])["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+    let cgroup = format!("/pod{uid}/");
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else { continue };
         let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
-        if !env.split(|b| *b == 0).any(|kv| kv == want.as_bytes()) {
+        let named = env.split(|b| *b == 0).any(|kv| kv == want.as_bytes());
+        // (The pod's sandbox, the pause process, is PID 1 of its own
+        // namespace in the same cgroup.)
+        let ours = !uid.is_empty()
+            && std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&cgroup))
+            && std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() != "pause");
+        if !named && !ours {
             continue;
         }
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
