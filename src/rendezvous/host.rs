@@ -27,6 +27,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::join::millis;
 use super::session::{raise, wait_on};
 use super::{Member, Timing};
 use crate::keys::JobKeys;
@@ -288,11 +289,6 @@ async fn monitor(
             Orphaned::Nothing => {}
         }
     }
-}
-
-/// `d` in whole milliseconds (the unit of `round::monitor::dead`).
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Longest the deletion of old rounds' keys may take (it never holds up a

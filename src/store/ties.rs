@@ -49,15 +49,7 @@ impl Ties {
         if tie && before.is_some_and(|b| b >= conn) {
             return;
         }
-        if let Some(old) = before {
-            self.by_key.remove(key);
-            if let Some(keys) = self.by_conn.get_mut(&old) {
-                keys.retain(|k| k != key);
-                if keys.is_empty() {
-                    self.by_conn.remove(&old);
-                }
-            }
-        }
+        self.forget(key);
         let held = self.by_conn.get(&conn).map_or(0, Vec::len);
         if tie && held < TIES_PER_CONN && key.len() <= MAX_TIED_KEY {
             self.by_conn.entry(conn).or_default().push(key.to_vec());
@@ -65,7 +57,7 @@ impl Ties {
         }
     }
 
-    /// `key` was deleted: tied to nobody.
+    /// `key` is tied to nobody (it was deleted, or is tied anew).
     pub(super) fn forget(&mut self, key: &[u8]) {
         if let Some(conn) = self.by_key.remove(key)
             && let Some(keys) = self.by_conn.get_mut(&conn)
