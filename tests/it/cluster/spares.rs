@@ -32,30 +32,56 @@ fn the_spare(job: &str) -> String {
     })
 }
 
+/// Steps of the jobs here (tests/fixtures/ckpt_train.py).
+const STEPS: &str = "300";
+
+/// TrainJob `job` of the spares runtime (3 pods, 2 training) with `extra`
+/// env, once it checkpointed: the spare's completion index, a training pod
+/// that does not host the store (node rank 0 does), and the pods then.
+fn training_beside_a_spare(
+    job: &str,
+    ckpt: &std::path::Path,
+    extra: &[(&str, &str)],
+) -> (String, &'static str, BTreeMap<String, serde_json::Value>) {
+    let (ok, out) = apply_file(&repo().join("runtimes/torch-distributed-spares.yaml"));
+    assert!(ok, "{out}");
+    let mut env = vec![("STEPS", STEPS), ("STEP_SLEEP", "0.05"), ("CKPT_EVERY", "5")];
+    env.extend_from_slice(extra);
+    let manifest =
+        ddp_job_on("trainlet-torch-distributed-spares", job, ckpt, &env).replace("numNodes: 2", "numNodes: 3");
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &manifest);
+    assert!(ok, "{out}");
+    let spare = the_spare(job);
+    let victim = if spare == "1" { "2" } else { "1" };
+    let before = pods_of(job);
+    wait_for(job, "a checkpoint", Duration::from_secs(120), || {
+        (std::fs::read_dir(ckpt).map(|d| d.count()).unwrap_or(0) > 0).then_some(())
+    });
+    (spare, victim, before)
+}
+
+/// TrainJob `job` completes with the parameters of an uninterrupted run
+/// on 4 workers, no restart counted by trainlet or the JobSet.
+fn completes_as_if_uninterrupted(job: &str) {
+    assert_eq!(finished(job, Duration::from_secs(300)), "Complete", "{}", diagnose(job));
+    let logs = all_logs(job);
+    let (digest, world) = crate::fault::final_of(&logs);
+    assert_eq!((digest.as_str(), world.as_str()), (crate::fault::reference_of(STEPS).as_str(), "world=4"), "{logs}");
+    assert!(!logs.contains("verdict=restart"), "a lost pod costs no restart: {logs}");
+    let jobset = get_json(&["jobset", job]);
+    assert_eq!(jobset["status"]["restarts"].as_u64().unwrap_or(0), 0, "no JobSet restart: {jobset}");
+}
+
 #[test]
 fn a_spare_takes_a_deleted_training_pods_rank_and_the_trainjob_completes_without_a_jobset_restart() {
     let _up = up("spares", Take::Beside);
-    let (ok, out) = apply_file(&repo().join("runtimes/torch-distributed-spares.yaml"));
-    assert!(ok, "{out}");
     let ckpt = tempfile::tempdir().expect("tmp");
-    let steps = "300";
-    let env = [("STEPS", steps), ("STEP_SLEEP", "0.05"), ("CKPT_EVERY", "5")];
-    let job = ddp_job_on("trainlet-torch-distributed-spares", "spare", ckpt.path(), &env)
-        .replace("numNodes: 2", "numNodes: 3");
-    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
-    assert!(ok, "{out}");
-    let spare = the_spare("spare");
-    // A training pod that does not host the store (node rank 0 does).
-    let victim = if spare == "1" { "2" } else { "1" };
-    let before = pods_of("spare");
+    let (spare, victim, before) = training_beside_a_spare("spare", ckpt.path(), &[]);
     let lost_rank = logs_of(&before[victim])
         .lines()
         .rfind(|l| l.contains("starting workers"))
         .and_then(|l| l.split_whitespace().find(|w| w.starts_with("group_rank=")).map(str::to_string))
         .expect("the victim's group rank");
-    wait_for("spare", "a checkpoint", Duration::from_secs(120), || {
-        (std::fs::read_dir(ckpt.path()).map(|d| d.count()).unwrap_or(0) > 0).then_some(())
-    });
     let name = before[victim]["metadata"]["name"].as_str().expect("name").to_string();
     let (ok, out) = kubectl(&["delete", "pod", &name, "--wait=false"]);
     assert!(ok, "{out}");
@@ -65,7 +91,7 @@ fn a_spare_takes_a_deleted_training_pods_rank_and_the_trainjob_completes_without
     });
     let started = took.lines().rfind(|l| l.contains("starting workers")).unwrap_or_default();
     assert!(started.contains(&format!("{lost_rank} ")), "the spare took {lost_rank}: {started}");
-    assert_eq!(finished("spare", Duration::from_secs(300)), "Complete", "{}", diagnose("spare"));
+    completes_as_if_uninterrupted("spare");
     let after = pods_of("spare");
     let uid = |pods: &BTreeMap<String, serde_json::Value>, index: &str| {
         let pod = pods.get(index).unwrap_or_else(|| panic!("no pod of index {index}:\n{}", diagnose("spare")));
@@ -77,12 +103,6 @@ fn a_spare_takes_a_deleted_training_pods_rank_and_the_trainjob_completes_without
     }
     let replacement = logs_of(&after[victim]);
     assert!(replacement.contains("the round is full; waiting as a spare"), "{replacement}");
-    let logs = all_logs("spare");
-    let (digest, world) = crate::fault::final_of(&logs);
-    assert_eq!((digest.as_str(), world.as_str()), (crate::fault::reference_of(steps).as_str(), "world=4"), "{logs}");
-    assert!(!logs.contains("verdict=restart"), "a lost pod costs no restart: {logs}");
-    let jobset = get_json(&["jobset", "spare"]);
-    assert_eq!(jobset["status"]["restarts"].as_u64().unwrap_or(0), 0, "no JobSet restart: {jobset}");
     // The TrainJob's status counts the takeover (the store host posts it).
     let tj = get_json(&["trainjob", "spare"]);
     assert_eq!(super::metric(&tj, "trainlet.spare_takeovers").as_deref(), Some("1"), "{tj}");
@@ -110,24 +130,12 @@ fn utc_secs(line: &str) -> Option<f64> {
 
 #[test]
 fn a_spare_takes_the_rank_of_a_training_pod_killed_by_sigkill_on_its_closed_connection_not_its_heartbeat_timeout() {
-    let _up = up("spares", Take::Beside);
-    let (ok, out) = apply_file(&repo().join("runtimes/torch-distributed-spares.yaml"));
-    assert!(ok, "{out}");
+    let _up = up("killed", Take::Beside);
     let ckpt = tempfile::tempdir().expect("tmp");
-    let steps = "300";
     // A heartbeat timeout of 120 s: a takeover well before it is the
     // closed connection's doing.
-    let env = [("STEPS", steps), ("STEP_SLEEP", "0.05"), ("CKPT_EVERY", "5"), ("TRAINLET_HEARTBEAT_TIMEOUT", "120")];
-    let job = ddp_job_on("trainlet-torch-distributed-spares", "killed", ckpt.path(), &env)
-        .replace("numNodes: 2", "numNodes: 3");
-    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
-    assert!(ok, "{out}");
-    let spare = the_spare("killed");
-    let victim = if spare == "1" { "2" } else { "1" };
-    let before = pods_of("killed");
-    wait_for("killed", "a checkpoint", Duration::from_secs(120), || {
-        (std::fs::read_dir(ckpt.path()).map(|d| d.count()).unwrap_or(0) > 0).then_some(())
-    });
+    let (spare, victim, before) =
+        training_beside_a_spare("killed", ckpt.path(), &[("TRAINLET_HEARTBEAT_TIMEOUT", "120")]);
     let name = before[victim]["metadata"]["name"].as_str().expect("name").to_string();
     let pid = super::inplace::host_pid_of_pid1(&name);
     let killed_at = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).expect("clock").as_secs_f64();
@@ -143,13 +151,7 @@ fn a_spare_takes_the_rank_of_a_training_pod_killed_by_sigkill_on_its_closed_conn
     let host = logs_of(&pods_of("killed")["0"]);
     assert!(host.contains("store connections closed without a bye"), "{host}");
     assert!(!host.contains("stopped heartbeating"), "{host}");
-    assert_eq!(finished("killed", Duration::from_secs(300)), "Complete", "{}", diagnose("killed"));
-    let logs = all_logs("killed");
-    let (digest, world) = crate::fault::final_of(&logs);
-    assert_eq!((digest.as_str(), world.as_str()), (crate::fault::reference_of(steps).as_str(), "world=4"), "{logs}");
-    assert!(!logs.contains("verdict=restart"), "a lost pod costs no restart: {logs}");
-    let jobset = get_json(&["jobset", "killed"]);
-    assert_eq!(jobset["status"]["restarts"].as_u64().unwrap_or(0), 0, "no JobSet restart: {jobset}");
+    completes_as_if_uninterrupted("killed");
 }
 
 #[test]
