@@ -1,7 +1,7 @@
 """A lost pod at N pods (issue 56): real trainlet agents on this machine.
 
-N trainlet processes are the pods of one static job of N-1 nodes with one
-spare (`--spares 1`), each with its own loopback address (127.0.X.Y) and one
+N trainlet processes are the pods of one static job of N nodes, one of
+them a spare (`--nnodes N --spares 1`), each with its own loopback address (127.0.X.Y) and one
 `sleep` worker; pod 0 serves the store. Once the first round has formed and
 the spare waits, one training pod's agent and worker are signalled together
 (their session): SIGKILL stands for an agent the OOM killer or a crash took
@@ -39,6 +39,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def pod_env(i: int, port: int) -> dict:
+    """Pod i's environment: node rank i, one worker, its own loopback address, the store at `port`."""
+    return dict(
+        os.environ,
+        PET_NPROC_PER_NODE="1",
+        PET_NODE_RANK=str(i),
+        PET_MASTER_ADDR="127.0.0.1",
+        PET_MASTER_PORT=str(port),
+        PET_LOCAL_ADDR=f"127.0.{i // 250}.{i % 250 + 1}",
+        TRAINLET_LOG="info",
+    )
+
+
 def stamp(line: str) -> float:
     """The time of a tracing line (`2026-12-03T17:49:43.747020Z ...`)."""
     return datetime.fromisoformat(line.split()[0].replace("Z", "+00:00")).timestamp()
@@ -60,19 +73,11 @@ def once(args, sig) -> dict:
     pods, logs = [], [f"{d}/{i}.err" for i in range(n)]
     try:
         for i in range(n):
-            env = dict(
-                os.environ,
-                PET_NPROC_PER_NODE="1",
-                PET_NODE_RANK=str(i),
-                PET_MASTER_ADDR="127.0.0.1",
-                PET_MASTER_PORT=str(port),
-                PET_LOCAL_ADDR=f"127.0.{i // 250}.{i % 250 + 1}",
-                TRAINLET_LOG="info",
-            )
+            env = pod_env(i, port)
             with open(logs[i], "w") as err:
                 pods.append(
                     subprocess.Popen(
-                        [args.bin, "run", "--nnodes", str(n - 1), "--spares", "1", "--max-restarts", "0",
+                        [args.bin, "run", "--nnodes", str(n), "--spares", "1", "--max-restarts", "0",
                          "--no-python", "sleep", "600"],
                         env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
                     )

@@ -31,13 +31,14 @@
 //! | `rR/m/<slot>` | each pod | its member record |
 //! | `rR/quorum` | the pod that made MIN | the last call has started |
 //! | `rR/closed` | first COMPARE_SET wins | [`Closed`], `N:<slot>`: the first N slots are members, slot assigns ranks |
-//! | `rR/members` | first COMPARE_SET wins: the pod that closed the round, or one that gave it up | the members' records in group-rank order (a member's group rank is its place), or `abandoned` |
+//! | `rR/members` | first COMPARE_SET wins: the pod that closed the round, or one that gave it up | the [`Roster`](crate::rendezvous::Roster): the members' slots in group-rank order (a member's group rank is its slot's place), or why their records disagree, or `abandoned` |
 //! | `rR/port` | the store host | `PORT,AUX`: the round's worker store, and a free port for a coordinator or tracker |
 //! | `rR/service` | the store host's agent | `ready` or `failed: <why>`: XGBoost's tracker for the round |
 //! | `rR/pmi/<fence>/<node>`, `rR/pmi/<fence>/in` | each pod, a barrier | the PMI fences' puts ([`PmiKeys`]) |
 //! | `rR/end` | first COMPARE_SET wins | how the round ended (`RoundEnd`) |
 //! | `rR/done`, `rR/stopped`, `rR/all_stopped` | ADD per pod, then the last | workers done / gone everywhere |
 //! | `rR/failures/<group rank>` | each pod | JSON list of its failures |
+//! | `rR/failed` | APPEND per pod with failures | `RANK,` each: the group ranks whose failures are not `[]` |
 //! | `rR/stacks/<group rank>`, `rR/dumped/<group rank>` | each pod, at a hang | its workers' stacks, with their Flight Recorder dumps once `dumped` is set |
 //! | `rR/dead` | the store host | uids that stopped heartbeating |
 //! | `rR/verdict` | first COMPARE_SET wins | what every pod does next |
@@ -194,7 +195,7 @@ round_keys! {
     quorum,
     /// [`Closed`]: the round's size and the slot that assigns ranks.
     closed,
-    /// The members by group rank.
+    /// The members' slots by group rank ([`Roster`](crate::rendezvous::Roster)).
     members,
     /// The round's worker store port and the auxiliary port.
     port,
@@ -208,6 +209,8 @@ round_keys! {
     stopped,
     /// Every pod's workers stopped.
     all_stopped,
+    /// `RANK,` for each group rank that reported failures (APPEND).
+    failed,
     /// Uids that stopped heartbeating.
     dead,
     /// What every pod does next.
@@ -314,6 +317,7 @@ mod tests {
             (r.done(), "done"),
             (r.stopped(), "stopped"),
             (r.all_stopped(), "all_stopped"),
+            (r.failed(), "failed"),
             (r.dead(), "dead"),
             (r.verdict(), "verdict"),
             (r.next(), "next"),

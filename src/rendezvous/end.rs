@@ -20,6 +20,11 @@ use round::settle::{Decide, Finish, Got, Op, Settled};
 /// round's verdict follows (none in serve mode's shutdown).
 pub const JOB_ENDED: &str = "the job ended: ";
 
+/// Up to this many pods, every pod waiting for the others to stop their
+/// workers names the group ranks that have not; above it only the store
+/// host's pod does (reading every rank's key once a second).
+const EVERY_POD_NAMES_RUNNING: u32 = 64;
+
 /// Longest the store host waits at the end of the job for the spares of
 /// the last round to read its verdict (a spare that died is not waited
 /// for longer).
@@ -68,9 +73,15 @@ impl Session {
     /// Record our failures and that our workers are gone; the last pod
     /// marks the round fully stopped.
     pub async fn report_stopped(&mut self, round: &Round, failures: &[Failure]) -> Result<(), Error> {
-        let key = self.keys.round_keys(round.number).failures(round.group_rank);
+        let rk = self.keys.round_keys(round.number);
         let v = serde_json::to_vec(failures).unwrap_or_default();
-        self.store.client.set(&key, &v).await.map_err(|e| self.lost(e))?;
+        self.store.client.set(&rk.failures(round.group_rank), &v).await.map_err(|e| self.lost(e))?;
+        if !failures.is_empty() {
+            // Readers of every pod's failures read those listed: each pod
+            // reads them all, so N keys each would cost the store N^2.
+            let listed = format!("{},", round.group_rank);
+            self.store.client.append(&rk.failed(), listed.as_bytes()).await.map_err(|e| self.lost(e))?;
+        }
         let n =
             self.store.client.add(&self.keys.round_keys(round.number).stopped(), 1).await.map_err(|e| self.lost(e))?;
         if n >= i64::from(round.nnodes) {
@@ -92,12 +103,20 @@ impl Session {
         let what = format!("the other pods of round {r} to stop their workers");
         let mut waiting = Waiting::new(what, Some(Instant::now() + limit));
         let mut tick = progress_tick();
+        // Which ranks have not reported costs reading every rank's key:
+        // the store host's pod, and every pod of a small round, says so.
+        let names = self.roles.leads || round.nnodes <= EVERY_POD_NAMES_RUNNING;
         let keys: Vec<String> = (0..round.nnodes).map(|n| self.keys.round_keys(r).failures(n)).collect();
         loop {
             tokio::select! {
                 ok = &mut all_w => { ok.map_err(|e| self.lost(e))?; break; }
                 ok = &mut dead_w => { ok.map_err(|e| self.lost(e))?; break; }
                 _ = tick.tick() => {
+                    if !names {
+                        let n = self.store.client.add(&self.keys.round_keys(r).stopped(), 0).await.map_err(|e| self.lost(e))?;
+                        waiting.report(&format!("{n} of {} pods reported (the store host's pod names the others)", round.nnodes));
+                        continue;
+                    }
                     let reported = self.store.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
                     let running: Vec<String> = reported
                         .iter()
@@ -122,7 +141,19 @@ impl Session {
 
     /// Every member's failures in round `round` (members that did not report count as none).
     pub async fn failures(&mut self, round: &Round) -> Result<Vec<Failure>, Error> {
-        let keys: Vec<String> = (0..round.nnodes).map(|n| self.keys.round_keys(round.number).failures(n)).collect();
+        let rk = self.keys.round_keys(round.number);
+        let listed = self.get(&rk.failed()).await?;
+        let mut ranks: Vec<u32> = String::from_utf8_lossy(&listed)
+            .split(',')
+            .filter_map(|n| n.parse().ok())
+            .filter(|&n| n < round.nnodes)
+            .collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        if ranks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = ranks.iter().map(|&n| rk.failures(n)).collect();
         let values = self.store.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
         Ok(values.iter().flat_map(|v| serde_json::from_slice::<Vec<Failure>>(v).unwrap_or_default()).collect())
     }

@@ -27,9 +27,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::Timing;
 use super::join::millis;
-use super::session::{raise, wait_on};
-use super::{Member, Timing};
+use super::session::{raise, read_members, wait_on};
 use crate::keys::JobKeys;
 use crate::store::LOST;
 use crate::store::{Client, ClientError, Dial, ServerError, StoreServer};
@@ -203,10 +203,10 @@ async fn monitor(
             if v.is_empty() || v == round::join::ABANDONED {
                 continue;
             }
-            let formed: Vec<Member> = serde_json::from_slice(&v).unwrap_or_default();
-            // The members are the round, ranks and all (a member's group
-            // rank is its place in the list): members that disagree exit.
-            if super::assign(&formed).is_ok() {
+            // The roster is the round, ranks and all (a member's group rank
+            // is its slot's place in it): members that disagree exit.
+            let formed = read_members(c, &keys, &v).await?;
+            if !formed.is_empty() {
                 let hosts: Vec<&str> = formed.iter().map(|m| m.host.as_str()).collect();
                 tracing::info!(round = r, nnodes = formed.len(), members = ?hosts, "round formed");
             }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Error;
-use super::member::{Member, assign};
+use super::member::{Member, Roster};
 use crate::supervise::round_end::RoundEnd;
 use crate::waiting::Waiting;
 use round::form::{Bounds, Form, Got, K, Op, Outcome, Records};
@@ -233,45 +233,46 @@ impl Session {
     async fn order_members(&mut self, r: u64, size: u64) -> Result<Got, Error> {
         let keys: Vec<String> = (0..size).map(|s| self.keys.round_keys(r).member(s)).collect();
         let values = self.store.client.multi_get(&keys).await.map_err(|e| self.lost(e))?;
-        let members: Vec<Member> = values.iter().filter_map(|v| serde_json::from_slice(v).ok()).collect();
-        let places: Vec<String> = members.iter().map(Member::place).collect();
-        if let Some(m) = round::join::first_repeat(&places).map(|i| &members[i]) {
+        let records: Vec<Option<Member>> = values.iter().map(|v| serde_json::from_slice(v).ok()).collect();
+        let places: Vec<String> = records.iter().flatten().map(Member::place).collect();
+        if let Some(m) = round::join::first_repeat(&places).and_then(|i| records.iter().flatten().nth(i)) {
             // A pod left (or died) while the round was open and came back:
             // its old slot is stale (only one live agent holds a place,
             // `super::claim`). The live pods meet again in a new round.
             tracing::warn!(round = r, host = %m.host, node_rank = m.node_rank, "a pod joined this round twice (it restarted while the round was open); starting a new round");
         }
-        // Members that disagree (or a record unreadable) form the round in
-        // slot order; every member finds the error itself (`formed_round`).
-        let ranks = assign(&members).unwrap_or_else(|_| (0..u32::try_from(members.len()).unwrap_or(0)).collect());
-        let mut by_rank: Vec<(u32, &Member)> = ranks.iter().copied().zip(members.iter()).collect();
-        by_rank.sort_by_key(|(rank, _)| *rank);
-        let ordered: Vec<&Member> = by_rank.into_iter().map(|(_, m)| m).collect();
-        Ok(Got::Records(Records { places, members: serde_json::to_vec(&ordered).unwrap_or_default() }))
+        // Members that disagree (or a record unreadable) form a round whose
+        // roster says why; every member exits with it (`formed_round`).
+        Ok(Got::Records(Records { places, members: Roster::of(r, &records).to_bytes() }))
     }
 
-    /// Round `r` formed with `members` (`rR/members`, in group-rank
-    /// order): our group rank is our place there; then the store host's
-    /// worker store.
+    /// Round `r` formed with `roster` (`rR/members`: the members' slots in
+    /// group-rank order): our group rank is our slot's place there; then
+    /// the store host's worker store.
     async fn formed_round(
         &mut self,
         r: u64,
         slot: u64,
-        members: &[u8],
+        roster: &[u8],
         deadline: Instant,
         started: Instant,
     ) -> Result<Try, Error> {
-        let members: Vec<Member> =
-            serde_json::from_slice(members).map_err(|_| Error::Mismatch(format!("unreadable members of round {r}")))?;
+        let slots = match Roster::read(roster) {
+            Some(Roster::Slots(slots)) => slots,
+            Some(Roster::Mismatch(why)) => return Err(Error::Mismatch(why)),
+            None => return Err(Error::Mismatch(format!("unreadable members of round {r}"))),
+        };
         let closed = round::Closed::read(&self.get(&self.keys.round_keys(r).closed()).await?);
-        if closed.is_some_and(|c| c.size != members.len() as u64) {
+        if closed.is_some_and(|c| c.size != slots.len() as u64) {
             return Err(Error::Mismatch(format!(
                 "a pod of round {r} announced data the pod that closed it could not read (a different trainlet version?)"
             )));
         }
-        assign(&members).map_err(Error::Mismatch)?;
-        let Some(group_rank) = members.iter().position(|m| m.uid == self.me.uid) else {
-            return Err(Error::Mismatch(format!("round {r} formed without this pod (uid {})", self.me.uid)));
+        let Some(group_rank) = slots.iter().position(|&s| s == slot) else {
+            return Err(Error::Mismatch(format!(
+                "round {r} formed without this pod (uid {}, slot {slot})",
+                self.me.uid
+            )));
         };
         let port_key = self.keys.round_keys(r).port();
         let bound = self.timing.heartbeat_timeout + MEMBERS_GRACE;
@@ -290,7 +291,7 @@ impl Session {
             number: r,
             slot: u32::try_from(slot).unwrap_or(u32::MAX),
             group_rank: u32::try_from(group_rank).unwrap_or(u32::MAX),
-            nnodes: u32::try_from(members.len()).unwrap_or(u32::MAX),
+            nnodes: u32::try_from(slots.len()).unwrap_or(u32::MAX),
             worker_port: port,
             aux_port,
             restarts: 0,
@@ -328,17 +329,24 @@ impl Session {
         seen: &mut Vec<Option<Member>>,
         last_call: Option<Instant>,
     ) -> Result<String, Error> {
-        let count = self.read_slots(r, seen).await?;
+        let named = names_missing(&self.me, self.roles.leads);
+        let count = if named {
+            self.read_slots(r, seen).await?
+        } else {
+            let joined = self.store.client.add(&self.keys.round_keys(r).join(), 0).await.map_err(|e| self.lost(e))?;
+            usize::try_from(joined).unwrap_or(0)
+        };
         let present: Vec<&Member> = seen.iter().flatten().collect();
-        Ok(describe_join(&self.me, &present, count, last_call.map(|t| t.saturating_duration_since(Instant::now()))))
+        let left = last_call.map(|t| t.saturating_duration_since(Instant::now()));
+        Ok(describe_join(&self.me, named.then_some(present.as_slice()), count, left))
     }
 
     /// The round is full or running without us.
     async fn spare(&mut self, r: u64, size: u64) -> Result<Try, Error> {
         let members_key = self.keys.round_keys(r).members();
         let bound = self.timing.heartbeat_timeout + Duration::from_secs(2);
-        let members: Vec<Member> = if self.wait_for(std::slice::from_ref(&members_key), bound).await? {
-            serde_json::from_slice(&self.get(&members_key).await?).unwrap_or_default()
+        let roster = if self.wait_for(std::slice::from_ref(&members_key), bound).await? {
+            self.get(&members_key).await?
         } else {
             // No members by the bound: the round never formed (its closer,
             // or its members, went first). Give it up as a member would
@@ -349,8 +357,9 @@ impl Session {
                 self.advance(r, r + 1).await?;
                 return Ok(Try::Moved(r + 1));
             }
-            serde_json::from_slice(&got).unwrap_or_default()
+            got
         };
+        let members = self.members_of(r, &roster).await?;
         let end = self.keys.round_keys(r).end();
         let previous = members.iter().find(|m| m.place() == self.me.place() && m.uid != self.me.uid);
         match (arrival(previous.is_some(), size, u64::from(self.me.max_nodes)), previous) {
@@ -409,10 +418,25 @@ impl Session {
     }
 }
 
+/// Up to this many pods, every pod waiting for a static job's round to
+/// form names the node ranks still missing (it reads each member record
+/// once a round); above it only the store host's pod does, so that the
+/// store serves those records once a round, not once a pod (N^2 bytes).
+const EVERY_POD_NAMES_MISSING: u32 = 64;
+
+/// Whether this pod's waiting line names the missing node ranks, which
+/// costs reading the member records: only a static job's line without
+/// spares names them ([`describe_join`]).
+fn names_missing(me: &Member, store_host: bool) -> bool {
+    !me.elastic() && me.spares == 0 && (store_host || me.max_nodes <= EVERY_POD_NAMES_MISSING)
+}
+
 /// The waiting line of a round that has not formed: how many pods are
 /// in and, for static jobs, which node ranks are missing (the first
 /// [`MISSING_SHOWN`] of them).
-fn describe_join(me: &Member, present: &[&Member], joined: usize, last_call: Option<Duration>) -> String {
+/// `present` is None where this pod does not read the records
+/// ([`names_missing`]).
+fn describe_join(me: &Member, present: Option<&[&Member]>, joined: usize, last_call: Option<Duration>) -> String {
     if me.spares > 0 && !me.elastic() {
         return format!(
             "{joined} of {} joined; no spare is waiting (the job has {}), so the round waits for another pod",
@@ -426,7 +450,11 @@ fn describe_join(me: &Member, present: &[&Member], joined: usize, last_call: Opt
         }
         return s;
     }
-    let missing: Vec<u32> = (0..me.max_nodes).filter(|n| !present.iter().any(|m| m.node_rank == *n)).collect();
+    let Some(present) = present else {
+        return format!("{joined} of {} joined (the store host's pod names the missing node ranks)", me.max_nodes);
+    };
+    let have: std::collections::HashSet<u32> = present.iter().map(|m| m.node_rank).collect();
+    let missing: Vec<u32> = (0..me.max_nodes).filter(|n| !have.contains(n)).collect();
     let shown: Vec<String> = missing.iter().take(MISSING_SHOWN).map(u32::to_string).collect();
     let more = missing.len().saturating_sub(MISSING_SHOWN);
     let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
@@ -463,7 +491,42 @@ fn parse_ports(v: &[u8]) -> Option<(u16, u16)> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_ports;
+    use super::{EVERY_POD_NAMES_MISSING, describe_join, names_missing, parse_ports};
+    use crate::rendezvous::Member;
+
+    fn pod(node_rank: u32, nnodes: (u32, u32), spares: u32) -> Member {
+        Member {
+            uid: format!("h{node_rank}#1#0"),
+            host: format!("h{node_rank}"),
+            pid: 1,
+            node_rank,
+            nproc: 1,
+            min_nodes: nnodes.0,
+            max_nodes: nnodes.1,
+            max_restarts: 0,
+            spares,
+            last_rank: None,
+        }
+    }
+
+    #[test]
+    fn only_the_store_host_reads_every_record_for_its_waiting_line_in_a_large_job() {
+        let small = pod(0, (EVERY_POD_NAMES_MISSING, EVERY_POD_NAMES_MISSING), 0);
+        let large = pod(0, (EVERY_POD_NAMES_MISSING + 1, EVERY_POD_NAMES_MISSING + 1), 0);
+        assert!(names_missing(&small, false));
+        assert!(!names_missing(&large, false));
+        assert!(names_missing(&large, true));
+        // Lines that name nobody read no records, whatever the size.
+        assert!(!names_missing(&pod(0, (2, 8), 0), true), "elastic");
+        assert!(!names_missing(&pod(0, (4, 4), 1), true), "spares");
+
+        let (a, c) = (pod(0, (4, 4), 0), pod(2, (4, 4), 0));
+        assert_eq!(describe_join(&a, Some(&[&a, &c]), 2, None), "2 of 4 joined; missing node ranks [1, 3]");
+        assert_eq!(
+            describe_join(&large, None, 7, None),
+            format!("7 of {} joined (the store host's pod names the missing node ranks)", EVERY_POD_NAMES_MISSING + 1)
+        );
+    }
 
     #[test]
     fn ports_are_read_with_or_without_the_second() {

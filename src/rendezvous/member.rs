@@ -59,6 +59,61 @@ impl Member {
     }
 }
 
+/// The value of `rR/members`, which the round's closer writes once: the
+/// members' slots (`rR/m/SLOT`) in group-rank order, or why their records
+/// cannot form a round. Every member reads it and finds its group rank as
+/// its slot's place in the list: a few bytes a member, where the records
+/// themselves (hundreds of bytes each, read by every member) cost the
+/// store N^2 bytes a round (371 MB for the first round of 1,024 pods).
+/// The store host and a spare, one reader each, read the records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Roster {
+    /// The members' slots, in group-rank order.
+    Slots(Vec<u64>),
+    /// The records disagree or one is unreadable: every member exits with this.
+    Mismatch(String),
+}
+
+impl Roster {
+    /// The roster of round `r`, whose slots `0..` hold `records` (None:
+    /// a record this trainlet cannot read).
+    pub fn of(r: u64, records: &[Option<Member>]) -> Self {
+        if records.iter().any(Option::is_none) {
+            return Self::Mismatch(format!(
+                "a pod of round {r} announced data the pod that closed it could not read (a different trainlet version?)"
+            ));
+        }
+        let members: Vec<Member> = records.iter().flatten().cloned().collect();
+        match assign(&members) {
+            Ok(ranks) => {
+                let mut by_rank: Vec<(u32, u64)> = ranks.into_iter().zip(0..).collect();
+                by_rank.sort_unstable();
+                Self::Slots(by_rank.into_iter().map(|(_, slot)| slot).collect())
+            }
+            Err(e) => Self::Mismatch(e),
+        }
+    }
+
+    /// A stored roster; None for one this trainlet cannot read (or none).
+    pub fn read(v: &[u8]) -> Option<Self> {
+        serde_json::from_slice(v).ok()
+    }
+
+    /// The stored form.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// The slots in group-rank order; empty for a mismatch.
+    pub fn slots(&self) -> &[u64] {
+        match self {
+            Self::Slots(s) => s,
+            Self::Mismatch(_) => &[],
+        }
+    }
+}
+
 /// Assign group ranks to the members of a round, given in slot order:
 /// static jobs use each pod's node rank; jobs with spares keep ranks
 /// ([`keep_ranks`]); elastic jobs order pods by (node rank hint, host,
@@ -189,6 +244,30 @@ mod tests {
     /// group rank `last` in its last round.
     fn spare_job(node_rank: u32, host: &str, world: u32, last: Option<u32>) -> Member {
         Member { spares: 1, last_rank: last.map(|r| (r, 5)), ..m(node_rank, host, 1, (world, world)) }
+    }
+
+    #[test]
+    fn the_roster_lists_slots_in_group_rank_order_or_says_why_the_records_cannot_form_a_round() {
+        // Slot 0 was group rank 2 of the last round, slot 2 the spare.
+        let ms = [(0, Some(2)), (1, Some(0)), (2, None)];
+        let records: Vec<Option<Member>> =
+            ms.iter().enumerate().map(|(i, &(n, last))| Some(spare_job(n, &format!("h{i}"), 3, last))).collect();
+        let roster = Roster::of(4, &records);
+        assert_eq!(roster, Roster::Slots(vec![1, 2, 0]));
+        assert_eq!(Roster::read(&roster.to_bytes()), Some(roster.clone()));
+        assert_eq!(roster.to_bytes(), b"{\"slots\":[1,2,0]}", "a few bytes a member");
+
+        let mut unreadable = records.clone();
+        unreadable[1] = None;
+        let Roster::Mismatch(why) = Roster::of(4, &unreadable) else { panic!("an unreadable record formed a round") };
+        assert!(why.contains("round 4") && why.contains("could not read"), "{why}");
+        assert!(Roster::of(4, &unreadable).slots().is_empty());
+
+        let disagree = [Some(m(0, "a", 1, (2, 2))), Some(m(1, "b", 2, (2, 2)))];
+        let Roster::Mismatch(why) = Roster::of(0, &disagree) else { panic!("records that disagree formed a round") };
+        assert!(why.contains("nproc-per-node 2 vs 1"), "{why}");
+        assert_eq!(Roster::read(b"abandoned"), None);
+        assert_eq!(Roster::read(b""), None);
     }
 
     #[test]

@@ -40,7 +40,8 @@ pub use end::JOB_ENDED;
 /// pods to report their workers stopped.
 pub const STOP_SYNC_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
 pub use crate::keys::{heartbeat_tie, job_base};
-pub use member::{Member, assign};
+pub use member::{Member, Roster, assign};
+pub(crate) use session::read_members;
 pub use session::{Joined, Known, Roles, Round, Session, Stopped, Timing};
 
 use std::time::Duration;

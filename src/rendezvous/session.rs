@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Error;
-use super::member::Member;
-use crate::keys::JobKeys;
+use super::member::{Member, Roster};
+use crate::keys::{JobKeys, RoundKeys};
 use crate::store::{Client, ClientError, Dial, Endpoint, Guard, connect_quietly, connect_with_retry};
 use crate::supervise::policy::Verdict;
 
@@ -404,6 +404,26 @@ impl Session {
     pub(super) async fn get(&mut self, key: &str) -> Result<Vec<u8>, Error> {
         self.store.client.get(key).await.map_err(|e| self.lost(e))
     }
+
+    /// The member records of round `r` in group-rank order, from its
+    /// stored roster (`rR/members`); none for a round that did not form.
+    pub(super) async fn members_of(&mut self, r: u64, roster: &[u8]) -> Result<Vec<Member>, Error> {
+        let keys = self.keys.round_keys(r);
+        read_members(&mut self.store.client, &keys, roster).await.map_err(|e| self.lost(e))
+    }
+}
+
+/// The member records a stored roster (`rR/members`, [`Roster`]) names,
+/// in group-rank order: none for a round given up or one whose records
+/// disagree.
+pub(crate) async fn read_members(c: &mut Client, keys: &RoundKeys, roster: &[u8]) -> Result<Vec<Member>, ClientError> {
+    let slots = Roster::read(roster).map(|r| r.slots().to_vec()).unwrap_or_default();
+    if slots.is_empty() {
+        return Ok(Vec::new());
+    }
+    let names: Vec<String> = slots.iter().map(|s| keys.member(s)).collect();
+    let values = c.multi_get(&names).await?;
+    Ok(values.iter().filter_map(|v| serde_json::from_slice(v).ok()).collect())
 }
 
 /// WAIT for `key` on a fresh connection to `addr`, then read it.

@@ -91,8 +91,8 @@ impl Session {
     /// was declared dead, once the round closed or moved on, or after the
     /// heartbeat timeout.
     async fn defer_to_members(&mut self, p: u64, r: u64) -> Result<(), Error> {
-        let members: Vec<Member> =
-            serde_json::from_slice(&self.get(&self.keys.round_keys(p).members()).await?).unwrap_or_default();
+        let roster = self.get(&self.keys.round_keys(p).members()).await?;
+        let members = self.members_of(p, &roster).await?;
         let beats: Vec<String> = members.iter().map(|m| self.keys.heartbeat(&m.uid)).collect();
         if beats.is_empty() {
             return Ok(());

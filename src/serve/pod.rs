@@ -304,9 +304,10 @@ impl Served {
 
     /// Pods of round `r` by group rank, from its members record.
     async fn pods(&mut self, r: u64) -> Vec<String> {
-        let key = crate::keys::JobKeys::under(&self.base).round_keys(r).members();
-        let raw = self.link.get(&key).await.unwrap_or_default();
-        let members: Vec<crate::rendezvous::Member> = serde_json::from_slice(&raw).unwrap_or_default();
+        let keys = crate::keys::JobKeys::under(&self.base).round_keys(r);
+        let roster = self.link.get(&keys.members()).await.unwrap_or_default();
+        let Ok(c) = self.link.client().await else { return Vec::new() };
+        let members = crate::rendezvous::read_members(c, &keys, &roster).await.unwrap_or_default();
         members.into_iter().map(|m| m.host).collect()
     }
 

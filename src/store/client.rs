@@ -232,6 +232,11 @@ impl Client {
         }
     }
 
+    /// APPEND (no reply): `value` goes on the end of `key`'s value.
+    pub async fn append(&mut self, key: &str, value: &[u8]) -> Result<(), ClientError> {
+        self.send(&Command::Append { key: key.into(), value: value.to_vec() }).await
+    }
+
     /// GET without waiting: a missing key reads as empty.
     pub async fn get(&mut self, key: &str) -> Result<Vec<u8>, ClientError> {
         self.send(&Command::Get(key.into())).await?;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use trainlet::rendezvous::host;
-use trainlet::rendezvous::{Member, Session, Timing, job_base};
+use trainlet::rendezvous::{Member, Roster, Session, Timing, job_base};
 use trainlet::store::{Budget, Client, Dial, Endpoint, StoreServer, bind_listener};
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -80,8 +80,10 @@ impl Host {
         let uid = hb.rsplit('/').next().expect("uid").to_string();
         let mut c = self.client().await;
         wait_for(&mut c, &hb, |v| v.parse::<u64>().is_ok()).await;
-        let members = serde_json::to_vec(&[Member { uid: uid.clone(), ..me() }]).expect("json");
-        c.set(&format!("{}/r0/members", job_base(RUN, 0)), &members).await.expect("form round 0");
+        let record = serde_json::to_vec(&Member { uid: uid.clone(), ..me() }).expect("json");
+        c.set(&format!("{}/r0/m/0", job_base(RUN, 0)), &record).await.expect("its slot");
+        let roster = Roster::Slots(vec![0]).to_bytes();
+        c.set(&format!("{}/r0/members", job_base(RUN, 0)), &roster).await.expect("form round 0");
         (s, hb)
     }
 }
