@@ -14,7 +14,12 @@
 //! actors (call overhead against the HTTP floor, actor redeploy and
 //! recovery against a cold torchrun start: `actor_bench.rs`), torchft
 //! (`torchft_bench.rs`), inplace (restarts on the cluster of
-//! tests/cluster.sh, only when named: `inplace_bench.rs`).
+//! tests/cluster.sh, only when named: `inplace_bench.rs`), lost (a training
+//! pod killed by SIGKILL, its spare's round formed, 4 and 256 pods, as the
+//! gate measures it) and gloo_lost (the same with real gloo workers, to
+//! their first checkpoint; only when named: `lost_pod_bench.rs`), pods32
+//! (the first round and a restart of 32 pods against torchrun's c10d
+//! agents; only when named: minutes).
 //! `gate` runs a fast subset and checks each ratio against its floor in
 //! `benches/floors.toml` (`gate.rs`); `overhead` includes the bare
 //! fork/exec/wait floor (`benches/bare.rs`, no agent).
@@ -62,6 +67,8 @@ mod gate;
 mod init_bench;
 #[path = "inplace_bench.rs"]
 mod inplace_bench;
+#[path = "lost_pod_bench.rs"]
+mod lost_pod_bench;
 #[path = "mpi_bench.rs"]
 mod mpi_bench;
 #[path = "pmi_bench.rs"]
@@ -249,15 +256,17 @@ fn job_start(rows: &mut Vec<Row>, pods: u32, script: &str) {
 
 /// Crash of rank 0 to the restarted workers' first instruction (the last of
 /// them), `pods` simulated pods x 1 worker, trainlet vs torchrun c10d,
-/// interleaved runs, medians.
-fn restart_gap(rows: &mut Vec<Row>, pods: u32, (ours_runs, theirs_runs): (usize, usize)) {
-    let run = |torch: bool| -> Duration {
+/// interleaved runs, medians. With `first`, a row for the first round too:
+/// the pods' launch to every worker's first instruction.
+fn restart_gap(rows: &mut Vec<Row>, pods: u32, (ours_runs, theirs_runs): (usize, usize), first: bool) {
+    let now_ns = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let run = |torch: bool| -> (Duration, Duration) {
         let dir = tempfile::tempdir().expect("tmp");
         let port = free_port().to_string();
         let cmds = (0..pods)
             .map(|node| {
                 let mut c = pod_command(torch, node, &port, "gap");
-                let addr = format!("127.0.0.{}", node + 1);
+                let addr = format!("127.0.{}.{}", node / 250, node % 250 + 1);
                 if torch {
                     c.args(["--monitor-interval", "0.1", "--local-addr", &addr]);
                 } else {
@@ -269,13 +278,16 @@ fn restart_gap(rows: &mut Vec<Row>, pods: u32, (ours_runs, theirs_runs): (usize,
                 c
             })
             .collect();
+        let launched = now_ns();
         time_pods(cmds);
         let read = |name: &str| -> u128 {
             std::fs::read_to_string(dir.path().join(name)).expect("probe file").trim().parse().expect("ns")
         };
         let crash = read("crash");
-        let last = (0..pods).map(|r| read(&format!("start_{r}"))).max().unwrap_or(crash);
-        Duration::from_nanos(u64::try_from(last.saturating_sub(crash)).unwrap_or(u64::MAX))
+        let last = |prefix: &str, from: u128| (0..pods).map(|r| read(&format!("{prefix}_{r}"))).max().unwrap_or(from);
+        let span =
+            |from: u128, to: u128| Duration::from_nanos(u64::try_from(to.saturating_sub(from)).unwrap_or(u64::MAX));
+        (span(launched, last("first", launched)), span(crash, last("start", crash)))
     };
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for i in 0..ours_runs.max(theirs_runs) {
@@ -286,11 +298,20 @@ fn restart_gap(rows: &mut Vec<Row>, pods: u32, (ours_runs, theirs_runs): (usize,
             theirs.push(run(true));
         }
     }
-    let (ours, theirs) = (median(ours), median(theirs));
+    let firsts = |v: &[(Duration, Duration)]| median(v.iter().map(|r| r.0).collect());
+    let gaps = |v: &[(Duration, Duration)]| median(v.iter().map(|r| r.1).collect());
+    if first {
+        rows.push(time_row(
+            format!("first round: launch -> every worker's first instruction, {pods} pods"),
+            firsts(&ours),
+            firsts(&theirs),
+            "report",
+        ));
+    }
     rows.push(time_row(
         format!("restart gap: crash -> restarted workers' first instruction, {pods} pods"),
-        ours,
-        theirs,
+        gaps(&ours),
+        gaps(&theirs),
         ">= 20x (< 100 ms)",
     ));
 }
@@ -815,12 +836,28 @@ fn main() -> std::process::ExitCode {
         progress(&rows);
     }
     if on("restart") {
-        restart_gap(&mut rows, 2, (5, 3));
-        restart_gap(&mut rows, 4, (5, 3));
+        restart_gap(&mut rows, 2, (5, 3), false);
+        restart_gap(&mut rows, 4, (5, 3), false);
         progress(&rows);
     }
     if on("scale") {
         rendezvous_scale(&mut rows);
+        progress(&rows);
+    }
+    // Only by name (minutes: every torchrun agent imports torch): the
+    // largest job of torchrun's c10d agents this machine runs, side by side.
+    if wanted.iter().any(|w| w == "pods32") {
+        restart_gap(&mut rows, 32, (1, 1), true);
+        progress(&rows);
+    }
+    // A lost pod as the gate measures it (its floors' records are runs of this).
+    if on("lost") {
+        lost_pod_bench::sigkill(&mut rows, 4, 3, Duration::from_secs(1));
+        lost_pod_bench::sigkill(&mut rows, 256, 1, Duration::from_millis(1500));
+        progress(&rows);
+    }
+    if on("gloo_lost") {
+        lost_pod_bench::gloo_checkpoint(&mut rows, 3);
         progress(&rows);
     }
     if on("hub") {

@@ -27,11 +27,11 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{
-    Row, actor_bench, agent_rss, driver_bench, inplace_bench, launch_rows, pmi_bench, restart_gap, serve_bench,
-    stacks_bench, store_throughput, torchft_bench,
+    Row, actor_bench, agent_rss, driver_bench, inplace_bench, launch_rows, lost_pod_bench, pmi_bench, restart_gap,
+    serve_bench, stacks_bench, store_throughput, torchft_bench,
 };
 
 /// Fewest gate runs under load a floor's record holds.
@@ -132,7 +132,7 @@ fn measure() -> Vec<(&'static str, Row)> {
         take(&keys, rows);
     }
     let mut rows = Vec::new();
-    restart_gap(&mut rows, 2, (3, 3));
+    restart_gap(&mut rows, 2, (3, 3), false);
     take(&["restart_gap_2_pods_vs_torchrun"], rows);
     let mut rows = Vec::new();
     agent_rss(&mut rows);
@@ -158,6 +158,11 @@ fn measure() -> Vec<(&'static str, Row)> {
         ],
         rows,
     );
+    // A training pod killed by SIGKILL, its spare's round formed: 4 pods and 256.
+    let mut rows = Vec::new();
+    lost_pod_bench::sigkill(&mut rows, 4, 3, Duration::from_secs(1));
+    lost_pod_bench::sigkill(&mut rows, 256, 1, Duration::from_millis(1500));
+    take(&["lost_pod_sigkill_4_vs_goal", "lost_pod_sigkill_256_vs_goal"], rows);
     // MPI without SSH: start to MPI_Init, 4 pods x 2, against mpirun over OpenSSH.
     let mut rows = Vec::new();
     pmi_bench::start(&mut rows, 3);

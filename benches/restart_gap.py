@@ -1,5 +1,6 @@
-"""Restart-gap probe: rank 0 crashes in the first run; every worker of the
-restarted run records when its first instruction ran (wall clock, ns).
+"""Restart-gap probe: every worker records when its first instruction ran
+(wall clock, ns), in the first run (`first_RANK`) and in the restarted run
+(`start_RANK`); rank 0 crashes in the first run after 1 s.
 
 The first run is told apart by the crash file, not TORCHELASTIC_RESTART_COUNT:
 torchrun's count is per agent and stays 0 on agents restarted for a
@@ -12,6 +13,8 @@ import os  # noqa: E402
 d = os.environ["GAP_DIR"]
 rank = os.environ["RANK"]
 if not os.path.exists(f"{d}/crash"):
+    with open(f"{d}/first_{rank}", "w") as f:
+        f.write(str(t))
     if rank == "0":
         time.sleep(1.0)
         with open(f"{d}/crash.tmp", "w") as f:

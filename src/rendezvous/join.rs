@@ -119,9 +119,8 @@ impl Session {
                 self.standing = self.standing.out_of_round();
             }
         };
-        let slot = form.slot().unwrap_or(0);
         match outcome {
-            Outcome::Formed(members) => self.formed_round(r, slot, &members, deadline, started).await,
+            Outcome::Formed(roster) => self.formed_round(r, form.slot(), &roster, deadline, started).await,
             Outcome::Spare { size } => {
                 self.me.last_rank = None;
                 self.spare(r, size).await
@@ -252,7 +251,7 @@ impl Session {
     async fn formed_round(
         &mut self,
         r: u64,
-        slot: u64,
+        slot: Option<u64>,
         roster: &[u8],
         deadline: Instant,
         started: Instant,
@@ -268,9 +267,10 @@ impl Session {
                 "a pod of round {r} announced data the pod that closed it could not read (a different trainlet version?)"
             )));
         }
-        let Some(group_rank) = slots.iter().position(|&s| s == slot) else {
+        let Some((slot, group_rank)) = slot.and_then(|slot| Some((slot, slots.iter().position(|&s| s == slot)?)))
+        else {
             return Err(Error::Mismatch(format!(
-                "round {r} formed without this pod (uid {}, slot {slot})",
+                "round {r} formed without this pod (uid {}, slot {slot:?})",
                 self.me.uid
             )));
         };

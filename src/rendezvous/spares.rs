@@ -5,6 +5,7 @@
 //! it is full, so the order decides who trains: a restart or a lost pod
 //! must not push a healthy member out for a spare.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -90,17 +91,26 @@ impl Session {
     /// left the job (`bye`, as a pod that failed its health check does) or
     /// was declared dead, once the round closed or moved on, or after the
     /// heartbeat timeout.
+    ///
+    /// Each look costs the store a few keys and the slots taken since the
+    /// last: the members' heartbeats (one key each) are read only for
+    /// those still missing, and only when no pod joined since the last
+    /// look (while they join, the missing ones are on their way; once
+    /// joins stop, those left may have said `bye`). Reading every
+    /// heartbeat every look cost the store 20 reads of N keys a second
+    /// per spare through a regroup.
     async fn defer_to_members(&mut self, p: u64, r: u64) -> Result<(), Error> {
         let roster = self.get(&self.keys.round_keys(p).members()).await?;
-        let members = self.members_of(p, &roster).await?;
-        let beats: Vec<String> = members.iter().map(|m| self.keys.heartbeat(&m.uid)).collect();
-        if beats.is_empty() {
+        let mut missing = self.members_of(p, &roster).await?;
+        if missing.is_empty() {
             return Ok(());
         }
+        let all = missing.len();
         let until = Instant::now() + self.timing.heartbeat_timeout;
         let what = format!("the members of round {p} to join round {r} before this spare");
         let mut waiting = Waiting::new(what, Some(until));
         let mut seen: Vec<Option<Member>> = Vec::new();
+        let mut joined_before = None;
         loop {
             let fixed =
                 [self.keys.round_keys(p).dead(), self.keys.round_keys(r).closed(), self.keys.round_keys(r).next()];
@@ -108,22 +118,21 @@ impl Session {
             if !state[1].is_empty() || !state[2].is_empty() || Instant::now() >= until {
                 return Ok(());
             }
-            let dead: Vec<String> = serde_json::from_slice(&state[0]).unwrap_or_default();
-            let alive = self.store.client.multi_get(&beats).await.map_err(|e| self.lost(e))?;
-            self.read_slots(r, &mut seen).await?;
-            let missing = members
-                .iter()
-                .zip(&alive)
-                .filter(|(m, beat)| {
-                    beat.as_slice() != b"bye"
-                        && !dead.contains(&m.uid)
-                        && !seen.iter().flatten().any(|j| j.uid == m.uid)
-                })
-                .count();
-            if missing == 0 {
+            let dead: HashSet<String> = serde_json::from_slice(&state[0]).unwrap_or_default();
+            let joined = self.read_slots(r, &mut seen).await?;
+            let there: HashSet<&str> = seen.iter().flatten().map(|m| m.uid.as_str()).collect();
+            missing.retain(|m| !dead.contains(&m.uid) && !there.contains(m.uid.as_str()));
+            if !missing.is_empty() && joined_before == Some(joined) {
+                let beats: Vec<String> = missing.iter().map(|m| self.keys.heartbeat(&m.uid)).collect();
+                let alive = self.store.client.multi_get(&beats).await.map_err(|e| self.lost(e))?;
+                let mut beat = alive.iter();
+                missing.retain(|_| beat.next().is_none_or(|b| b.as_slice() != b"bye"));
+            }
+            if missing.is_empty() {
                 return Ok(());
             }
-            waiting.report(&format!("{missing} of {} still to join", members.len()));
+            joined_before = Some(joined);
+            waiting.report(&format!("{} of {all} still to join", missing.len()));
             tokio::time::sleep(DEFER_POLL).await;
         }
     }
