@@ -24,6 +24,10 @@ const SPARE_CHECK_EVERY: Duration = Duration::from_secs(60);
 /// How often a spare looks whether the last round's members have joined.
 const DEFER_POLL: Duration = Duration::from_millis(50);
 
+/// Up to this many members still missing, a spare reads their heartbeats
+/// at every look (a member that left with `bye` is seen at once).
+const FEW_MISSING: usize = 16;
+
 impl Session {
     /// Before this pod joins round `r` of a job with spares: wait for the
     /// store host's agent to join it, and a spare also for the live members
@@ -94,11 +98,11 @@ impl Session {
     ///
     /// Each look costs the store a few keys and the slots taken since the
     /// last: the members' heartbeats (one key each) are read only for
-    /// those still missing, and only when no pod joined since the last
-    /// look (while they join, the missing ones are on their way; once
-    /// joins stop, those left may have said `bye`). Reading every
-    /// heartbeat every look cost the store 20 reads of N keys a second
-    /// per spare through a regroup.
+    /// those still missing, and only when few are ([`FEW_MISSING`]) or no
+    /// pod joined since the last look (while they join, the missing ones
+    /// are on their way; once joins stop, those left may have said `bye`).
+    /// Reading every heartbeat every look cost the store 20 reads of N
+    /// keys a second per spare through a regroup.
     async fn defer_to_members(&mut self, p: u64, r: u64) -> Result<(), Error> {
         let roster = self.get(&self.keys.round_keys(p).members()).await?;
         let mut missing = self.members_of(p, &roster).await?;
@@ -122,7 +126,7 @@ impl Session {
             let joined = self.read_slots(r, &mut seen).await?;
             let there: HashSet<&str> = seen.iter().flatten().map(|m| m.uid.as_str()).collect();
             missing.retain(|m| !dead.contains(&m.uid) && !there.contains(m.uid.as_str()));
-            if !missing.is_empty() && joined_before == Some(joined) {
+            if !missing.is_empty() && (missing.len() <= FEW_MISSING || joined_before == Some(joined)) {
                 let beats: Vec<String> = missing.iter().map(|m| self.keys.heartbeat(&m.uid)).collect();
                 let alive = self.store.client.multi_get(&beats).await.map_err(|e| self.lost(e))?;
                 let mut beat = alive.iter();
