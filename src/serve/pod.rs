@@ -307,7 +307,7 @@ impl Served {
         let keys = crate::keys::JobKeys::under(&self.base).round_keys(r);
         let roster = self.link.get(&keys.members()).await.unwrap_or_default();
         let Ok(c) = self.link.client().await else { return Vec::new() };
-        let members = crate::rendezvous::read_members(c, &keys, &roster).await.unwrap_or_default();
+        let members = super::bounded(crate::rendezvous::read_members(c, &keys, &roster)).await.unwrap_or_default();
         members.into_iter().map(|m| m.host).collect()
     }
 
