@@ -370,6 +370,9 @@ pub struct RunArgs {
     /// Least size of /dev/shm (e.g. 8G): before every round the pod checks it, and leaves with 207 when it is smaller (env TRAINLET_MIN_SHM).
     #[arg(long = "min-shm", value_name = "SIZE", help_heading = "failure policy and preemption")]
     pub min_shm: Option<String>,
+    /// Name the ranks the others wait for while the job runs, from the workers' stacks sampled at a low rate (at most 1% of a core per pod): on (default) or off (env TRAINLET_STRAGGLERS).
+    #[arg(long, value_name = "on|off", help_heading = "failure policy and preemption")]
+    pub stragglers: Option<String>,
     /// Seconds to wait after SIGKILL before abandoning a worker as unkillable (default 3, env TRAINLET_KILL_TIMEOUT).
     #[arg(long = "kill-timeout", value_name = "SECS", help_heading = "failure policy and preemption")]
     pub kill_timeout: Option<String>,

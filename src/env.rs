@@ -86,6 +86,8 @@ pub const TRAINLET_TERMINATION_LOG: &str = "TRAINLET_TERMINATION_LOG";
 pub const TRAINLET_CHECKPOINT_DIR: &str = "TRAINLET_CHECKPOINT_DIR";
 /// `--min-shm`: the least size of /dev/shm, checked before every round.
 pub const TRAINLET_MIN_SHM: &str = "TRAINLET_MIN_SHM";
+/// `--stragglers`: name the ranks the others wait for, `on` or `off`.
+pub const TRAINLET_STRAGGLERS: &str = "TRAINLET_STRAGGLERS";
 /// `--spares`: pods of the job that wait warm to take a lost pod's place.
 pub const TRAINLET_SPARES: &str = "TRAINLET_SPARES";
 /// `--kill-timeout`.

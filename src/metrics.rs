@@ -57,6 +57,9 @@ pub struct Metrics {
     pub spare: IntGauge,
     /// Rounds this pod joined as a spare taking a lost pod's place.
     pub takeovers: IntCounter,
+    /// On the store host: by rank, how much more of the time the other
+    /// ranks wait in collectives than it does (`crate::stacks::straggle`).
+    pub straggler_score: GaugeVec,
     nvml_up: IntGauge,
     utilization: GaugeVec,
     memory_used: GaugeVec,
@@ -101,6 +104,13 @@ fn build() -> Result<Metrics, prometheus::Error> {
             "trainlet_spare_takeovers_total",
             "Rounds this pod joined as a spare, in the place of a pod that left.",
         )?,
+        straggler_score: GaugeVec::new(
+            Opts::new(
+                "trainlet_straggler_score",
+                "On the store host, by rank: the other ranks' median share of time waiting in collectives less its own (0-1); a straggler scores high.",
+            ),
+            &["rank"],
+        )?,
         nvml_up: IntGauge::new("trainlet_gpu_nvml_up", "1 while the NVML sampling child reports, else 0.")?,
         utilization: gauge_vec("trainlet_gpu_utilization_ratio", "Fraction of the last sample period a kernel ran.")?,
         memory_used: gauge_vec("trainlet_gpu_memory_used_bytes", "GPU memory in use.")?,
@@ -130,6 +140,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
     r.register(Box::new(progress.reports.clone()))?;
     r.register(Box::new(progress.posts.clone()))?;
     r.register(Box::new(progress.post_failures.clone()))?;
+    r.register(Box::new(m.straggler_score.clone()))?;
     r.register(Box::new(m.nvml_up.clone()))?;
     for g in [&m.utilization, &m.memory_used, &m.memory_total, &m.temperature] {
         r.register(Box::new(g.clone()))?;

@@ -1,6 +1,7 @@
 //! `--checkpoint-dir` and `--min-shm`: what a pod checks of itself before
 //! every round besides its GPUs (`crate::launch` leaves with 207 when a
-//! check fails).
+//! check fails); `--stragglers`: whether it watches its workers for the
+//! ranks the others wait for while they run.
 
 use std::path::PathBuf;
 
@@ -10,12 +11,14 @@ use crate::cli::RunArgs;
 use crate::env;
 
 /// The pod's checks before every round, besides its GPUs'.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
     /// Must be writable (made when missing).
     pub checkpoint_dir: Option<PathBuf>,
     /// /dev/shm must be at least this many bytes.
     pub min_shm: Option<u64>,
+    /// Sample the workers' stacks and name stragglers (`--stragglers`).
+    pub stragglers: bool,
 }
 
 /// Resolve the health checks.
@@ -39,7 +42,22 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>) -> Result<Health, Er
         }
         None => None,
     };
-    Ok(Health { checkpoint_dir, min_shm })
+    let l = lookup(args.stragglers.as_deref(), "--stragglers", env, &[env::TRAINLET_STRAGGLERS]);
+    let stragglers = match l.value.map(str::trim) {
+        None | Some("on") => true,
+        Some("off") => false,
+        Some(v) => return Err(invalid(&l.origin(), v, "on or off")),
+    };
+    if let Some(v) = l.value {
+        s.prov.push(("stragglers", v.trim().to_string(), l.source));
+    }
+    Ok(Health { checkpoint_dir, min_shm, stragglers })
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health { checkpoint_dir: None, min_shm: None, stragglers: true }
+    }
 }
 
 #[cfg(test)]
@@ -64,5 +82,9 @@ mod tests {
         assert_eq!(h.min_shm, Some(512 << 20));
         let e = health(&["--min-shm", "lots", "t.py"], &[]).expect_err("bad").to_string();
         assert!(e.contains("--min-shm") && e.contains("8G"), "{e}");
+        assert!(!health(&["--stragglers", "off", "t.py"], &[]).expect("off").stragglers);
+        assert!(!health(&["t.py"], &[("TRAINLET_STRAGGLERS", "off")]).expect("env off").stragglers);
+        let e = health(&["--stragglers", "maybe", "t.py"], &[]).expect_err("bad").to_string();
+        assert!(e.contains("--stragglers") && e.contains("on or off"), "{e}");
     }
 }

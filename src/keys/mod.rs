@@ -40,6 +40,7 @@
 //! | `rR/failures/<group rank>` | each pod | JSON list of its failures |
 //! | `rR/failed` | APPEND per pod with failures | `RANK,` each: the group ranks whose failures are not `[]` |
 //! | `rR/stacks/<group rank>`, `rR/dumped/<group rank>` | each pod, at a hang | its workers' stacks, with their Flight Recorder dumps once `dumped` is set |
+//! | `rR/sampled/<group rank>` | each pod, every window | its ranks' sampled states (`crate::stacks::straggle`): the store host names stragglers from them |
 //! | `rR/dead` | the store host | uids that stopped heartbeating |
 //! | `rR/verdict` | first COMPARE_SET wins | what every pod does next |
 //! | `rR/next` | whoever moves the job on | the next round number |
@@ -244,6 +245,11 @@ impl RoundKeys {
     /// Group rank `rank`'s stacks carry its Flight Recorder dumps.
     pub fn dumped(&self, rank: u32) -> String {
         format!("{}/dumped/{rank}", self.prefix)
+    }
+
+    /// Group rank `rank`'s ranks' sampled states over its last window.
+    pub fn sampled(&self, rank: u32) -> String {
+        format!("{}/sampled/{rank}", self.prefix)
     }
 
     /// The round's PMI fences.

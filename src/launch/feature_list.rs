@@ -22,8 +22,11 @@ pub(super) struct Setup<'a> {
 
 /// Every feature of the job, in the order the job calls them.
 pub(super) async fn list(setup: Setup<'_>, replicas: super::replicas::Replicas) -> Vec<Box<dyn Feature>> {
+    let progress = super::progress::Progress::start(setup.plan, setup.log_root, setup.dial.clone(), setup.cancel).await;
+    let stragglers = super::stragglers::Stragglers::new(setup.plan, setup.dial, progress.facts(), setup.cancel);
     vec![
-        Box::new(super::progress::Progress::start(setup.plan, setup.log_root, setup.dial, setup.cancel).await),
+        Box::new(progress),
+        Box::new(stragglers),
         Box::new(replicas),
         Box::new(super::pmi::Pmi::default()),
         Box::new(super::tracker::Xgboost::default()),

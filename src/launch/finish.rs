@@ -83,15 +83,45 @@ pub(super) fn fail_code(kind: FailKind, last: &[Failure]) -> (u8, String, Option
                 "workers reported no progress for --progress-timeout (the job hung); no restarts left".into(),
                 Some(f.clone()),
             ),
-            Some(f) => (
-                f.code(),
-                format!("worker rank {} failed with {}; no restarts left", f.rank, f.exit()),
-                Some(f.clone()),
-            ),
+            Some(f) => {
+                let how = if f.raised {
+                    "raised an exception (stopped before it exited)".to_string()
+                } else {
+                    format!("failed with {}", f.exit())
+                };
+                (
+                    f.code(),
+                    format!("worker rank {} {how}; no restarts left{}", f.rank, consequences(f, last)),
+                    Some(f.clone()),
+                )
+            }
             None => (exit::PEER_LOST, "the job failed on a pod that reported no failure".into(), None),
         },
         FailKind::Stuck => {
             (exit::PEER_LOST, "a pod neither stopped its workers nor died within the bound".into(), None)
+        }
+    }
+}
+
+/// The ranks of `last` whose failures `root`'s caused, in words (empty
+/// when none): the root cause's own failure came first in cause, theirs
+/// may have come first in time.
+fn consequences(root: &Failure, last: &[Failure]) -> String {
+    use crate::supervise::cause::Cause;
+    let mut ranks: Vec<u32> = last
+        .iter()
+        .filter(|f| f.attempt == root.attempt && f.rank != root.rank && f.cause == Cause::Consequence)
+        .map(|f| f.rank)
+        .collect();
+    ranks.sort_unstable();
+    ranks.dedup();
+    match ranks.as_slice() {
+        [] => String::new(),
+        [r] => format!(" (rank {r} failed because it did)"),
+        many => {
+            let shown: Vec<String> = many.iter().take(8).map(u32::to_string).collect();
+            let more = if many.len() > 8 { format!(" and {} more", many.len() - 8) } else { String::new() };
+            format!(" (ranks {}{more} failed because it did)", shown.join(", "))
         }
     }
 }

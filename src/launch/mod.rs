@@ -31,6 +31,7 @@ mod progress;
 mod replicas;
 mod round;
 mod start;
+mod stragglers;
 mod tracker;
 mod wait;
 

@@ -24,14 +24,14 @@ use crate::supervise::worker::StatusLink;
 pub(super) struct Progress {
     link: Option<StatusLink>,
     relay: Option<Relay>,
-    facts: watch::Sender<Facts>,
+    facts: Arc<watch::Sender<Facts>>,
 }
 
 impl Progress {
     /// Serve the endpoint and start the relay, as the plan asks.
     pub(super) async fn start(plan: &Plan, dir: &Path, store: crate::store::Dial, cancel: &CancellationToken) -> Self {
         let (facts, facts_rx) = watch::channel(Facts::default());
-        let mut me = Self { link: None, relay: None, facts };
+        let mut me = Self { link: None, relay: None, facts: Arc::new(facts) };
         if let Some(why) = &plan.progress.off_because {
             tracing::warn!("{why}");
         }
@@ -72,6 +72,11 @@ impl Progress {
             me.relay = Some(Relay::start(setup, board, facts_rx));
         }
         me
+    }
+
+    /// trainlet's facts about the job, which other features add to.
+    pub(super) fn facts(&self) -> Arc<watch::Sender<Facts>> {
+        Arc::clone(&self.facts)
     }
 
     /// A round starts: the last round's reports no longer speak for the

@@ -227,7 +227,8 @@ async fn run_once(
         }
     };
     let exited = crate::process::signals::claim(sp.pid, sp.forked);
-    let sink = |is_err| Sink { prefix: "[lighthouse]: ".into(), console: true, file: None, is_err, tap: None };
+    let sink =
+        |is_err| Sink { prefix: "[lighthouse]: ".into(), console: true, file: None, is_err, tap: None, tail: None };
     if let Some(fd) = sp.stdout {
         tokio::spawn(output::drain(fd, sink(false)));
     }

@@ -169,7 +169,14 @@ async fn start(plan: &Plan, workers: u32, port: u16, spawner: &Spawner) -> Resul
     // worker's leftover ([`Tracker::stop`] ends it).
     crate::process::sweep::keep(sp.pid);
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let sink = |is_err| Sink { prefix: "[xgboost-tracker]: ".into(), console: true, file: None, is_err, tap: None };
+    let sink = |is_err| Sink {
+        prefix: "[xgboost-tracker]: ".into(),
+        console: true,
+        file: None,
+        is_err,
+        tap: None,
+        tail: None,
+    };
     if let Some(fd) = sp.stdout {
         tokio::spawn(output::drain_watching(fd, sink(false), Some((READY, tx))));
     }

@@ -27,7 +27,9 @@ mod maps;
 mod native;
 pub mod pickle;
 mod python;
+pub mod sampler;
 pub mod stall;
+pub mod straggle;
 
 /// Why a process's stacks could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -19,7 +19,7 @@ use super::{Frame, Process, Unread};
 
 /// `torch.distributed` calls that block until every rank of the group
 /// makes them.
-const COLLECTIVES: &[&str] = &[
+pub(crate) const COLLECTIVES: &[&str] = &[
     "all_reduce",
     "all_reduce_coalesced",
     "all_gather",

@@ -49,6 +49,9 @@ pub struct Facts {
     pub last_failure: Option<String>,
     /// A job with spares: those waiting now, and the takeovers so far.
     pub spares: Option<(u64, u64)>,
+    /// The ranks named stragglers now, e.g. `rank 3 (pod-1): the others
+    /// wait for it 31% of the time` (None: none named yet).
+    pub stragglers: Option<String>,
 }
 
 /// `text` cut to [`MAX_TEXT`] characters.
@@ -122,6 +125,9 @@ pub fn merge(latest: Option<&Status>, facts: &Facts, now_us: u64) -> Status {
     ];
     if let Some(f) = &facts.last_failure {
         own.push(Metric { name: "trainlet.last_failure".into(), value: clip(f) });
+    }
+    if let Some(s) = &facts.stragglers {
+        own.push(Metric { name: "trainlet.stragglers".into(), value: clip(s) });
     }
     if let Some((waiting, takeovers)) = facts.spares {
         own.push(Metric { name: "trainlet.spares_waiting".into(), value: waiting.to_string() });
@@ -207,6 +213,7 @@ mod tests {
             world_size: 8,
             last_failure: Some("rank 1 exit code 3".into()),
             spares: None,
+            stragglers: None,
         };
         let s = merge(Some(&worker), &facts, 1_795_369_936_000_000);
         assert_eq!((s.progress, s.remaining), (Some(50), Some(9)));
@@ -216,6 +223,9 @@ mod tests {
         assert_eq!(restarts[0].value, "2");
         assert_eq!(s.metrics.last().map(|m| m.value.as_str()), Some("rank 1 exit code 3"));
         assert_eq!(s.updated.as_deref(), Some("2026-11-22T17:52:16Z"));
+        let slow = Facts { stragglers: Some("rank 3 (pod-1): 31%".into()), ..Facts::default() };
+        let named = merge(None, &slow, 0);
+        assert!(named.metrics.iter().any(|m| m.name == "trainlet.stragglers" && m.value == "rank 3 (pod-1): 31%"));
         let alone = merge(None, &Facts::default(), 0);
         assert_eq!((alone.progress, alone.metrics.len()), (None, 3));
         let spares = merge(None, &Facts { spares: Some((1, 2)), ..Facts::default() }, 0);

@@ -117,6 +117,7 @@ async fn supervise(
     let mut hung_check = tokio::time::interval(HUNG_CHECK);
     hung_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut d_since: HashMap<u32, Instant> = HashMap::new();
+    let mut exit_check = tokio::time::interval(super::exiting::CHECK_EVERY);
     let mut progress_check = tokio::time::interval(HUNG_CHECK);
     progress_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // This pod's stacks were read at a hang (once per attempt).
@@ -180,18 +181,20 @@ async fn supervise(
                     Some(e) => e,
                     None => continue,
                 },
+                _ = exit_check.tick() => {
+                    super::exiting::stop_stuck(core, crew).await;
+                    continue;
+                }
                 _ = hung_check.tick(), if plan.hung_timeout.is_some() => {
                     match hung_worker(core, &crew.workers, &mut d_since, plan.hung_timeout) {
-                        Some(local_rank) => {
-                            tracing::error!(local_rank, "worker stuck in uninterruptible sleep (D state) past --hung-timeout");
-                            Event::Hung { local_rank, at_us: now_us() }
-                        }
+                        Some(local_rank) => Event::Hung { local_rank, at_us: now_us() },
                         None => continue,
                     }
                 }
             }
         };
-        if let Event::WorkerExited { local_rank, exit, .. } | Event::Fault { local_rank, exit, .. } = &event {
+        if let Event::WorkerExited { local_rank, exit, at_us } | Event::Fault { local_rank, exit, at_us } = &event {
+            crew.exits.insert(*local_rank, (*exit, *at_us));
             let action = match (plan.rules.action(*exit), &event) {
                 (RuleAction::Ignore, Event::Fault { .. }) => RuleAction::Restart,
                 (a, _) => a,
@@ -210,10 +213,12 @@ async fn supervise(
         for action in actions {
             let published = match action {
                 Action::Signal(sig) => {
+                    crew.signalled_us.get_or_insert_with(now_us);
                     signal_alive(core, &crew.workers, sig);
                     Ok(())
                 }
                 Action::KillAll => {
+                    crew.signalled_us.get_or_insert_with(now_us);
                     signal_alive(core, &crew.workers, libc::SIGKILL);
                     Ok(())
                 }
@@ -368,7 +373,7 @@ async fn wrap_up(world: &WorldView<'_>, core: &Attempt, crew: &Crew, carry: &mut
             let w = workers.get(&local_rank)?;
             let pid = w.pid?;
             let start = sys::proc_start(pid)?;
-            Some(Kept { local_rank, rank: w.rank, pid, start, drains: w.drains.clone() })
+            Some(Kept { local_rank, rank: w.rank, pid, start, drains: w.drains.clone(), tail: w.tail.clone() })
         });
         carry.hold(r.seq(), held.collect());
         if !carry.is_empty() {
@@ -420,6 +425,8 @@ async fn wrap_up(world: &WorldView<'_>, core: &Attempt, crew: &Crew, carry: &mut
             silent: false,
         }));
     }
+    let recorded: Vec<u32> = failures.iter().map(|f| f.local_rank).collect();
+    failures.extend(super::crew::raised(world, crew, round, &recorded));
     failures
 }
 
@@ -458,6 +465,7 @@ fn hung_worker(
         if w.pid.and_then(sys::proc_state) == Some('D') {
             let t = *since.entry(lr).or_insert(now);
             if found.is_none() && now.duration_since(t) >= limit {
+                tracing::error!(local_rank = lr, "worker stuck in uninterruptible sleep (D state) past --hung-timeout");
                 found = Some(lr);
             }
         } else {

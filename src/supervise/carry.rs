@@ -41,6 +41,8 @@ pub struct Kept {
     pub start: u64,
     /// The tasks still reading its stdout and stderr.
     pub drains: TaskTracker,
+    /// The last lines of its stderr, which those tasks keep.
+    pub tail: crate::supervise::output::Tail,
 }
 
 impl Kept {
@@ -175,7 +177,7 @@ mod tests {
         let child = std::process::Command::new("sh").args(["-c", script]).process_group(0).spawn().expect("sh");
         let pid = i32::try_from(child.id()).expect("pid");
         let start = sys::proc_start(pid).expect("start");
-        let kept = Kept { local_rank: 0, rank: 0, pid, start, drains: TaskTracker::new() };
+        let kept = Kept { local_rank: 0, rank: 0, pid, start, drains: TaskTracker::new(), tail: Default::default() };
         (child, kept)
     }
 

@@ -28,6 +28,8 @@ pub(super) struct Worker {
     pub(super) pid: Option<i32>,
     /// The tasks reading its output.
     pub(super) drains: TaskTracker,
+    /// The last lines it printed on stderr.
+    pub(super) tail: output::Tail,
     /// The file it touches to show progress (with --progress-timeout).
     pub(super) heartbeat: Option<PathBuf>,
     pub(super) rank: u32,
@@ -50,6 +52,13 @@ pub(super) struct Crew {
     pub(super) early: Vec<Event>,
     /// Workers told silent past --progress-timeout, and for how long.
     pub(super) silent_for: HashMap<u32, Duration>,
+    /// How each worker that exited ended, and when (wall-clock µs).
+    pub(super) exits: HashMap<u32, (Exit, u64)>,
+    /// When the first signal went to the workers (the stop), if one did.
+    pub(super) signalled_us: Option<u64>,
+    /// Workers killed because they raised and hung in their exit
+    /// (`super::exiting`): when their exception was printed, and it.
+    pub(super) exiting: HashMap<u32, (u64, String)>,
     /// When this attempt began, before any of its workers started or
     /// rejoined: a Flight Recorder dump older than that is an earlier
     /// round's.
@@ -91,6 +100,9 @@ pub(super) async fn spawn_all(
         mpi: Ranks::new(world.pmi.and_then(crate::mpi::pmi::round::Link::take_notes)),
         early: Vec::new(),
         silent_for: HashMap::new(),
+        exits: HashMap::new(),
+        signalled_us: None,
+        exiting: HashMap::new(),
         started: std::time::SystemTime::now(),
     };
     let (placed, _) = crate::gpu::prepare::placements(&plan.gpu, plan.nproc);
@@ -130,15 +142,23 @@ pub(super) async fn spawn_all(
         } else {
             wenv.extend(crate::gpu::plan::narrowed_env(&plan.gpu.gpus, plan.gpu.visibility, plan.gpu.narrowed));
         }
-        let w =
-            Worker { pid: None, drains: TaskTracker::new(), heartbeat, rank, error_file, not_started: None, why: None };
+        let w = Worker {
+            pid: None,
+            drains: TaskTracker::new(),
+            tail: output::Tail::default(),
+            heartbeat,
+            rank,
+            error_file,
+            not_started: None,
+            why: None,
+        };
         // A kept worker takes its rank as it is: it gets the round's variables.
         if let (Some(r), Some(i)) = (world.survivors, kept.iter().position(|k| k.local_rank == local_rank)) {
             let k = kept.swap_remove(i);
             tracing::info!(local_rank, rank, pid = k.pid, was_rank = k.rank, "a kept worker rejoins");
             r.rejoin(k.pid, k.start, rank, wenv);
             crew.by_pid.insert(k.pid, local_rank);
-            crew.workers.insert(local_rank, Worker { pid: Some(k.pid), drains: k.drains, ..w });
+            crew.workers.insert(local_rank, Worker { pid: Some(k.pid), drains: k.drains, tail: k.tail, ..w });
             continue;
         }
         let mut spec = WorkerSpec::piped(plan.entry.program.clone(), substitute(&plan.entry.args, local_rank), wenv);
@@ -204,6 +224,7 @@ async fn spawn_one(
                     file: (files_ok && (files || redirected || teed)).then(|| rank_dir.join(name)),
                     is_err,
                     tap: world.tap.clone(),
+                    tail: is_err.then(|| w.tail.clone()),
                 };
                 w.drains.spawn(output::drain(fd, sink));
             }
@@ -224,6 +245,46 @@ async fn spawn_one(
             crew.early.push(Event::WorkerExited { local_rank, exit: Exit::Code(i32::from(code)), at_us: now_us() });
         }
     }
+}
+
+/// How long before the stop an exception a stopped worker raised may have
+/// been printed and still count as why it was failing: a rank that raised
+/// is stopped within seconds (its peers' collectives break, or its own
+/// exit ends the round); an exception older than this was caught and
+/// survived.
+const RAISED_WITHIN: Duration = Duration::from_secs(60);
+
+/// The workers trainlet stopped after the round failed that had raised an
+/// exception of their own before it did (printed, not exited yet: an
+/// interpreter flushing, finalizing a collective, or waiting in its exit
+/// for a peer): each is a failure of the round, judged by its exception,
+/// whatever signal ended it. `recorded`: the local ranks already failures.
+pub(super) fn raised(world: &WorldView<'_>, crew: &Crew, round: u64, recorded: &[u32]) -> Vec<Failure> {
+    let Some(stop) = crew.signalled_us else { return Vec::new() };
+    let from = stop.saturating_sub(u64::try_from(RAISED_WITHIN.as_micros()).unwrap_or(u64::MAX));
+    let mut out = Vec::new();
+    let mut ranks: Vec<&u32> = crew.workers.keys().filter(|lr| !recorded.contains(lr)).collect();
+    ranks.sort_unstable();
+    for &local_rank in ranks {
+        let w = &crew.workers[&local_rank];
+        let Some(&(exit, at_us)) = crew.exits.get(&local_rank) else { continue };
+        if exit == Exit::Code(0) {
+            continue;
+        }
+        let Some((printed, line)) = crate::supervise::cause::raised(&w.tail.lines(), from, stop) else { continue };
+        tracing::info!(local_rank, rank = w.rank, error = %line, "a worker stopped after the round failed had raised an exception of its own before; it is a failure of the round");
+        let mut rec = record(
+            world,
+            crew,
+            round,
+            Recorded { local_rank, exit: Some(exit), at_us, action: RuleAction::Restart, hung: false, silent: false },
+        );
+        rec.raised = true;
+        rec.judge();
+        rec.error_at_us = Some(printed);
+        out.push(rec);
+    }
+    out
 }
 
 /// One failure as the core recorded it.
@@ -266,6 +327,11 @@ pub(super) fn record(world: &WorldView<'_>, crew: &Crew, round: u64, f: Recorded
         no_progress: f.silent,
         not_started: w.not_started,
         stall: None,
+        log_tail: w.tail.text(),
+        cause: Default::default(),
+        cause_line: None,
+        error_at_us: None,
+        raised: false,
     };
     rec.read_error_file(&w.error_file);
     if rec.message.is_none() {
@@ -282,6 +348,21 @@ pub(super) fn record(world: &WorldView<'_>, crew: &Crew, round: u64, f: Recorded
         } else {
             "survived SIGKILL past --kill-timeout (uninterruptible sleep)".into()
         });
+    }
+    if let Some((at, _)) = crew.exiting.get(&f.local_rank) {
+        // Killed by trainlet for hanging in its exit: its failure is its exception.
+        rec.raised = true;
+        rec.error_at_us = Some(*at);
+    }
+    rec.judge();
+    if rec.error_file.is_none() && !rec.raised {
+        // When the exception that judged it was printed.
+        let lines = w.tail.lines();
+        let refs: Vec<(u64, &str)> = lines.iter().map(|(at, l)| (*at, l.as_str())).collect();
+        rec.error_at_us = crate::supervise::cause::exceptions(&refs)
+            .into_iter()
+            .find(|(_, e)| rec.cause_line.as_ref() == Some(e))
+            .map(|(at, _)| at);
     }
     rec
 }

@@ -152,6 +152,14 @@ pub(super) fn register(world: &WorldView<'_>, crew: &Crew) {
     *live = Live { host: world.plan.output.host.clone(), node_rank: world.group_rank, lane: lane_of(world), workers };
 }
 
+/// The attempt's live workers, as the straggler sampler reads them: the
+/// pod's name, and each worker's `(rank, pid, start time)` (none between
+/// attempts).
+pub(crate) fn live() -> (String, Vec<(u32, i32, u64)>) {
+    let live = LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    (live.host.clone(), live.workers.iter().map(|&(rank, _, pid, start)| (rank, pid, start)).collect())
+}
+
 /// The attempt is over: the door has no worker to read.
 pub(super) fn unregister() {
     LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner).workers.clear();

@@ -26,7 +26,9 @@
 
 pub(crate) mod attempt;
 pub(crate) mod carry;
+pub(crate) mod cause;
 mod crew;
+mod exiting;
 mod flight;
 pub(crate) mod hang_read;
 pub(crate) mod mpi;

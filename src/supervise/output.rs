@@ -34,6 +34,62 @@ pub struct Sink {
     pub is_err: bool,
     /// Also hand each prefixed line here (a served run's log shipper).
     pub tap: Option<LineTap>,
+    /// Also keep the last lines here (a worker's stderr: what it said
+    /// before it failed, for its failure record).
+    pub tail: Option<Tail>,
+}
+
+/// Most lines a [`Tail`] keeps.
+pub const TAIL_LINES: usize = 40;
+/// Most bytes a [`Tail`] keeps, all its lines together.
+pub const TAIL_BYTES: usize = 8 * 1024;
+/// Most bytes kept of one line in a [`Tail`]; the rest is cut.
+const TAIL_LINE: usize = 1024;
+
+/// The last lines of a stream, bounded in lines and bytes, cleaned of
+/// control characters (they are a worker's words, shown in a report, a
+/// termination message and an Event): what a worker printed just before
+/// it failed, read into its failure record once its drain is done.
+#[derive(Debug, Clone, Default)]
+pub struct Tail(std::sync::Arc<std::sync::Mutex<TailLines>>);
+
+#[derive(Debug, Default)]
+struct TailLines {
+    /// When each was read (wall-clock microseconds), and the line.
+    lines: std::collections::VecDeque<(u64, String)>,
+    bytes: usize,
+}
+
+impl Tail {
+    /// Keep `line` (its newline dropped), forgetting the oldest lines past
+    /// the bounds.
+    pub fn push(&self, line: &[u8]) {
+        let line = line.strip_suffix(b"\n").unwrap_or(line);
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let cut = &line[..line.len().min(TAIL_LINE)];
+        let text: String =
+            String::from_utf8_lossy(cut).chars().map(|c| if c.is_control() && c != '\t' { '?' } else { c }).collect();
+        let at = crate::clock::now_us();
+        let mut t = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        t.bytes += text.len();
+        t.lines.push_back((at, text));
+        while t.lines.len() > TAIL_LINES || t.bytes > TAIL_BYTES {
+            let Some((_, old)) = t.lines.pop_front() else { break };
+            t.bytes -= old.len();
+        }
+    }
+
+    /// The lines kept, oldest first, each with when it was read.
+    pub fn lines(&self) -> Vec<(u64, String)> {
+        let t = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        t.lines.iter().cloned().collect()
+    }
+
+    /// The lines kept, oldest first, joined by newlines (None: none).
+    pub fn text(&self) -> Option<String> {
+        let t = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (!t.lines.is_empty()).then(|| t.lines.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join("\n"))
+    }
 }
 
 /// Longest piece of a line, newline not counted: a longer line is shown
@@ -176,6 +232,9 @@ pub async fn drain_watching(fd: OwnedFd, sink: Sink, mut ready: Option<ReadyLine
         if let Some(tap) = &sink.tap {
             tap.send(&sink.prefix, line);
         }
+        if let Some(tail) = &sink.tail {
+            tail.push(line);
+        }
         // The file gets the bytes as printed: a long line's pieces join up again.
         if let Some(f) = file.as_mut()
             && let Err(e) = f.write_all(&buf[start..printed]).and_then(|()| f.flush())
@@ -268,6 +327,27 @@ mod tests {
         assert_eq!(got.len(), 4);
         assert!(got.iter().all(|(p, whole)| p.len() <= LINE && !whole && p.iter().all(|b| *b == b'z')));
         assert_eq!(got.iter().map(|(p, _)| p.len()).sum::<usize>(), long.len());
+    }
+
+    #[test]
+    fn a_tail_keeps_the_last_lines_within_its_bounds_and_cleans_them() {
+        let t = Tail::default();
+        assert_eq!(t.text(), None);
+        for i in 0..100 {
+            t.push(format!("line {i}\n").as_bytes());
+        }
+        let text = t.text().expect("lines");
+        assert_eq!(text.lines().count(), TAIL_LINES);
+        assert!(text.starts_with("line 60\nline 61") && text.ends_with("line 99"), "{text}");
+        t.push(b"\x1b[31mred\x07\r\n");
+        assert!(t.text().expect("lines").ends_with("?[31mred?"), "control characters are data");
+        let long = vec![b'x'; 5000];
+        for _ in 0..20 {
+            t.push(&long);
+        }
+        let text = t.text().expect("lines");
+        assert!(text.len() <= TAIL_BYTES + TAIL_LINES, "{}", text.len());
+        assert!(text.lines().all(|l| l.len() <= TAIL_LINE));
     }
 
     #[tokio::test]

@@ -2,10 +2,14 @@
 //!
 //! Each pod records the workers that failed on their own (not those it
 //! stopped) and publishes them in the store; every pod then picks the same
-//! root cause: the earliest failure by wall-clock time, across pods. A worker
-//! that used torch's `@record` wrote TORCHELASTIC_ERROR_FILE; its message and
-//! traceback are read into the record. The report is printed as a
-//! torchrun-style summary and written as JSON.
+//! root cause: the first failure in cause ([`super::cause`]: one of its own
+//! before one nothing explains before one another rank's failure caused),
+//! then in wall-clock time, across pods. A worker that used torch's
+//! `@record` wrote TORCHELASTIC_ERROR_FILE; its message and traceback are
+//! read into the record; every record keeps the worker's last stderr
+//! lines, and a worker without an error file gets its last exception line
+//! as its message. The report is printed as a torchrun-style summary and
+//! written as JSON.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -59,6 +63,51 @@ pub struct Failure {
     /// for, from every rank's stacks (`crate::stacks::stall`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stall: Option<String>,
+    /// The last lines it printed on stderr (at most
+    /// `output::TAIL_LINES` lines, `output::TAIL_BYTES` bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_tail: Option<String>,
+    /// What it was: its own failure, one another rank's caused, or
+    /// unknown ([`super::cause::judge`]).
+    #[serde(default)]
+    pub cause: Cause,
+    /// The line that says so (an exception, a signal, a rule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause_line: Option<String>,
+    /// When that exception was printed, wall-clock microseconds: the
+    /// failure's time in cause (a rank that raised may exit after the
+    /// peers it broke).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_at_us: Option<u64>,
+    /// It raised an exception of its own and trainlet stopped it (the
+    /// round had failed) before it exited.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub raised: bool,
+}
+
+/// What a failure was, as its record shows it. Ordered: the root cause is
+/// the earliest failure of the smallest kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cause {
+    /// It failed on its own.
+    Own,
+    /// Nothing says.
+    #[default]
+    Unknown,
+    /// It failed because another rank did.
+    Consequence,
+}
+
+impl Cause {
+    /// In words, for the report.
+    pub fn text(self) -> &'static str {
+        match self {
+            Cause::Own => "its own",
+            Cause::Unknown => "unknown (an exit code, no error)",
+            Cause::Consequence => "a consequence of another rank's failure",
+        }
+    }
 }
 
 fn default_action() -> RuleAction {
@@ -99,6 +148,10 @@ impl Failure {
     pub fn code(&self) -> u8 {
         if self.no_progress {
             return crate::exit::WORKER_HUNG;
+        }
+        if self.raised {
+            // What CPython exits with for an exception nobody caught.
+            return 1;
         }
         match self.not_started.unwrap_or_else(|| crate::exit::for_worker(self.exit())) {
             crate::exit::SUCCESS => 1,
@@ -143,15 +196,19 @@ pub(crate) fn read_error_file(path: &Path) -> Option<Result<Vec<u8>, TooLarge>> 
     Some(if text.len() as u64 > ERROR_FILE_MAX { Err(TooLarge) } else { Ok(text) })
 }
 
-/// The earliest failure; ties broken by rank so every pod agrees.
+/// The first failure in cause, then in time: of the earliest attempt that
+/// failed, a failure of its own before one nothing explains before one
+/// another rank's caused ([`Cause`]), the earliest of that kind (by when
+/// its error was printed, else when it exited); ties broken by rank so
+/// every pod agrees.
 pub fn root_cause(failures: &[Failure]) -> Option<&Failure> {
-    failures.iter().min_by_key(|f| (f.at_us, f.rank))
+    failures.iter().min_by_key(|f| (f.attempt, f.cause, f.error_at_us.unwrap_or(f.at_us), f.rank))
 }
 
 /// The earliest failure that matched a `fail` rule: the job's cause when
 /// the policy ended it.
 pub fn fatal_root(failures: &[Failure]) -> Option<&Failure> {
-    failures.iter().filter(|f| f.action == RuleAction::Fail).min_by_key(|f| (f.at_us, f.rank))
+    failures.iter().filter(|f| f.action == RuleAction::Fail).min_by_key(|f| (f.attempt, f.at_us, f.rank))
 }
 
 /// Ranks whose stacks the summary shows (the JSON has them all).
@@ -231,6 +288,15 @@ impl Report {
             let _ = writeln!(s, "  traceback : {}", tb.unwrap_or("<N/A>").trim_end().replace('\n', "\n    "));
             if let Some(why) = &f.stall {
                 let _ = writeln!(s, "  stall     : {why}");
+            }
+            let then = if f.raised { "; it raised it, and was stopped before it exited" } else { "" };
+            match &f.cause_line {
+                Some(line) => {
+                    let _ = writeln!(s, "  cause     : {} ({line}){then}", f.cause.text());
+                }
+                None => {
+                    let _ = writeln!(s, "  cause     : {}{then}", f.cause.text());
+                }
             }
         };
         if !self.rounds.is_empty() {
@@ -334,6 +400,11 @@ pub(crate) mod tests {
             no_progress: false,
             not_started: None,
             stall: None,
+            log_tail: None,
+            cause: Cause::Unknown,
+            cause_line: None,
+            error_at_us: None,
+            raised: false,
         }
     }
 
@@ -342,6 +413,33 @@ pub(crate) mod tests {
         let all = [failure(4, 300), failure(1, 100), failure(0, 100), failure(2, 200)];
         assert_eq!(root_cause(&all).map(|f| f.rank), Some(0));
         assert_eq!(root_cause(&[]), None);
+    }
+
+    /// The SDK's XGBoost failure on 2 pods x 2: rank 3 raised, rank 2's
+    /// broken ring exited first; rank 3 is the root cause, in the attempt
+    /// that failed first.
+    #[test]
+    fn the_root_cause_is_first_in_cause_then_in_time() {
+        let mut collateral = failure(2, 100);
+        collateral.log_tail = Some("xgboost.core.XGBoostError: [x] Ring allreduce small failed".into());
+        collateral.judge();
+        let mut raised = failure(3, 250);
+        raised.log_tail = Some("Traceback (most recent call last):\nValueError: rank 3 failing on purpose".into());
+        raised.judge();
+        assert_eq!(raised.message.as_deref(), Some("ValueError: rank 3 failing on purpose"));
+        assert_eq!(collateral.cause, Cause::Consequence);
+        let mut unknown = failure(1, 200);
+        unknown.judge();
+        assert_eq!(unknown.cause, Cause::Unknown);
+        let all = [collateral.clone(), unknown.clone(), raised.clone()];
+        assert_eq!(root_cause(&all).map(|f| f.rank), Some(3));
+        assert_eq!(root_cause(&all[..2]).map(|f| f.rank), Some(1), "nothing said before a consequence");
+        assert_eq!(root_cause(&all[..1]).map(|f| f.rank), Some(2), "a consequence alone is still the root");
+        // An earlier attempt's failure stays first, whatever it was.
+        let mut earlier = collateral;
+        earlier.attempt = 0;
+        raised.attempt = 1;
+        assert_eq!(root_cause(&[raised, earlier]).map(|f| f.rank), Some(2));
     }
 
     #[test]

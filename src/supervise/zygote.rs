@@ -143,7 +143,8 @@ impl Zygote {
         };
         for (fd, is_err) in [(child.stdout, false), (child.stderr, true)] {
             if let Some(fd) = fd {
-                let sink = Sink { prefix: "[zygote]: ".into(), console: true, file: None, is_err, tap: None };
+                let sink =
+                    Sink { prefix: "[zygote]: ".into(), console: true, file: None, is_err, tap: None, tail: None };
                 tokio::spawn(output::drain(fd, sink));
             }
         }

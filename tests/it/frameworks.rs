@@ -218,7 +218,8 @@ struct SdkPods {
 
 fn sdk_pods(command: &[String], env: impl Fn(u32) -> Vec<(String, String)>) -> SdkPods {
     let links = tempfile::tempdir().expect("tmp");
-    for name in ["python", "python3"] {
+    // As in trainlet's images: `torchrun` too (the torch runtime's command).
+    for name in ["python", "python3", "torchrun"] {
         std::os::unix::fs::symlink(crate::util::bin(), links.path().join(name)).expect("link");
     }
     let venv_bin = std::path::Path::new(&python()).parent().expect("venv bin").display().to_string();
@@ -344,4 +345,66 @@ fn a_failing_sdk_function_exits_with_the_workers_code_through_trainlet() {
     assert!(job.pods[0].stdout().contains("rank 1 failing on purpose"), "{}", job.pods[0].stdout());
     let err = job.pods[0].stderr();
     assert!(err.contains("worker rank 1 (exit code 3) matched a fail rule"), "{err}");
+}
+
+/// The Kubeflow SDK's failure commands of the XGBoost, torch and JAX
+/// runtimes on 2 pods x 2: rank 3 raises a `ValueError` mid-training and
+/// its peers' collectives break (XGBoost's ring, gloo's pairs, JAX's psum),
+/// some of them before rank 3 has exited. Every pod's report, termination
+/// message and exit code name rank 3, the one that raised, as the root
+/// cause; a peer that failed because it did is said to be a consequence.
+#[test]
+fn the_sdks_failure_commands_name_the_rank_that_raised_as_the_root_cause() {
+    for (runtime, function) in [
+        ("xgboost-distributed.yaml", "train_xgboost_failing"),
+        ("torch-distributed.yaml", "train_torch_failing"),
+        ("jax-distributed.yaml", "train_jax_failing"),
+    ] {
+        let (command, sdk) = sdk_command(runtime, function, &[]);
+        let port = free_port();
+        let logs = tempfile::tempdir().expect("tmp");
+        let term = |i: u32| logs.path().join(format!("termination-{i}"));
+        let mut job = sdk_pods(&command, |i| {
+            let mut e = runtime_env(runtime);
+            e.extend(match runtime {
+                "xgboost-distributed.yaml" => vec![
+                    ("DMLC_TRACKER_URI".to_string(), "127.0.0.1".to_string()),
+                    ("DMLC_TRACKER_PORT".into(), port.to_string()),
+                    ("DMLC_TASK_ID".into(), i.to_string()),
+                    ("DMLC_NUM_WORKER".into(), "2".into()),
+                    ("PET_NPROC_PER_NODE".into(), "2".into()),
+                ],
+                "jax-distributed.yaml" => jax_env(port)(i),
+                _ => pet_env(2, 2, i, port),
+            });
+            e.push(("TRAINLET_TERMINATION_LOG".into(), term(i).display().to_string()));
+            e
+        });
+        let codes: Vec<i32> = job.pods.iter_mut().map(|p| p.code(LIMIT)).collect();
+        let all: String = job.pods.iter().enumerate().map(|(i, p)| format!("=== pod {i}\n{}\n", p.stderr())).collect();
+        for (i, pod) in job.pods.iter().enumerate() {
+            let (code, err) = (codes[i], pod.stderr());
+            assert_eq!(code, 1, "{function} (SDK {sdk}) pod {i}: the ValueError's code\n{all}");
+            let root = err.split("Root Cause").nth(1).unwrap_or_default();
+            assert!(
+                root.contains("rank      : 3 (local_rank: 1)"),
+                "{function} pod {i}: the root cause is rank 3\n{all}"
+            );
+            assert!(
+                root.contains("cause     : its own (ValueError:") && root.contains("failing on purpose"),
+                "{function} pod {i}\n{all}"
+            );
+            let message = std::fs::read_to_string(term(u32::try_from(i).expect("pod"))).expect("termination message");
+            assert!(
+                message.starts_with("worker rank 3 ")
+                    && message.contains("ValueError: ")
+                    && message.contains("failing on purpose"),
+                "{function} pod {i}: {message}"
+            );
+            // Every other failure listed is one rank 3's caused, or unexplained; never its own.
+            if let Some(others) = err.split("Other failures:").nth(1) {
+                assert!(!others.contains("cause     : its own"), "{function} pod {i}\n{err}");
+            }
+        }
+    }
 }

@@ -45,6 +45,7 @@ mod sshkit;
 mod stacks;
 mod store;
 mod store_inproc;
+mod stragglers;
 #[path = "../support/mod.rs"]
 mod support;
 mod torch;

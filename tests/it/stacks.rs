@@ -80,6 +80,32 @@ fn every_python_thread_is_read_innermost_first_from_the_venvs_python() {
     check_idle(&read_idle(&child));
 }
 
+/// The straggler sampler (`trainlet::stacks::sampler`) reads a real
+/// interpreter's main thread: its frames, innermost first, and the system
+/// call it sleeps in; the classifier calls that computing in its method.
+#[test]
+fn the_sampler_reads_the_main_thread_of_a_real_interpreter() {
+    let child = start_idle(&python());
+    read_idle(&child);
+    let pid = pid_of(&child);
+    let start = trainlet::sys::proc_start(pid).expect("start");
+    let mut s = trainlet::stacks::sampler::Sampler::default();
+    let one = s.sample(pid, start).expect("a sample");
+    let names: Vec<&str> = one.frames.iter().map(|f| f.function.as_str()).collect();
+    assert_eq!(names, ["Holder.wait_here", "outer", "<module>"], "{one:#?}");
+    assert_eq!(one.blocked_in, Some(230), "clock_nanosleep: {one:#?}");
+    let (state, at) = trainlet::stacks::straggle::classify(&one.frames, one.blocked_in);
+    let main_line = line_of("idle_threads.py", "MAIN_LINE");
+    assert_eq!(state, trainlet::stacks::straggle::State::Compute);
+    assert_eq!(at, Some(format!("idle_threads.py:{main_line} in Holder.wait_here")));
+    // The interpreter is found once: the next samples only walk the threads.
+    let began = Instant::now();
+    for _ in 0..100 {
+        assert_eq!(s.sample(pid, start).as_ref().map(|o| o.frames.len()), Some(3));
+    }
+    eprintln!("100 samples in {:?}", began.elapsed());
+}
+
 #[test]
 fn debians_python_is_read_too() {
     let child = start_idle("/usr/bin/python3");

@@ -215,7 +215,14 @@ async fn run(
         .await
         .map_err(|e| Stop::Failed(format!("cannot start {program}: {}", crate::error::error_chain(&e))))?;
     crate::process::sweep::keep(sp.pid);
-    let sink = |is_err| Sink { prefix: "[setup]: ".into(), console: true, file: None, is_err, tap: pod.tap.clone() };
+    let sink = |is_err| Sink {
+        prefix: "[setup]: ".into(),
+        console: true,
+        file: None,
+        is_err,
+        tap: pod.tap.clone(),
+        tail: None,
+    };
     let mut drains = Vec::new();
     if let Some(fd) = sp.stdout {
         drains.push(tokio::spawn(output::drain(fd, sink(false))));
