@@ -1,0 +1,368 @@
+//! Kubernetes Events: every verdict of the agent (a failure and its root
+//! cause, a hang, a restart, a spare taking a rank, an unhealthy pod
+//! leaving, a straggler) as an `events.k8s.io/v1` Event regarding this pod,
+//! related to its TrainJob, so that `kubectl get events` and
+//! `kubectl describe` say what happened.
+//!
+//! The rest of trainlet calls [`Events::emit`] and never waits: the event
+//! goes into a bounded queue ([`QUEUE`]; what does not fit is counted and
+//! said once) that one background task drains. The task finds who the pod
+//! is (`post`), lets the pure `core` decide what to write (a new object, a
+//! raised series count, or nothing yet: deduplicated and rate limited) and
+//! writes it through the kube client the project links. It is never an
+//! error for Events not to work: without an API server configuration, a pod
+//! name or `--events on`, [`Events`] is a no-op (one info line says why);
+//! a 403 or 404 from the API server logs one warning naming the permission
+//! and turns Events off for the life of the process; other failures are
+//! retried with a backoff, a bounded number of times. [`Events::finish`]
+//! (and the cancel token) writes what is queued within a bound, so a
+//! failure's Event emitted just before the exit is not lost.
+//!
+//! This module must not decide what a verdict is: its callers do, and say
+//! it in [`Event`]'s reason and note.
+
+mod core;
+mod post;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use kube::api::Api;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub use self::core::{Event, NOTE_LIMIT, Type, clean_note};
+use self::core::{Core, Observed, Outcome};
+use self::post::{Identity, Known, NameFrom, Refused};
+use crate::env::{self, Env};
+use crate::ratelimit::RateLimit;
+
+/// Events queued for the background task at most.
+pub const QUEUE: usize = 256;
+/// How long a shutdown (the cancel token) may spend writing what is queued.
+pub const FLUSH_BOUND: Duration = Duration::from_secs(2);
+/// One request to the API server at most.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Warnings about writes given up, at most 3 a minute.
+static WRITE_WARNINGS: RateLimit = RateLimit::new(3, Duration::from_secs(60));
+
+/// What [`Events::start`] needs: whether Events are wanted (`--events`)
+/// and what the environment says of the pod and the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    on: bool,
+    known: Option<Known>,
+    /// Why there is no API server to talk to, if that is known up front.
+    no_api: Option<&'static str>,
+}
+
+impl Config {
+    /// `on` from `--events`; the pod from `env` (POD_NAME, else the host
+    /// name in a pod; POD_NAMESPACE; POD_UID; TRAIN_JOB_NAME or JOBSET_NAME).
+    pub fn new(on: bool, env: &Env) -> Self {
+        let in_pod = env.get(env::KUBERNETES_SERVICE_HOST).is_some();
+        // Outside a pod (a KUBECONFIG) only a named pod: a laptop's host
+        // name is no pod of the cluster its kubeconfig points at.
+        let no_api = match (in_pod, env.get(env::KUBECONFIG).is_some(), env.get(env::POD_NAME).is_some()) {
+            (true, _, _) => None,
+            (false, true, true) => None,
+            (false, true, false) => Some("KUBECONFIG is set but POD_NAME is not"),
+            (false, false, _) => Some("not in a pod (no KUBERNETES_SERVICE_HOST) and no KUBECONFIG"),
+        };
+        Self { on, known: Known::read(env), no_api }
+    }
+
+    /// Events off.
+    pub fn off() -> Self {
+        Self { on: false, known: None, no_api: None }
+    }
+}
+
+/// The handle every part of trainlet emits through: cheap to clone, never
+/// blocks, a no-op when Events are off.
+#[derive(Debug, Clone, Default)]
+pub struct Events {
+    shared: Option<Arc<Shared>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    tx: mpsc::Sender<Msg>,
+    /// Set when the API server refused Events, or there is none.
+    off: AtomicBool,
+    /// Events that found the queue full.
+    overflow: AtomicU64,
+}
+
+#[derive(Debug)]
+enum Msg {
+    Emit(Event),
+    /// Write what is due before the deadline, then answer.
+    Flush(Instant, oneshot::Sender<()>),
+}
+
+impl Events {
+    /// Events off (tests, `--events off`).
+    pub fn off() -> Self {
+        Self { shared: None }
+    }
+
+    /// Start the background task (in the current tokio runtime) that
+    /// writes the Events; never fails: when Events cannot work, one info
+    /// line says why and the handle is a no-op. The task ends with
+    /// `cancel`, after writing what is queued (at most [`FLUSH_BOUND`]).
+    pub fn start(cfg: &Config, cancel: &CancellationToken) -> Self {
+        let why = if !cfg.on {
+            Some("--events off")
+        } else if let Some(why) = cfg.no_api {
+            Some(why)
+        } else if cfg.known.is_none() {
+            Some("no pod name: set POD_NAME (fieldRef metadata.name)")
+        } else if tokio::runtime::Handle::try_current().is_err() {
+            Some("no async runtime")
+        } else {
+            None
+        };
+        let (Some(known), None) = (cfg.known.clone(), why) else {
+            tracing::info!("Kubernetes Events: off ({})", why.unwrap_or_default());
+            return Self::off();
+        };
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let shared = Arc::new(Shared { tx, off: AtomicBool::new(false), overflow: AtomicU64::new(0) });
+        tokio::spawn(Task { shared: Arc::clone(&shared), rx, seq: 0 }.run(known, cancel.child_token()));
+        Self { shared: Some(shared) }
+    }
+
+    /// Whether events go anywhere (false: off from the start, or refused since).
+    pub fn is_on(&self) -> bool {
+        self.shared.as_ref().is_some_and(|s| !s.off.load(Ordering::Relaxed))
+    }
+
+    /// Queue `e` (its note cleaned and bounded); never waits.
+    pub fn emit(&self, mut e: Event) {
+        let Some(s) = self.shared.as_ref().filter(|s| !s.off.load(Ordering::Relaxed)) else { return };
+        e.note = clean_note(&e.note);
+        match s.tx.try_send(Msg::Emit(e)) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                if s.overflow.fetch_add(1, Ordering::Relaxed) == 0 {
+                    tracing::warn!(
+                        queue = QUEUE,
+                        "Kubernetes Events: the queue is full; events are dropped (counted, said at the end)"
+                    );
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    /// Write what is queued, waiting at most `timeout` (before the process
+    /// exits). Returns at once when Events are off.
+    pub async fn finish(&self, timeout: Duration) {
+        let Some(s) = self.shared.as_ref().filter(|s| !s.off.load(Ordering::Relaxed)) else { return };
+        let deadline = Instant::now() + timeout;
+        let (reply, done) = oneshot::channel();
+        let asked = tokio::time::timeout_at(deadline, s.tx.send(Msg::Flush(deadline, reply))).await;
+        let answered = match asked {
+            Ok(Ok(())) => tokio::time::timeout_at(deadline, done).await.is_ok(),
+            // The task ended (refused, cancelled): nothing more to wait for.
+            Ok(Err(_)) => true,
+            Err(_) => false,
+        };
+        if !answered {
+            tracing::warn!(?timeout, "Kubernetes Events: not every event was written before the deadline");
+        }
+    }
+}
+
+/// The background task.
+struct Task {
+    shared: Arc<Shared>,
+    rx: mpsc::Receiver<Msg>,
+    /// Creates so far, part of each new object's name.
+    seq: u64,
+}
+
+/// The kube client and the pod's identity, or why Events are off.
+async fn connect(known: Known) -> Result<(Api<K8sEvent>, Identity), String> {
+    let config = kube::Config::infer().await.map_err(|e| format!("no Kubernetes API configuration: {e}"))?;
+    let default_ns = config.default_namespace.clone();
+    let client = kube::Client::try_from(config).map_err(|e| format!("cannot make a Kubernetes client: {e}"))?;
+    let id = tokio::time::timeout(REQUEST_TIMEOUT * 2, post::identify(&client, known, &default_ns))
+        .await
+        .map_err(|_| "the API server did not answer".to_string())??;
+    Ok((Api::namespaced(client, &id.namespace), id))
+}
+
+impl Task {
+    async fn run(mut self, known: Known, cancel: CancellationToken) {
+        let guessed = known.name.1 == NameFrom::Hostname;
+        let connected = tokio::select! {
+            () = cancel.cancelled() => return self.stop(),
+            c = connect(known) => c,
+        };
+        let (api, id) = match connected {
+            Ok(c) => c,
+            Err(why) => {
+                tracing::info!("Kubernetes Events: off ({why})");
+                return self.stop();
+            }
+        };
+        tracing::info!(
+            namespace = %id.namespace,
+            pod = id.instance,
+            pod_name_from = if guessed { "host name" } else { "POD_NAME" },
+            related = ?id.related.as_ref().map(|r| format!("{}/{}", r.kind.as_deref().unwrap_or(""), r.name.as_deref().unwrap_or(""))),
+            "Kubernetes Events: on"
+        );
+        let mut core = Core::new(Instant::now());
+        let ended = loop {
+            let wake = core.wake_at(Instant::now());
+            let woke = tokio::select! {
+                biased;
+                () = cancel.cancelled() => Woke::Ended,
+                m = self.rx.recv() => m.map_or(Woke::Ended, Woke::Msg),
+                () = sleep_until(wake) => Woke::Due,
+            };
+            let result = match woke {
+                Woke::Ended => break self.flush(&mut core, &api, &id, Instant::now() + FLUSH_BOUND).await,
+                Woke::Msg(Msg::Emit(e)) => {
+                    observe(&mut core, e);
+                    match self.drain(&mut core) {
+                        None => self.write_due(&mut core, &api, &id, None).await,
+                        Some((deadline, reply)) => self.flush_and_answer(&mut core, &api, &id, deadline, reply).await,
+                    }
+                }
+                Woke::Msg(Msg::Flush(deadline, reply)) => {
+                    self.flush_and_answer(&mut core, &api, &id, deadline, reply).await
+                }
+                Woke::Due => self.write_due(&mut core, &api, &id, None).await,
+            };
+            if let Err(refused) = result {
+                break Err(refused);
+            }
+        };
+        if let Err(refused) = ended {
+            tracing::warn!(error = %crate::error::error_chain(&refused), "{refused}");
+        }
+        let lost = core.dropped() + core.given_up() + self.shared.overflow.load(Ordering::Relaxed);
+        if lost > 0 {
+            tracing::warn!(
+                dropped = core.dropped(),
+                given_up = core.given_up(),
+                queue_full = self.shared.overflow.load(Ordering::Relaxed),
+                "Kubernetes Events: some events were never written"
+            );
+        }
+        self.stop();
+    }
+
+    /// Events off for good: emits return at once from now on.
+    fn stop(&self) {
+        self.shared.off.store(true, Ordering::Relaxed);
+    }
+
+    /// Count what is queued, without waiting.
+    fn drain(&mut self, core: &mut Core) -> Option<(Instant, oneshot::Sender<()>)> {
+        let mut flush = None;
+        while let Ok(m) = self.rx.try_recv() {
+            match m {
+                Msg::Emit(e) => observe(core, e),
+                Msg::Flush(d, r) => flush = Some((d, r)),
+            }
+        }
+        flush
+    }
+
+    /// Everything queued and pending, spacing and rate limit aside, until
+    /// `deadline`.
+    async fn flush(&mut self, core: &mut Core, api: &Api<K8sEvent>, id: &Identity, deadline: Instant) -> Result<(), Refused> {
+        match self.drain(core) {
+            None => self.write_due(core, api, id, Some(deadline)).await,
+            Some((later, reply)) => self.flush_and_answer(core, api, id, deadline.min(later), reply).await,
+        }
+    }
+
+    /// [`Task::flush`], then tell [`Events::finish`] it is done.
+    async fn flush_and_answer(
+        &mut self,
+        core: &mut Core,
+        api: &Api<K8sEvent>,
+        id: &Identity,
+        deadline: Instant,
+        reply: oneshot::Sender<()>,
+    ) -> Result<(), Refused> {
+        let mut replies = vec![reply];
+        replies.extend(self.drain(core).map(|(_, more)| more));
+        let r = self.write_due(core, api, id, Some(deadline)).await;
+        if core.pending() && r.is_ok() {
+            tracing::debug!("Kubernetes Events: writes still pending at the flush's deadline (retries wait their turn)");
+        }
+        for reply in replies {
+            let _ = reply.send(());
+        }
+        r
+    }
+
+    /// The writes due now (`flush`: everything, until the deadline).
+    async fn write_due(
+        &mut self,
+        core: &mut Core,
+        api: &Api<K8sEvent>,
+        id: &Identity,
+        flush: Option<Instant>,
+    ) -> Result<(), Refused> {
+        loop {
+            let now = Instant::now();
+            if flush.is_some_and(|d| now >= d) {
+                return Ok(());
+            }
+            let Some(w) = core.next(now, flush.is_some()) else { return Ok(()) };
+            let bound = flush.map_or(REQUEST_TIMEOUT, |d| (d - now).min(REQUEST_TIMEOUT));
+            self.seq += 1;
+            let outcome = match tokio::time::timeout(bound, post::write(api, id, &w, self.seq)).await {
+                Ok(r) => r?,
+                Err(_) => Outcome::Retry,
+            };
+            let before = core.given_up();
+            core.done(&w, outcome, Instant::now());
+            if core.given_up() > before {
+                crate::limited!(
+                    WRITE_WARNINGS,
+                    warn,
+                    reason = w.reason,
+                    attempts = self::core::MAX_ATTEMPTS,
+                    "Kubernetes Events: an event could not be written; given up"
+                );
+            }
+        }
+    }
+}
+
+/// Why the task woke.
+enum Woke {
+    Msg(Msg),
+    /// A write may be due.
+    Due,
+    /// Cancelled, or every handle is gone.
+    Ended,
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn observe(core: &mut Core, e: Event) {
+    if core.observe(e, Instant::now()) == Observed::Dropped && core.dropped() == 1 {
+        tracing::warn!(
+            "Kubernetes Events: too many different events are waiting to be written; more are dropped (counted)"
+        );
+    }
+}
