@@ -345,7 +345,7 @@ pub fn clean_note(raw: &str) -> String {
             // CSI: ESC [ parameters, a final byte in @..~; other escapes: ESC and one more.
             if chars.peek() == Some(&'[') {
                 chars.next();
-                while let Some(f) = chars.next() {
+                for f in chars.by_ref() {
                     if ('@'..='~').contains(&f) {
                         break;
                     }
@@ -482,17 +482,19 @@ mod tests {
     #[test_case(&[Outcome::Retry], Some(1); "first retry after 1 s")]
     #[test_case(&[Outcome::Retry, Outcome::Retry], Some(2); "then 2 s")]
     #[test_case(&[Outcome::Retry, Outcome::Retry, Outcome::Retry, Outcome::Retry], Some(8); "then 8 s")]
-    #[test_case(&[Outcome::Retry; 5], None; "given up after five tries")]
+    #[test_case(&[Outcome::Retry, Outcome::Retry, Outcome::Retry, Outcome::Retry, Outcome::Retry], None; "given up after five tries")]
     fn failed_writes_back_off_then_give_up(outcomes: &[Outcome], wait: Option<u64>) {
         let t0 = Instant::now();
         let mut core = Core::new(t0);
         core.observe(ev("JobHung", "a"), t0);
+        let mut now = t0;
         for o in outcomes {
-            let w = core.next(t0, true).expect("a write");
-            core.done(&w, o.clone(), t0);
+            now = core.wake_at(now).expect("a write due");
+            let w = core.next(now, true).expect("a write");
+            core.done(&w, o.clone(), now);
         }
-        assert_eq!(core.next(t0, true), None, "not before its time");
-        assert_eq!(core.wake_at(t0).map(|t| t - t0), wait.map(secs));
+        assert_eq!(core.next(now, true), None, "not before its time");
+        assert_eq!(core.wake_at(now).map(|t| t - now), wait.map(secs));
         assert_eq!(core.given_up(), u64::from(wait.is_none()));
     }
 

@@ -23,7 +23,7 @@ const JOBSET_LABEL: &str = "jobset.sigs.k8s.io/jobset-name";
 const INSTANCE_LIMIT: usize = 128;
 
 /// Who the Events are about, and who reports them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Identity {
     /// This pod (`regarding`).
     pub pod: ObjectReference,

@@ -490,7 +490,7 @@ print(json.dumps(out))
         let rules = row["rules"].as_array().expect("rules");
         assert!(rules.contains(&events_rule), "{what}: {rules:?}");
         if sa != "trainlet-in-place-restart" {
-            assert_eq!(rules, &[events_rule.clone()], "{what}: events create and patch, nothing more");
+            assert_eq!(rules, std::slice::from_ref(&events_rule), "{what}: events create and patch, nothing more");
         }
         for (name, path) in [
             ("POD_NAME", "metadata.name"),
