@@ -131,9 +131,15 @@ impl Events {
             tracing::info!("Kubernetes Events: off ({})", why.unwrap_or_default());
             return Self::off();
         };
+        Self::spawn(known, None, cancel)
+    }
+
+    /// The task, with the API server's configuration given (tests) or
+    /// inferred (None: in-cluster, else KUBECONFIG).
+    fn spawn(known: Known, api: Option<kube::Config>, cancel: &CancellationToken) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
         let shared = Arc::new(Shared { tx, off: AtomicBool::new(false), overflow: AtomicU64::new(0) });
-        tokio::spawn(Task { shared: Arc::clone(&shared), rx, seq: 0 }.run(known, cancel.child_token()));
+        tokio::spawn(Task { shared: Arc::clone(&shared), rx, seq: 0 }.run(known, api, cancel.child_token()));
         Self { shared: Some(shared) }
     }
 
@@ -188,8 +194,11 @@ struct Task {
 }
 
 /// The kube client and the pod's identity, or why Events are off.
-async fn connect(known: Known) -> Result<(Api<K8sEvent>, Identity), String> {
-    let config = kube::Config::infer().await.map_err(|e| format!("no Kubernetes API configuration: {e}"))?;
+async fn connect(known: Known, api: Option<kube::Config>) -> Result<(Api<K8sEvent>, Identity), String> {
+    let config = match api {
+        Some(c) => c,
+        None => kube::Config::infer().await.map_err(|e| format!("no Kubernetes API configuration: {e}"))?,
+    };
     let default_ns = config.default_namespace.clone();
     let client = kube::Client::try_from(config).map_err(|e| format!("cannot make a Kubernetes client: {e}"))?;
     let id = tokio::time::timeout(REQUEST_TIMEOUT * 2, post::identify(&client, known, &default_ns))
@@ -199,11 +208,11 @@ async fn connect(known: Known) -> Result<(Api<K8sEvent>, Identity), String> {
 }
 
 impl Task {
-    async fn run(mut self, known: Known, cancel: CancellationToken) {
+    async fn run(mut self, known: Known, api: Option<kube::Config>, cancel: CancellationToken) {
         let guessed = known.name.1 == NameFrom::Hostname;
         let connected = tokio::select! {
             () = cancel.cancelled() => return self.stop(),
-            c = connect(known) => c,
+            c = connect(known, api) => c,
         };
         let (api, id) = match connected {
             Ok(c) => c,
@@ -364,5 +373,182 @@ fn observe(core: &mut Core, e: Event) {
         tracing::warn!(
             "Kubernetes Events: too many different events are waiting to be written; more are dropped (counted)"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+    /// What the fake API server does with every request.
+    #[derive(Clone, Copy)]
+    enum Answer {
+        Ok,
+        Forbidden,
+        Silent,
+    }
+
+    type Seen = Arc<Mutex<Vec<(String, String, serde_json::Value)>>>;
+
+    /// A fake API server on loopback: (method, path, body) of every request.
+    async fn fake_api(answer: Answer) -> (kube::Config, Seen) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let seen: Seen = Arc::default();
+        let log = Arc::clone(&seen);
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let log = Arc::clone(&log);
+                tokio::spawn(async move {
+                    let mut conn = BufReader::new(conn);
+                    loop {
+                        let mut head = String::new();
+                        let mut len = 0;
+                        loop {
+                            let mut line = String::new();
+                            if conn.read_line(&mut line).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                                len = v.trim().parse().unwrap_or(0);
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            head.push_str(&line);
+                        }
+                        let mut body = vec![0; len];
+                        conn.read_exact(&mut body).await.expect("body");
+                        let mut words = head.split_whitespace();
+                        let (method, path) = (words.next().unwrap_or("").to_string(), words.next().unwrap_or("").to_string());
+                        let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                        log.lock().expect("log").push((method.clone(), path, body.clone()));
+                        let (status, reply) = match answer {
+                            Answer::Silent => return std::future::pending().await,
+                            Answer::Forbidden => (
+                                "403 Forbidden",
+                                serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "forbidden", "reason": "Forbidden", "code": 403}),
+                            ),
+                            Answer::Ok if method == "POST" => ("201 Created", body),
+                            Answer::Ok => (
+                                "200 OK",
+                                serde_json::json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "x"}}),
+                            ),
+                        };
+                        let reply = reply.to_string();
+                        let out = format!(
+                            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}",
+                            reply.len()
+                        );
+                        if conn.get_mut().write_all(out.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let mut config = kube::Config::new(url.parse().expect("url"));
+        config.default_namespace = "ns".into();
+        (config, seen)
+    }
+
+    fn known() -> Known {
+        Known {
+            name: ("job-node-0-1-abcde".into(), NameFrom::Env),
+            namespace: Some("team".into()),
+            uid: Some("0000-1111".into()),
+            trainjob: Some("job".into()),
+            jobset: None,
+        }
+    }
+
+    fn warning(note: &str) -> Event {
+        Event { type_: Type::Warning, reason: "WorkerFailed", action: "Fail", note: note.into() }
+    }
+
+    #[tokio::test]
+    async fn repeats_are_one_object_whose_series_is_patched_at_finish() {
+        let (config, seen) = fake_api(Answer::Ok).await;
+        let cancel = CancellationToken::new();
+        let events = Events::spawn(known(), Some(config), &cancel);
+        for _ in 0..5 {
+            events.emit(warning("rank 3 exited with code 1"));
+        }
+        events.emit(warning("rank 5: \x1b[31mCUDA error\x1b[0m\nout of memory"));
+        events.emit(warning("rank 7 is slow"));
+        events.finish(Duration::from_secs(5)).await;
+        let seen = seen.lock().expect("seen").clone();
+        let posts: Vec<_> = seen.iter().filter(|(m, _, _)| m == "POST").collect();
+        let patches: Vec<_> = seen.iter().filter(|(m, _, _)| m == "PATCH").collect();
+        assert_eq!(posts.len(), 3, "{seen:#?}");
+        assert!(posts.iter().all(|(_, p, _)| p == "/apis/events.k8s.io/v1/namespaces/team/events?"), "{posts:#?}");
+        let notes: Vec<&str> = posts.iter().filter_map(|(_, _, b)| b["note"].as_str()).collect();
+        assert!(notes.contains(&"rank 5: CUDA error out of memory"), "{notes:?}");
+        let first = &posts.iter().find(|(_, _, b)| b["note"] == "rank 3 exited with code 1").expect("first").2;
+        assert_eq!(first["regarding"], serde_json::json!({"apiVersion": "v1", "kind": "Pod", "name": "job-node-0-1-abcde", "namespace": "team", "uid": "0000-1111"}));
+        assert_eq!(first["related"]["kind"], "TrainJob");
+        assert_eq!(first["related"]["apiVersion"], "trainer.kubeflow.org/v1alpha1");
+        assert_eq!((first["reportingController"].as_str(), first["reportingInstance"].as_str()), (Some("trainlet"), Some("job-node-0-1-abcde")));
+        assert_eq!((first["type"].as_str(), first["reason"].as_str(), first["action"].as_str()), (Some("Warning"), Some("WorkerFailed"), Some("Fail")));
+        let total: u64 = first["series"]["count"].as_u64().unwrap_or(1);
+        let patched = patches.iter().filter_map(|(_, _, b)| b["series"]["count"].as_u64()).max();
+        assert_eq!(patched.unwrap_or(total), 5, "{seen:#?}");
+        if let Some((_, path, _)) = patches.first() {
+            let name = first["metadata"]["name"].as_str().expect("name");
+            assert!(path.starts_with(&format!("/apis/events.k8s.io/v1/namespaces/team/events/{name}")), "{path}");
+        }
+        assert!(events.is_on());
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_403_turns_events_off_after_one_request() {
+        let (config, seen) = fake_api(Answer::Forbidden).await;
+        let cancel = CancellationToken::new();
+        let events = Events::spawn(known(), Some(config), &cancel);
+        events.emit(warning("a"));
+        events.finish(Duration::from_secs(5)).await;
+        let until = Instant::now() + Duration::from_secs(5);
+        while events.is_on() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!events.is_on());
+        events.emit(warning("b"));
+        events.finish(Duration::from_secs(1)).await;
+        assert_eq!(seen.lock().expect("seen").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_silent_api_server_never_holds_up_the_caller() {
+        let (config, seen) = fake_api(Answer::Silent).await;
+        let cancel = CancellationToken::new();
+        let events = Events::spawn(known(), Some(config), &cancel);
+        let started = Instant::now();
+        for i in 0..(QUEUE * 4) {
+            events.emit(warning(&format!("{i}")));
+        }
+        assert!(started.elapsed() < Duration::from_secs(1), "emit waited: {:?}", started.elapsed());
+        let started = Instant::now();
+        events.finish(Duration::from_millis(300)).await;
+        assert!(started.elapsed() < Duration::from_secs(1), "finish waited: {:?}", started.elapsed());
+        assert!(events.shared.as_ref().is_some_and(|s| s.overflow.load(Ordering::Relaxed) > 0), "the queue is bounded");
+        assert!(!seen.lock().expect("seen").is_empty());
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn off_is_a_no_op() {
+        let events = Events::off();
+        events.emit(warning("a"));
+        events.finish(Duration::from_secs(10)).await;
+        assert!(!events.is_on());
+        let cancel = CancellationToken::new();
+        let env = Env::from_pairs([("POD_NAME", "p"), ("KUBERNETES_SERVICE_HOST", "10.0.0.1")]);
+        assert!(!Events::start(&Config::new(false, &env), &cancel).is_on(), "--events off");
+        let laptop = Env::from_pairs([("KUBECONFIG", "/k")]);
+        assert!(!Events::start(&Config::new(true, &laptop), &cancel).is_on(), "a kubeconfig, no pod name");
+        assert!(!Events::start(&Config::off(), &cancel).is_on());
     }
 }
