@@ -139,7 +139,8 @@ impl Events {
     fn spawn(known: Known, api: Option<kube::Config>, cancel: &CancellationToken) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
         let shared = Arc::new(Shared { tx, off: AtomicBool::new(false), overflow: AtomicU64::new(0) });
-        tokio::spawn(Task { shared: Arc::clone(&shared), rx, seq: 0 }.run(known, api, cancel.child_token()));
+        let cancel = cancel.child_token();
+        tokio::spawn(Task { shared: Arc::clone(&shared), rx, seq: 0, cancel }.run(known, api));
         Self { shared: Some(shared) }
     }
 
@@ -191,6 +192,8 @@ struct Task {
     rx: mpsc::Receiver<Msg>,
     /// Creates so far, part of each new object's name.
     seq: u64,
+    /// The task's cancel token.
+    cancel: CancellationToken,
 }
 
 /// The kube client and the pod's identity, or why Events are off.
@@ -208,7 +211,8 @@ async fn connect(known: Known, api: Option<kube::Config>) -> Result<(Api<K8sEven
 }
 
 impl Task {
-    async fn run(mut self, known: Known, api: Option<kube::Config>, cancel: CancellationToken) {
+    async fn run(mut self, known: Known, api: Option<kube::Config>) {
+        let cancel = self.cancel.clone();
         let guessed = known.name.1 == NameFrom::Hostname;
         let connected = tokio::select! {
             () = cancel.cancelled() => return self.stop(),
@@ -327,15 +331,28 @@ impl Task {
     ) -> Result<(), Refused> {
         loop {
             let now = Instant::now();
-            if flush.is_some_and(|d| now >= d) {
+            // A shutdown cuts ordinary writes short: the flush that
+            // follows has the bound.
+            if flush.is_some_and(|d| now >= d) || (flush.is_none() && self.cancel.is_cancelled()) {
                 return Ok(());
             }
             let Some(w) = core.next(now, flush.is_some()) else { return Ok(()) };
             let bound = flush.map_or(REQUEST_TIMEOUT, |d| (d - now).min(REQUEST_TIMEOUT));
             self.seq += 1;
-            let outcome = match tokio::time::timeout(bound, post::write(api, id, &w, self.seq)).await {
-                Ok(r) => r?,
-                Err(_) => Outcome::Retry,
+            let write = tokio::time::timeout(bound, post::write(api, id, &w, self.seq));
+            let cancelled = async {
+                match flush {
+                    Some(_) => std::future::pending().await,
+                    None => self.cancel.cancelled().await,
+                }
+            };
+            let outcome = tokio::select! {
+                r = write => match r {
+                    Ok(r) => r?,
+                    Err(_) => Outcome::Retry,
+                },
+                // Cut short, not failed: the flush writes it again at once.
+                () = cancelled => return Ok(()),
             };
             let before = core.given_up();
             core.done(&w, outcome, Instant::now());
@@ -536,6 +553,24 @@ mod tests {
         assert!(events.shared.as_ref().is_some_and(|s| s.overflow.load(Ordering::Relaxed) > 0), "the queue is bounded");
         assert!(!seen.lock().expect("seen").is_empty());
         cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_cancel_ends_the_task_within_the_flush_bound() {
+        let (config, _seen) = fake_api(Answer::Silent).await;
+        let cancel = CancellationToken::new();
+        let events = Events::spawn(known(), Some(config), &cancel);
+        events.emit(warning("a"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = Instant::now();
+        cancel.cancel();
+        while events.is_on() && started.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!events.is_on());
+        let took = started.elapsed();
+        assert!(took >= FLUSH_BOUND - Duration::from_millis(100), "the write cut short is tried again: {took:?}");
+        assert!(took < FLUSH_BOUND + Duration::from_millis(500), "{took:?}");
     }
 
     #[tokio::test]
