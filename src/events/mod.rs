@@ -186,6 +186,22 @@ impl Events {
     }
 }
 
+/// The process's Events, once installed.
+static GLOBAL: std::sync::OnceLock<Events> = std::sync::OnceLock::new();
+
+/// Make `events` the process's, what [`global`] returns from anywhere
+/// (as `crate::metrics::global`); the first call wins: false when one was
+/// installed already.
+pub fn install(events: Events) -> bool {
+    GLOBAL.set(events).is_ok()
+}
+
+/// The process's Events: the installed ones, else off.
+pub fn global() -> &'static Events {
+    static OFF: Events = Events { shared: None };
+    GLOBAL.get().unwrap_or(&OFF)
+}
+
 /// The background task.
 struct Task {
     shared: Arc<Shared>,
@@ -585,5 +601,8 @@ mod tests {
         let laptop = Env::from_pairs([("KUBECONFIG", "/k")]);
         assert!(!Events::start(&Config::new(true, &laptop), &cancel).is_on(), "a kubeconfig, no pod name");
         assert!(!Events::start(&Config::off(), &cancel).is_on());
+        // Nothing installed in the unit tests: the global handle is off.
+        global().emit(warning("nowhere"));
+        assert!(!global().is_on());
     }
 }
