@@ -4,7 +4,8 @@
 //! related to its TrainJob, so that `kubectl get events` and
 //! `kubectl describe` say what happened.
 //!
-//! The rest of trainlet calls [`Events::emit`] and never waits: the event
+//! The rest of trainlet calls [`Events::emit`] (on a handle it was given,
+//! or on [`global`], the one the mode [`install`]ed) and never waits: the event
 //! goes into a bounded queue ([`QUEUE`]; what does not fit is counted and
 //! said once) that one background task drains. The task finds who the pod
 //! is (`post`), lets the pure `core` decide what to write (a new object, a
