@@ -50,6 +50,9 @@ pub enum Sub {
         #[arg(long, value_parser = seconds, value_name = "SECS")]
         every: Option<std::time::Duration>,
     },
+    /// Internal: emit Kubernetes Events as the agent does (the same queue, series and rate limit), then write them within 2 s and exit (the cluster tests; a runtime's smoke test of its RBAC).
+    #[command(hide = true)]
+    Event(EventArgs),
     /// Print every worker's stacks as this container's agents read them now (Python frames of every thread, native frames of blocked ones).
     Stacks {
         /// Print JSON instead of text.
@@ -62,6 +65,26 @@ pub enum Sub {
         #[arg(long, value_parser = sshd_time, default_value = "60")]
         timeout: std::time::Duration,
     },
+}
+
+/// `trainlet event`.
+#[derive(Debug, Args)]
+pub struct EventArgs {
+    /// Warning or Normal.
+    #[arg(long = "type", value_name = "Warning|Normal", default_value = "Warning")]
+    pub type_: String,
+    /// The reason, CamelCase.
+    #[arg(long, value_name = "REASON")]
+    pub reason: String,
+    /// The action, CamelCase.
+    #[arg(long, value_name = "ACTION", default_value = "Test")]
+    pub action: String,
+    /// Whether to write them (env TRAINLET_EVENTS; default on).
+    #[arg(long, value_name = "on|off")]
+    pub events: Option<String>,
+    /// The notes, one event each, in order (repeat a note to repeat the event).
+    #[arg(value_name = "NOTE", required = true)]
+    pub notes: Vec<String>,
 }
 
 /// `trainlet init`.
@@ -403,6 +426,9 @@ pub struct RunArgs {
     /// Be this pod's JobSet in-place restart agent (KEP-467): write the pod's attempt, wait at the JobSet's barrier before the rendezvous, exit IN_PLACE_RESTART_EXIT_CODE when the JobSet restarts the pods in place (env TRAINLET_IN_PLACE_RESTART; needs JOBSET_NAME and POD_NAME).
     #[arg(long = "in-place-restart", help_heading = "Kubernetes")]
     pub in_place_restart: bool,
+    /// Write the job's verdicts (a failure, a hang, a restart, a spare taking a rank, an unhealthy pod leaving, a straggler) as Kubernetes Events on the pod: on (default) or off (env TRAINLET_EVENTS; needs `create` and `patch` on `events` in `events.k8s.io`, else one warning and off).
+    #[arg(long, value_name = "on|off", help_heading = "Kubernetes")]
+    pub events: Option<String>,
     /// Keep the pods up between runs: wait for runs submitted to the control API on the store host (env TRAINLET_SERVE); the script is then optional.
     #[arg(long, help_heading = "serve mode")]
     pub serve: bool,

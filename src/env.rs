@@ -198,6 +198,18 @@ pub const POD_NAME: &str = "POD_NAME";
 /// The pod's namespace (downward API, `metadata.namespace`); else the
 /// service account's namespace file.
 pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
+/// The pod's uid (downward API, `metadata.uid`): the Events' `regarding`
+/// object without a GET of the pod.
+pub const POD_UID: &str = "POD_UID";
+/// The pod's TrainJob (downward API, label `jobset.sigs.k8s.io/jobset-name`,
+/// Trainer's own name for it): the Events' `related` object.
+pub const TRAIN_JOB_NAME: &str = "TRAIN_JOB_NAME";
+/// `--events`: write Kubernetes Events (`on`, the default, or `off`).
+pub const TRAINLET_EVENTS: &str = "TRAINLET_EVENTS";
+/// Set in every pod by the kubelet: the API server's in-cluster address.
+pub const KUBERNETES_SERVICE_HOST: &str = "KUBERNETES_SERVICE_HOST";
+/// A kubeconfig outside a pod (read by the kube client).
+pub const KUBECONFIG: &str = "KUBECONFIG";
 /// The code the agent exits with when the JobSet restarts the pod in place
 /// (default 1, as JobSet's agent).
 pub const IN_PLACE_RESTART_EXIT_CODE: &str = "IN_PLACE_RESTART_EXIT_CODE";

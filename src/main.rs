@@ -83,5 +83,6 @@ fn main_exec() -> u8 {
         Sub::Init(args) => finish("trainlet init", cmd::init::main(&args)),
         Sub::Stop { timeout } => cmd::stop::stop(timeout),
         Sub::Stacks { json } => cmd::stacks::main(json),
+        Sub::Event(args) => finish("trainlet", cmd::event::main(args)),
     }
 }

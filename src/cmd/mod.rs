@@ -9,6 +9,7 @@
 //! but `main.rs`.
 
 pub mod doctor;
+pub mod event;
 pub mod init;
 pub mod keygen;
 pub mod mpi;
@@ -129,6 +130,7 @@ pub const CODES: &[(&str, &str)] = &[
     ("keygen", "0, 200, 202"),
     ("stop", "0, 1"),
     ("stacks", "0, 1"),
+    ("event (hidden, for tests)", "0, 200, 202"),
     ("nvml-probe", "0, 1"),
     (
         "python, python3 (the JAX/XGBoost images' links)",

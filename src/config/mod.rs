@@ -10,6 +10,7 @@
 
 mod defaults;
 mod entry;
+mod events;
 mod framework;
 mod gpu;
 mod groups;
@@ -164,6 +165,8 @@ pub struct Plan {
     pub serve: Option<Serve>,
     /// The Python zygote python workers are forked from.
     pub preload: Option<Preload>,
+    /// Write Kubernetes Events (`--events`, default on).
+    pub events: bool,
     /// JobSet in-place restarts: this pod's agent (`--in-place-restart`).
     pub in_place: Option<InPlace>,
     /// TorchFT replica groups (`--replica-groups`): `nnodes`, `min_nodes`

@@ -65,6 +65,7 @@ impl Plan {
         let health = super::health::resolve(args, &mut s)?;
         let gpu = super::gpu::resolve(args, &mut s, machine.gpu_root, machine.gpus, nodes.nproc)?;
         let in_place = super::inplace::resolve(args, &mut s)?;
+        let events = super::events::resolve(args, &mut s)?;
         if groups.is_some() && spares > 0 {
             return Err(Error::Usage(
                 "--replica-groups: the other groups carry on while one restarts, so --spares does not apply; choose one"
@@ -111,6 +112,7 @@ impl Plan {
             serve,
             preload,
             in_place,
+            events,
             groups,
             omp_default,
             provenance: s.prov,

@@ -15,6 +15,8 @@
 //! - The Kubeflow SDK, the MPI, initializer, DeepSpeed and `trainlet-dev`
 //!   runtimes run on the nodes too.
 //! - A spare takes a deleted training pod's rank (`cluster/spares.rs`).
+//! - trainlet's Kubernetes Events are counted, not a flood, and a missing
+//!   permission is one warning (`cluster/events.rs`).
 //!
 //! PyTorch comes from the test venv through a read-only hostPath volume
 //! (added with a TrainJob runtime patch), as the container tests bind-mount
@@ -41,6 +43,7 @@ use crate::support::cluster::{
 use crate::util::repo;
 
 mod driver;
+mod events;
 mod inplace;
 mod spares;
 mod torchft;

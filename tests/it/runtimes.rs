@@ -183,7 +183,7 @@ fn the_initializer_runtime_wires_trainlet_init_as_trainer_expects() {
     // FailJob exit codes, dependsOn.
     let script = r#"
 import json, sys, yaml
-doc = yaml.safe_load(open(sys.argv[1]))
+doc = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ClusterTrainingRuntime")
 out = []
 for j in doc["spec"]["template"]["spec"]["replicatedJobs"]:
     spec = j["template"]["spec"]
@@ -399,7 +399,7 @@ fn the_dev_runtime_serves_with_a_secret_token_and_its_example_matches() {
     let dir = tempfile::tempdir().expect("tmp");
     let script = r#"
 import json, sys, yaml
-rt = yaml.safe_load(open(sys.argv[1]))
+rt = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ClusterTrainingRuntime")
 docs = {d["kind"]: d for d in yaml.safe_load_all(open(sys.argv[2]))}
 yaml.safe_dump(docs["TrainJob"], open(sys.argv[3], "w"))
 pod = rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
@@ -440,4 +440,65 @@ print(json.dumps({
     assert_eq!(f["selector"]["batch.kubernetes.io/job-completion-index"], "0", "and only the store host");
     let (ok, out) = validate(&[trainjob]);
     assert!(ok, "{out}");
+}
+
+/// Kubernetes Events: in every runtime, each trainer container's pod runs
+/// under a service account that the same file binds to a Role granting
+/// `events` create and patch in `events.k8s.io` (and, beside the in-place
+/// agent's own rules, nothing more), and the container gets who its pod
+/// is from the downward API (name, namespace, uid, the TrainJob), so
+/// trainlet needs no `get` on pods.
+#[test]
+fn every_runtime_lets_trainlet_write_its_events_and_nothing_more() {
+    let script = r#"
+import json, sys, yaml
+out = []
+for path in sys.argv[1:]:
+    docs = [d for d in yaml.safe_load_all(open(path)) if d]
+    rt = next(d for d in docs if d["kind"] == "ClusterTrainingRuntime")
+    roles = {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] == "Role"}
+    bound = {}
+    for b in (d for d in docs if d["kind"] == "RoleBinding"):
+        for s in b["subjects"]:
+            bound.setdefault(s["name"], []).extend(roles.get(b["roleRef"]["name"], []))
+    for j in rt["spec"]["template"]["spec"]["replicatedJobs"]:
+        pod = j["template"]["spec"]["template"]["spec"]
+        for c in pod["containers"]:
+            if c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command") != ["trainlet", "stop"]:
+                continue
+            env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c.get("env", [])}
+            sa = pod.get("serviceAccountName")
+            out.append({"file": path, "job": j["name"], "sa": sa, "rules": bound.get(sa, []), "env": env,
+                        "accounts": [d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"]})
+print(json.dumps(out))
+"#;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("runtimes"))
+        .expect("runtimes")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    let out = Command::new(python()).args(["-c", script]).args(&files).output().expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(rows.len(), files.len(), "one trainer container per runtime: {rows:?}");
+    let events_rule = serde_json::json!({"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]});
+    for row in &rows {
+        let what = format!("{} {}", row["file"], row["job"]);
+        let sa = row["sa"].as_str().unwrap_or_else(|| panic!("{what}: no serviceAccountName"));
+        assert!(row["accounts"].as_array().is_some_and(|a| a.contains(&sa.into())), "{what}: {sa} is not in the file");
+        let rules = row["rules"].as_array().expect("rules");
+        assert!(rules.contains(&events_rule), "{what}: {rules:?}");
+        if sa != "trainlet-in-place-restart" {
+            assert_eq!(rules, std::slice::from_ref(&events_rule), "{what}: events create and patch, nothing more");
+        }
+        for (name, path) in [
+            ("POD_NAME", "metadata.name"),
+            ("POD_NAMESPACE", "metadata.namespace"),
+            ("POD_UID", "metadata.uid"),
+            ("TRAIN_JOB_NAME", "metadata.labels['jobset.sigs.k8s.io/jobset-name']"),
+        ] {
+            assert_eq!(row["env"][name], path, "{what}: {name}");
+        }
+    }
 }
