@@ -35,8 +35,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-pub use self::core::{Event, NOTE_LIMIT, Type, clean_note};
 use self::core::{Core, Observed, Outcome};
+pub use self::core::{Event, NOTE_LIMIT, Type, clean_note};
 use self::post::{Identity, Known, NameFrom, Refused};
 use crate::env::{self, Env};
 use crate::ratelimit::RateLimit;
@@ -310,7 +310,13 @@ impl Task {
 
     /// Everything queued and pending, spacing and rate limit aside, until
     /// `deadline`.
-    async fn flush(&mut self, core: &mut Core, api: &Api<K8sEvent>, id: &Identity, deadline: Instant) -> Result<(), Refused> {
+    async fn flush(
+        &mut self,
+        core: &mut Core,
+        api: &Api<K8sEvent>,
+        id: &Identity,
+        deadline: Instant,
+    ) -> Result<(), Refused> {
         match self.drain(core) {
             None => self.write_due(core, api, id, Some(deadline)).await,
             Some((later, reply)) => self.flush_and_answer(core, api, id, deadline.min(later), reply).await,
@@ -330,7 +336,9 @@ impl Task {
         replies.extend(self.drain(core).map(|(_, more)| more));
         let r = self.write_due(core, api, id, Some(deadline)).await;
         if core.pending() && r.is_ok() {
-            tracing::debug!("Kubernetes Events: writes still pending at the flush's deadline (retries wait their turn)");
+            tracing::debug!(
+                "Kubernetes Events: writes still pending at the flush's deadline (retries wait their turn)"
+            );
         }
         for reply in replies {
             let _ = reply.send(());
@@ -456,7 +464,8 @@ mod tests {
                         let mut body = vec![0; len];
                         conn.read_exact(&mut body).await.expect("body");
                         let mut words = head.split_whitespace();
-                        let (method, path) = (words.next().unwrap_or("").to_string(), words.next().unwrap_or("").to_string());
+                        let (method, path) =
+                            (words.next().unwrap_or("").to_string(), words.next().unwrap_or("").to_string());
                         let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
                         log.lock().expect("log").push((method.clone(), path, body.clone()));
                         let (status, reply) = match answer {
@@ -521,11 +530,20 @@ mod tests {
         let notes: Vec<&str> = posts.iter().filter_map(|(_, _, b)| b["note"].as_str()).collect();
         assert!(notes.contains(&"rank 5: CUDA error out of memory"), "{notes:?}");
         let first = &posts.iter().find(|(_, _, b)| b["note"] == "rank 3 exited with code 1").expect("first").2;
-        assert_eq!(first["regarding"], serde_json::json!({"apiVersion": "v1", "kind": "Pod", "name": "job-node-0-1-abcde", "namespace": "team", "uid": "0000-1111"}));
+        assert_eq!(
+            first["regarding"],
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod", "name": "job-node-0-1-abcde", "namespace": "team", "uid": "0000-1111"})
+        );
         assert_eq!(first["related"]["kind"], "TrainJob");
         assert_eq!(first["related"]["apiVersion"], "trainer.kubeflow.org/v1alpha1");
-        assert_eq!((first["reportingController"].as_str(), first["reportingInstance"].as_str()), (Some("trainlet"), Some("job-node-0-1-abcde")));
-        assert_eq!((first["type"].as_str(), first["reason"].as_str(), first["action"].as_str()), (Some("Warning"), Some("WorkerFailed"), Some("Fail")));
+        assert_eq!(
+            (first["reportingController"].as_str(), first["reportingInstance"].as_str()),
+            (Some("trainlet"), Some("job-node-0-1-abcde"))
+        );
+        assert_eq!(
+            (first["type"].as_str(), first["reason"].as_str(), first["action"].as_str()),
+            (Some("Warning"), Some("WorkerFailed"), Some("Fail"))
+        );
         let total: u64 = first["series"]["count"].as_u64().unwrap_or(1);
         let patched = patches.iter().filter_map(|(_, _, b)| b["series"]["count"].as_u64()).max();
         assert_eq!(patched.unwrap_or(total), 5, "{seen:#?}");

@@ -130,7 +130,9 @@ pub async fn identify(client: &kube::Client, known: Known, default_ns: &str) -> 
                     "no pod {namespace}/{name} (the host name): give the pod's name in POD_NAME (fieldRef metadata.name)"
                 ));
             }
-            Err(e) => tracing::debug!(error = %e, pod = %name, "events: the pod's uid is unknown (the Events name the pod without it)"),
+            Err(e) => {
+                tracing::debug!(error = %e, pod = %name, "events: the pod's uid is unknown (the Events name the pod without it)")
+            }
         }
     }
     let related = match (known.trainjob, jobset) {
@@ -191,7 +193,8 @@ pub fn object(id: &Identity, w: &Write, now: Timestamp, seq: u64) -> K8sEvent {
 
 /// The API's series: only for two occurrences or more.
 fn series(count: u32, now: Timestamp) -> Option<EventSeries> {
-    (count >= 2).then(|| EventSeries { count: i32::try_from(count).unwrap_or(i32::MAX), last_observed_time: MicroTime(now) })
+    (count >= 2)
+        .then(|| EventSeries { count: i32::try_from(count).unwrap_or(i32::MAX), last_observed_time: MicroTime(now) })
 }
 
 /// Do the write `w`; what the core makes of the answer, or [`Refused`].

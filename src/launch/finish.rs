@@ -162,6 +162,17 @@ pub(super) fn report(
     };
     // A served run's failure ends the run, not the pod.
     if plan.serve.is_none() {
+        // One Event for the job's failure: on the root cause's pod (the
+        // store host's when no failure is known).
+        let here = report.root_cause.as_ref().map_or(plan.serve_store, |f| f.host == plan.output.host);
+        if here {
+            crate::events::global().emit(crate::events::Event {
+                type_: crate::events::Type::Warning,
+                reason: "JobFailed",
+                action: "Fail",
+                note: line.clone(),
+            });
+        }
         termination_message(plan, &line);
         if let Some(path) = &plan.output.error_file {
             let now_s = crate::clock::now_us() / 1_000_000;
@@ -170,6 +181,35 @@ pub(super) fn report(
         }
     }
     report
+}
+
+/// The Event of a restart of the workers after `root` failed (the store
+/// host's). No counter in the note: repeats fold into one Event whose
+/// count is the restarts so far, of `--max-restarts`.
+pub(super) fn restarted(plan: &Plan, what: &str, root: Option<&Failure>) {
+    if !plan.serve_store {
+        return;
+    }
+    let why = root.map_or_else(String::new, |f| {
+        let line = f.cause_line.as_deref().or(f.message.as_deref()).unwrap_or_default();
+        format!(" after rank {} failed ({})", f.rank, line.lines().next().unwrap_or(""))
+    });
+    crate::events::global().emit(crate::events::Event {
+        type_: crate::events::Type::Normal,
+        reason: "Restarted",
+        action: "Restart",
+        note: format!("{what}{why}; --max-restarts {}", plan.max_restarts),
+    });
+}
+
+/// The Event of a pod that leaves the job because it is not healthy.
+pub(super) fn left_unhealthy(text: &str) {
+    crate::events::global().emit(crate::events::Event {
+        type_: crate::events::Type::Warning,
+        reason: "LeftUnhealthy",
+        action: "Leave",
+        note: format!("{text}; it leaves the job (a spare or a new pod takes its place)"),
+    });
 }
 
 /// Most bytes of a termination message Kubernetes keeps.

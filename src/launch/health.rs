@@ -31,7 +31,9 @@ pub(super) async fn before_round(plan: &Plan, spawner: &Spawner, gpus: bool) -> 
                 code,
                 "this pod is not healthy: {why}; it leaves the job instead of joining the next round"
             );
-            super::finish::termination_message(plan, &format!("this pod is not healthy (exit {code}): {why}"));
+            let text = format!("this pod is not healthy (exit {code}): {why}");
+            super::finish::left_unhealthy(&text);
+            super::finish::termination_message(plan, &text);
             Some(code)
         }
     }

@@ -558,6 +558,7 @@ impl Job {
             replica_group,
             "{what}"
         );
+        super::finish::restarted(plan, what, root_cause(d.failures));
         let _ = self.session.finish_round(round.number).await;
         if !wait.is_zero()
             && let Err(sig) = until_stop(&mut self.events, plan, tokio::time::sleep(wait)).await

@@ -64,6 +64,16 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// beside the job: its stop joins the job's events, and its code may
 /// replace the job's (`inplace::finish`).
 pub async fn run(plan: Plan, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8> {
+    // The pod's Kubernetes Events: every verdict below emits through the global handle.
+    let config = crate::events::Config::new(plan.events, &crate::env::Env::from_process());
+    crate::events::install(crate::events::Events::start(&config, &cancel));
+    let out = run_job(plan, events, cancel).await;
+    // What was emitted just before the end is written before the pod exits.
+    crate::events::global().finish(crate::events::FLUSH_BOUND).await;
+    out
+}
+
+async fn run_job(plan: Plan, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8> {
     let (mut agent, events) = match plan.in_place.clone() {
         Some(cfg) => {
             let (agent, merged) = inplace::start(&cfg, events, &cancel).await?;

@@ -102,7 +102,11 @@ impl Progress {
     /// A round ended with `root` as its first failure.
     fn failed(&self, root: Option<&Failure>) {
         if let Some(r) = root {
-            let why = if r.no_progress { "no progress".to_string() } else { r.exit().to_string() };
+            let why = match (r.no_progress, r.raised) {
+                (true, _) => "no progress".to_string(),
+                (false, true) => "raised an exception".to_string(),
+                (false, false) => r.exit().to_string(),
+            };
             // With the first line of the worker's error, as the termination message has it.
             let line = match (&r.stall, r.message.as_deref().and_then(|m| m.lines().next())) {
                 // A hang: who the job waited for, and where.

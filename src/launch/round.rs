@@ -48,6 +48,14 @@ pub(super) async fn stop_sync(
         max_restarts: plan.max_restarts,
     };
     let stalled = if end.as_ref().is_some_and(RoundEnd::is_hang) { Some(stalled(session, round).await?) } else { None };
+    if let Some(s) = stalled.as_ref().filter(|_| plan.serve_store) {
+        crate::events::global().emit(crate::events::Event {
+            type_: crate::events::Type::Warning,
+            reason: "JobHung",
+            action: "StopWorkers",
+            note: format!("the job hung in round {}: {}", round.number, s.stall.summary),
+        });
+    }
     let mut all = all;
     if let Some(s) = &stalled {
         // Every consumer of the failure (the termination message, the

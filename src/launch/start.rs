@@ -45,6 +45,7 @@ pub(super) async fn preflight(plan: &mut Plan, spawner: &Spawner) -> Option<u8> 
     }
     let (code, msg) = crate::gpu::preflight::first_failure(&verdicts)?;
     tracing::error!(code, "{msg}");
+    super::finish::left_unhealthy(&format!("this pod is not healthy (exit {code}): {msg}"));
     Some(code)
 }
 

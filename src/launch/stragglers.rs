@@ -226,6 +226,12 @@ async fn judge(dial: Dial, keys: Vec<String>, facts: Arc<watch::Sender<Facts>>, 
         }
         for s in &w.named {
             tracing::warn!(rank = s.rank, host = %s.host, score = s.score, "{}", s.line());
+            crate::events::global().emit(crate::events::Event {
+                type_: crate::events::Type::Warning,
+                reason: "Straggler",
+                action: "Report",
+                note: s.line(),
+            });
         }
         for (rank, host) in &w.cleared {
             tracing::info!(rank, %host, "rank {rank} ({host}) is no longer a straggler: the others wait for it no more than for anyone");

@@ -78,6 +78,15 @@ impl Session {
                 round.group_rank,
                 round.number
             );
+            crate::events::global().emit(crate::events::Event {
+                type_: crate::events::Type::Normal,
+                reason: "SpareTookRank",
+                action: "TakeRank",
+                note: format!(
+                    "this spare pod took group rank {} in round {} of {} pods, in the place of a pod that left",
+                    round.group_rank, round.number, round.nnodes
+                ),
+            });
         }
         Ok(())
     }

@@ -482,7 +482,8 @@ print(json.dumps(out))
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(rows.len(), files.len(), "one trainer container per runtime: {rows:?}");
-    let events_rule = serde_json::json!({"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]});
+    let events_rule =
+        serde_json::json!({"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]});
     for row in &rows {
         let what = format!("{} {}", row["file"], row["job"]);
         let sa = row["sa"].as_str().unwrap_or_else(|| panic!("{what}: no serviceAccountName"));
