@@ -77,6 +77,8 @@ mod pmi_bench;
 mod serve_bench;
 #[path = "stacks_bench.rs"]
 mod stacks_bench;
+#[path = "stragglers_bench.rs"]
+mod stragglers_bench;
 #[path = "../tests/support/mod.rs"]
 mod support;
 #[path = "torchft_bench.rs"]
@@ -829,6 +831,10 @@ fn main() -> std::process::ExitCode {
     }
     if on("stacks") {
         stacks_bench::gather(&mut rows, 5);
+        progress(&rows);
+    }
+    if on("stragglers") {
+        stragglers_bench::cost(&mut rows, 3);
         progress(&rows);
     }
     if on("actors") {
