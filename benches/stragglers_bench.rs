@@ -65,10 +65,7 @@ fn job(on: bool) -> (f64, u64) {
         if let Some(mut o) = p.stdout.take() {
             let _ = std::io::Read::read_to_string(&mut o, &mut out);
         }
-        steps += out
-            .lines()
-            .filter_map(|l| l.split("steps=").nth(1)?.trim().parse::<u64>().ok())
-            .sum::<u64>();
+        steps += out.lines().filter_map(|l| l.split("steps=").nth(1)?.trim().parse::<u64>().ok()).sum::<u64>();
     }
     // The kernel's clock ticks per second for /proc (USER_HZ: 100 on Linux).
     let hz = 100.0;

@@ -65,8 +65,14 @@ pub struct Metrics {
     memory_used: GaugeVec,
     memory_total: GaugeVec,
     temperature: GaugeVec,
+    sm_clock: GaugeVec,
+    sm_clock_max: GaugeVec,
+    clock_reasons: GaugeVec,
+    pcie_replays: GaugeVec,
     ecc: IntCounterVec,
     ecc_seen: Mutex<HashMap<(String, &'static str), u64>>,
+    /// The pod's GPUs that ran slow at the last sample, in words.
+    gpu_note: Mutex<Option<String>>,
     init: Mutex<Option<InitGauges>>,
 }
 
@@ -116,11 +122,19 @@ fn build() -> Result<Metrics, prometheus::Error> {
         memory_used: gauge_vec("trainlet_gpu_memory_used_bytes", "GPU memory in use.")?,
         memory_total: gauge_vec("trainlet_gpu_memory_total_bytes", "GPU memory in all.")?,
         temperature: gauge_vec("trainlet_gpu_temperature_celsius", "GPU core temperature.")?,
+        sm_clock: gauge_vec("trainlet_gpu_sm_clock_hertz", "SM clock now.")?,
+        sm_clock_max: gauge_vec("trainlet_gpu_sm_clock_max_hertz", "SM clock at most.")?,
+        clock_reasons: gauge_vec(
+            "trainlet_gpu_clock_event_reasons",
+            "Why the clocks are held down now: NVML's clocks event (throttle) reasons bit mask (0x4 power cap, 0x8 HW slowdown, 0x20/0x40 thermal, 0x80 power brake; 0x1 idle).",
+        )?,
+        pcie_replays: gauge_vec("trainlet_gpu_pcie_replays", "PCIe replays since the driver loaded.")?,
         ecc: IntCounterVec::new(
             Opts::new("trainlet_gpu_ecc_errors_total", "ECC errors since the driver loaded, by type."),
             &["gpu", "bus_id", "uuid", "type"],
         )?,
         ecc_seen: Mutex::new(HashMap::new()),
+        gpu_note: Mutex::new(None),
         init: Mutex::new(None),
         registry,
     };
@@ -142,7 +156,16 @@ fn build() -> Result<Metrics, prometheus::Error> {
     r.register(Box::new(progress.post_failures.clone()))?;
     r.register(Box::new(m.straggler_score.clone()))?;
     r.register(Box::new(m.nvml_up.clone()))?;
-    for g in [&m.utilization, &m.memory_used, &m.memory_total, &m.temperature] {
+    for g in [
+        &m.utilization,
+        &m.memory_used,
+        &m.memory_total,
+        &m.temperature,
+        &m.sm_clock,
+        &m.sm_clock_max,
+        &m.clock_reasons,
+        &m.pcie_replays,
+    ] {
         r.register(Box::new(g.clone()))?;
     }
     r.register(Box::new(m.ecc.clone()))?;
@@ -222,7 +245,23 @@ impl Metrics {
     }
 
     /// Record one NVML report for the pod's GPUs (CUDA order).
+    /// What the pod's GPUs said at the last sample that slows a rank: each
+    /// GPU whose clocks are held down (NVML's reasons, idle aside) or whose
+    /// SM clock is under 90% of its maximum while busy, and PCIe replays;
+    /// None when none does (or no GPU is sampled). The straggler verdict
+    /// quotes it.
+    pub fn gpu_note(&self) -> Option<String> {
+        self.gpu_note.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
     fn record(&self, gpus: &[Gpu], report: &Report) {
+        let notes: Vec<String> = gpus
+            .iter()
+            .enumerate()
+            .filter_map(|(i, g)| slow_gpu(i, report.gpus.iter().find(|n| n.bus_id == g.bus_id)?))
+            .collect();
+        *self.gpu_note.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            (!notes.is_empty()).then(|| notes.join("; "));
         for (i, g) in gpus.iter().enumerate() {
             let Some(n) = report.gpus.iter().find(|n| n.bus_id == g.bus_id) else { continue };
             let idx = i.to_string();
@@ -237,6 +276,10 @@ impl Metrics {
             set(&self.memory_used, n.memory_used.map(|b| b as f64));
             set(&self.memory_total, n.memory_total.map(|b| b as f64));
             set(&self.temperature, n.temperature.map(f64::from));
+            set(&self.sm_clock, n.sm_clock_mhz.map(|c| f64::from(c) * 1e6));
+            set(&self.sm_clock_max, n.sm_clock_max_mhz.map(|c| f64::from(c) * 1e6));
+            set(&self.clock_reasons, n.clock_reasons.map(|b| b as f64));
+            set(&self.pcie_replays, n.pcie_replays.map(f64::from));
             let mut seen = self.ecc_seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             for (kind, value) in [("corrected", n.ecc_corrected), ("uncorrected", n.ecc_uncorrected)] {
                 let Some(v) = value else { continue };
@@ -248,6 +291,32 @@ impl Metrics {
             }
         }
     }
+}
+
+/// GPU `i` in words when it runs slow (see [`Metrics::gpu_note`]).
+fn slow_gpu(i: usize, n: &crate::gpu::nvml::NvmlGpu) -> Option<String> {
+    let reasons = n.clock_reasons.map(crate::gpu::clock_reasons).unwrap_or_default();
+    let busy = n.utilization.is_some_and(|u| u > 0);
+    let clocks = match (n.sm_clock_mhz, n.sm_clock_max_mhz) {
+        (Some(c), Some(m)) if m > 0 => Some((c, m, u64::from(c) * 10 < u64::from(m) * 9)),
+        _ => None,
+    };
+    let replays = n.pcie_replays.filter(|r| *r > 0);
+    let low = clocks.is_some_and(|(_, _, low)| low && busy);
+    if reasons.is_empty() && !low && replays.is_none() {
+        return None;
+    }
+    let mut s = format!("GPU {i}");
+    if let Some((c, m, _)) = clocks {
+        s.push_str(&format!(" SM at {c} of {m} MHz"));
+    }
+    if !reasons.is_empty() {
+        s.push_str(&format!(" ({})", reasons.join(", ")));
+    }
+    if let Some(r) = replays {
+        s.push_str(&format!(", {r} PCIe replays"));
+    }
+    Some(s)
 }
 
 /// Serve `GET /metrics` on `addr` until `cancel`.

@@ -162,3 +162,39 @@ mod tests {
         assert_eq!(normalize_bus_id(raw).as_deref(), want);
     }
 }
+
+/// NVML's clocks event (throttle) reasons, by bit (`nvml.h`).
+const CLOCK_REASONS: &[(u64, &str)] = &[
+    (0x1, "idle"),
+    (0x2, "applications clocks setting"),
+    (0x4, "software power cap"),
+    (0x8, "hardware slowdown"),
+    (0x10, "sync boost"),
+    (0x20, "software thermal slowdown"),
+    (0x40, "hardware thermal slowdown"),
+    (0x80, "hardware power brake"),
+    (0x100, "display clock setting"),
+];
+
+/// The reasons of NVML's bit mask that slow a busy GPU, in words (idle,
+/// which only says no kernel runs, is left out; unknown bits are named by
+/// their value).
+pub fn clock_reasons(bits: u64) -> Vec<String> {
+    let mut out: Vec<String> =
+        CLOCK_REASONS.iter().filter(|(b, _)| bits & b != 0 && *b != 0x1).map(|(_, n)| (*n).to_string()).collect();
+    let known = CLOCK_REASONS.iter().fold(0, |all, (b, _)| all | b);
+    if bits & !known != 0 {
+        out.push(format!("reason {:#x}", bits & !known));
+    }
+    out
+}
+
+#[cfg(test)]
+mod clock_tests {
+    #[test]
+    fn clock_reasons_are_named_and_idle_is_not_a_slowdown() {
+        assert!(super::clock_reasons(0x1).is_empty());
+        assert_eq!(super::clock_reasons(0x4 | 0x40), ["software power cap", "hardware thermal slowdown"]);
+        assert_eq!(super::clock_reasons(0x8 | 0x1000), ["hardware slowdown", "reason 0x1000"]);
+    }
+}

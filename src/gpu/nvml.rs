@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use nvml_wrapper::Nvml;
-use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::error::NvmlError;
 use serde::{Deserialize, Serialize};
 
@@ -60,6 +60,19 @@ pub struct NvmlGpu {
     pub numa_node: Option<u32>,
     /// CPUs NVML says are close to it (a cpulist).
     pub cpus: Option<String>,
+    /// SM clock now, MHz.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_clock_mhz: Option<u32>,
+    /// Its maximum, MHz.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_clock_max_mhz: Option<u32>,
+    /// Why the clocks are held down now: NVML's clocks event (throttle)
+    /// reasons, a bit mask (`super::clock_reasons` names them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_reasons: Option<u64>,
+    /// PCIe replays since the driver loaded (a degrading link).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_replays: Option<u32>,
 }
 
 /// What the probe prints: one JSON object per line.
@@ -145,6 +158,10 @@ fn sample(nvml: &Nvml) -> Result<Report, NvmlError> {
         g.utilization = ok(dev.utilization_rates(), &mut lost).map(|u| u.gpu);
         g.temperature = ok(dev.temperature(TemperatureSensor::Gpu), &mut lost);
         g.numa_node = ok(dev.numa_node_id(), &mut lost);
+        g.sm_clock_mhz = ok(dev.clock_info(Clock::SM), &mut lost);
+        g.sm_clock_max_mhz = ok(dev.max_clock_info(Clock::SM), &mut lost);
+        g.clock_reasons = ok(dev.current_throttle_reasons(), &mut lost).map(|r| r.bits());
+        g.pcie_replays = ok(dev.pcie_replay_counter(), &mut lost);
         g.cpus = ok(dev.cpu_affinity(words), &mut lost)
             .map(|mask| super::CpuSet::of(crate::sys::mask_ids(&mask)).to_string());
         g.error = g.error.or(gone);

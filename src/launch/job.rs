@@ -177,7 +177,8 @@ impl Job {
             None => None,
         };
         // Stopped (its NVML child killed) when the job ends.
-        let sampler = (plan.gpu.metrics_addr.is_some() && !plan.gpu.gpus.is_empty()).then(|| {
+        let sampled = plan.gpu.metrics_addr.is_some() || plan.health.stragglers;
+        let sampler = (sampled && !plan.gpu.gpus.is_empty()).then(|| {
             crate::metrics::sample_gpus(spawner.clone(), plan.gpu.gpus.clone(), METRICS_EVERY, plan.gpu.nvml_timeout)
         });
         crate::process::oom::warn_if_group_kill(&plan.gpu.root);

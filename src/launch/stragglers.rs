@@ -157,7 +157,9 @@ async fn sample(dial: Dial, key: String, cancel: CancellationToken) {
         let full = !fewest.is_empty() && fewest.values().all(|n| *n >= straggle::MIN_SAMPLES);
         if (window.elapsed() >= WINDOW && full) || window.elapsed() >= MAX_WINDOW {
             seq += 1;
-            let report = Report { seq, ranks: tally.take() };
+            let gpu = crate::metrics::global().gpu_note();
+            let ranks = tally.take().into_iter().map(|t| RankTally { gpu: gpu.clone(), ..t }).collect();
+            let report = Report { seq, ranks };
             fewest.clear();
             window = Instant::now();
             let body = serde_json::to_vec(&report).unwrap_or_default();
@@ -253,5 +255,6 @@ fn cleaned(mut t: RankTally) -> RankTally {
     if let Some((_, at)) = &mut t.at {
         *at = crate::stacks::clean(at);
     }
+    t.gpu = t.gpu.map(|g| crate::stacks::clean(&g));
     t
 }

@@ -138,6 +138,10 @@ pub struct RankTally {
     /// what state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<(State, String)>,
+    /// What its pod's GPUs said, when one ran slow (NVML: clocks held down
+    /// and why, PCIe replays).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
 }
 
 impl RankTally {
@@ -223,16 +227,21 @@ pub struct Straggler {
     pub others: usize,
     /// What it did most when not waiting, and where.
     pub at: Option<(State, String)>,
+    /// What its pod's GPUs said, when one ran slow.
+    pub gpu: Option<String>,
 }
 
 impl Straggler {
     /// The verdict in one line.
     pub fn line(&self) -> String {
         let pct = |x: f64| (x * 100.0).round();
-        let what = match &self.at {
+        let mut what = match &self.at {
             Some((state, at)) => format!("; it {} in {at}", state.doing()),
             None => String::new(),
         };
+        if let Some(gpu) = &self.gpu {
+            what.push_str(&format!("; its pod's {gpu}"));
+        }
         format!(
             "rank {} ({}) is a straggler: the other {} wait for it {:.0}% of the time (it waits {:.0}%){what}",
             self.rank,
@@ -295,6 +304,7 @@ impl Judge {
                     own_wait: own,
                     others: others.len(),
                     at: t.at.clone(),
+                    gpu: t.gpu.clone(),
                 });
             } else if !behind && let Some(host) = self.named.remove(&t.rank) {
                 out.cleared.push((t.rank, host));
@@ -372,6 +382,9 @@ mod tests {
         assert!((s.score - 0.3).abs() < 0.02, "{s:?}");
         assert_eq!(s.line(), "rank 3 (pod-1) is a straggler: the other 3 wait for it 32% of the time (it waits 2%)");
         assert!(j.window(&slowed()).named.is_empty(), "named once");
+        let hot =
+            Straggler { gpu: Some("GPU 1 SM at 1200 of 1980 MHz (hardware thermal slowdown)".into()), ..s.clone() };
+        assert!(hot.line().ends_with("; its pod's GPU 1 SM at 1200 of 1980 MHz (hardware thermal slowdown)"));
         let healthy = vec![tally(0, 10, 40), tally(1, 11, 39), tally(2, 9, 41), tally(3, 10, 40)];
         let w = j.window(&healthy);
         assert_eq!(w.cleared, [(3, "pod-1".to_string())]);
