@@ -177,10 +177,7 @@ impl Job {
             None => None,
         };
         // Stopped (its NVML child killed) when the job ends.
-        let sampled = plan.gpu.metrics_addr.is_some() || plan.health.stragglers;
-        let sampler = (sampled && !plan.gpu.gpus.is_empty()).then(|| {
-            crate::metrics::sample_gpus(spawner.clone(), plan.gpu.gpus.clone(), METRICS_EVERY, plan.gpu.nvml_timeout)
-        });
+        let sampler = start::gpu_sampler(&plan, &spawner, METRICS_EVERY);
         crate::process::oom::warn_if_group_kill(&plan.gpu.root);
         let (log_root, files_ok) = start::log_files(&plan)?;
         // JobSet's barrier: every pod wrote the same in-place restart attempt.

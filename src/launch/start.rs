@@ -49,6 +49,19 @@ pub(super) async fn preflight(plan: &mut Plan, spawner: &Spawner) -> Option<u8> 
     Some(code)
 }
 
+/// The pod's GPUs sampled through NVML every `every`, for the metrics
+/// (`--metrics-addr`) and for a straggler's verdict (`--stragglers`); None
+/// without GPUs or either.
+pub(super) fn gpu_sampler(
+    plan: &Plan,
+    spawner: &Spawner,
+    every: std::time::Duration,
+) -> Option<crate::metrics::GpuSampler> {
+    let sampled = plan.gpu.metrics_addr.is_some() || plan.health.stragglers;
+    (sampled && !plan.gpu.gpus.is_empty())
+        .then(|| crate::metrics::sample_gpus(spawner.clone(), plan.gpu.gpus.clone(), every, plan.gpu.nvml_timeout))
+}
+
 /// The rendezvous' timing, from the plan.
 pub(super) fn timing(plan: &Plan) -> Timing {
     Timing {

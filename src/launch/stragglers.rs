@@ -222,6 +222,9 @@ async fn judge(dial: Dial, keys: Vec<String>, facts: Arc<watch::Sender<Facts>>, 
         since = Instant::now();
         let ranks: Vec<RankTally> = fresh.iter_mut().filter_map(Option::take).flatten().map(cleaned).collect();
         let w = judge.window(&ranks);
+        let counts: Vec<(u32, u32, u32, u32, u32)> =
+            ranks.iter().map(|t| (t.rank, t.wait, t.loader, t.io, t.compute)).collect();
+        tracing::debug!(?counts, scores = ?w.scores, "straggler window: (rank, wait, loader, io, compute) samples, and scores");
         let metrics = crate::metrics::global();
         for (rank, score) in &w.scores {
             metrics.straggler_score.with_label_values(&[&rank.to_string()]).set(*score);
