@@ -9,9 +9,11 @@
 //! in the TrainJob's `trainerStatus`.
 //!
 //! The sampling's cost is bounded: after a pass over the pod's workers
-//! that took t, the next starts [`COST_FACTOR`] x t later, never sooner
-//! than [`MIN_PERIOD`] (jittered by up to a fifth either way, so no step
-//! period aliases with it): the sampler's time is at most 1% of a core.
+//! that used t of CPU time (its thread's, measured: on a loaded machine
+//! the wait for a CPU is not its cost), the next starts [`COST_FACTOR`] x
+//! t after it began, and never sooner than [`MIN_PERIOD`], jittered by up
+//! to a fifth either way so that no step period aliases with it: the
+//! sampler uses at most 1% of a core.
 //! Nothing here can stop or slow the workers: a store that cannot be
 //! reached costs a window's counts and a debug line, and the tasks end
 //! with the round.
@@ -142,13 +144,14 @@ async fn sample(dial: Dial, key: String, cancel: CancellationToken) {
         let (host, live) = crate::supervise::hang_read::live();
         let Some(mut s) = sampler.take() else { return };
         let read = tokio::task::spawn_blocking(move || {
+            let cpu = crate::sys::thread_cpu();
             let pids: Vec<(i32, u64)> = live.iter().map(|&(_, pid, start)| (pid, start)).collect();
             s.keep(&pids);
             let got: Vec<_> =
                 live.iter().filter_map(|&(rank, pid, start)| Some((rank, s.sample(pid, start)?))).collect();
-            (s, got)
+            (s, got, crate::sys::thread_cpu().saturating_sub(cpu))
         });
-        let Ok((s, got)) = read.await else { return };
+        let Ok((s, got, spent)) = read.await else { return };
         sampler = Some(s);
         for (rank, one) in got {
             tally.add(rank, &host, straggle::classify(&one.frames, one.blocked_in));
@@ -175,9 +178,11 @@ async fn sample(dial: Dial, key: String, cancel: CancellationToken) {
                 client = None;
             }
         }
-        let took = began.elapsed();
+        // The pass's own CPU time: on a loaded machine, its wait for a CPU
+        // is not the sampler's cost. The jitter only lengthens the least
+        // period, so the bound holds.
         let jitter = 0.8 + 0.4 * (crate::sys::random_u64() % 1000) as f64 / 1000.0;
-        let pause = took.saturating_mul(COST_FACTOR).max(MIN_PERIOD).mul_f64(jitter);
+        let pause = spent.saturating_mul(COST_FACTOR).max(MIN_PERIOD.mul_f64(jitter));
         tokio::select! {
             () = cancel.cancelled() => return,
             () = tokio::time::sleep_until(began + pause) => {}

@@ -269,6 +269,19 @@ pub fn own_group() -> i32 {
     nix::unistd::getpgrp().as_raw()
 }
 
+/// The CPU time (user and system) the calling thread has used so far;
+/// zero when the kernel does not say.
+pub fn thread_cpu() -> std::time::Duration {
+    use nix::sys::resource::{UsageWho, getrusage};
+    getrusage(UsageWho::RUSAGE_THREAD).map_or(std::time::Duration::ZERO, |u| {
+        let tv = |t: nix::sys::time::TimeVal| {
+            std::time::Duration::from_secs(u64::try_from(t.tv_sec()).unwrap_or(0))
+                + std::time::Duration::from_micros(u64::try_from(t.tv_usec()).unwrap_or(0))
+        };
+        tv(u.user_time()) + tv(u.system_time())
+    })
+}
+
 /// 64 unpredictable-enough bits (std's per-process hash keys over pid and
 /// time) for ids and nonces; not for cryptography.
 pub fn random_u64() -> u64 {

