@@ -18,7 +18,6 @@
 //! reached costs a window's counts and a debug line, and the tasks end
 //! with the round.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -138,7 +137,6 @@ async fn sample(dial: Dial, key: String, cancel: CancellationToken) {
     let mut client: Option<Client> = None;
     let mut window = Instant::now();
     let mut seq = 0u64;
-    let mut fewest: HashMap<u32, u32> = HashMap::new();
     loop {
         let began = Instant::now();
         let (host, live) = crate::supervise::hang_read::live();
@@ -155,15 +153,13 @@ async fn sample(dial: Dial, key: String, cancel: CancellationToken) {
         sampler = Some(s);
         for (rank, one) in got {
             tally.add(rank, &host, straggle::classify(&one.frames, one.blocked_in));
-            *fewest.entry(rank).or_default() += 1;
         }
-        let full = !fewest.is_empty() && fewest.values().all(|n| *n >= straggle::MIN_SAMPLES);
+        let full = tally.fewest().is_some_and(|n| n >= straggle::MIN_SAMPLES);
         if (window.elapsed() >= WINDOW && full) || window.elapsed() >= MAX_WINDOW {
             seq += 1;
             let gpu = crate::metrics::global().gpu_note();
             let ranks = tally.take().into_iter().map(|t| RankTally { gpu: gpu.clone(), ..t }).collect();
             let report = Report { seq, ranks };
-            fewest.clear();
             window = Instant::now();
             let body = serde_json::to_vec(&report).unwrap_or_default();
             let put = async {

@@ -191,6 +191,11 @@ impl Tally {
         }
     }
 
+    /// The fewest samples of any rank in this window (None: no rank yet).
+    pub fn fewest(&self) -> Option<u32> {
+        self.ranks.values().map(|(t, _)| t.samples()).min()
+    }
+
     /// The window's counts, and a new window.
     pub fn take(&mut self) -> Vec<RankTally> {
         std::mem::take(&mut self.ranks)
