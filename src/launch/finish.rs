@@ -191,8 +191,11 @@ pub(super) fn restarted(plan: &Plan, what: &str, root: Option<&Failure>) {
         return;
     }
     let why = root.map_or_else(String::new, |f| {
-        let line = f.cause_line.as_deref().or(f.message.as_deref()).unwrap_or_default();
-        format!(" after rank {} failed ({})", f.rank, line.lines().next().unwrap_or(""))
+        let line = f.cause_line.as_deref().or(f.message.as_deref()).and_then(|l| l.lines().next());
+        match line.map(str::trim).filter(|l| !l.is_empty()) {
+            Some(line) => format!(" after rank {} failed ({line})", f.rank),
+            None => format!(" after rank {} failed", f.rank),
+        }
     });
     crate::events::global().emit(crate::events::Event {
         type_: crate::events::Type::Normal,

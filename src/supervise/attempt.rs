@@ -249,7 +249,7 @@ async fn supervise(
 }
 
 /// Longest wait for every pod's stacks before the Flight Recorder's dumps
-/// are asked for (a pod hearing the hang reads its own within a second).
+/// are asked for (a pod hearing the hang reads its own within 2.3 s).
 const STACKS_IN_WAIT: Duration = Duration::from_secs(5);
 /// Longest wait for every pod's dumps before this pod stops its workers,
 /// past its own (every pod asks at once, once all stacks are in). With

@@ -24,6 +24,14 @@ use crate::supervise::crew::Crew;
 use crate::supervise::policy::Attempt;
 use crate::supervise::worker::WorldView;
 
+/// Longest one worker's read at a hang verdict takes. The verdict's
+/// stacks are the record people read, taken once per hang, so they get
+/// more time than a read on demand ([`Limits::default`]): on a loaded
+/// machine (CI's 2 CPUs with the suite's builds and tests beside it) a full
+/// read of a torch worker inside gloo's all_reduce took 234 ms, past the
+/// 200 ms default, and the verdict could not tell that rank from the one
+/// it waited for. Every pod waits 5 s for the others' stacks.
+const HANG_READ_TIME: Duration = Duration::from_millis(1500);
 /// Longest the whole capture waits, over the per-worker bound.
 const CAPTURE_MARGIN: Duration = Duration::from_millis(800);
 /// How much sooner than the capture's end its reads stop by themselves
@@ -44,7 +52,8 @@ pub(super) async fn capture(world: &WorldView<'_>, core: &Attempt, crew: &Crew) 
         })
         .collect();
     live.sort_unstable();
-    let out = read_all(&world.plan.output.host, (world.group_rank, lane_of(world)), live).await;
+    let limits = Limits { time: HANG_READ_TIME, ..Limits::default() };
+    let out = read_all(&world.plan.output.host, (world.group_rank, lane_of(world)), live, limits).await;
     let took: f64 = out.iter().map(|r| r.stacks.took_ms).fold(0.0, f64::max);
     tracing::info!(workers = out.len(), slowest_ms = took, "read the workers' stacks before stopping them");
     out
@@ -56,8 +65,12 @@ pub(super) async fn capture(world: &WorldView<'_>, core: &Attempt, crew: &Crew) 
 /// behind and said so, and no second read of a worker starts while one is
 /// still going (a worker stuck in the kernel, or hostile to the reader,
 /// holds one thread, not one per request).
-async fn read_all(host: &str, (node_rank, lane): (u32, Option<u64>), workers: Vec<(u32, u32, i32)>) -> Vec<RankStacks> {
-    let limits = Limits::default();
+async fn read_all(
+    host: &str,
+    (node_rank, lane): (u32, Option<u64>),
+    workers: Vec<(u32, u32, i32)>,
+    limits: Limits,
+) -> Vec<RankStacks> {
     let deadline = tokio::time::Instant::now() + limits.time + CAPTURE_MARGIN;
     let end = deadline.into_std().checked_sub(READ_MARGIN);
     let reads: Vec<_> = workers
@@ -254,7 +267,7 @@ pub(crate) async fn read_live() -> Vec<RankStacks> {
         (live.host.clone(), (live.node_rank, live.lane), live.workers.clone())
     };
     let running = workers.into_iter().filter(|w| crate::sys::is_same_process(w.2, w.3));
-    read_all(&host, at, running.map(|(rank, lr, pid, _)| (rank, lr, pid)).collect()).await
+    read_all(&host, at, running.map(|(rank, lr, pid, _)| (rank, lr, pid)).collect(), Limits::default()).await
 }
 
 /// This pod's stacks: its own workers' and those of the lane agents it

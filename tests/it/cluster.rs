@@ -15,7 +15,9 @@
 //! - The Kubeflow SDK, the MPI, initializer, DeepSpeed and `trainlet-dev`
 //!   runtimes run on the nodes too.
 //! - A spare takes a deleted training pod's rank (`cluster/spares.rs`).
-//! - trainlet's Kubernetes Events are counted, not a flood, and a missing
+//! - Its verdicts are Kubernetes Events, one each: a counted restart, a
+//!   failure, a hang, a pod that leaves with 207, a spare taking a rank, a
+//!   straggler; repeats are counted, not a flood, and a missing
 //!   permission is one warning (`cluster/events.rs`).
 //!
 //! PyTorch comes from the test venv through a read-only hostPath volume
@@ -46,6 +48,7 @@ mod driver;
 mod events;
 mod inplace;
 mod spares;
+mod stragglers;
 mod torchft;
 
 /// The cluster tests share one cluster (`support::cluster::shared`) and
@@ -359,6 +362,45 @@ fn pods_until(job: &str, what: &str, pred: impl Fn(&BTreeMap<String, serde_json:
     wait_for(job, what, Duration::from_secs(120), || pred(&pods_of(job)).then_some(()));
 }
 
+/// The Events trainlet wrote with `reason` about the pods of TrainJob
+/// `job`, in this thread's namespace.
+fn events_of(job: &str, reason: &str) -> Vec<serde_json::Value> {
+    let prefix = format!("{job}-");
+    get_json(&["events.v1.events.k8s.io"])["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            e["reportingController"] == "trainlet"
+                && e["reason"] == reason
+                && e["regarding"]["name"].as_str().is_some_and(|n| n.starts_with(&prefix))
+        })
+        .cloned()
+        .collect()
+}
+
+/// How many times an Event happened: its series' count, else once.
+fn count_of(event: &serde_json::Value) -> u64 {
+    event["series"]["count"].as_u64().unwrap_or(1)
+}
+
+/// The one Event trainlet writes with `reason` about TrainJob `job`'s
+/// pods, once it counts `times` (60 s at most: a pod writes its last ones
+/// as it exits): a single object, related to the TrainJob.
+fn one_event(job: &str, reason: &str, times: u64) -> serde_json::Value {
+    let events = wait_for(job, &format!("{times} {reason} Event(s)"), Duration::from_secs(60), || {
+        let e = events_of(job, reason);
+        (e.iter().map(count_of).sum::<u64>() >= times).then_some(e)
+    });
+    assert_eq!(events.len(), 1, "one {reason} Event, counted, not one per time: {events:#?}");
+    let event = events.into_iter().next().unwrap_or_default();
+    assert_eq!(count_of(&event), times, "{event:#}");
+    assert_eq!(event["regarding"]["kind"], "Pod", "{event:#}");
+    assert_eq!(event["related"]["kind"], "TrainJob", "{event:#}");
+    assert_eq!(event["related"]["name"], job, "{event:#}");
+    event
+}
+
 fn metric(tj: &serde_json::Value, name: &str) -> Option<String> {
     tj["status"]["trainerStatus"]["metrics"]
         .as_array()?
@@ -375,13 +417,14 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
     assert!(ok, "{out}");
     let limit = Duration::from_secs(300);
 
-    // 1. A 2 x 2 job whose rank 2 fails once (exit 1, restarted in place
-    // by trainlet under PET_MAX_RESTARTS=1) completes with the parameters
-    // of an uninterrupted run, and its progress, the restart included,
+    // 1. A 2 x 2 job whose rank 2 fails twice (exit 1, restarted in place
+    // by trainlet under PET_MAX_RESTARTS=2) completes with the parameters
+    // of an uninterrupted run, and its progress, the restarts included,
     // reaches the TrainJob through Trainer's status server (the relay finds
-    // it by cluster DNS and trusts Trainer's CA).
+    // it by cluster DNS and trusts Trainer's CA). The restarts are one
+    // Event, counted.
     let ckpt = tempfile::tempdir().expect("tmp");
-    let env = [("STEPS", "20"), ("FAIL_AT", "2@0"), ("FAIL_CODE", "1"), ("PET_MAX_RESTARTS", "1")];
+    let env = [("STEPS", "20"), ("FAIL_AT", "2@0,2@1"), ("FAIL_CODE", "1"), ("PET_MAX_RESTARTS", "2")];
     let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &ddp_job("ddp", ckpt.path(), &env));
     assert!(ok, "{out}");
     assert_eq!(finished("ddp", limit), "Complete", "{}", diagnose("ddp"));
@@ -397,8 +440,12 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
     assert_eq!((digest.as_str(), world.as_str()), (crate::fault::reference_of("20").as_str(), "world=4"), "{logs}");
     let tj = get_json(&["trainjob", "ddp"]);
     assert_eq!(metric(&tj, "trainlet.world_size").as_deref(), Some("4"), "{tj}");
-    assert_eq!(metric(&tj, "trainlet.restarts").as_deref(), Some("1"), "{tj}");
+    assert_eq!(metric(&tj, "trainlet.restarts").as_deref(), Some("2"), "{tj}");
     assert!(logs.contains("FAILING rank=2"), "{logs}");
+    let restarted = one_event("ddp", "Restarted", 2);
+    assert_eq!(restarted["type"], "Normal", "{restarted:#}");
+    let note = restarted["note"].as_str().unwrap_or_default();
+    assert!(note.contains("restarting every pod's workers after rank 2 failed") && note.contains("--max-restarts 2"), "{note}");
 
     // 2. A pod deleted mid-run: trainlet, its PID 1, stops its workers and
     // exits 143 (the runtime's podFailurePolicy ignores it), the Job makes
@@ -473,6 +520,10 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
         .map(str::to_string)
         .collect();
     assert!(messages.iter().any(|m| m.contains("(exit code 3) matched a fail rule")), "{messages:?}");
+    // One Event of the failure, on the root cause's pod, with its cause.
+    let failed = one_event("bug", "JobFailed", 1);
+    assert_eq!(failed["type"], "Warning", "{failed:#}");
+    assert!(failed["note"].as_str().is_some_and(|n| n.contains("(exit code 3) matched a fail rule")), "{failed:#}");
     let jobset = get_json(&["jobset", "bug"]);
     assert_eq!(jobset["status"]["restarts"].as_u64().unwrap_or(0), 0, "{jobset}");
 
@@ -513,7 +564,34 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
         metric(&get_json(&["trainjob", "hang"]), "trainlet.last_failure").filter(|f| f.starts_with("hung: "))
     });
     assert!(want.starts_with(&status["hung: ".len()..]), "{status}");
+    // One Event of the hang (the store host's), naming the stalled rank
+    // and where, beside the job's failure.
+    let hung = one_event("hang", "JobHung", 1);
+    assert!(hung["note"].as_str().is_some_and(|n| n.contains(want)), "{hung:#}");
+    assert!(one_event("hang", "JobFailed", 1)["note"].as_str().is_some_and(|n| n.contains(want)));
     let (ok, out) = kubectl(&["delete", "trainjob", "hang", "--wait=false"]);
+    assert!(ok, "{out}");
+
+    // 6. A pod that is not healthy (a /dev/shm smaller than --min-shm
+    // asks for) leaves with 207 before its first round, says why in its
+    // termination message and in one Event.
+    let env = [("TRAINLET_MIN_SHM", "100000G")];
+    let job = job_on("trainlet-torch-distributed", "sick", "[torchrun, /fixtures/all_reduce.py]", &env, &[])
+        .replace("numNodes: 2", "numNodes: 1");
+    let (ok, out) = kubectl_stdin(&["apply", "-f", "-"], &job);
+    assert!(ok, "{out}");
+    let left = one_event("sick", "LeftUnhealthy", 1);
+    let note = left["note"].as_str().unwrap_or_default();
+    assert!(note.contains("not healthy (exit 207): /dev/shm is") && note.contains("--min-shm"), "{note}");
+    let pod = left["regarding"]["name"].as_str().unwrap_or_default().to_string();
+    let state = wait_for("sick", "the unhealthy pod's end", limit, || {
+        let p = get_json(&["pod", &pod]);
+        p["status"]["containerStatuses"][0]["state"]["terminated"].is_object().then_some(p)
+    });
+    let terminated = &state["status"]["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!(terminated["exitCode"], 207, "{terminated:#}");
+    assert!(terminated["message"].as_str().is_some_and(|m| m.contains("/dev/shm is")), "{terminated:#}");
+    let (ok, out) = kubectl(&["delete", "trainjob", "sick", "--wait=false"]);
     assert!(ok, "{out}");
 }
 

@@ -4,7 +4,8 @@
 //! spare takes the lost pod's group rank in the next round, the TrainJob
 //! completes with the parameters of an uninterrupted run and without a
 //! JobSet restart, and the pod the Job makes in place of the deleted one
-//! waits as the next spare until the job ends. And a training pod whose
+//! waits as the next spare until the job ends; the takeover is an Event
+//! on the spare's pod. And a training pod whose
 //! trainlet (PID 1) the node kills with SIGKILL, as the OOM killer or a
 //! crash would end it, is replaced by the spare on its closed store
 //! connection, not after its heartbeat timeout.
@@ -107,6 +108,12 @@ fn a_spare_takes_a_deleted_training_pods_rank_and_the_trainjob_completes_without
     let tj = get_json(&["trainjob", "spare"]);
     assert_eq!(super::metric(&tj, "trainlet.spare_takeovers").as_deref(), Some("1"), "{tj}");
     assert_eq!(super::metric(&tj, "trainlet.world_size").as_deref(), Some("4"), "{tj}");
+    // One Event on the spare's pod: which rank it took, and why.
+    let took = super::one_event("spare", "SpareTookRank", 1);
+    assert_eq!(took["regarding"]["name"], before[&spare]["metadata"]["name"], "{took:#}");
+    let rank = lost_rank.trim_start_matches("group_rank=");
+    let note = took["note"].as_str().unwrap_or_default();
+    assert!(note.contains(&format!("took group rank {rank} in round")) && note.contains("a pod that left"), "{note}");
 }
 
 /// Seconds since the epoch of a tracing line's timestamp
