@@ -445,7 +445,10 @@ fn a_trainjob_runs_on_real_nodes_under_trainlet_survives_a_deleted_pod_and_fails
     let restarted = one_event("ddp", "Restarted", 2);
     assert_eq!(restarted["type"], "Normal", "{restarted:#}");
     let note = restarted["note"].as_str().unwrap_or_default();
-    assert!(note.contains("restarting every pod's workers after rank 2 failed") && note.contains("--max-restarts 2"), "{note}");
+    assert!(
+        note.contains("restarting every pod's workers after rank 2 failed") && note.contains("--max-restarts 2"),
+        "{note}"
+    );
 
     // 2. A pod deleted mid-run: trainlet, its PID 1, stops its workers and
     // exits 143 (the runtime's podFailurePolicy ignores it), the Job makes
