@@ -396,6 +396,9 @@ pub struct RunArgs {
     /// Name the ranks the others wait for while the job runs, from the workers' stacks sampled at a low rate (at most 1% of a core per pod): on (default) or off (env TRAINLET_STRAGGLERS).
     #[arg(long, value_name = "on|off", help_heading = "failure policy and preemption")]
     pub stragglers: Option<String>,
+    /// With spares: a pod whose rank has been named a straggler this many seconds leaves the job with 207, and a spare takes its rank (default off, env TRAINLET_EVICT_STRAGGLERS).
+    #[arg(long = "evict-stragglers", value_name = "SECS", help_heading = "failure policy and preemption")]
+    pub evict_stragglers: Option<String>,
     /// Seconds to wait after SIGKILL before abandoning a worker as unkillable (default 3, env TRAINLET_KILL_TIMEOUT).
     #[arg(long = "kill-timeout", value_name = "SECS", help_heading = "failure policy and preemption")]
     pub kill_timeout: Option<String>,

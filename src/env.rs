@@ -88,6 +88,8 @@ pub const TRAINLET_CHECKPOINT_DIR: &str = "TRAINLET_CHECKPOINT_DIR";
 pub const TRAINLET_MIN_SHM: &str = "TRAINLET_MIN_SHM";
 /// `--stragglers`: name the ranks the others wait for, `on` or `off`.
 pub const TRAINLET_STRAGGLERS: &str = "TRAINLET_STRAGGLERS";
+/// `--evict-stragglers`: seconds a rank is a straggler before its pod leaves (with spares).
+pub const TRAINLET_EVICT_STRAGGLERS: &str = "TRAINLET_EVICT_STRAGGLERS";
 /// `--spares`: pods of the job that wait warm to take a lost pod's place.
 pub const TRAINLET_SPARES: &str = "TRAINLET_SPARES";
 /// `--kill-timeout`.

@@ -1,12 +1,13 @@
 //! `--checkpoint-dir` and `--min-shm`: what a pod checks of itself before
 //! every round besides its GPUs (`crate::launch` leaves with 207 when a
 //! check fails); `--stragglers`: whether it watches its workers for the
-//! ranks the others wait for while they run.
+//! ranks the others wait for while they run, and `--evict-stragglers`:
+//! how long one may be named before its pod leaves for a spare.
 
 use std::path::PathBuf;
 
 use super::Error;
-use super::setting::{Settings, invalid, lookup};
+use super::setting::{Settings, invalid, lookup, parse_secs};
 use crate::cli::RunArgs;
 use crate::env;
 
@@ -19,6 +20,9 @@ pub struct Health {
     pub min_shm: Option<u64>,
     /// Sample the workers' stacks and name stragglers (`--stragglers`).
     pub stragglers: bool,
+    /// A pod whose rank has been named a straggler this long leaves with
+    /// 207 for a spare (`--evict-stragglers`; None: never).
+    pub evict_stragglers: Option<std::time::Duration>,
 }
 
 /// Resolve the health checks.
@@ -51,12 +55,29 @@ pub(super) fn resolve(args: &RunArgs, s: &mut Settings<'_>) -> Result<Health, Er
     if let Some(v) = l.value {
         s.prov.push(("stragglers", v.trim().to_string(), l.source));
     }
-    Ok(Health { checkpoint_dir, min_shm, stragglers })
+    let l = lookup(args.evict_stragglers.as_deref(), "--evict-stragglers", env, &[env::TRAINLET_EVICT_STRAGGLERS]);
+    let evict_stragglers = match l.value {
+        None => None,
+        Some(v) => {
+            let after = parse_secs(&l, std::time::Duration::ZERO)?;
+            if after.is_zero() {
+                return Err(invalid(&l.origin(), v, "a number of seconds > 0 (leave it unset to evict no one)"));
+            }
+            if !stragglers {
+                return Err(super::Error::Usage(
+                    "--evict-stragglers evicts the ranks --stragglers names; it needs --stragglers on".into(),
+                ));
+            }
+            s.prov.push(("evict stragglers after", format!("{} s", after.as_secs_f64()), l.source));
+            Some(after)
+        }
+    };
+    Ok(Health { checkpoint_dir, min_shm, stragglers, evict_stragglers })
 }
 
 impl Default for Health {
     fn default() -> Self {
-        Health { checkpoint_dir: None, min_shm: None, stragglers: true }
+        Health { checkpoint_dir: None, min_shm: None, stragglers: true, evict_stragglers: None }
     }
 }
 
@@ -86,5 +107,20 @@ mod tests {
         assert!(!health(&["t.py"], &[("TRAINLET_STRAGGLERS", "off")]).expect("env off").stragglers);
         let e = health(&["--stragglers", "maybe", "t.py"], &[]).expect_err("bad").to_string();
         assert!(e.contains("--stragglers") && e.contains("on or off"), "{e}");
+    }
+
+    #[test]
+    fn evicting_stragglers_takes_seconds_and_needs_them_named() {
+        assert_eq!(health(&["t.py"], &[]).expect("none").evict_stragglers, None);
+        let h = health(&["--evict-stragglers", "300", "t.py"], &[]).expect("set");
+        assert_eq!(h.evict_stragglers, Some(std::time::Duration::from_secs(300)));
+        let h = health(&["t.py"], &[("TRAINLET_EVICT_STRAGGLERS", "2.5")]).expect("env");
+        assert_eq!(h.evict_stragglers, Some(std::time::Duration::from_millis(2500)));
+        for bad in ["0", "-1", "soon"] {
+            let e = health(&["--evict-stragglers", bad, "t.py"], &[]).expect_err(bad).to_string();
+            assert!(e.contains("--evict-stragglers") && e.contains("seconds"), "{bad}: {e}");
+        }
+        let e = health(&["--stragglers", "off", "--evict-stragglers", "60", "t.py"], &[]).expect_err("off").to_string();
+        assert!(e.contains("needs --stragglers on"), "{e}");
     }
 }

@@ -72,6 +72,12 @@ impl Plan {
                     .into(),
             ));
         }
+        if health.evict_stragglers.is_some() && spares == 0 {
+            return Err(Error::Usage(
+                "--evict-stragglers: an evicted pod's rank goes to a spare; give the job --spares (or drop --evict-stragglers)"
+                    .into(),
+            ));
+        }
         if groups.is_some() && in_place.is_some() {
             return Err(Error::Usage(
                 "--replica-groups restarts one group at a time, --in-place-restart every pod: choose one".into(),
@@ -534,6 +540,10 @@ mod tests {
         assert!(e.contains("a number of spare pods"), "{e}");
         let e = err(&["--spares", "1", "t.py"], &[("JAX_NUM_PROCESSES", "2"), ("JAX_COORDINATOR_ADDRESS", "h:1234")]);
         assert!(e.contains("no spares for"), "{e}");
+        let e = err(&["--evict-stragglers", "60", "t.py"], &[("PET_NNODES", "3")]);
+        assert!(e.contains("--evict-stragglers") && e.contains("give the job --spares"), "{e}");
+        let p = plan(&["--spares", "1", "--evict-stragglers", "60", "t.py"], &[("PET_NNODES", "3")]).expect("plan");
+        assert_eq!(p.health.evict_stragglers, Some(Duration::from_secs(60)));
         let e = err(
             &["--spares", "1", "--replica-groups", "2", "t.py"],
             &[("PET_NNODES", "4"), ("TORCHFT_LIGHTHOUSE", "http://h:29510")],

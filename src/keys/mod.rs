@@ -252,6 +252,12 @@ impl RoundKeys {
         format!("{}/sampled/{rank}", self.prefix)
     }
 
+    /// Why group rank `rank`'s pod is asked to leave as a straggler's
+    /// (`--evict-stragglers`), set by the store host.
+    pub fn evict(&self, rank: u32) -> String {
+        format!("{}/evict/{rank}", self.prefix)
+    }
+
     /// The round's PMI fences.
     pub fn pmi(&self) -> PmiKeys {
         PmiKeys { prefix: format!("{}/pmi", self.prefix) }

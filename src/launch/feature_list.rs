@@ -18,12 +18,15 @@ pub(super) struct Setup<'a> {
     pub log_root: &'a std::path::Path,
     /// The job's cancellation.
     pub cancel: &'a CancellationToken,
+    /// Asks this pod to leave as a straggler's (`--evict-stragglers`).
+    pub evictor: Option<super::evict::Evictor>,
 }
 
 /// Every feature of the job, in the order the job calls them.
 pub(super) async fn list(setup: Setup<'_>, replicas: super::replicas::Replicas) -> Vec<Box<dyn Feature>> {
     let progress = super::progress::Progress::start(setup.plan, setup.log_root, setup.dial.clone(), setup.cancel).await;
-    let stragglers = super::stragglers::Stragglers::new(setup.plan, setup.dial, progress.facts(), setup.cancel);
+    let stragglers =
+        super::stragglers::Stragglers::new(setup.plan, (setup.dial, setup.evictor), progress.facts(), setup.cancel);
     vec![
         Box::new(progress),
         Box::new(stragglers),

@@ -215,6 +215,17 @@ pub(super) fn left_unhealthy(text: &str) {
     });
 }
 
+/// The Event and termination message of a pod evicted as a straggler's.
+pub(super) fn evicted(plan: &Plan, text: &str) {
+    crate::events::global().emit(crate::events::Event {
+        type_: crate::events::Type::Warning,
+        reason: "StragglerEvicted",
+        action: "Leave",
+        note: format!("{text}; a spare takes its rank"),
+    });
+    termination_message(plan, text);
+}
+
 /// Most bytes of a termination message Kubernetes keeps.
 const TERMINATION_MAX: usize = 4096;
 

@@ -25,17 +25,27 @@ pub(super) async fn start(
     events: UnboundedReceiver<SysEvent>,
     cancel: &CancellationToken,
 ) -> Result<(InPlaceAgent, UnboundedReceiver<SysEvent>)> {
+    let (tx, merged) = merge(events);
+    let agent = crate::inplace::start(cfg, tx, cancel).await?;
+    Ok((agent, merged))
+}
+
+/// `events` in a stream that a sender of trainlet's own (returned) joins:
+/// an in-place restart's or an eviction's stop.
+pub(super) fn merge(
+    events: UnboundedReceiver<SysEvent>,
+) -> (tokio::sync::mpsc::UnboundedSender<SysEvent>, UnboundedReceiver<SysEvent>) {
     let (tx, merged) = tokio::sync::mpsc::unbounded_channel();
-    let agent = crate::inplace::start(cfg, tx.clone(), cancel).await?;
+    let forward = tx.clone();
     tokio::spawn(async move {
         let mut events = events;
         while let Some(ev) = events.recv().await {
-            if tx.send(ev).is_err() {
+            if forward.send(ev).is_err() {
                 return;
             }
         }
     });
-    Ok((agent, merged))
+    (tx, merged)
 }
 
 /// The job's outcome `out` as the pod's exit: the agent's code replaces a

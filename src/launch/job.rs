@@ -78,14 +78,15 @@ macro_rules! go {
 
 /// Run the job described by `plan` on this pod; returns trainlet's exit
 /// code. `in_place`: the pod's JobSet in-place restart agent, whose
-/// barrier comes before the rendezvous.
+/// barrier comes before the rendezvous; `evictor`: what asks this pod to
+/// leave as a straggler's (`--evict-stragglers`).
 pub(super) async fn run(
     plan: Plan,
     events: UnboundedReceiver<SysEvent>,
-    in_place: Option<&mut crate::inplace::InPlaceAgent>,
+    helpers: (Option<&mut crate::inplace::InPlaceAgent>, Option<super::evict::Evictor>),
     cancel: CancellationToken,
 ) -> Result<u8> {
-    let mut job = match Job::start(plan, events, in_place, cancel).await? {
+    let mut job = match Job::start(plan, events, helpers, cancel).await? {
         Ok(job) => job,
         Err(code) => return Ok(code),
     };
@@ -158,7 +159,7 @@ impl Job {
     async fn start(
         mut plan: Plan,
         mut events: UnboundedReceiver<SysEvent>,
-        in_place: Option<&mut crate::inplace::InPlaceAgent>,
+        (in_place, evictor): (Option<&mut crate::inplace::InPlaceAgent>, Option<super::evict::Evictor>),
         cancel: CancellationToken,
     ) -> Result<std::result::Result<Job, u8>> {
         let spawner = Spawner::start().map_err(Error::Os)?;
@@ -202,7 +203,7 @@ impl Job {
             replicas.stop().await;
             return out.map(Err);
         }
-        let setup = Setup { plan: &plan, dial: session.dial(), log_root: &log_root, cancel: &cancel };
+        let setup = Setup { plan: &plan, dial: session.dial(), log_root: &log_root, cancel: &cancel, evictor };
         let features = super::feature_list::list(setup, replicas).await;
         let served = pod::Served::start(&plan, (session.dial(), &spawner), (token_file, rounds), &cancel).await?;
         Ok(Ok(Job {

@@ -19,6 +19,7 @@ use crate::config::Plan;
 use crate::process::signals::SysEvent;
 
 pub(crate) mod error_file;
+mod evict;
 mod feature;
 mod feature_list;
 mod finish;
@@ -74,6 +75,7 @@ pub async fn run(plan: Plan, events: UnboundedReceiver<SysEvent>, cancel: Cancel
 }
 
 async fn run_job(plan: Plan, events: UnboundedReceiver<SysEvent>, cancel: CancellationToken) -> Result<u8> {
+    let (evictor, events) = evict::start(&plan, events);
     let (mut agent, events) = match plan.in_place.clone() {
         Some(cfg) => {
             let (agent, merged) = inplace::start(&cfg, events, &cancel).await?;
@@ -81,9 +83,14 @@ async fn run_job(plan: Plan, events: UnboundedReceiver<SysEvent>, cancel: Cancel
         }
         None => (None, events),
     };
-    let out = job::run(plan, events, agent.as_mut(), cancel).await;
-    match agent.as_mut() {
+    let kept = evictor.as_ref().map(|_| plan.clone());
+    let out = job::run(plan, events, (agent.as_mut(), evictor.clone()), cancel).await;
+    let out = match agent.as_mut() {
         Some(agent) => inplace::finish(agent, out),
+        None => out,
+    };
+    match &kept {
+        Some(plan) => evict::finish(plan, evictor.as_ref(), out),
         None => out,
     }
 }

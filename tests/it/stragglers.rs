@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::util::{fixture, start_pods};
+use crate::util::{Pod, fixture, free_port, pet_env, start_pods};
 
 const LIMIT: Duration = Duration::from_secs(300);
 /// How long the job runs healthy before rank 3 slows down.
@@ -82,4 +82,53 @@ fn stragglers_off_names_no_one() {
         assert_eq!(p.code(LIMIT), 0, "pod {i}:\n{}", p.stderr());
         assert!(!p.stderr().contains("straggler"), "pod {i}:\n{}", p.stderr());
     }
+}
+
+/// `--evict-stragglers` with a spare: 3 simulated pods (`--spares 1`) x 2
+/// gloo workers, pod 1's worker of local rank 1 computing 1.5x as long
+/// from the start (a slow host), pod 2 started once the round formed, so
+/// it waits as the spare. Once rank 3 has been named for 10 s, the store
+/// host asks pod 1 to leave: it stops its workers and exits 207, saying
+/// why; the spare takes its group rank and the job ends with exit 0 on the
+/// pods left.
+#[test]
+fn a_straggler_named_long_enough_leaves_with_207_and_the_spare_takes_its_rank() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let stop = dir.path().join("stop");
+    let stop_s = stop.display().to_string();
+    let script = fixture("straggler_job.py");
+    let args = ["run", "--spares", "1", "--evict-stragglers", "10", script.as_str()];
+    let port = free_port();
+    let pod = |node: u32, extra: &[(&str, &str)]| {
+        let mut env = pet_env(3, 2, node, port);
+        env.push(("PET_LOCAL_ADDR".into(), format!("127.0.0.{}", node + 1)));
+        env.push(("STOP_FILE".into(), stop_s.clone()));
+        env.push(("RUN_FOR".into(), "400".into()));
+        env.extend(extra.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())));
+        let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        Pod::start(&args, &pairs)
+    };
+    let mut host = pod(0, &[]);
+    let mut slow = pod(1, &[("SLOW_LOCAL_RANK", "1")]);
+    host.wait_for_stderr("starting workers", LIMIT);
+    let mut spare = pod(2, &[]);
+    spare.wait_for_stderr("the round is full; waiting as a spare", LIMIT);
+    assert_eq!(slow.code(LIMIT), 207, "{}", slow.stderr());
+    let left = slow.stderr();
+    assert!(
+        left.contains("this pod is evicted as a straggler's: rank 3 (")
+            && left.contains("has been a straggler for")
+            && left.contains("--evict-stragglers 10"),
+        "{left}"
+    );
+    assert!(left.contains("this pod left the job as a straggler's (exit 207)"), "{left}");
+    spare.wait_for_stderr("this spare takes over group rank 1", LIMIT);
+    spare.wait_for_stderr("starting workers", LIMIT);
+    std::fs::write(&stop, b"").expect("stop");
+    for (name, p) in [("the store host", &mut host), ("the spare", &mut spare)] {
+        assert_eq!(p.code(LIMIT), 0, "{name}:\n{}", p.stderr());
+    }
+    let judge = host.stderr();
+    assert!(judge.contains("evicting the pod of a straggler: rank 3 ("), "{judge}");
+    assert_eq!(judge.matches("evicting the pod of a straggler").count(), 1, "one pod evicted:\n{judge}");
 }
