@@ -15,7 +15,7 @@
 //! | 204 | this pod belongs to an older JobSet restart attempt than the job; it is refused |
 //! | 205 | a worker exit matched a `fail` rule of the failure policy (FailJob) |
 //! | 206 | a worker hung: in uninterruptible sleep past `--hung-timeout`, survived SIGKILL, or reported no progress for `--progress-timeout` once the restart budget is spent (a `no-progress=fail` rule gives 205) |
-//! | 207 | a GPU pre-flight check found a faulty node: fewer GPUs than `--expect-gpus`, uncorrected ECC errors, remapped rows pending or failed, a pending MIG change, a GPU lost to NVML; or a health check before a round did, or found the checkpoint directory not writable or /dev/shm smaller than `--min-shm` |
+//! | 207 | a GPU pre-flight check found a faulty node: fewer GPUs than `--expect-gpus`, uncorrected ECC errors, remapped rows pending or failed, a pending MIG change, a GPU lost to NVML; or a health check before a round did, or found the checkpoint directory not writable or /dev/shm smaller than `--min-shm`; or the pod was evicted as a straggler's (`--evict-stragglers`) |
 //! | 208 | a GPU pre-flight check found the job asking for what the pod lacks: more workers than GPUs, or the wrong MIG mode (`--mig`) |
 //! | 209 | a worker exited with a code in trainlet's reserved range 200-210 |
 //! | 210 | a worker could not be started because fork failed (EAGAIN/ENOMEM: the pids cgroup limit or memory), after retrying with backoff for the grace period |

@@ -27,7 +27,9 @@ impl Evictor {
     /// Ask this pod to leave (once; later asks are ignored): its job stops as on SIGTERM.
     pub(super) fn ask(&self, why: String) {
         if self.asked.set(why.clone()).is_ok() {
-            tracing::error!("this pod is evicted as a straggler's: {why}; stopping its workers, a spare takes its rank");
+            tracing::error!(
+                "this pod is evicted as a straggler's: {why}; stopping its workers, a spare takes its rank"
+            );
             let _ = self.stop.send(SysEvent::StopAsked(libc::SIGTERM));
         }
     }
@@ -40,7 +42,10 @@ impl Evictor {
 
 /// The job's events with the eviction's stop joined to them, and the
 /// handle that asks it (None: `--evict-stragglers` is off).
-pub(super) fn start(plan: &Plan, events: UnboundedReceiver<SysEvent>) -> (Option<Evictor>, UnboundedReceiver<SysEvent>) {
+pub(super) fn start(
+    plan: &Plan,
+    events: UnboundedReceiver<SysEvent>,
+) -> (Option<Evictor>, UnboundedReceiver<SysEvent>) {
     if plan.health.evict_stragglers.is_none() || plan.serve.is_some() {
         return (None, events);
     }

@@ -330,11 +330,17 @@ async fn evict_due(
     let waiting = u64::try_from(arrived).unwrap_or(0).saturating_sub(u64::from(nnodes));
     match evictions.decide(rank, pod_of.get(&rank).copied(), e.own, waiting) {
         Decision::Ask(pod) => {
-            let why = format!("rank {rank} ({host}) has been a straggler for {for_s:.0} s (--evict-stragglers {:.0})", e.after.as_secs_f64());
+            let why = format!(
+                "rank {rank} ({host}) has been a straggler for {for_s:.0} s (--evict-stragglers {:.0})",
+                e.after.as_secs_f64()
+            );
             tracing::warn!(rank, %host, group_rank = pod, "evicting the pod of a straggler: {why}; a spare takes its rank");
             let put = async { connected(client, dial).await?.set(&rk.evict(pod), why.as_bytes()).await.ok() };
             if tokio::time::timeout(STORE_TIME, put).await.ok().flatten().is_none() {
-                tracing::warn!(rank, "cannot ask the straggler's pod to leave (the store did not answer); trying again");
+                tracing::warn!(
+                    rank,
+                    "cannot ask the straggler's pod to leave (the store did not answer); trying again"
+                );
                 evictions.retry();
                 *client = None;
             }
