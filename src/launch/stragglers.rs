@@ -142,14 +142,6 @@ impl super::feature::Feature for Stragglers {
     }
 }
 
-/// The store, dialled (again) when there is no connection.
-async fn connected<'a>(client: &'a mut Option<Client>, dial: &Dial) -> Option<&'a mut Client> {
-    if client.is_none() {
-        *client = tokio::time::timeout(STORE_TIME, dial.connect()).await.ok()?.ok();
-    }
-    client.as_mut()
-}
-
 /// The pod's sampler for one round: passes over the live workers, a
 /// window's counts put at `key` as each window ends; with `evict` (its
 /// eviction's key and whom to ask), the store host's ask read after each.
@@ -185,7 +177,7 @@ async fn sample(dial: Dial, (key, evict): (String, Option<(String, Evictor)>), c
             window = Instant::now();
             let body = serde_json::to_vec(&report).unwrap_or_default();
             let put = async {
-                let c = connected(&mut client, &dial).await?;
+                let c = dial.reuse(&mut client, STORE_TIME).await?;
                 c.set(&key, &body).await.ok()
             };
             if tokio::time::timeout(STORE_TIME, put).await.ok().flatten().is_none() {
@@ -196,7 +188,8 @@ async fn sample(dial: Dial, (key, evict): (String, Option<(String, Evictor)>), c
                 client = None;
             }
             if let Some((k, evictor)) = &evict {
-                let got = async { connected(&mut client, &dial).await?.multi_get(std::slice::from_ref(k)).await.ok() };
+                let got =
+                    async { dial.reuse(&mut client, STORE_TIME).await?.multi_get(std::slice::from_ref(k)).await.ok() };
                 let why = tokio::time::timeout(STORE_TIME, got).await.ok().flatten().and_then(|v| v.into_iter().next());
                 if let Some(why) = why.filter(|w| !w.is_empty()) {
                     let why = String::from_utf8_lossy(&why[..why.len().min(MAX_EVICT_NOTE)]).to_string();
@@ -251,7 +244,7 @@ async fn judge(
             () = cancel.cancelled() => break,
             _ = tick.tick() => {}
         }
-        let got = async { connected(&mut client, &dial).await?.multi_get(&keys).await.ok() };
+        let got = async { dial.reuse(&mut client, STORE_TIME).await?.multi_get(&keys).await.ok() };
         let Some(values) = tokio::time::timeout(STORE_TIME, got).await.ok().flatten() else {
             client = None;
             continue;
@@ -322,7 +315,7 @@ async fn evict_due(
     dial: &Dial,
 ) {
     let Some((rank, host, for_s)) = evictions.ripe(e.after, Instant::now()) else { return };
-    let spares = async { connected(client, dial).await?.add(&rk.join(), 0).await.ok() };
+    let spares = async { dial.reuse(client, STORE_TIME).await?.add(&rk.join(), 0).await.ok() };
     let Some(arrived) = tokio::time::timeout(STORE_TIME, spares).await.ok().flatten() else {
         *client = None;
         return;
@@ -335,7 +328,7 @@ async fn evict_due(
                 e.after.as_secs_f64()
             );
             tracing::warn!(rank, %host, group_rank = pod, "evicting the pod of a straggler: {why}; a spare takes its rank");
-            let put = async { connected(client, dial).await?.set(&rk.evict(pod), why.as_bytes()).await.ok() };
+            let put = async { dial.reuse(client, STORE_TIME).await?.set(&rk.evict(pod), why.as_bytes()).await.ok() };
             if tokio::time::timeout(STORE_TIME, put).await.ok().flatten().is_none() {
                 tracing::warn!(
                     rank,

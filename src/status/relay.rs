@@ -174,7 +174,7 @@ async fn run(
             let snap = board.snapshot();
             let seq = snap.seq;
             let bytes = serde_json::to_vec(&Published { round: snap.round, ranks: snap.ranks }).unwrap_or_default();
-            if let Some(c) = connected(&mut client, &setup.store).await {
+            if let Some(c) = setup.store.reuse(&mut client, STORE_TIME).await {
                 match tokio::time::timeout(STORE_TIME, c.set(&key(setup.node_rank), &bytes)).await {
                     Ok(Ok(())) => published = seq,
                     _ => client = None,
@@ -190,7 +190,7 @@ async fn run(
             && (stopping || Instant::now() >= pace.next)
         {
             let keys: Vec<String> = (0..setup.nnodes).map(key).collect();
-            if let Some(c) = connected(&mut client, &setup.store).await {
+            if let Some(c) = setup.store.reuse(&mut client, STORE_TIME).await {
                 match tokio::time::timeout(STORE_TIME, c.multi_get(&keys)).await {
                     Ok(Ok(values)) => pending |= pods.update((0..setup.nnodes).zip(values)),
                     _ => client = None,
@@ -203,7 +203,7 @@ async fn run(
             if pending && Instant::now() >= pace.next {
                 let mut facts = facts.borrow().clone();
                 if setup.spares
-                    && let Some(c) = connected(&mut client, &setup.store).await
+                    && let Some(c) = setup.store.reuse(&mut client, STORE_TIME).await
                 {
                     match tokio::time::timeout(STORE_TIME, spares(c, &setup.base, facts.round)).await {
                         Ok(Ok(counts)) => facts.spares = Some(counts),
@@ -248,15 +248,6 @@ async fn spares(c: &mut Client, base: &str, round: u64) -> Result<(u64, u64), cr
     let waiting = closed.map_or(0, |c| joined.saturating_sub(c.size));
     let takeovers = u64::try_from(c.add(&job.takeovers(), 0).await?).unwrap_or(0);
     Ok((waiting, takeovers))
-}
-
-/// The relay's own store connection, dialled (again) when there is none;
-/// None when the store does not answer in time.
-async fn connected<'a>(client: &'a mut Option<Client>, dial: &Dial) -> Option<&'a mut Client> {
-    if client.is_none() {
-        *client = tokio::time::timeout(STORE_TIME, dial.connect()).await.ok()?.ok();
-    }
-    client.as_mut()
 }
 
 #[cfg(test)]

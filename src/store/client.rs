@@ -87,6 +87,20 @@ impl Dial {
     pub async fn connect(&self) -> Result<Client, ClientError> {
         Client::connect_guarded(self.addr, self.guard.as_ref()).await
     }
+
+    /// `client`, dialled first (within `within`) when there is none: a
+    /// background task's one connection, kept across its passes and dropped
+    /// by it when a use fails. None when the store cannot be reached.
+    pub async fn reuse<'a>(
+        &self,
+        client: &'a mut Option<Client>,
+        within: std::time::Duration,
+    ) -> Option<&'a mut Client> {
+        if client.is_none() {
+            *client = tokio::time::timeout(within, self.connect()).await.ok()?.ok();
+        }
+        client.as_mut()
+    }
 }
 
 /// A connected, validated store client.
