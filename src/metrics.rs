@@ -314,7 +314,7 @@ fn slow_gpu(i: usize, n: &crate::gpu::nvml::NvmlGpu) -> Option<String> {
         s.push_str(&format!(" ({})", reasons.join(", ")));
     }
     if let Some(r) = replays {
-        s.push_str(&format!(", {r} PCIe replays"));
+        s.push_str(&format!(", {r} PCIe replay{}", if r == 1 { "" } else { "s" }));
     }
     Some(s)
 }
@@ -454,6 +454,36 @@ pub fn sample_gpus(spawner: Spawner, gpus: Vec<Gpu>, every: Duration, stall: Dur
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A GPU's part of a straggler's verdict: only a held-down clock (a
+    /// reason other than idle, or an SM under 90% of its maximum while
+    /// busy) or PCIe replays make one.
+    #[test_case::test_case(None, None, None, Some(50), None, None; "nothing known")]
+    #[test_case::test_case(Some(1980), Some(1980), Some(0x1), Some(90), None, None; "full speed, idle reason")]
+    #[test_case::test_case(Some(1200), Some(1980), Some(0x1), Some(0), None, None; "low clock while idle")]
+    #[test_case::test_case(Some(1200), Some(1980), Some(0x1), Some(80), None, Some("GPU 2 SM at 1200 of 1980 MHz"); "low clock while busy")]
+    #[test_case::test_case(Some(1200), Some(1980), Some(0x40), Some(80), None, Some("GPU 2 SM at 1200 of 1980 MHz (hardware thermal slowdown)"); "thermal")]
+    #[test_case::test_case(Some(1980), Some(1980), Some(0x4), Some(80), Some(3), Some("GPU 2 SM at 1980 of 1980 MHz (software power cap), 3 PCIe replays"); "power cap and replays")]
+    #[test_case::test_case(None, None, None, None, Some(1), Some("GPU 2, 1 PCIe replay"); "a replay alone")]
+    #[test_case::test_case(Some(1900), Some(0), Some(0x1), Some(80), None, None; "no maximum")]
+    fn a_gpus_note(
+        sm: Option<u32>,
+        max: Option<u32>,
+        reasons: Option<u64>,
+        busy: Option<u32>,
+        replays: Option<u32>,
+        want: Option<&str>,
+    ) {
+        let g = crate::gpu::nvml::NvmlGpu {
+            sm_clock_mhz: sm,
+            sm_clock_max_mhz: max,
+            clock_reasons: reasons,
+            utilization: busy,
+            pcie_replays: replays,
+            ..Default::default()
+        };
+        assert_eq!(slow_gpu(2, &g).as_deref(), want);
+    }
 
     #[test]
     fn every_family_is_declared_and_store_ops_match_the_store() {

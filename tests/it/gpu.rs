@@ -266,7 +266,9 @@ fn metrics_scraped_during_a_run_parse_with_prometheus_client() {
         "-c",
         &script,
     ];
-    let mut pod = Pod::start_as(Path::new("taskset"), &args, &env(root.path(), &[]));
+    // GPU 3 held down by a thermal slowdown, GPU 5's link replaying.
+    let faults = [("FAKE_NVML_FAULTS", "3:thermal;5:replays=7")];
+    let mut pod = Pod::start_as(Path::new("taskset"), &args, &env(root.path(), &faults));
     let deadline = std::time::Instant::now() + LIMIT;
     let text = loop {
         let t = crate::util::scrape(&addr);
@@ -303,6 +305,10 @@ fn metrics_scraped_during_a_run_parse_with_prometheus_client() {
         "trainlet_gpu_memory_total_bytes gauge 8",
         "trainlet_gpu_temperature_celsius gauge 8",
         "trainlet_gpu_ecc_errors counter 16",
+        "trainlet_gpu_sm_clock_hertz gauge 8",
+        "trainlet_gpu_sm_clock_max_hertz gauge 8",
+        "trainlet_gpu_clock_event_reasons gauge 8",
+        "trainlet_gpu_pcie_replays gauge 8",
     ] {
         assert!(families.contains(want), "{want:?} not parsed from the page:\n{families}\n{text}");
     }
@@ -311,6 +317,16 @@ fn metrics_scraped_during_a_run_parse_with_prometheus_client() {
         text.contains(r#"trainlet_gpu_temperature_celsius{bus_id="0000:ba:00.0",gpu="6",uuid="GPU-00000006-fake"} 46"#),
         "{text}"
     );
+    let of = |gpu: &str, metric: &str| {
+        text.lines()
+            .find(|l| l.starts_with(metric) && l.contains(&format!("gpu=\"{gpu}\"")))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    assert_eq!(of("3", "trainlet_gpu_sm_clock_hertz{"), Some(1.2e9), "{text}");
+    assert_eq!(of("3", "trainlet_gpu_sm_clock_max_hertz{"), Some(1.98e9), "{text}");
+    assert_eq!(of("3", "trainlet_gpu_clock_event_reasons{"), Some(64.0), "hardware thermal slowdown: {text}");
+    assert_eq!(of("2", "trainlet_gpu_clock_event_reasons{"), Some(1.0), "idle: {text}");
+    assert_eq!(of("5", "trainlet_gpu_pcie_replays{"), Some(7.0), "{text}");
     std::fs::write(&stop, "").expect("stop");
     assert_eq!(pod.code(LIMIT), 0, "{}", pod.stderr());
     assert!(!pod.stderr().contains("leftover"), "the sampler is stopped, not swept up:\n{}", pod.stderr());
